@@ -1,0 +1,51 @@
+"""The project's exceptions.
+
+Every error raised on purpose derives from :class:`ReceivewalError`. Each class says whether
+retrying can help (``retryable``); only the supervisor decides to retry or to exit.
+"""
+
+from __future__ import annotations
+
+
+class ReceivewalError(Exception):
+    """Root of every error this package raises on purpose."""
+
+    retryable: bool = False
+
+
+class ConfigurationError(ReceivewalError):
+    """Bad options or settings: retrying with the same input cannot help."""
+
+
+class ConnectionLost(ReceivewalError):  # noqa: N818 - a state, as the brief names it
+    """The server went away or could not be reached; a later attempt may succeed."""
+
+    retryable = True
+
+
+class ServerError(ReceivewalError):
+    """The server refused a command, or is not a server we can stream from."""
+
+
+class ProtocolError(ReceivewalError):
+    """A message from the server broke the replication protocol.
+
+    Nothing from the offending message is written. A new connection restarts the stream from
+    what is durable on disk, so retrying is safe.
+    """
+
+    retryable = True
+
+
+class StreampackError(ProtocolError):
+    """A pg_streampack frame could not be decoded (bad header, length, or body)."""
+
+
+class ArchiveError(ReceivewalError):
+    """The archive directory is inconsistent, unusable, or belongs to another cluster."""
+
+
+class DiskFullError(ArchiveError):
+    """The archive's file system ran out of space; retrying once space returns helps."""
+
+    retryable = True

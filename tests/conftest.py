@@ -1,0 +1,40 @@
+"""Shared fixtures: real PostgreSQL servers started by the tests themselves."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pgserver import PG_BIN, PgServer, make_shared_dir
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def server_base() -> Iterator[Path]:
+    """A directory for one test's servers, writable by the server user, removed afterwards."""
+    base = make_shared_dir("receivewal-pg-")
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pg(server_base: Path) -> Iterator[PgServer]:
+    """A fresh primary (wal_level=replica, replication over 127.0.0.1), stopped afterwards."""
+    if PG_BIN is None:
+        pytest.fail("PostgreSQL server binaries are required (install postgresql or set PG_BIN)")
+    server = PgServer(server_base, "primary")
+    server.init()
+    server.start()
+    yield server
+    server.stop("immediate")
+
+
+@pytest.fixture
+def archive_dir(tmp_path: Path) -> Path:
+    """An empty archive directory."""
+    path = tmp_path / "archive"
+    path.mkdir()
+    return path

@@ -1,0 +1,231 @@
+"""Real PostgreSQL servers for the tests: initdb on a free port in a temporary directory.
+
+As root, the server binaries run as the ``postgres`` user (initdb refuses root). Every server
+listens on 127.0.0.1 only, allows replication connections from there with trust auth, and is
+stopped (immediate) when the test session ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def find_pg_bin() -> Path:
+    """The directory of the PostgreSQL server binaries (PG_BIN, else the newest installed)."""
+    env = os.environ.get("PG_BIN")
+    if env:
+        return Path(env)
+    candidates = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
+    )
+    for cand in reversed(candidates):
+        if (cand / "initdb").exists():
+            return cand
+    raise RuntimeError("no PostgreSQL server binaries found: install postgresql or set PG_BIN")
+
+
+PG_BIN = find_pg_bin() if (os.environ.get("PG_BIN") or Path("/usr/lib/postgresql").exists()) \
+    else None
+IS_ROOT = os.geteuid() == 0
+
+
+def pg_bin(name: str) -> str:
+    """Path of one PostgreSQL binary."""
+    if PG_BIN is None:
+        raise RuntimeError("no PostgreSQL server binaries found")
+    return str(PG_BIN / name)
+
+
+def as_server_user(argv: list[str]) -> list[str]:
+    """Prefix argv so that it runs as the postgres user when we are root."""
+    return ["runuser", "-u", "postgres", "--", *argv] if IS_ROOT else argv
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def make_shared_dir(prefix: str) -> Path:
+    """A temporary directory the server user can write to."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if IS_ROOT:
+        pw = pwd.getpwnam("postgres")
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    path.chmod(0o755)
+    return path
+
+
+BASE_CONF = {
+    "wal_level": "replica",
+    "max_wal_senders": "10",
+    "max_replication_slots": "10",
+    "listen_addresses": "'127.0.0.1'",
+    "fsync": "off",  # server durability is not under test; speeds the suite up
+    "synchronous_commit": "off",
+    "full_page_writes": "on",
+    "wal_keep_size": "'512MB'",
+    "shared_buffers": "'32MB'",
+    "max_connections": "30",
+    "hot_standby": "on",
+    "logging_collector": "off",
+    "log_min_messages": "warning",
+}
+
+
+class PgServer:
+    """One PostgreSQL server in a directory of its own."""
+
+    def __init__(self, base: Path, name: str = "pg") -> None:
+        self.base = base
+        self.name = name
+        self.datadir = base / name
+        self.sockdir = base / f"{name}-sock"
+        self.logfile = base / f"{name}.log"
+        self.port = free_port()
+        self.running = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(as_server_user(argv), check=check, capture_output=True, text=True)
+
+    def _mkdirs(self) -> None:
+        self.sockdir.mkdir(exist_ok=True)
+        if IS_ROOT:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.sockdir, pw.pw_uid, pw.pw_gid)
+
+    def init(self, conf: dict[str, str] | None = None, initdb_args: tuple[str, ...] = ()) -> None:
+        """Run initdb and write the configuration."""
+        self._mkdirs()
+        self._run([pg_bin("initdb"), "-D", str(self.datadir), "-U", "postgres", "-A", "trust",
+                   "--no-sync", *initdb_args])
+        self.configure({**BASE_CONF, **(conf or {})})
+        with (self.datadir / "pg_hba.conf").open("a") as hba:
+            hba.write("host all all 127.0.0.1/32 trust\n")
+            hba.write("host replication all 127.0.0.1/32 trust\n")
+
+    def configure(self, conf: dict[str, str]) -> None:
+        """Append settings to postgresql.conf (port and socket directory always included)."""
+        lines = [f"{k} = {v}" for k, v in conf.items()]
+        lines += [f"port = {self.port}", f"unix_socket_directories = '{self.sockdir}'"]
+        with (self.datadir / "postgresql.conf").open("a") as cfg:
+            cfg.write("\n".join(lines) + "\n")
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        self._run([pg_bin("pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
+                   "-t", "60", "start"])
+        self.running = True
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (fast, smart or immediate)."""
+        if self.running:
+            self._run([pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"],
+                      check=False)
+            self.running = False
+
+    def restart(self, mode: str = "fast") -> None:
+        """Stop and start again."""
+        self.stop(mode)
+        self.start()
+
+    def promote(self) -> None:
+        """Promote a standby and wait until it accepts writes."""
+        self._run([pg_bin("pg_ctl"), "-D", str(self.datadir), "-w", "promote"])
+        deadline = time.monotonic() + 60
+        while self.sql("SELECT pg_is_in_recovery()") != "f":
+            if time.monotonic() > deadline:
+                raise TimeoutError("standby did not leave recovery")
+            time.sleep(0.1)
+
+    # -- SQL ---------------------------------------------------------------------------------
+    @property
+    def dsn(self) -> str:
+        """A connection string for the postgres superuser over TCP."""
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+
+    def sql(self, query: str, dbname: str = "postgres") -> str:
+        """Run SQL with psql and return its unaligned, tuples-only output."""
+        out = subprocess.run(
+            [pg_bin("psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
+             "-p", str(self.port), "-U", "postgres", "-d", dbname, "-c", query],
+            check=True, capture_output=True, text=True,
+        )
+        return out.stdout.strip()
+
+    @property
+    def pg_wal(self) -> Path:
+        """The server's own WAL directory."""
+        return self.datadir / "pg_wal"
+
+    def current_lsn(self) -> str:
+        """The current WAL insert position (on a standby, the replay position)."""
+        return self.sql(
+            "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+            "ELSE pg_current_wal_lsn() END"
+        )
+
+    def timeline(self) -> int:
+        """The server's current timeline."""
+        return int(self.sql("SELECT timeline_id FROM pg_control_checkpoint()"))
+
+    def generate_wal(self, segments: int = 1, table: str = "filler") -> None:
+        """Write roughly ``segments`` segments of WAL and switch to a new segment after each."""
+        self.sql(f"CREATE TABLE IF NOT EXISTS {table} (id bigint, pad text)")
+        for _ in range(segments):
+            # ~16 MB of WAL per round with 16 MB segments: 60k rows of 200 bytes plus overhead.
+            self.sql(f"INSERT INTO {table} SELECT g, repeat('x', 200) "
+                     "FROM generate_series(1, 60000) g")
+            self.sql("SELECT pg_switch_wal()")
+
+    def switch_wal(self) -> str:
+        """Force a segment switch; return the LSN of the switch record's end."""
+        self.sql("CREATE TABLE IF NOT EXISTS switch_marker (t timestamptz)")
+        self.sql("INSERT INTO switch_marker VALUES (now())")
+        return self.sql("SELECT pg_switch_wal()")
+
+    def make_standby(self, name: str, slot: str | None = None,
+                     conf: dict[str, str] | None = None) -> PgServer:
+        """A streaming standby of this server, made with pg_basebackup, started."""
+        standby = PgServer(self.base, name)
+        standby._mkdirs()
+        argv = [pg_bin("pg_basebackup"), "-D", str(standby.datadir), "-h", "127.0.0.1",
+                "-p", str(self.port), "-U", "postgres", "-R", "-X", "stream", "--no-sync",
+                "-c", "fast"]
+        if slot:
+            argv += ["-S", slot]
+        self._run(argv)
+        standby.configure(conf or {})
+        standby.start()
+        return standby
+
+
+@contextlib.contextmanager
+def running_server(conf: dict[str, str] | None = None, name: str = "pg") -> Iterator[PgServer]:
+    """A fresh server in a fresh directory, removed afterwards."""
+    base = make_shared_dir("receivewal-pg-")
+    server = PgServer(base, name)
+    try:
+        server.init(conf)
+        server.start()
+        yield server
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def read_segment(server: PgServer, name: str) -> bytes:
+    """The bytes of one of the server's own WAL files."""
+    return (server.pg_wal / name).read_bytes()

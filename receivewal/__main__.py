@@ -1,0 +1,7 @@
+"""``python -m receivewal``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,36 @@
+"""structlog configuration: JSON lines off a terminal, readable console output on one."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+
+def configure_logging(verbose: int = 0, json: bool | None = None) -> None:
+    """Log to stderr; ``verbose`` 0 = info, 1+ = debug. JSON unless stderr is a terminal."""
+    level = logging.DEBUG if verbose > 0 else logging.INFO
+    if json is None:
+        json = not sys.stderr.isatty()
+    processors: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if json
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[*processors, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(**context: Any) -> Any:
+    """A bound logger carrying ``context`` on every event."""
+    return structlog.get_logger("receivewal").bind(**context)

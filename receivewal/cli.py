@@ -12,12 +12,16 @@ import sys
 import click
 
 from . import __version__
+from .status import status_command
 
 
 @click.group(context_settings={"help_option_names": ["-?", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="receivewal")
 def cli() -> None:
     """Stream and archive PostgreSQL WAL, with pg_streampack compression."""
+
+
+cli.add_command(status_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import click
 
 from . import __version__
 from .status import status_command
+from .stream import stream_command
 
 
 @click.group(context_settings={"help_option_names": ["-?", "--help"]})
@@ -21,6 +22,7 @@ def cli() -> None:
     """Stream and archive PostgreSQL WAL, with pg_streampack compression."""
 
 
+cli.add_command(stream_command)
 cli.add_command(status_command)
 
 

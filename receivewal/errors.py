@@ -26,6 +26,10 @@ class ConnectionLost(ReceivewalError):  # noqa: N818 - a state, as the brief nam
 class ServerError(ReceivewalError):
     """The server refused a command, or is not a server we can stream from."""
 
+    def __init__(self, message: str, sqlstate: str = "") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
 
 class ProtocolError(ReceivewalError):
     """A message from the server broke the replication protocol.

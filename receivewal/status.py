@@ -173,9 +173,9 @@ def check(directory: Path, max_age: float, now: float) -> tuple[Verdict, State |
 
 @click.command("status")
 @click.option(
-    "-D", "--directory", required=True,
+    "-D", "--directory", required=True, envvar="RECEIVEWAL_DIRECTORY",
     type=click.Path(file_okay=False, path_type=Path),
-    help="The archive directory the daemon streams into.",
+    help="The archive directory the daemon streams into (env RECEIVEWAL_DIRECTORY).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
 @click.option(

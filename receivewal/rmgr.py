@@ -47,7 +47,7 @@ XLOG_OVERWRITE_CONTRECORD = 0xD0
 
 
 def rmgr_id_is_valid(rmid: int) -> bool:
-    """Whether a record may carry ``rmid`` (built-in or the custom range), as PostgreSQL 15 checks."""
+    """Whether a record may carry ``rmid`` (built-in or custom range), as PostgreSQL 15 checks."""
     return rmid <= RM_MAX_BUILTIN_ID or RM_MIN_CUSTOM_ID <= rmid <= RM_MAX_ID
 
 

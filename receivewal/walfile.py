@@ -22,7 +22,7 @@ _CHUNK = 1 << 20
 
 
 def _open_local(path: str) -> BinaryIO:
-    return open(path, "rb")  # noqa: SIM115 - closed by the caller's with block
+    return open(path, "rb")
 
 
 def read_wal_file(path: str, compression: str, limit: int | None = None,

@@ -115,7 +115,7 @@ class SegmentScan:
         return sum(t.fpi_bytes for t in self.rmgr.values())
 
 
-def fpi_bytes_of(rec: bytes | memoryview, off: int, end: int) -> int:
+def fpi_bytes_of(rec: bytes | memoryview, off: int, end: int) -> int:  # noqa: PLR0912, PLR0915 - one loop, as DecodeXLogRecord
     """Full-page-image bytes of a record whose block headers are ``rec[off:end]``.
 
     Decodes the block references like PostgreSQL's DecodeXLogRecord and returns -1 when they
@@ -221,6 +221,7 @@ class SegmentScanner:
         self.incomplete_tail = False
         self.pending: _Pending | None = None
         self.n_pages = 0
+        self.zero_from: int | None = None  # offset where zeros run to the end of the data
         self.page_ok: list[bool] = []
         self.flags: list[int] = []
         self.rems: list[int] = []
@@ -245,14 +246,11 @@ class SegmentScanner:
             off = p * XLOG_BLCKSZ
             lsn = self.start_lsn + off
             magic, info, tli, addr, rem = _PAGE.unpack_from(buf, off)
-            if magic == 0 and info == 0 and addr == 0 and not any(buf[off:off + 24]):
-                if buf.count(0, off) == size - off:  # zeros to the end: WAL ends here
-                    if not self.partial:
-                        self._problem("zeroed_tail", lsn,
-                                      f"{size - off} bytes of zeros at the end of a complete "
-                                      "segment")
-                    break
-            bad = self._page_header_problem(p, magic, info, tli, addr, lsn, prev_tli)
+            if (magic == 0 and info == 0 and addr == 0 and not any(buf[off:off + 24])
+                    and buf.count(0, off) == size - off):  # zeros to the end: WAL ends here
+                self.zero_from = off
+                break
+            bad = self._page_header_problem(p, (magic, info, tli, addr), lsn, prev_tli)
             if bad:
                 self._problem("bad_page_header", lsn, bad)
             else:
@@ -264,8 +262,9 @@ class SegmentScanner:
             self.rems.append(rem)
         self.n_pages = len(self.page_ok)
 
-    def _page_header_problem(self, p: int, magic: int, info: int, tli: int, addr: int,
-                             lsn: int, prev_tli: int) -> str:
+    def _page_header_problem(  # noqa: PLR0911 - one return per check, as xlogreader reports
+            self, p: int, header: tuple[int, int, int, int], lsn: int, prev_tli: int) -> str:
+        magic, info, tli, addr = header
         if magic != XLOG_PAGE_MAGIC:
             return f"invalid magic number {magic:04X}, expected {XLOG_PAGE_MAGIC:04X}"
         if info & ~XLP_ALL_FLAGS:
@@ -313,8 +312,16 @@ class SegmentScanner:
         pos = self._page_start(0)
         if pos is None:
             self.end_lsn = self.start_lsn + self.n_pages * XLOG_BLCKSZ
-            return
-        self._walk(pos)
+        else:
+            self._walk(pos)
+        # PostgreSQL leaves the pages after an XLOG_SWITCH record zero; anywhere else in a
+        # complete segment, zeros to the end mean the file lost its tail.
+        if self.zero_from is not None and not self.partial and not (
+                self.switched and self.end_lsn - self.start_lsn <= self.zero_from):
+            size = len(self.data)
+            self._problem("zeroed_tail", self.start_lsn + self.zero_from,
+                          f"{size - self.zero_from} bytes of zeros at the end of a complete "
+                          "segment")
 
     def _check_leading_continuation(self) -> None:
         """The tail of a record from the previous segment: check the pages it covers."""
@@ -333,7 +340,7 @@ class SegmentScanner:
                               f"invalid contrecord length {self.rems[p]}, expected {need}")
                 return
 
-    def _walk(self, pos: int) -> None:  # noqa: C901, PLR0912 - the hot loop stays in one piece
+    def _walk(self, pos: int) -> None:  # noqa: PLR0912, PLR0915 - the hot loop stays in one piece
         buf = self.data
         mv = memoryview(buf)
         start = self.start_lsn
@@ -361,7 +368,7 @@ class SegmentScanner:
             if page_end - pos >= SIZE_OF_XLOG_RECORD:
                 tot_len, _xid, prev_link, info, rmid, stored = unpack(buf, pos)
                 rec_end = pos + tot_len
-                if (SIZE_OF_XLOG_RECORD <= tot_len and rec_end <= page_end
+                if (tot_len >= SIZE_OF_XLOG_RECORD and rec_end <= page_end
                         and (prev is None or prev_link == prev)
                         and (rmid <= 21 or rmid >= 128)
                         and crc(mv[pos:pos + 20], crc(mv[pos + 24:rec_end])) == stored):

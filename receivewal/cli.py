@@ -12,6 +12,7 @@ import sys
 import click
 
 from . import __version__
+from .relay import relay_command
 from .status import status_command
 from .stream import stream_command
 
@@ -24,6 +25,7 @@ def cli() -> None:
 
 cli.add_command(stream_command)
 cli.add_command(status_command)
+cli.add_command(relay_command)
 
 
 def main(argv: list[str] | None = None) -> int:

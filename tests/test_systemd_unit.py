@@ -1,0 +1,129 @@
+"""The systemd template unit: notify protocol, restart policy, hardening, secrets kept off argv."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SYSTEMD = Path(__file__).parent.parent / "systemd"
+UNIT = SYSTEMD / "receivewal@.service"
+ENV_EXAMPLE = SYSTEMD / "receivewal.env.example"
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """Sections of a unit file; a key may repeat, so each maps to the list of its values."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+@pytest.fixture(scope="module")
+def unit() -> dict[str, dict[str, list[str]]]:
+    return parse_unit(UNIT.read_text())
+
+
+def one(section: dict[str, list[str]], key: str) -> str:
+    values = section[key]
+    assert len(values) == 1, f"{key} set {len(values)} times"
+    return values[0]
+
+
+def test_unit_speaks_the_notify_protocol_with_a_watchdog(
+    unit: dict[str, dict[str, list[str]]],
+) -> None:
+    service = unit["Service"]
+    assert one(service, "Type") == "notify"
+    assert one(service, "NotifyAccess") == "main"
+    assert one(service, "WatchdogSec") == "60s"
+    assert one(service, "KillSignal") == "SIGTERM"
+    assert one(service, "TimeoutStopSec") == "60s"
+    assert one(service, "Restart") == "on-failure"
+
+
+def test_unit_is_a_template_reading_its_instance_env_file(
+    unit: dict[str, dict[str, list[str]]],
+) -> None:
+    service = unit["Service"]
+    assert one(service, "EnvironmentFile") == "/etc/receivewal/%i.env"
+    assert one(service, "ExecStart") == "/usr/bin/receivewal stream"
+    assert "RECEIVEWAL_DIRECTORY=/var/lib/receivewal/%i" in service["Environment"]
+    assert one(service, "ReadWritePaths") == "/var/lib/receivewal/%i"
+    assert one(service, "StateDirectory") == "receivewal/%i"
+    assert one(unit["Install"], "WantedBy") == "multi-user.target"
+
+
+def test_password_comes_from_a_credential_passfile_never_argv(
+    unit: dict[str, dict[str, list[str]]],
+) -> None:
+    service = unit["Service"]
+    assert one(service, "LoadCredential") == "pgpass:/etc/receivewal/%i.pgpass"
+    assert "PGPASSFILE=%d/pgpass" in service["Environment"]
+    assert "password" not in one(service, "ExecStart").lower()
+    example = ENV_EXAMPLE.read_text()
+    settings = [line for line in example.splitlines() if line and not line.startswith("#")]
+    assert not any("PASSWORD" in line.upper() for line in settings)
+
+
+def test_unit_is_hardened(unit: dict[str, dict[str, list[str]]]) -> None:
+    service = unit["Service"]
+    expected = {
+        "User": "receivewal",
+        "Group": "receivewal",
+        "UMask": "0077",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "PrivateDevices": "yes",
+        "ProtectKernelTunables": "yes",
+        "ProtectKernelModules": "yes",
+        "ProtectKernelLogs": "yes",
+        "ProtectControlGroups": "yes",
+        "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+        "RestrictNamespaces": "yes",
+        "LockPersonality": "yes",
+        "MemoryDenyWriteExecute": "yes",
+        "CapabilityBoundingSet": "",
+        "AmbientCapabilities": "",
+    }
+    assert {key: one(service, key) for key in expected} == expected
+    assert service["SystemCallFilter"][0] == "@system-service"
+
+
+def test_env_example_documents_every_setting_the_unit_relies_on() -> None:
+    example = ENV_EXAMPLE.read_text()
+    for name in [
+        "RECEIVEWAL_DIRECTORY", "RECEIVEWAL_DBNAME", "RECEIVEWAL_SLOT",
+        "RECEIVEWAL_METRICS_ADDRESS", "RECEIVEWAL_COMPRESSION", "RECEIVEWAL_STATUS_INTERVAL",
+        "RECEIVEWAL_SYNCHRONOUS", "PGHOST", "PGUSER",
+    ]:
+        assert f"{name}=" in example, name
+
+
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
+    """systemd's own checker, on an instance whose ExecStart is this checkout's receivewal."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze is required for this test (apt-get install systemd)")
+    receivewal = Path(sys.executable).parent / "receivewal"
+    assert receivewal.exists(), receivewal
+    instance = tmp_path / "receivewal@db1.service"
+    instance.write_text(UNIT.read_text().replace("/usr/bin/receivewal", str(receivewal)))
+    result = subprocess.run(
+        [analyze, "verify", str(instance)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "receivewal@db1.service" not in result.stderr, result.stderr

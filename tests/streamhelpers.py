@@ -1,0 +1,83 @@
+"""Helpers for tests that run ``receivewal stream`` against real servers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pgserver import PgServer, pg_bin
+
+RECEIVEWAL = [sys.executable, "-m", "receivewal"]
+PARTIAL = ".partial"
+
+
+def receivewal(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
+               ) -> subprocess.CompletedProcess[str]:
+    """Run ``receivewal ARGS`` to completion with JSON logs; return the finished process."""
+    return subprocess.run([*RECEIVEWAL, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+def start_receivewal(*args: str, env: dict[str, str] | None = None,
+                     stderr_path: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``receivewal ARGS`` in the background."""
+    stderr = stderr_path.open("ab") if stderr_path else subprocess.PIPE
+    return subprocess.Popen([*RECEIVEWAL, *args], stdout=subprocess.DEVNULL, stderr=stderr,
+                            env={**os.environ, **(env or {})})
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    """Send ``sig`` and wait for the exit code."""
+    proc.send_signal(sig)
+    return proc.wait(timeout=timeout)
+
+
+def wait_for(predicate: object, timeout: float = 60, what: str = "condition") -> None:
+    """Poll ``predicate()`` until true."""
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def wal_files(directory: Path) -> list[str]:
+    """Segment file names (complete and partial) in an archive, sorted."""
+    return sorted(n for n in os.listdir(directory) if len(n.split(".")[0]) == 24)
+
+
+def complete_segments(directory: Path) -> list[str]:
+    """Complete segment file names in an archive, sorted."""
+    return [n for n in wal_files(directory) if not n.endswith(PARTIAL)]
+
+
+def assert_identical_to_server(directory: Path, server: PgServer) -> list[str]:
+    """Every complete archived segment equals the server's own file; return their names."""
+    names = complete_segments(directory)
+    for name in names:
+        ours = (directory / name).read_bytes()
+        theirs = (server.pg_wal / name).read_bytes()
+        assert ours == theirs, f"segment {name} differs from the server's pg_wal file"
+    return names
+
+
+def assert_no_gap(names: list[str]) -> None:
+    """Segment numbers of one timeline follow each other without a hole."""
+    numbers = [int(n[8:16], 16) * 256 + int(n[16:24], 16) for n in names]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), names
+
+
+def lsn_to_int(text: str) -> int:
+    """Parse X/X."""
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def pg_waldump(directory: Path, start: str, end: str) -> subprocess.CompletedProcess[str]:
+    """Run pg_waldump over the archive between two LSNs."""
+    return subprocess.run([pg_bin("pg_waldump"), "-p", str(directory), "-s", start, "-e", end,
+                           "-q"], capture_output=True, text=True, check=False)

@@ -1,0 +1,100 @@
+"""Bad input gets one clear error line and a non-zero exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from pgserver import IS_ROOT, PgServer, free_port
+from streamhelpers import receivewal
+
+
+def error_line(stderr: str) -> str:
+    """The one error line (plain, or the JSON log event's error field)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    line = lines[0]
+    if line.startswith("{"):
+        event = json.loads(line)
+        assert event["level"] == "error"
+        return str(event["error"])
+    return line
+
+
+def test_missing_directory_option() -> None:
+    """No -D at all."""
+    done = receivewal("stream", "-d", "host=127.0.0.1")
+    assert done.returncode == 1
+    assert "no target directory specified" in error_line(done.stderr)
+
+
+def test_directory_that_does_not_exist(tmp_path: Path) -> None:
+    """-D names a directory that is not there."""
+    done = receivewal("stream", "-D", str(tmp_path / "nope"), "-d", "host=127.0.0.1")
+    assert done.returncode == 1
+    assert "does not exist" in error_line(done.stderr)
+
+
+def test_directory_not_writable(tmp_path: Path) -> None:
+    """-D names a directory we cannot create files in."""
+    target = tmp_path / "ro"
+    target.mkdir()
+    if IS_ROOT:  # root ignores permission bits: make the directory immutable instead
+        subprocess.run(["chattr", "+i", str(target)], check=True)
+    else:
+        target.chmod(0o555)
+    try:
+        done = receivewal("stream", "-D", str(target), "-d", "host=127.0.0.1")
+    finally:
+        if IS_ROOT:
+            subprocess.run(["chattr", "-i", str(target)], check=True)
+    assert done.returncode == 1
+    assert "is not writable" in error_line(done.stderr)
+
+
+def test_unreachable_server(archive_dir: Path) -> None:
+    """Nothing listens on the port: exit 1 at once, even without --no-loop."""
+    done = receivewal("stream", "-D", str(archive_dir), "-h", "127.0.0.1",
+                      "-p", str(free_port()), "-U", "postgres", timeout=30)
+    assert done.returncode == 1
+    assert "Connection refused" in error_line(done.stderr)
+
+
+def test_bad_endpos(archive_dir: Path) -> None:
+    """--endpos that is not an LSN."""
+    done = receivewal("stream", "-D", str(archive_dir), "-E", "banana")
+    assert done.returncode == 1
+    assert "invalid LSN 'banana'" in error_line(done.stderr)
+
+
+def test_synchronous_with_no_sync(archive_dir: Path) -> None:
+    """--synchronous and --no-sync contradict each other."""
+    done = receivewal("stream", "-D", str(archive_dir), "--synchronous", "--no-sync")
+    assert done.returncode == 1
+    assert "cannot use --synchronous together with --no-sync" in error_line(done.stderr)
+
+
+def test_bad_compression_list(archive_dir: Path) -> None:
+    """An algorithm the server would refuse is caught before connecting."""
+    done = receivewal("stream", "-D", str(archive_dir), "--compression", "gzip")
+    assert done.returncode == 1
+    assert "gzip" in error_line(done.stderr)
+
+
+@pytest.mark.server
+def test_database_specific_connection_is_still_physical(pg: PgServer, archive_dir: Path) -> None:
+    """replication=database in -d is overridden: the stream stays physical and works."""
+    pg.generate_wal(1)
+    done = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn + " replication=database",
+                      "-E", pg.current_lsn(), "-n")
+    assert done.returncode == 0, done.stderr
+
+
+def test_password_never_logged(archive_dir: Path) -> None:
+    """A password in the connection string does not reach the error output."""
+    done = receivewal("stream", "-D", str(archive_dir), "-v", "-d",
+                      f"host=127.0.0.1 port={free_port()} user=x password=sekrit-42")
+    assert done.returncode == 1
+    assert "sekrit-42" not in done.stderr

@@ -120,6 +120,12 @@ def read_slot(conn: ReplicationConnection, slot: str) -> tuple[int, int] | None:
     return parse_lsn(restart_lsn), int(restart_tli)
 
 
+def slot_exists(conn: ReplicationConnection, slot: str) -> bool:
+    """Whether READ_REPLICATION_SLOT finds the slot (of any type)."""
+    rows = conn.query(f"READ_REPLICATION_SLOT {slot}")
+    return bool(rows) and rows[0][0] is not None
+
+
 def create_slot(conn: ReplicationConnection, slot: str, *, reserve_wal: bool,
                 if_not_exists: bool) -> bool:
     """CREATE_REPLICATION_SLOT ... PHYSICAL; False when it existed and that was allowed."""
@@ -156,6 +162,8 @@ class Session:
         self.writer: SegmentWriter | None = None
         self.last_received = clock()
         self.pinged = False
+        self.first_frame = True
+        self.reported_algorithm: str | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def prepare(self) -> StartPoint:
@@ -168,8 +176,10 @@ class Session:
             self.log.warning("segment_file_skipped", reason=reason)
         newest = newest_segment(files)
         slot_restart = None
-        if newest is None and self.settings.slot and info.version >= 150000:
-            slot_restart = read_slot(self.conn, self.settings.slot)
+        if self.settings.slot and info.version >= 150000:
+            slot_restart = self._read_or_create_slot(self.settings.slot)
+            self.monitor.slot_state(self.settings.slot,
+                                    slot_restart[0] if slot_restart else None)
         start = choose_start(newest, slot_restart, (info.xlogpos, info.timeline),
                              info.segment_size)
         if start.timeline > info.timeline:
@@ -181,6 +191,18 @@ class Session:
         self.monitor.connected(self.conn.describe(), info.system_identifier, info.timeline,
                                self.settings.slot)
         return start
+
+    def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
+        """READ_REPLICATION_SLOT; with --create-slot-if-missing, create a missing slot."""
+        try:
+            return read_slot(self.conn, slot)
+        except ServerError:
+            if not self.settings.create_slot_if_missing or slot_exists(self.conn, slot):
+                raise
+        create_slot(self.conn, slot, reserve_wal=True, if_not_exists=True)
+        self.log.warning("replication_slot_created", slot=slot, server=self.conn.describe(),
+                         reason="missing on this server (--create-slot-if-missing)")
+        return read_slot(self.conn, slot)
 
     def _check_identity(self, info: ServerInfo) -> None:
         identity = self.archive.read_identity()
@@ -305,6 +327,20 @@ class Session:
                     self.send_status(writer)
                     next_status = now + interval
 
+    def _report_compression(self) -> None:
+        """Say which stream we got: pg_streampack with an algorithm, or plain."""
+        self.first_frame = False
+        self.reported_algorithm = self.decoder.algorithm
+        self.log.info("stream_compression", algorithm=self.decoder.algorithm or "none",
+                      requested=",".join(self.settings.compression) or "none")
+
+    def log_compression_summary(self) -> None:
+        """The receiver-side counterpart of the module's shutdown statistics."""
+        stats = self.decoder.stats()
+        if stats.frames:
+            self.log.info("compression_summary", **stats.as_dict())
+            self.monitor.compression(stats.algorithm, stats.wire_bytes, stats.wal_bytes)
+
     def _check_liveness(self, writer: SegmentWriter, now: float) -> None:
         """Like wal_receiver_timeout: ping at half the timeout, give up at the full one."""
         timeout = self.settings.receive_timeout
@@ -326,15 +362,19 @@ class Session:
         if kind == 0x77:  # 'w'
             frame = self.decoder.restore(message)
             xlog = parse_copy_data(frame)
+            if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
+                self._report_compression()
             completed = writer.write(xlog.wal_start, xlog.payload)  # type: ignore[union-attr]
-            self.monitor.received(writer.position, len(message), len(frame) - 25)
+            self.monitor.received(writer.position, len(message), len(xlog.payload))  # type: ignore[union-attr]
+            self.monitor.written(writer.position)
             for name in completed:
                 self.log.info("segment_completed", segment=name, timeline=writer.timeline,
                               lsn=format_lsn(writer.position))
                 self.monitor.segment_completed(name)
                 self.monitor.flushed(writer.flushed)
-                if self.decoder.algorithm is not None:
-                    self.log.debug("compression_stats", **self.decoder.stats().as_dict())
+                stats = self.decoder.stats()
+                self.monitor.compression(stats.algorithm, stats.wire_bytes, stats.wal_bytes)
+                self.log.debug("compression_stats", **stats.as_dict())
             return
         keepalive = parse_copy_data(message)
         assert isinstance(keepalive, PrimaryKeepalive)

@@ -173,9 +173,9 @@ class Supervisor:
                 error: ReceivewalError = exc
             else:
                 connected_once = True
+                session = Session(conn, settings=self.settings, archive=archive,
+                                  monitor=monitor, stop=self.stop, log=self.log)
                 try:
-                    session = Session(conn, settings=self.settings, archive=archive,
-                                      monitor=monitor, stop=self.stop, log=self.log)
                     start = session.prepare()
                     streamed = True
                     outcome = session.run(start)
@@ -185,6 +185,7 @@ class Supervisor:
                     self.log.info("stopped", reason=outcome, signal=self.stop.signal_name)
                     return 0
                 finally:
+                    session.log_compression_summary()
                     conn.close()
             if self.stop.requested:
                 self.log.info("stopped", reason="signal", signal=self.stop.signal_name)

@@ -1,0 +1,49 @@
+# Sourced by scripts/demo and scripts/test: makes sure this machine can run receivewal.
+# - PostgreSQL server binaries (apt-get install when missing and we are root)
+# - Java for the Spark pipeline's tests (apt-get install when missing and we are root)
+# - a virtual environment in .venv with receivewal and its test and spark extras
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+
+need_apt=()
+pg_bin_dir() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+if [ -z "$(pg_bin_dir)" ] || [ ! -x "$(pg_bin_dir)/initdb" ]; then need_apt+=(postgresql); fi
+command -v pgbench >/dev/null 2>&1 || [ -x "$(pg_bin_dir)/pgbench" ] || need_apt+=(postgresql-contrib)
+if [ "${RECEIVEWAL_NEEDS_JAVA:-0}" = 1 ] && ! command -v java >/dev/null 2>&1; then
+  need_apt+=(default-jre-headless)
+fi
+command -v chattr >/dev/null 2>&1 || need_apt+=(e2fsprogs)
+command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing ${need_apt[*]} with apt-get" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    # Debian's postgresql package starts a cluster; receivewal's tests start their own.
+    command -v pg_ctlcluster >/dev/null 2>&1 && pg_lsclusters -h 2>/dev/null | while read -r ver name _; do
+      pg_ctlcluster "$ver" "$name" stop 2>/dev/null || true; done
+  else
+    echo "setup: missing ${need_apt[*]}: install them (e.g. sudo apt-get install ${need_apt[*]}) and run again" >&2
+    exit 1
+  fi
+fi
+export PG_BIN="$(pg_bin_dir)"
+
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "setup: receivewal needs Python 3.11 or newer ($PYTHON is $("$PYTHON" --version 2>&1))" >&2
+  exit 1
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)-${RECEIVEWAL_EXTRAS:-test}"
+if [ ! -e "$stamp" ]; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[${RECEIVEWAL_EXTRAS:-test}]"
+  touch "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,187 @@
+"""The COPY loop with a scripted connection: what is reported, when, and what is refused."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import receivewal.archive
+from receivewal.archive import Archive
+from receivewal.connection import COPY_DONE, ExecStatus, Result
+from receivewal.errors import ProtocolError, StreampackError
+from receivewal.logs import get_logger
+from receivewal.messages import build_xlogdata
+from receivewal.monitor import Monitor
+from receivewal.segments import StartPoint
+from receivewal.session import ServerInfo, Session
+from receivewal.settings import Settings
+
+SEG = 1 << 20
+START = 3 * SEG
+
+
+class ScriptedConnection:
+    """Plays CopyData payloads from a script and records what the session sends."""
+
+    def __init__(self, script: list[bytes], stop: Any) -> None:
+        self.script = list(script)
+        self.stop = stop
+        self.sent: list[bytes] = []
+        self.sock_a, self.sock_b = socket.socketpair()
+        self.ended = False
+        self.results: Iterator[Result | None] = iter([Result(ExecStatus.COMMAND_OK, []), None])
+
+    def describe(self) -> str:
+        return "scripted"
+
+    def start_copy_both(self, sql: str) -> None:
+        self.started = sql
+
+    def fileno(self) -> int:
+        return self.sock_a.fileno()
+
+    def read_copy(self, block: bool = False) -> object:
+        if self.ended:
+            return COPY_DONE
+        if self.script:
+            return self.script.pop(0)
+        self.stop.requested = True
+        self.stop.w.send(b"x")  # wake the selector as a signal would
+        return None
+
+    def consume_input(self) -> None:
+        pass
+
+    def send_copy(self, data: bytes) -> None:
+        self.sent.append(bytes(data))
+
+    def end_copy(self) -> None:
+        self.ended = True
+
+    def next_result(self) -> Result | None:
+        return next(self.results)
+
+
+class Stop:
+    """A stop flag that is never signalled by the OS."""
+
+    requested = False
+
+    def __init__(self) -> None:
+        self.r, self.w = socket.socketpair()
+
+    def fileno(self) -> int:
+        return self.r.fileno()
+
+    def drain(self) -> None:
+        pass
+
+
+def keepalive(reply: bool) -> bytes:
+    return struct.pack(">cQqB", b"k", START + 10 * SEG, 0, int(reply))
+
+
+def make_session(tmp_path: Path, script: list[bytes], **settings: Any
+                 ) -> tuple[Session, ScriptedConnection]:
+    stop = Stop()
+    conn = ScriptedConnection(script, stop)
+    archive = Archive(tmp_path, sync=True)
+    session = Session(conn, settings=Settings(directory=tmp_path, conninfo="",  # type: ignore[arg-type]
+                                              status_interval=0, **settings),
+                      archive=archive, monitor=Monitor.null(), stop=stop, log=get_logger())
+    session.info = ServerInfo("1", 1, START, SEG, 0o600, 150000)
+    return session, conn
+
+
+def status_updates(conn: ScriptedConnection) -> list[tuple[int, int, int]]:
+    return [struct.unpack(">cQQQqB", m)[1:4] for m in conn.sent if m[:1] == b"r"]
+
+
+def test_flush_is_reported_only_after_fsync(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a slot, each reported flush position was covered by an fsync before it was sent."""
+    fsynced: list[int] = []
+    session_ref: list[Session] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        real_fsync(fd)
+        if session_ref and session_ref[0].writer is not None:
+            fsynced.append(session_ref[0].writer.position)
+
+    monkeypatch.setattr(receivewal.archive.os, "fsync", recording_fsync)
+    script = [build_xlogdata(START, 0, 0, b"a" * 1000), keepalive(reply=False),
+              build_xlogdata(START + 1000, 0, 0, b"b" * 3000), keepalive(reply=True),
+              build_xlogdata(START + 4000, 0, 0, b"c" * 500)]
+    session, conn = make_session(tmp_path, script, slot="s")
+    session_ref.append(session)
+    assert session.run(StartPoint(START, 1, "archive")) == "stopped"
+    updates = status_updates(conn)
+    assert updates, "no status update sent"
+    for write, flush, apply in updates:
+        assert apply == 0
+        assert flush <= write
+        assert flush <= max([START, *fsynced]), "flush reported beyond what was fsynced"
+    assert updates[0] == (START + 4000, START + 4000, 0)  # the keepalive asked for a reply
+    assert updates[-1] == (START + 4500, START + 4500, 0)  # the final report at stop
+    data = (tmp_path / "000000010000000000000003.partial").read_bytes()
+    assert data[:4500] == b"a" * 1000 + b"b" * 3000 + b"c" * 500
+    assert len(data) == SEG
+
+
+def test_without_slot_flush_is_zero_and_feedback_follows_status(tmp_path: Path) -> None:
+    """No slot: flush = 0 (Invalid); every r is followed by an all-zero h."""
+    session, conn = make_session(tmp_path, [build_xlogdata(START, 0, 0, b"x" * 10),
+                                            keepalive(reply=True)])
+    session.run(StartPoint(START, 1, "server"))
+    assert status_updates(conn)[0] == (START + 10, 0, 0)
+    kinds = [m[:1] for m in conn.sent]
+    assert kinds == [b"r", b"h"] * (len(kinds) // 2)
+    assert all(struct.unpack(">cqIIII", m)[2:] == (0, 0, 0, 0) for m in conn.sent
+               if m[:1] == b"h")
+
+
+def test_feedback_off_sends_no_h(tmp_path: Path) -> None:
+    """--no-hot-standby-feedback: only r messages."""
+    session, conn = make_session(tmp_path, [keepalive(reply=True)], hot_standby_feedback=False)
+    session.run(StartPoint(START, 1, "server"))
+    assert {m[:1] for m in conn.sent} == {b"r"}
+
+
+def test_gap_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """WAL that does not continue where the file stands raises, naming both LSNs."""
+    session, _ = make_session(tmp_path, [build_xlogdata(START, 0, 0, b"a" * 100),
+                                         build_xlogdata(START + 200, 0, 0, b"b" * 100)])
+    with pytest.raises(ProtocolError, match=r"gap: received data at 0/3000C8 but the archive "
+                                            r"continues at 0/300064"):
+        session.run(StartPoint(START, 1, "server"))
+    data = (tmp_path / "000000010000000000000003.partial").read_bytes()
+    assert data[:100] == b"a" * 100
+    assert data[100:400] == bytes(300)
+
+
+def test_compressed_frame_without_request_is_refused(tmp_path: Path) -> None:
+    """A flagged frame when no compression was requested is a streampack error."""
+    frame = bytearray(build_xlogdata(START, 0, 0, b"z" * 64))
+    frame[17] |= 0x80
+    session, _ = make_session(tmp_path, [bytes(frame)], compression=())
+    with pytest.raises(StreampackError, match="0/300000"):
+        session.run(StartPoint(START, 1, "server"))
+
+
+def test_payload_crossing_a_segment_completes_the_first(tmp_path: Path) -> None:
+    """A message across a boundary is split; the first segment is renamed complete."""
+    start = START + SEG - 100
+    first = build_xlogdata(START, 0, 0, b"p" * (SEG - 100))
+    session, _ = make_session(tmp_path, [first, build_xlogdata(start, 0, 0, b"q" * 300)])
+    session.run(StartPoint(START, 1, "server"))
+    done = (tmp_path / "000000010000000000000003").read_bytes()
+    assert done == b"p" * (SEG - 100) + b"q" * 100
+    nxt = (tmp_path / "000000010000000000000004.partial").read_bytes()
+    assert nxt[:200] == b"q" * 200

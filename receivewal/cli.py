@@ -15,6 +15,7 @@ from . import __version__
 from .relay import relay_command
 from .status import status_command
 from .stream import stream_command
+from .verify import verify_command
 
 
 @click.group(context_settings={"help_option_names": ["-?", "--help"]})
@@ -26,6 +27,7 @@ def cli() -> None:
 cli.add_command(stream_command)
 cli.add_command(status_command)
 cli.add_command(relay_command)
+cli.add_command(verify_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,8 +26,10 @@ def _open_local(path: str) -> BinaryIO:
 
 
 def read_wal_file(path: str, compression: str, limit: int | None = None,
-                  open_binary: Opener = _open_local) -> bytes:
+                  open_binary: Opener | None = None) -> bytes:
     """The decompressed bytes of an archive file, or its first ``limit`` bytes."""
+    if open_binary is None:
+        open_binary = _open_local
     try:
         with open_binary(path) as raw:
             if compression == "":

@@ -1,0 +1,160 @@
+"""Build WAL archives from real PostgreSQL 15 servers for the verify and analyze tests.
+
+The archives are made the way pg_receivewal would leave them, without the streaming daemon:
+completed segments and history files copied from the servers' ``pg_wal``, the old timeline's
+last segment as ``.partial`` (as the promoted standby renames it), the newest segment as a
+zero-padded ``.partial``, and compressed copies (gzip and LZ4 frame as pg_receivewal 15 writes
+them, a zstd frame).
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import lz4.frame
+import zstandard
+from pgserver import PgServer
+
+SEGMENT_SIZE = 1 << 20
+INITDB_ARGS = ("--wal-segsize=1",)
+COMPRESSORS = {
+    "": lambda data: data,
+    ".gz": gzip.compress,
+    ".lz4": lz4.frame.compress,
+    ".zst": lambda data: zstandard.ZstdCompressor(level=3).compress(data),
+}
+
+
+@dataclass
+class BuiltArchive:
+    """A plain archive (every file uncompressed) plus what the test needs to know about it."""
+
+    plain: Path  # all files uncompressed: completed segments, .partial files, history
+    tl1: list[str]  # completed timeline 1 segments, in order
+    tl2: list[str]  # completed timeline 2 segments, in order
+    tl1_partial: str
+    tl2_partial: str
+    switchpoint: str
+
+
+def lsn_int(text: str) -> int:
+    """An LSN printed by the server as an integer."""
+    hi, lo = text.split("/")
+    return int(hi, 16) << 32 | int(lo, 16)
+
+
+def new_server(base: Path, name: str) -> PgServer:
+    """A started primary with 1 MiB segments."""
+    server = PgServer(base, name)
+    server.init(initdb_args=INITDB_ARGS)
+    server.start()
+    return server
+
+
+def write_wal(server: PgServer, rows: int, table: str = "t") -> None:
+    """Inserts, an index, updates and a checkpoint: several resource managers and FPIs."""
+    server.sql(f"CREATE TABLE IF NOT EXISTS {table} (id int, pad text)")
+    server.sql(f"CREATE INDEX IF NOT EXISTS {table}_id ON {table} (id)")
+    server.sql(f"INSERT INTO {table} SELECT g, repeat('p', 150) "  # noqa: S608 - test's own names
+               f"FROM generate_series(1, {rows}) g")
+    server.sql("CHECKPOINT")
+    server.sql(f"UPDATE {table} SET pad = 'u' WHERE id % 5 = 0")  # noqa: S608
+
+
+def _segment_names(wal: Path, timeline: int, below: str) -> list[str]:
+    prefix = f"{timeline:08X}"
+    return sorted(p.name for p in wal.iterdir()
+                  if len(p.name) == 24 and p.name.startswith(prefix) and p.name < below)
+
+
+def _copy_zero_padded(src: Path, dst: Path, upto: int) -> None:
+    """Copy a segment that is still being written, zeroing what lies past ``upto`` (offset)."""
+    data = bytearray(src.read_bytes())
+    cut = (upto + 8191) // 8192 * 8192
+    data[cut:] = bytes(len(data) - cut)
+    dst.write_bytes(bytes(data))
+
+
+def build_two_timeline_archive(base: Path, out: Path, rows: int = 12000) -> BuiltArchive:
+    """Timeline 1 on a primary, a standby promoted to timeline 2, WAL on both: an archive."""
+    out.mkdir(parents=True, exist_ok=True)
+    primary = new_server(base, "primary")
+    standby = None
+    try:
+        write_wal(primary, rows)
+        standby = primary.make_standby("standby")
+        write_wal(primary, rows // 2, "t2")
+        target = primary.sql("SELECT pg_current_wal_lsn()")
+        deadline = time.monotonic() + 60
+        while lsn_int(standby.current_lsn()) < lsn_int(target):
+            if time.monotonic() > deadline:
+                raise TimeoutError("standby did not catch up")
+            time.sleep(0.1)
+        primary.stop("fast")
+        time.sleep(0.5)
+        standby.promote()
+        history = (standby.pg_wal / "00000002.history").read_text()
+        switchpoint = history.split()[1]
+        write_wal(standby, rows, "t3")
+        standby.sql("CHECKPOINT")  # commits are asynchronous: make the WAL reach the files
+        current = standby.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+        flush = lsn_int(standby.sql("SELECT pg_current_wal_flush_lsn()"))
+        switch_name = standby.sql(f"SELECT pg_walfile_name('{switchpoint}')")
+        switch_name = "00000001" + switch_name[8:]
+        tl1 = _segment_names(primary.pg_wal, 1, switch_name)
+        for name in tl1:
+            shutil.copy(primary.pg_wal / name, out / name)
+        tl1_partial = switch_name + ".partial"
+        src = standby.pg_wal / tl1_partial  # renamed only when archiving is on
+        if not src.exists():
+            src = standby.pg_wal / switch_name
+        _copy_zero_padded(src, out / tl1_partial,
+                          lsn_int(switchpoint) % SEGMENT_SIZE)
+        shutil.copy(standby.pg_wal / "00000002.history", out / "00000002.history")
+        tl2 = _segment_names(standby.pg_wal, 2, current)
+        for name in tl2:
+            shutil.copy(standby.pg_wal / name, out / name)
+        tl2_partial = current + ".partial"
+        _copy_zero_padded(standby.pg_wal / current, out / tl2_partial, flush % SEGMENT_SIZE)
+        return BuiltArchive(out, tl1, tl2, tl1_partial, tl2_partial, switchpoint)
+    finally:
+        if standby is not None:
+            standby.stop("immediate")
+        primary.stop("immediate")
+
+
+def build_single_archive(base: Path, name: str, out: Path, rows: int = 6000) -> list[str]:
+    """One server's completed segments (timeline 1), copied plain; their names."""
+    out.mkdir(parents=True, exist_ok=True)
+    server = new_server(base, name)
+    try:
+        write_wal(server, rows)
+        current = server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+        server.switch_wal()
+        names = _segment_names(server.pg_wal, 1, current)
+        for seg in names:
+            shutil.copy(server.pg_wal / seg, out / seg)
+        return names
+    finally:
+        server.stop("immediate")
+
+
+def compressed_copy(src: Path, dst: Path) -> dict[str, str]:
+    """Copy an archive, compressing segment files in turn with each method; old -> new name."""
+    dst.mkdir(parents=True, exist_ok=True)
+    renamed = {}
+    suffixes = list(COMPRESSORS)
+    for i, path in enumerate(sorted(src.iterdir())):
+        if path.name.endswith(".history"):
+            shutil.copy(path, dst / path.name)
+            continue
+        suffix = suffixes[i % len(suffixes)]
+        stem, partial = path.name.removesuffix(".partial"), path.name.endswith(".partial")
+        new = stem + suffix + (".partial" if partial else "")
+        (dst / new).write_bytes(COMPRESSORS[suffix](path.read_bytes()))
+        renamed[path.name] = new
+    return renamed

@@ -464,6 +464,8 @@ class SegmentScanner:
         """The bytes of a record that crosses pages, checking each continuation header."""
         lsn = self.start_lsn + pos
         page_end = (pos | _PAGE_MASK) + 1
+        if tot_len <= page_end - pos:
+            return self.data[pos:pos + tot_len], maxalign(pos + tot_len)
         parts = [self.data[pos:page_end]]
         got = page_end - pos
         p = page_end >> 13

@@ -342,7 +342,6 @@ class SegmentScanner:
 
     def _walk(self, pos: int) -> None:  # noqa: PLR0912, PLR0915 - the hot loop stays in one piece
         buf = self.data
-        mv = memoryview(buf)
         start = self.start_lsn
         end_data = self.n_pages * XLOG_BLCKSZ
         page_ok, flags = self.page_ok, self.flags
@@ -350,6 +349,7 @@ class SegmentScanner:
         unpack = _RECORD.unpack_from
         crc = crc32c.crc32c
         prev: int | None = None
+        last = self.last_record_lsn
         first = True
         while pos < end_data:
             if not pos & _PAGE_MASK:  # a record boundary falls on a page boundary
@@ -369,10 +369,21 @@ class SegmentScanner:
                 tot_len, _xid, prev_link, info, rmid, stored = unpack(buf, pos)
                 rec_end = pos + tot_len
                 if (tot_len >= SIZE_OF_XLOG_RECORD and rec_end <= page_end
-                        and (prev is None or prev_link == prev)
+                        and (prev_link == prev or prev is None)
                         and (rmid <= 21 or rmid >= 128)
-                        and crc(mv[pos:pos + 20], crc(mv[pos + 24:rec_end])) == stored):
-                    fpi = fpi_bytes_of(buf, pos + 24, rec_end)
+                        and crc(buf[pos + 24:rec_end] + buf[pos:pos + 20]) == stored):
+                    # Inline the two shapes nearly every record has (main data only; one
+                    # block with data, no image, then short main data); else decode fully.
+                    body = pos + 24
+                    head = buf[body]
+                    if (head == 255 and buf[body + 1] + 26 == tot_len) or (
+                            head == 0 and tot_len >= 46 and buf[body + 1] & 0xB0 == 0x20
+                            and buf[body + 20] == 255
+                            and 0 < buf[body + 2] | buf[body + 3] << 8
+                            == tot_len - 46 - buf[body + 21]):
+                        fpi = 0
+                    else:
+                        fpi = fpi_bytes_of(buf, body, rec_end)
                     if fpi >= 0:
                         lsn = start + pos
                         counts[rmid] += 1
@@ -383,20 +394,23 @@ class SegmentScanner:
                         if first:
                             first = False
                             self.first_record_lsn, self.first_record_prev = lsn, prev_link
-                        prev = self.last_record_lsn = lsn
+                        prev = last = lsn
                         pos = (rec_end + 7) & ~7
                         if rmid == 0 and info & 0xF0 == 0x40:  # XLOG_SWITCH
                             self.switched = True
                             break
                         continue
+            self.last_record_lsn = last
             step = self._slow_record(pos, prev)
+            last = self.last_record_lsn
             if step is None:
                 break
             pos, prev = step
-            if first and self.last_record_lsn is not None:
+            if first and last is not None:
                 first = False
             if self.switched:
                 break
+        self.last_record_lsn = last
         self.end_lsn = start + min(pos, end_data) if not self.switched else start + pos
 
     def _slow_record(self, pos: int, prev: int | None) -> tuple[int, int | None] | None:

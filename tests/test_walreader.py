@@ -8,6 +8,7 @@ output for them, made by ``tests/data/wal/make_fixture.py``.
 from __future__ import annotations
 
 import gzip
+import itertools
 import struct
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from waldump import parse_stats
 
-from receivewal.rmgr import RMGR_NAMES, rmgr_id, rmgr_name, rmgr_id_is_valid
+from receivewal.rmgr import RMGR_NAMES, rmgr_id, rmgr_id_is_valid, rmgr_name
 from receivewal.verify import rmgr_totals
 from receivewal.walfile import read_wal_file
 from receivewal.walnames import parse_segment_file_name
@@ -112,7 +113,7 @@ def test_flipped_bit_is_a_crc_mismatch_at_the_record(segments: dict[str, bytes])
     """A bit flipped in a record's data: crc_mismatch at exactly that record's LSN."""
     name = NAMES[0]
     lsns = scan(segments[name], name, collect=True).record_lsns
-    lsn = next(a for a, b in zip(lsns[100:], lsns[101:], strict=False)
+    lsn = next(a for a, b in itertools.pairwise(lsns[100:])
                if b - a > 64 and a % 8192 < 8000)
     data = bytearray(segments[name])
     data[lsn % SEG + 30] ^= 0x10

@@ -14,7 +14,7 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .errors import ConfigurationError, ConnectionLost, ServerError
+from .errors import ConfigurationError, ConnectionLost, ServerError, WalRemovedError
 
 ExecStatus = pq.ExecStatus
 
@@ -123,7 +123,8 @@ class ReplicationConnection:
         if self.pgconn.status == pq.ConnStatus.BAD:
             return ConnectionLost(f"{what}: {message or 'connection lost'}")
         sqlstate = res.error_field(pq.DiagnosticField.SQLSTATE) if res is not None else None
-        return ServerError(f"{what}: {message}", sqlstate=(sqlstate or b"").decode())
+        kind = WalRemovedError if "has already been removed" in message else ServerError
+        return kind(f"{what}: {message}", sqlstate=(sqlstate or b"").decode())
 
     def _rows(self, res: pq.abc.PGresult) -> list[tuple[str | None, ...]]:
         rows = []

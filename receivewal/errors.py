@@ -31,6 +31,17 @@ class ServerError(ReceivewalError):
         self.sqlstate = sqlstate
 
 
+class WalRemovedError(ServerError):
+    """The server no longer has WAL the archive needs next.
+
+    Skipping ahead would leave a silent hole in the archive, so the supervisor keeps retrying
+    (the WAL may come back, e.g. from a restored server) and reports the gap until an operator
+    decides.
+    """
+
+    retryable = True
+
+
 class ProtocolError(ReceivewalError):
     """A message from the server broke the replication protocol.
 

@@ -22,6 +22,7 @@ from .errors import (
     ConnectionLost,
     ProtocolError,
     ServerError,
+    WalRemovedError,
 )
 from .lsn import check_segment_size, format_lsn, parse_lsn, round_down_to_segment
 from .messages import (
@@ -35,7 +36,7 @@ from .segments import StartPoint, choose_start, newest_segment
 from .settings import Settings
 from .streampack import StreampackDecoder
 from .timeline import check_follows, parse_history
-from .walnames import history_file_name, parse_history_file_name
+from .walnames import history_file_name, parse_history_file_name, wal_file_name
 
 _UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 STOP_DRAIN_SECONDS = 10.0
@@ -267,18 +268,26 @@ class Session:
     def _stream_timeline(self, timeline: int, lsn: int) -> TimelineEnd | str:
         assert self.info is not None
         slot = f"SLOT {self.settings.slot} " if self.settings.slot else ""
-        self.conn.start_copy_both(
-            f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"
-        )
-        self.writer = SegmentWriter(self.archive, self.info.segment_size, timeline, lsn)
-        self.last_received, self.pinged = self.clock(), False
-        self.log.info("streaming_started", timeline=timeline, start_lsn=format_lsn(lsn),
-                      slot=self.settings.slot)
-        self.monitor.streaming_started(timeline, lsn)
+        self.writer = writer = SegmentWriter(self.archive, self.info.segment_size, timeline, lsn)
         try:
-            return self._copy_loop(self.writer)
+            self.conn.start_copy_both(
+                f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"
+            )
+            self.last_received, self.pinged = self.clock(), False
+            self.log.info("streaming_started", timeline=timeline, start_lsn=format_lsn(lsn),
+                          slot=self.settings.slot)
+            self.monitor.streaming_started(timeline, lsn)
+            return self._copy_loop(writer)
+        except WalRemovedError as exc:
+            segsize = self.info.segment_size
+            missing = wal_file_name(timeline, writer.position // segsize, segsize)
+            raise WalRemovedError(
+                f"the archive needs WAL from {format_lsn(writer.position)} on timeline "
+                f"{timeline} (segment {missing}), which the server has removed; not skipping "
+                f"ahead: {exc}", sqlstate=exc.sqlstate,
+            ) from exc
         finally:
-            self.writer.close()
+            writer.close()
 
     def _copy_loop(self, writer: SegmentWriter) -> TimelineEnd | str:
         selector = selectors.DefaultSelector()

@@ -21,7 +21,7 @@ from typing import Any
 
 from .archive import Archive
 from .connection import ReplicationConnection, redacted
-from .errors import ConnectionLost, ReceivewalError, ServerError
+from .errors import ConnectionLost, ReceivewalError, ServerError, WalRemovedError
 from .logs import get_logger
 from .monitor import Monitor
 from .session import Session, create_slot, drop_slot
@@ -190,12 +190,14 @@ class Supervisor:
             if self.stop.requested:
                 self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
                 return 0
-            kind = type(error).__name__
+            kind = "gap" if isinstance(error, WalRemovedError) else type(error).__name__
             monitor.error(kind, str(error))
             retryable = error.retryable or isinstance(error, ServerError)
             if not retryable or self.settings.no_loop or (not streamed and not connected_once):
                 self.log.error("failed", error=str(error), kind=kind)
                 return 1
+            if isinstance(error, WalRemovedError):
+                self.log.error("gap_detected", error=str(error))
             self.log.warning("disconnected", error=str(error), kind=kind)
             monitor.disconnected(str(error))
             attempt = 1 if streamed and isinstance(error, ConnectionLost) else attempt + 1

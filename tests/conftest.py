@@ -33,8 +33,10 @@ def pg(server_base: Path) -> Iterator[PgServer]:
 
 
 @pytest.fixture
-def archive_dir(tmp_path: Path) -> Path:
-    """An empty archive directory."""
-    path = tmp_path / "archive"
+def archive_dir() -> Iterator[Path]:
+    """An empty archive directory that the server user can reach (for restore_command)."""
+    base = make_shared_dir("receivewal-archive-")
+    path = base / "archive"
     path.mkdir()
-    return path
+    yield path
+    shutil.rmtree(base, ignore_errors=True)

@@ -12,6 +12,7 @@ import sys
 import click
 
 from . import __version__
+from .analyze import analyze_command
 from .relay import relay_command
 from .status import status_command
 from .stream import stream_command
@@ -28,6 +29,7 @@ cli.add_command(stream_command)
 cli.add_command(status_command)
 cli.add_command(relay_command)
 cli.add_command(verify_command)
+cli.add_command(analyze_command)
 
 
 def main(argv: list[str] | None = None) -> int:

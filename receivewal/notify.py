@@ -61,6 +61,7 @@ class Notifier:
     def __init__(self, address: str | bytes | None) -> None:
         self.address = address
         self._sock: socket.socket | None = None
+        self._failure: str | None = None
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Notifier:
@@ -73,21 +74,34 @@ class Notifier:
         return self.address is not None
 
     def notify(self, **fields: str) -> bool:
-        """Send ``fields`` as one datagram (e.g. ``READY="1", STATUS="..."``); True when sent."""
+        """Send ``fields`` as one datagram (e.g. ``READY="1", STATUS="..."``); True when sent.
+
+        Never blocks: when the receiver's queue is full the message is dropped and logged, as
+        a stalled reader must not stall streaming. A failure is logged once until a send
+        succeeds again (``notify_failed``, then ``notify_recovered``).
+        """
         if self.address is None:
             return False
         message = format_message(**fields)
         try:
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                self._sock = socket.socket(
+                    socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+                )
             self._sock.sendto(message, self.address)
         except OSError as exc:
-            log.warning(
-                "notify_failed", socket=_printable(self.address), fields=sorted(fields),
-                error=str(exc),
-            )
+            reason = exc.strerror or str(exc)
+            if reason != self._failure:
+                log.warning(
+                    "notify_failed", socket=_printable(self.address), fields=sorted(fields),
+                    error=reason,
+                )
+            self._failure = reason
             self.close()
             return False
+        if self._failure is not None:
+            log.info("notify_recovered", socket=_printable(self.address))
+            self._failure = None
         return True
 
     def close(self) -> None:

@@ -192,16 +192,38 @@ def test_abstract_notify_socket_receives_ready() -> None:
         sock.sock.close()
 
 
-def test_a_vanished_notify_socket_is_logged_not_raised(notify_path: str) -> None:
+def test_a_vanished_notify_socket_is_logged_once_not_raised(notify_path: str) -> None:
     monitor = Monitor(None, environ={"NOTIFY_SOCKET": notify_path})  # nothing bound there
     with capture_logs() as logs:
         monitor.streaming_started(1, 0)
         monitor.stopping()
-    failures = [e for e in logs if e["event"] == "notify_failed"]
-    assert len(failures) == 2
-    assert failures[0]["socket"] == notify_path
-    assert failures[0]["fields"] == ["READY", "STATUS"]
+        receiver = NotifySocket(notify_path)
+        monitor.error("ServerError", "boom")
+    assert [e["event"] for e in logs] == ["notify_failed", "notify_recovered"]
+    assert logs[0]["socket"] == notify_path
+    assert logs[0]["fields"] == ["READY", "STATUS"]
+    assert receiver.receive() == {"STATUS": "Error (ServerError): boom"}
+    receiver.sock.close()
     monitor.close()
+
+
+def test_a_reader_that_stops_reading_never_blocks_the_daemon(
+    systemd: NotifySocket, notify_path: str
+) -> None:
+    """AF_UNIX datagram queues are short (net.unix.max_dgram_qlen, often 10): sends must not
+    wait for systemd to catch up."""
+    notifier = Notifier(notify_path)
+    with capture_logs() as logs:
+        sent = [notifier.notify(STATUS=f"message {i}") for i in range(2000)]
+    assert sent[0]
+    assert not all(sent)  # the queue filled up and we went on
+    assert [e["event"] for e in logs] == ["notify_failed"]
+    systemd.pending()
+    with capture_logs() as logs:
+        assert notifier.notify(WATCHDOG="1")
+    assert [e["event"] for e in logs] == ["notify_recovered"]
+    assert systemd.receive() == {"WATCHDOG": "1"}
+    notifier.close()
 
 
 def test_state_file_follows_the_session_and_is_rewritten_on_tick(tmp_path: Path) -> None:

@@ -59,10 +59,10 @@ def write_wal(server: PgServer, rows: int, table: str = "t") -> None:
     """Inserts, an index, updates and a checkpoint: several resource managers and FPIs."""
     server.sql(f"CREATE TABLE IF NOT EXISTS {table} (id int, pad text)")
     server.sql(f"CREATE INDEX IF NOT EXISTS {table}_id ON {table} (id)")
-    server.sql(f"INSERT INTO {table} SELECT g, repeat('p', 150) "  # noqa: S608 - test's own names
+    server.sql(f"INSERT INTO {table} SELECT g, repeat('p', 150) "
                f"FROM generate_series(1, {rows}) g")
     server.sql("CHECKPOINT")
-    server.sql(f"UPDATE {table} SET pad = 'u' WHERE id % 5 = 0")  # noqa: S608
+    server.sql(f"UPDATE {table} SET pad = 'u' WHERE id % 5 = 0")
 
 
 def _segment_names(wal: Path, timeline: int, below: str) -> list[str]:

@@ -8,7 +8,6 @@ cannot fix, on any error with ``--no-loop``, and when the first connection fails
 from __future__ import annotations
 
 import getpass
-import os
 import random
 import selectors
 import signal
@@ -21,7 +20,13 @@ from typing import Any
 
 from .archive import Archive
 from .connection import ReplicationConnection, redacted
-from .errors import ConnectionLost, ReceivewalError, ServerError, WalRemovedError
+from .errors import (
+    ConnectionLost,
+    DiskFullError,
+    ReceivewalError,
+    ServerError,
+    WalRemovedError,
+)
 from .logs import get_logger
 from .monitor import Monitor
 from .session import Session, create_slot, drop_slot
@@ -190,7 +195,7 @@ class Supervisor:
             if self.stop.requested:
                 self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
                 return 0
-            kind = "gap" if isinstance(error, WalRemovedError) else type(error).__name__
+            kind = error_kind(error)
             monitor.error(kind, str(error))
             retryable = error.retryable or isinstance(error, ServerError)
             if not retryable or self.settings.no_loop or (not streamed and not connected_once):
@@ -198,6 +203,8 @@ class Supervisor:
                 return 1
             if isinstance(error, WalRemovedError):
                 self.log.error("gap_detected", error=str(error))
+            if isinstance(error, DiskFullError):
+                self.log.error("disk_full", error=str(error), directory=str(archive.directory))
             self.log.warning("disconnected", error=str(error), kind=kind)
             monitor.disconnected(str(error))
             attempt = 1 if streamed and isinstance(error, ConnectionLost) else attempt + 1
@@ -211,12 +218,11 @@ class Supervisor:
                 return 0
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process exists (used by tests and status)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def error_kind(error: ReceivewalError) -> str:
+    """The label an error is counted under in metrics and the state file."""
+    if isinstance(error, WalRemovedError):
+        return "gap"
+    if isinstance(error, DiskFullError):
+        return "disk_full"
+    return type(error).__name__
+

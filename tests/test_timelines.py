@@ -272,7 +272,7 @@ def test_removed_wal_is_reported_as_a_gap_and_never_skipped(pg: PgServer, archiv
     for _ in range(3):
         pg.generate_wal(2)
         pg.sql("CHECKPOINT")
-    needed = [n for n in before if n.endswith(PARTIAL)][0].removesuffix(PARTIAL)
+    needed = next(n for n in before if n.endswith(PARTIAL)).removesuffix(PARTIAL)
     assert not (pg.pg_wal / needed).exists()
     log = tmp_path / "log"
     proc = start_receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn,

@@ -1,0 +1,89 @@
+"""A TCP proxy for fault tests: forwards 127.0.0.1 traffic, and can cut or stall connections."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+
+
+class TcpProxy:
+    """Forwards connections from a local port to ``upstream_port`` on 127.0.0.1."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = int(self.listener.getsockname()[1])
+        self.forwarding = threading.Event()
+        self.forwarding.set()
+        self.closed = threading.Event()
+        self.lock = threading.Lock()
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.pairs.append((client, upstream))
+                self.accepted += 1
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while not self.closed.is_set():
+                if not self.forwarding.wait(0.1):
+                    continue
+                ready, _, _ = select.select(list(peers), [], [], 0.1)
+                for sock in ready:
+                    if not self.forwarding.is_set():
+                        break
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    peers[sock].sendall(data)
+        except OSError:
+            return
+        finally:
+            for sock in (a, b):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def cut(self) -> None:
+        """Close every open connection (both directions), as a broken network would."""
+        with self.lock:
+            pairs, self.pairs = self.pairs, []
+        for a, b in pairs:
+            for sock in (a, b):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+
+    def stall(self) -> None:
+        """Stop forwarding: connections stay open but nothing passes."""
+        self.forwarding.clear()
+
+    def resume(self) -> None:
+        """Forward again."""
+        self.forwarding.set()
+
+    def close(self) -> None:
+        """Stop accepting and drop everything."""
+        self.closed.set()
+        self.forwarding.set()
+        self.listener.close()
+        self.cut()

@@ -34,6 +34,7 @@ class FakeSystemd:
         self.sock.bind(self.path)
         self.sock.settimeout(0.1)
         self.messages: list[dict[str, str]] = []
+        self.times: list[float] = []  # monotonic arrival time of each message
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
@@ -44,6 +45,7 @@ class FakeSystemd:
                 data = self.sock.recv(4096).decode()
             except TimeoutError:
                 continue
+            self.times.append(time.monotonic())
             self.messages.append(dict(line.split("=", 1) for line in data.split("\n")))
 
     def wait(self, key: str, timeout: float = 60) -> int:
@@ -121,7 +123,7 @@ def test_daemon_notifies_systemd_serves_metrics_and_reports_status(
         pg.switch_wal()
         pg.sql("CREATE TABLE after_switch (x int)")  # so that a .partial segment is open
         lsn = pg.current_lsn()
-        flushed = f"SELECT flush_lsn >= '{lsn}' FROM pg_stat_replication"  # noqa: S608 - an LSN
+        flushed = f"SELECT flush_lsn >= '{lsn}' FROM pg_stat_replication"
         wait_for(lambda: pg.sql(flushed) == "t", what="WAL to be flushed")
         time.sleep(2.5)  # a few ticks: watchdog pings, STATUS refresh, state file rewrite
         messages = list(fake_systemd.messages)
@@ -163,3 +165,36 @@ def test_daemon_notifies_systemd_serves_metrics_and_reports_status(
         "RECEIVEWAL CRITICAL - not running: stopped "
     )
     assert "password" not in (archive_dir / ".receivewal-state.json").read_text().lower()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the supervisor sleeps through the reconnect backoff without Monitor.tick, so "
+    "WATCHDOG=1 pings stop while the server is down and systemd would kill the daemon",
+)
+def test_watchdog_pings_go_on_while_the_server_is_down(
+    pg: PgServer, archive_dir: Path, tmp_path: Path, fake_systemd: FakeSystemd
+) -> None:
+    """A server outage is not a hung daemon: pings keep coming at half of WATCHDOG_USEC."""
+    env = {
+        "NOTIFY_SOCKET": fake_systemd.path,
+        "WATCHDOG_USEC": "2000000",  # pings every second; systemd would give up after 2s
+        "RECEIVEWAL_RECONNECT_DELAY": "4",
+        "RECEIVEWAL_RECONNECT_DELAY_MAX": "4",
+    }
+    proc = start_receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, env=env,
+                            stderr_path=tmp_path / "log")
+    try:
+        fake_systemd.wait("READY")
+        pg.stop("fast")
+        fake_systemd.wait("STATUS", timeout=5)
+        down = time.monotonic()
+        time.sleep(10)
+        pings = [t for t, m in zip(fake_systemd.times, fake_systemd.messages, strict=True)
+                 if "WATCHDOG" in m and t >= down]
+        assert any(m.get("STATUS", "").startswith("Reconnecting in ")
+                   for m in fake_systemd.messages), fake_systemd.messages
+        gaps = [b - a for a, b in zip([down, *pings], [*pings, time.monotonic()], strict=True)]
+        assert max(gaps) < 2.0, gaps
+    finally:
+        assert stop(proc, signal.SIGTERM) == 0

@@ -60,13 +60,14 @@ def evaluate(state: State, now: float, max_age: float, running: bool | None) -> 
     if state.phase == "stopped":
         return _verdict(
             CRITICAL,
-            f"not running: stopped {_ago(now - state.updated_at)}, flushed {where}",
+            f"not running: stopped {_ago(now - state.updated_at)}, flushed {where}"
+            + _error_suffix(state),
         )
     if running is False:
         return _verdict(
             CRITICAL,
             f"not running: pid {state.pid} is gone (last update {_ago(now - state.updated_at)})"
-            f", flushed {where}",
+            f", flushed {where}" + _error_suffix(state),
         )
     if state.last_contact is None:
         age = now - state.started_at

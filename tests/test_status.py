@@ -136,6 +136,9 @@ def test_evaluate_critical_cases() -> None:
     dead = evaluate(streaming_state(), NOW, 60, running=False)
     assert dead.code == CRITICAL
     assert dead.summary.startswith(f"RECEIVEWAL CRITICAL - not running: pid {os.getpid()} is gone")
+    assert dead.summary.endswith(
+        "flushed timeline 1 at 0/5000000, last error ConnectionLost: server closed the connection"
+    )
     stopped = evaluate(streaming_state(phase="stopped"), NOW, 60, running=False)
     assert stopped.summary.startswith("RECEIVEWAL CRITICAL - not running: stopped 1s ago")
     never = evaluate(streaming_state(last_contact=None), NOW, 60, running=True)

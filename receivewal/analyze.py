@@ -39,7 +39,8 @@ from .walreader import RmgrTotals, SegmentScan, WalProblem
 
 LOG4J2 = "rootLogger.level = error\nrootLogger.appenderRef.stderr.ref = console\n" \
          "appender.console.type = Console\nappender.console.name = console\n" \
-         "appender.console.target = SYSTEM_ERR\nappender.console.layout.type = PatternLayout\n"
+         "appender.console.target = SYSTEM_ERR\nappender.console.layout.type = PatternLayout\n" \
+         "logger.repl.name = org.apache.spark.repl.Main\nlogger.repl.level = error\n"
 
 TASK_SCHEMA = ("archive string, base string, file string, compression string, timeline long, "
                "segno long, partial boolean, followers string, file_bytes long, "

@@ -15,10 +15,19 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atrest import (
+    NO_COMPRESSION,
+    Compressor,
+    CompressSpec,
+    CorruptFile,
+    decompressed_size,
+    new_compressor,
+)
 from .errors import ArchiveError, DiskFullError
 from .lsn import format_lsn
 from .segments import check_continuity, plan_writes
 from .walnames import (
+    COMPRESSION_SUFFIXES,
     PARTIAL_SUFFIX,
     SegmentFile,
     parse_segment_file_name,
@@ -184,7 +193,14 @@ def _size_problem(path: Path, parsed: SegmentFile, segment_size: int) -> str | N
         expected = segment_size & 0xFFFFFFFF
         return None if isize == expected else f"gzip trailer says {isize} bytes, should be " \
             f"{segment_size}"
-    return None
+    # LZ4 and zstd frames do not record the size: decompress, as pg_receivewal does for .lz4
+    try:
+        with path.open("rb") as fh:
+            size = decompressed_size(fh, parsed.compression)
+    except CorruptFile as exc:
+        return str(exc)
+    return None if size == segment_size else f"decompresses to {size} bytes, should be " \
+        f"{segment_size}"
 
 
 class SegmentWriter:
@@ -194,6 +210,8 @@ class SegmentWriter:
     byte is fsynced (or, with ``sync`` off, written). Bytes are only ever written at
     ``position``: anything else is a gap or an overlap and raises before touching the disk.
     """
+
+    suffix = ""  # compression suffix of the files written
 
     def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int) -> None:
         self.archive = archive
@@ -249,7 +267,7 @@ class SegmentWriter:
     def _partial_path(self) -> Path:
         assert self._segno is not None
         name = wal_file_name(self.timeline, self._segno, self.segment_size)
-        return self.archive.directory / (name + PARTIAL_SUFFIX)
+        return self.archive.directory / (name + self.suffix + PARTIAL_SUFFIX)
 
     def _open(self, segno: int) -> int:
         if self._fd is not None and self._segno == segno:
@@ -260,7 +278,7 @@ class SegmentWriter:
                 f"{format_lsn(self.position)}"
             )
         name = wal_file_name(self.timeline, segno, self.segment_size)
-        path = self.archive.directory / (name + PARTIAL_SUFFIX)
+        path = self.archive.directory / (name + self.suffix + PARTIAL_SUFFIX)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, self.archive.file_mode)
         except OSError as exc:
@@ -309,7 +327,7 @@ class SegmentWriter:
         assert self._fd is not None
         assert self._segno is not None
         partial = self._partial_path()
-        name = wal_file_name(self.timeline, self._segno, self.segment_size)
+        name = wal_file_name(self.timeline, self._segno, self.segment_size) + self.suffix
         try:
             if self.archive.sync:
                 os.fsync(self._fd)
@@ -322,3 +340,87 @@ class SegmentWriter:
         self.archive.fsync_directory()
         self.flushed = self.position
         return name
+
+
+class CompressedSegmentWriter(SegmentWriter):
+    """Writes ``<name>.gz``, ``.lz4`` or ``.zst`` files, each ``.partial`` until complete.
+
+    As pg_receivewal does, a compressed file is not preallocated and cannot be appended to:
+    it is always written from its segment's first byte (a restart restreams the segment and
+    truncates the old ``.partial``). Before the flush position moves, the compressor's pending
+    output is flushed (a sync flush that keeps the stream open) and the file fsynced, so a
+    crash leaves a ``.partial`` that decodes up to the flushed position.
+    """
+
+    def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int,
+                 compress: CompressSpec) -> None:
+        super().__init__(archive, segment_size, timeline, start_lsn)
+        self.compress = compress
+        self.suffix = COMPRESSION_SUFFIXES[compress.method]
+        self._compressor: Compressor | None = None
+
+    def flush(self) -> int:
+        """Flush the compressor's pending output, fsync; return the new flushed position."""
+        if self._fd is not None and self._compressor is not None \
+                and self.flushed < self.position:
+            self._append(self._compressor.flush())
+        return super().flush()
+
+    def close(self) -> None:
+        """End the compressed stream and close, leaving the file as ``.partial``."""
+        if self._fd is not None and self._compressor is not None:
+            self._append(self._compressor.finish())
+            self._compressor = None
+        super().close()
+
+    def _prepare(self, fd: int, path: Path) -> None:
+        """Start (or truncate and restart) a compressed file at its segment's first byte."""
+        offset = self.position % self.segment_size
+        if offset != 0:
+            raise ArchiveError(
+                f'cannot append to compressed file "{path}" at {format_lsn(self.position)}: '
+                "a compressed segment is written from its start"
+            )
+        compressor = new_compressor(self.compress)
+        try:
+            os.ftruncate(fd, 0)
+            os.fchmod(fd, self.archive.file_mode)
+            _write_all(fd, compressor.begin())
+            if self.archive.sync:
+                os.fsync(fd)
+                self.archive.fsync_directory()
+        except OSError as exc:
+            raise _os_error(exc, f'could not start file "{path}"') from exc
+        self._compressor = compressor
+
+    def _pwrite(self, fd: int, chunk: memoryview, offset: int) -> None:
+        assert self._compressor is not None
+        self._append(self._compressor.compress(chunk))
+
+    def _complete(self) -> str:
+        assert self._compressor is not None
+        self._append(self._compressor.finish())
+        self._compressor = None
+        return super()._complete()
+
+    def _append(self, data: bytes) -> None:
+        assert self._fd is not None
+        try:
+            _write_all(self._fd, data)
+        except OSError as exc:
+            raise _os_error(exc, f'could not write to "{self._partial_path()}" at '
+                            f"{format_lsn(self.position)}") from exc
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def open_segment_writer(archive: Archive, segment_size: int, timeline: int, start_lsn: int,
+                        compress: CompressSpec = NO_COMPRESSION) -> SegmentWriter:
+    """A writer for plain segments, or for compressed ones when ``compress`` names a method."""
+    if compress.method:
+        return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress)
+    return SegmentWriter(archive, segment_size, timeline, start_lsn)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .archive import Archive, ArchiveIdentity, SegmentWriter
+from .archive import Archive, ArchiveIdentity, SegmentWriter, open_segment_writer
 from .connection import COPY_DONE, ExecStatus, ReplicationConnection
 from .errors import (
     ArchiveError,
@@ -268,7 +268,8 @@ class Session:
     def _stream_timeline(self, timeline: int, lsn: int) -> TimelineEnd | str:
         assert self.info is not None
         slot = f"SLOT {self.settings.slot} " if self.settings.slot else ""
-        self.writer = writer = SegmentWriter(self.archive, self.info.segment_size, timeline, lsn)
+        self.writer = writer = open_segment_writer(self.archive, self.info.segment_size, timeline,
+                                                   lsn, self.settings.at_rest)
         try:
             self.conn.start_copy_both(
                 f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"

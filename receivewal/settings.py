@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .atrest import NO_COMPRESSION, CompressSpec
 from .errors import ConfigurationError
 
 SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -30,6 +31,7 @@ class Settings:
     no_loop: bool = False
     verbose: int = 0
     compression: tuple[str, ...] = ("zstd", "lz4")
+    at_rest: CompressSpec = NO_COMPRESSION  # -Z/--compress: how segment files are compressed
     hot_standby_feedback: bool = True
     reconnect_delay: float = 5.0
     reconnect_delay_max: float = 60.0

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import click
 
+from .atrest import parse_compress_option
 from .connection import build_conninfo, conninfo_options
 from .errors import ReceivewalError
 from .logs import configure_logging
 from .lsn import parse_lsn
+from .metrics import parse_address
 from .settings import Settings
 from .streampack import parse_compression_list, with_streampack_option
 from .supervisor import Supervisor, prompt_password
@@ -57,6 +59,10 @@ def _env(name: str) -> str:
 @click.option("-n", "--no-loop", is_flag=True, envvar=_env("NO_LOOP"),
               help="Exit 1 on connection loss instead of reconnecting.")
 @click.option("-v", "--verbose", count=True, help="More log output (debug events).")
+@click.option("-Z", "--compress", default="none", show_default=True, envvar=_env("COMPRESS"),
+              help="Compress segment files at rest: METHOD[:LEVEL] with METHOD gzip (.gz), "
+              "lz4 (.lz4), zstd (.zst) or none; a bare number is a gzip level, as in "
+              "pg_receivewal.")
 @click.option("--compression", default="zstd,lz4", show_default=True,
               envvar=_env("COMPRESSION"),
               help="pg_streampack algorithms to request, in order of preference, or none.")
@@ -91,6 +97,7 @@ def stream_command(**opts: object) -> int:
 def build_settings(opts: dict[str, object]) -> Settings:
     """Turn parsed options into validated Settings (raises ConfigurationError)."""
     compression = parse_compression_list(str(opts["compression"]))
+    at_rest = parse_compress_option(str(opts["compress"]))
     password = None
     if opts["force_password"] and not opts["no_password"]:
         password = getpass.getpass("Password: ")
@@ -99,6 +106,8 @@ def build_settings(opts: dict[str, object]) -> Settings:
     options = with_streampack_option(conninfo_options(base), compression)
     conninfo = build_conninfo(base, options=options) if options else base
     endpos = parse_lsn(str(opts["endpos"])) if opts["endpos"] else None
+    if opts["metrics_address"]:
+        parse_address(str(opts["metrics_address"]))  # a bad address fails before connecting
     settings = Settings(
         directory=opts["directory"],  # type: ignore[arg-type]
         conninfo=conninfo,
@@ -115,6 +124,7 @@ def build_settings(opts: dict[str, object]) -> Settings:
         no_loop=bool(opts["no_loop"]),
         verbose=int(opts["verbose"]),  # type: ignore[call-overload]
         compression=compression,
+        at_rest=at_rest,
         hot_standby_feedback=bool(opts["hot_standby_feedback"]),
         receive_timeout=float(opts["receive_timeout"]),  # type: ignore[arg-type]
         reconnect_delay=float(opts["reconnect_delay"]),  # type: ignore[arg-type]

@@ -1,0 +1,76 @@
+"""Helpers for archives compressed at rest (``-Z``): decoding files and comparing with pg_wal."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pgserver import PgServer
+
+from receivewal.atrest import decompress_chunks
+from receivewal.walnames import parse_segment_file_name
+
+SEGMENT = 16 << 20
+SUFFIX = {"gzip": ".gz", "lz4": ".lz4", "zstd": ".zst"}
+
+
+def decoded(path: Path, *, truncated_ok: bool = False) -> bytes:
+    """The WAL a (possibly compressed) archive file holds."""
+    parsed = parse_segment_file_name(path.name, SEGMENT)
+    assert parsed is not None, path
+    with path.open("rb") as fh:
+        return b"".join(decompress_chunks(fh, parsed.compression, truncated_ok=truncated_ok))
+
+
+def segment_files(directory: Path) -> list[str]:
+    """Names of segment files of every form in an archive, sorted."""
+    return sorted(n for n in os.listdir(directory)
+                  if parse_segment_file_name(n, SEGMENT) is not None)
+
+
+def complete_files(directory: Path) -> list[str]:
+    """Complete segment files (any compression), sorted."""
+    return [n for n in segment_files(directory) if not n.endswith(".partial")]
+
+
+def partial_files(directory: Path) -> list[str]:
+    """``.partial`` files (any compression), sorted."""
+    return [n for n in segment_files(directory) if n.endswith(".partial")]
+
+
+def wal_name(file_name: str) -> str:
+    """The bare WAL file name of an archive file."""
+    return file_name[:24]
+
+
+def segno(file_name: str) -> int:
+    """The segment number in a file name (16 MB segments)."""
+    return int(file_name[8:16], 16) * 256 + int(file_name[16:24], 16)
+
+
+def assert_decompresses_to_server(directory: Path, server: PgServer, suffix: str) -> list[str]:
+    """Every complete archive file has ``suffix`` and decodes to the server's own segment."""
+    names = complete_files(directory)
+    assert names, "no complete segment in the archive"
+    for name in names:
+        assert name.endswith(suffix), name
+        assert len(name) == 24 + len(suffix), name
+        theirs = (server.pg_wal / wal_name(name)).read_bytes()
+        assert decoded(directory / name) == theirs, f"{name} does not decode to the server's"
+    return names
+
+
+def assert_consecutive(names: list[str]) -> None:
+    """Segment numbers follow each other without a hole."""
+    numbers = [segno(n) for n in names]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), names
+
+
+def assert_partial_is_prefix(directory: Path, server: PgServer, name: str,
+                             at_least: int = 0) -> int:
+    """A ``.partial`` decodes (up to its last flush) to a prefix of the server's segment."""
+    ours = decoded(directory / name, truncated_ok=True)
+    theirs = (server.pg_wal / wal_name(name)).read_bytes()
+    assert len(ours) >= at_least, f"{name} holds {len(ours)} bytes, expected {at_least}+"
+    assert ours == theirs[: len(ours)], f"{name} is not a prefix of the server's segment"
+    return len(ours)

@@ -7,29 +7,41 @@ pg_receivewal does.
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from . import __version__
-from .analyze import analyze_command
-from .relay import relay_command
-from .status import status_command
-from .stream import stream_command
-from .verify import verify_command
+
+#: Subcommands and where they live; each module is imported only when its command runs, so
+#: the daemon does not pay at start-up for Spark, the relay or the verifier.
+LAZY_COMMANDS = {
+    "stream": "receivewal.stream:stream_command",
+    "status": "receivewal.status:status_command",
+    "relay": "receivewal.relay:relay_command",
+    "verify": "receivewal.verify:verify_command",
+    "analyze": "receivewal.analyze:analyze_command",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-?", "--help"]})
+class LazyGroup(click.Group):
+    """A click group that imports a subcommand's module on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            module, attr = LAZY_COMMANDS[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-?", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="receivewal")
 def cli() -> None:
     """Stream and archive PostgreSQL WAL, with pg_streampack compression."""
-
-
-cli.add_command(stream_command)
-cli.add_command(status_command)
-cli.add_command(relay_command)
-cli.add_command(verify_command)
-cli.add_command(analyze_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,6 +40,7 @@ from .walnames import history_file_name, parse_history_file_name, wal_file_name
 
 _UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 STOP_DRAIN_SECONDS = 10.0
+TICK_SECONDS = 0.25  # how often the monitor gets a pulse (watchdog, state file, STATUS)
 
 
 class StopRequest(Protocol):
@@ -164,13 +165,14 @@ class Session:
         self.last_received = clock()
         self.pinged = False
         self.first_frame = True
+        self.pending_wire = self.pending_wal = 0
         self.reported_algorithm: str | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def prepare(self) -> StartPoint:
         """Identify the server, check the archive is this server's, and choose the start."""
         info = self.info = identify_server(self.conn)
-        self.archive.file_mode = info.file_mode
+        self.archive.file_mode = self.monitor.file_mode = info.file_mode
         self._check_identity(info)
         files, rejected = self.archive.scan(info.segment_size)
         for reason in rejected:
@@ -302,6 +304,7 @@ class Session:
     def _loop(self, writer: SegmentWriter, selector: selectors.BaseSelector) -> TimelineEnd | str:
         interval = self.settings.status_interval
         next_status = self.clock()  # pg_receivewal reports once right away
+        next_tick = next_status
         while True:
             if self.stop.requested:
                 self.log.info("stop_requested", lsn=format_lsn(writer.position))
@@ -309,33 +312,49 @@ class Session:
                 return "stopped"
             message = self.conn.read_copy()
             if message is None:
+                self.conn.consume_input()  # take what the socket already has, without waiting
+                message = self.conn.read_copy()
+            now = self.clock()
+            if message is None:
                 if self.settings.synchronous and writer.flushed < writer.position:
                     self.send_status(writer)
-                now = self.clock()
                 self._check_liveness(writer, now)
                 if interval > 0 and now >= next_status:
                     self.send_status(writer)
                     next_status = now + interval
-                self.monitor.tick(time.time())
-                timeout = max(0.0, min(1.0, next_status - now)) if interval > 0 else 1.0
+                self._tick(writer)
+                next_tick = now + TICK_SECONDS
+                timeout = min(TICK_SECONDS, max(0.0, next_status - now)) if interval > 0 \
+                    else TICK_SECONDS
                 selector.select(timeout)
                 self.stop.drain()
                 self.conn.consume_input()
                 continue
             if message is COPY_DONE:
+                self._tick(writer)
                 return self._end_of_copy(writer)
             assert isinstance(message, (bytes, memoryview))
             self._handle(message, writer)
             if self.settings.endpos is not None and writer.position >= self.settings.endpos:
+                self._tick(writer)
                 self.log.info("endpos_reached", lsn=format_lsn(writer.position),
                               endpos=format_lsn(self.settings.endpos), timeline=writer.timeline)
                 self._finish(writer)
                 return "endpos"
-            if interval > 0:
-                now = self.clock()
-                if now >= next_status:
-                    self.send_status(writer)
-                    next_status = now + interval
+            if interval > 0 and now >= next_status:
+                self.send_status(writer)
+                next_status = now + interval
+            if now >= next_tick:  # the watchdog and state file need a pulse under load too
+                self._tick(writer)
+                next_tick = now + TICK_SECONDS
+
+    def _tick(self, writer: SegmentWriter) -> None:
+        """Hand the monitor what arrived since the last tick, then let it do its periodic work."""
+        if self.pending_wire:
+            self.monitor.received(writer.position, self.pending_wire, self.pending_wal)
+            self.monitor.written(writer.position)
+            self.pending_wire = self.pending_wal = 0
+        self.monitor.tick(time.time())
 
     def _report_compression(self) -> None:
         """Say which stream we got: pg_streampack with an algorithm, or plain."""
@@ -375,11 +394,12 @@ class Session:
             if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
                 self._report_compression()
             completed = writer.write(xlog.wal_start, xlog.payload)  # type: ignore[union-attr]
-            self.monitor.received(writer.position, len(message), len(xlog.payload))  # type: ignore[union-attr]
-            self.monitor.written(writer.position)
+            self.pending_wire += len(message)
+            self.pending_wal += len(xlog.payload)  # type: ignore[union-attr]
             for name in completed:
                 self.log.info("segment_completed", segment=name, timeline=writer.timeline,
                               lsn=format_lsn(writer.position))
+                self._tick(writer)
                 self.monitor.segment_completed(name)
                 self.monitor.flushed(writer.flushed)
                 stats = self.decoder.stats()

@@ -29,7 +29,7 @@ from .errors import (
 )
 from .logs import get_logger
 from .monitor import Monitor
-from .session import Session, create_slot, drop_slot
+from .session import TICK_SECONDS, Session, create_slot, drop_slot
 from .settings import Settings
 
 
@@ -77,14 +77,16 @@ class StopSignal:
         except BlockingIOError:
             pass
 
-    def sleep(self, seconds: float) -> None:
-        """Sleep, waking early when a stop signal arrives."""
+    def sleep(self, seconds: float, on_tick: Callable[[], None] | None = None) -> None:
+        """Sleep, waking early when a stop signal arrives; call ``on_tick`` 4 times a second."""
         deadline = time.monotonic() + seconds
         with selectors.DefaultSelector() as sel:
             sel.register(self._reader, selectors.EVENT_READ)
             while not self.requested and (left := deadline - time.monotonic()) > 0:
-                sel.select(left)
+                sel.select(min(left, TICK_SECONDS))
                 self.drain()
+                if on_tick is not None:
+                    on_tick()
 
 
 def backoff_delay(attempt: int, base: float, cap: float,
@@ -154,8 +156,12 @@ class Supervisor:
         except ReceivewalError as exc:
             self.log.error("failed", error=str(exc))
             return 1
-        monitor = self.monitor or Monitor(self.settings.directory,
-                                          self.settings.metrics_address)
+        try:
+            monitor = self.monitor or Monitor(self.settings.directory,
+                                              self.settings.metrics_address)
+        except ReceivewalError as exc:
+            self.log.error("failed", error=str(exc))
+            return 1
         self.stop.install()
         try:
             return self._loop(archive, monitor)
@@ -212,7 +218,7 @@ class Supervisor:
                                   self.settings.reconnect_delay_max)
             self.log.info("reconnecting", delay=round(delay, 2), attempt=attempt)
             monitor.reconnecting(delay)
-            self.stop.sleep(delay)
+            self.stop.sleep(delay, on_tick=lambda: monitor.tick(time.time()))
             if self.stop.requested:
                 self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
                 return 0

@@ -167,11 +167,6 @@ def test_daemon_notifies_systemd_serves_metrics_and_reports_status(
     assert "password" not in (archive_dir / ".receivewal-state.json").read_text().lower()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the supervisor sleeps through the reconnect backoff without Monitor.tick, so "
-    "WATCHDOG=1 pings stop while the server is down and systemd would kill the daemon",
-)
 def test_watchdog_pings_go_on_while_the_server_is_down(
     pg: PgServer, archive_dir: Path, tmp_path: Path, fake_systemd: FakeSystemd
 ) -> None:

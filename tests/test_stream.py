@@ -151,6 +151,8 @@ def archived_position(directory: Path, server: PgServer) -> int:
         step = 8192
         while same < seg and ours[same:same + step] == theirs[same:same + step]:
             same += step
+        while same < seg and ours[same] == theirs[same]:  # to the exact byte
+            same += 1
         position = start + same
     return position
 

@@ -39,6 +39,10 @@ XLP_ALL_FLAGS = 0x000F
 _PAGE = struct.Struct("<HHIQI")  # xlp_magic, xlp_info, xlp_tli, xlp_pageaddr, xlp_rem_len
 _LONG = struct.Struct("<QII")  # xlp_sysid, xlp_seg_size, xlp_xlog_blcksz (at offset 24)
 _RECORD = struct.Struct("<IIQBBxxI")  # xl_tot_len, xl_xid, xl_prev, xl_info, xl_rmid, xl_crc
+# The header plus the first 22 bytes after it: block id, fork flags, data length of block 0,
+# and the two bytes where short main data follows a block header without an image.
+_RECORD_SHAPE = struct.Struct("<IIQBBxxIBBH16xBB")
+_SIZE_OF_SHAPE = _RECORD_SHAPE.size
 _U32 = struct.Struct("<I").unpack_from
 _IMAGE = struct.Struct("<HHB").unpack_from  # bimg_len, hole_offset, bimg_info
 _PAGE_MASK = XLOG_BLCKSZ - 1
@@ -346,7 +350,7 @@ class SegmentScanner:
         end_data = self.n_pages * XLOG_BLCKSZ
         page_ok, flags = self.page_ok, self.flags
         counts, rec_bytes, fpi_bytes, lsns = self.counts, self.rec_bytes, self.fpi_bytes, self.lsns
-        unpack = _RECORD.unpack_from
+        unpack = _RECORD_SHAPE.unpack_from
         crc = crc32c.crc32c
         prev: int | None = None
         last = self.last_record_lsn
@@ -365,30 +369,32 @@ class SegmentScanner:
                                   "contrecord flag set where a new record starts")
                 pos += SIZE_OF_SHORT_PHD
             page_end = (pos | _PAGE_MASK) + 1
-            if page_end - pos >= SIZE_OF_XLOG_RECORD:
-                tot_len, _xid, prev_link, info, rmid, stored = unpack(buf, pos)
+            if page_end - pos >= _SIZE_OF_SHAPE:
+                # The record header and the bytes that tell the common shapes, in one call.
+                (tot_len, _xid, prev_link, info, rmid, stored,
+                 bid, bflags, dlen, b20, b21) = unpack(buf, pos)
                 rec_end = pos + tot_len
-                if (tot_len >= SIZE_OF_XLOG_RECORD and rec_end <= page_end
+                if (rec_end <= page_end and tot_len >= SIZE_OF_XLOG_RECORD
                         and (prev_link == prev or prev is None)
                         and (rmid <= 21 or rmid >= 128)
                         and crc(buf[pos + 24:rec_end] + buf[pos:pos + 20]) == stored):
-                    # Inline the two shapes nearly every record has (main data only; one
-                    # block with data, no image, then short main data); else decode fully.
-                    body = pos + 24
-                    head = buf[body]
-                    if (head == 255 and buf[body + 1] + 26 == tot_len) or (
-                            head == 0 and tot_len >= 46 and buf[body + 1] & 0xB0 == 0x20
-                            and buf[body + 20] == 255
-                            and 0 < buf[body + 2] | buf[body + 3] << 8
-                            == tot_len - 46 - buf[body + 21]):
+                    # Nearly every record has one of two shapes: one block with data and no
+                    # image followed by short main data, or short main data alone. Anything
+                    # else is decoded in full.
+                    if (bid == 0 and bflags & 0xB0 == 0x20 and b20 == 255
+                            and 0 < dlen == tot_len - 46 - b21) or (
+                            bid == 255 and bflags + 26 == tot_len):
                         fpi = 0
                     else:
-                        fpi = fpi_bytes_of(buf, body, rec_end)
+                        fpi = fpi_bytes_of(buf, pos + 24, rec_end)
                     if fpi >= 0:
                         lsn = start + pos
                         counts[rmid] += 1
-                        rec_bytes[rmid] += tot_len - fpi
-                        fpi_bytes[rmid] += fpi
+                        if fpi:
+                            rec_bytes[rmid] += tot_len - fpi
+                            fpi_bytes[rmid] += fpi
+                        else:
+                            rec_bytes[rmid] += tot_len
                         if lsns is not None:
                             lsns.append(lsn)
                         if first:

@@ -282,7 +282,13 @@ def _recover(by_key: Mapping[tuple[int, int], SegmentScan], history: list[Timeli
             prev_last = scan.last_record_lsn
         reach = scan.valid_end
         if scan.valid_end < (segno + 1) * segment_size:
-            if segno != last or any(p.severity == "error" for p in scan.problems):
+            broken = any(p.severity == "error" for p in scan.problems)
+            nxt = wal_file_name(tli_for(segno + 1), segno + 1, segment_size)
+            if not broken and scan.incomplete_tail and by_key.get((tli_for(segno + 1),
+                                                                    segno + 1)) is None:
+                reason = (f"the record at {format_lsn(reach)} continues into {nxt}, "
+                          "which is missing") if segno != last else ""
+            elif segno != last or broken:
                 reason = f"WAL in {scan.file} is unreadable from {format_lsn(reach)}"
             break
     return Recovery(target, start, max(reach, start), archive_end, reason), problems

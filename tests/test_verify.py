@@ -250,6 +250,11 @@ def test_missing_segment(built: BuiltArchive, tmp_path: Path) -> None:
     name = built.tl1[len(built.tl1) // 2]
     (directory / name).unlink()
     assert_fails_with(directory, "missing_segment", name, seg_start(name))
+    _, report = run_verify(directory)
+    recovery = report["recovery"]
+    assert isinstance(recovery, dict)
+    assert name in recovery["stop_reason"]
+    assert lsn_int(recovery["end_lsn"]) <= seg_start(name)
 
 
 def test_missing_history_file(built: BuiltArchive, tmp_path: Path) -> None:

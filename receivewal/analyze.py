@@ -136,6 +136,7 @@ def scan_to_json(scan: SegmentScan) -> str:
     data = dataclasses.asdict(scan)
     data["record_lsns"] = []
     data["rmgr"] = {str(k): dataclasses.asdict(v) for k, v in scan.rmgr.items()}
+    data["record_types"] = {str(k): dataclasses.asdict(v) for k, v in scan.record_types.items()}
     return json.dumps(data)
 
 
@@ -143,6 +144,7 @@ def scan_from_json(text: str) -> SegmentScan:
     """The inverse of :func:`scan_to_json`."""
     data = json.loads(text)
     data["rmgr"] = {int(k): RmgrTotals(**v) for k, v in data["rmgr"].items()}
+    data["record_types"] = {int(k): RmgrTotals(**v) for k, v in data["record_types"].items()}
     data["page_tlis"] = tuple(tuple(x) for x in data["page_tlis"])
     data["record_lsns"] = ()
     data["problems"] = tuple(WalProblem(**p) for p in data["problems"])

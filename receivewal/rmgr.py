@@ -33,6 +33,7 @@ RMGR_NAMES: tuple[str, ...] = (
 )
 
 RM_XLOG_ID = 0
+RM_XACT_ID = 1
 RM_MAX_BUILTIN_ID = len(RMGR_NAMES) - 1
 RM_MIN_CUSTOM_ID = 128
 RM_MAX_ID = 255

@@ -178,6 +178,20 @@ def rmgr_totals(scans: Iterable[SegmentScan]) -> dict[str, tuple[int, int, int]]
     return {rmgr_name(rmid): (a[0], a[1], a[2]) for rmid, a in sorted(totals.items())}
 
 
+def record_type_totals(scans: Iterable[SegmentScan]
+                       ) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """Like :func:`rmgr_totals` per (resource manager, record type), as --stats=record."""
+    totals: dict[int, list[int]] = {}
+    for scan in scans:
+        for key, t in scan.record_types.items():
+            acc = totals.setdefault(key, [0, 0, 0])
+            acc[0] += t.records
+            acc[1] += t.record_bytes
+            acc[2] += t.fpi_bytes
+    return {(rmgr_name(key >> 4), key & 0xF): (a[0], a[1], a[2])
+            for key, a in sorted(totals.items())}
+
+
 def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, Any]:
     """The report as JSON-ready data (LSNs printed as PostgreSQL prints them)."""
     rec = report.recovery

@@ -18,13 +18,13 @@ Records are counted in the segment where they start. Nothing here opens a file.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import crc32c
 
 from .lsn import format_lsn
-from .rmgr import is_switch_record, rmgr_id_is_valid
+from .rmgr import RM_XACT_ID, is_switch_record, rmgr_id_is_valid
 
 XLOG_PAGE_MAGIC = 0xD110  # PostgreSQL 15
 XLOG_BLCKSZ = 8192
@@ -49,6 +49,12 @@ _PAGE_MASK = XLOG_BLCKSZ - 1
 _BKPIMAGE_HAS_HOLE = 0x01
 _BKPIMAGE_COMPRESSED = 0x04 | 0x08 | 0x10  # pglz, lz4, zstd (PostgreSQL 15 flag values)
 _MAX_PROBLEMS = 50
+
+
+def record_type(key: int) -> int:
+    """``rmid << 4 | xl_info >> 4`` reduced as pg_waldump --stats=record groups records:
+    for Transaction records only the three opcode bits count (the fourth is a flag)."""
+    return key & ~0x8 if key >> 4 == RM_XACT_ID else key
 
 
 def maxalign(n: int) -> int:
@@ -93,6 +99,7 @@ class SegmentScan:
     system_identifier: int | None
     page_tlis: tuple[tuple[int, int], ...]  # (LSN of a page, its timeline) where it changes
     rmgr: Mapping[int, RmgrTotals]
+    record_types: Mapping[int, RmgrTotals]  # by rmid << 4 | record type, see record_type()
     first_record_lsn: int | None
     first_record_prev: int | None
     last_record_lsn: int | None
@@ -210,9 +217,10 @@ class SegmentScanner:
         self.segno = segno
         self.partial = partial
         self.problems: list[WalProblem] = []
-        self.counts = [0] * 256
-        self.rec_bytes = [0] * 256
-        self.fpi_bytes = [0] * 256
+        # Indexed by rmid << 4 | xl_info >> 4: per resource manager and record type.
+        self.counts = [0] * 4096
+        self.rec_bytes = [0] * 4096
+        self.fpi_bytes = [0] * 4096
         self.lsns: list[int] | None = [] if collect_lsns else None
         self.system_identifier: int | None = None
         self.page_tlis: list[tuple[int, int]] = []
@@ -389,12 +397,13 @@ class SegmentScanner:
                         fpi = fpi_bytes_of(buf, pos + 24, rec_end)
                     if fpi >= 0:
                         lsn = start + pos
-                        counts[rmid] += 1
+                        key = rmid << 4 | info >> 4
+                        counts[key] += 1
                         if fpi:
-                            rec_bytes[rmid] += tot_len - fpi
-                            fpi_bytes[rmid] += fpi
+                            rec_bytes[key] += tot_len - fpi
+                            fpi_bytes[key] += fpi
                         else:
-                            rec_bytes[rmid] += tot_len
+                            rec_bytes[key] += tot_len
                         if lsns is not None:
                             lsns.append(lsn)
                         if first:
@@ -464,9 +473,10 @@ class SegmentScanner:
         if fpi < 0:
             self._problem("bad_record", lsn, "invalid block references in record")
             return False
-        self.counts[rmid] += 1
-        self.rec_bytes[rmid] += tot_len - fpi
-        self.fpi_bytes[rmid] += fpi
+        key = rmid << 4 | info >> 4
+        self.counts[key] += 1
+        self.rec_bytes[key] += tot_len - fpi
+        self.fpi_bytes[key] += fpi
         if self.lsns is not None:
             self.lsns.append(lsn)
         if self.first_record_lsn is None:
@@ -570,6 +580,16 @@ class SegmentScanner:
             self.pending = None
 
     # -- result ------------------------------------------------------------------------------
+    def _totals(self, group: Callable[[int], int]) -> dict[int, RmgrTotals]:
+        acc: dict[int, list[int]] = {}
+        for key, n in enumerate(self.counts):
+            if n:
+                t = acc.setdefault(group(key), [0, 0, 0])
+                t[0] += n
+                t[1] += self.rec_bytes[key]
+                t[2] += self.fpi_bytes[key]
+        return {k: RmgrTotals(*v) for k, v in sorted(acc.items())}
+
     def result(self) -> SegmentScan:
         """The scan's findings (call after :meth:`scan` and any continuation)."""
         self.scan()
@@ -583,8 +603,8 @@ class SegmentScanner:
             file=self.file, timeline=self.timeline, segno=self.segno, start_lsn=self.start_lsn,
             partial=self.partial, data_bytes=len(self.data),
             system_identifier=self.system_identifier, page_tlis=tuple(self.page_tlis),
-            rmgr={rmid: RmgrTotals(n, self.rec_bytes[rmid], self.fpi_bytes[rmid])
-                  for rmid, n in enumerate(self.counts) if n},
+            rmgr=self._totals(lambda key: key >> 4),
+            record_types=self._totals(record_type),
             first_record_lsn=self.first_record_lsn, first_record_prev=self.first_record_prev,
             last_record_lsn=self.last_record_lsn, end_lsn=self.end_lsn, valid_end=valid_end,
             switched=self.switched, incomplete_tail=self.incomplete_tail,

@@ -25,10 +25,10 @@ from walarchive import (
     compressed_copy,
     lsn_int,
 )
-from waldump import parse_record_lsns, parse_stats, waldump_output
+from waldump import by_rmgr, parse_record_lsns, parse_stats, waldump_output
 
 from receivewal.cli import cli, main
-from receivewal.verify import rmgr_totals, verify_archive
+from receivewal.verify import record_type_totals, rmgr_totals, verify_archive
 from receivewal.walnames import parse_segment_file_name
 from receivewal.walreader import WalProblem
 
@@ -101,7 +101,8 @@ def fmt(lsn: int) -> str:
 @pytest.mark.parametrize("timeline", [1, 2])
 def test_rmgr_statistics_equal_pg_waldump_stats(built: BuiltArchive, tmp_path: Path,
                                                 timeline: int) -> None:
-    """Per resource manager records, record bytes and FPI bytes equal pg_waldump --stats."""
+    """Per resource manager records, record bytes and FPI bytes equal pg_waldump --stats;
+    per record type they equal --stats=record."""
     names = built.tl1 if timeline == 1 else built.tl2
     history = [] if timeline == 1 else ["00000002.history"]
     directory = subset(built, names + history, tmp_path / "tl")
@@ -111,6 +112,12 @@ def test_rmgr_statistics_equal_pg_waldump_stats(built: BuiltArchive, tmp_path: P
     assert len(names) >= 3
     assert rmgr_totals(report.scans) == expected
     assert not [p for p in report.problems if p.severity == "error"]
+    per_record = by_rmgr(parse_stats(waldump_output(directory, names[0], names[-1],
+                                                    "--stats=record", "-t", str(timeline))))
+    ours: dict[str, list[tuple[int, int, int]]] = {}
+    for (name, _rtype), row in record_type_totals(report.scans).items():
+        ours.setdefault(name, []).append(row)
+    assert {k: sorted(v) for k, v in sorted(ours.items())} == per_record
 
 
 def test_every_record_pg_waldump_lists_is_verified(built: BuiltArchive, tmp_path: Path) -> None:

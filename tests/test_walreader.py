@@ -17,10 +17,10 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from waldump import parse_stats
+from waldump import by_rmgr, parse_stats
 
 from receivewal.rmgr import RMGR_NAMES, rmgr_id, rmgr_id_is_valid, rmgr_name
-from receivewal.verify import rmgr_totals
+from receivewal.verify import record_type_totals, rmgr_totals
 from receivewal.walfile import read_wal_file
 from receivewal.walnames import parse_segment_file_name
 from receivewal.walreader import SegmentScan, SegmentScanner, fpi_bytes_of
@@ -67,6 +67,18 @@ def test_statistics_equal_pg_waldump_stats(segments: dict[str, bytes]) -> None:
     scans = scan_pair(segments)
     assert rmgr_totals(scans) == parse_stats((DATA / "waldump-stats.txt").read_text())
     assert all(not s.problems for s in scans)
+
+
+def test_record_type_statistics_equal_pg_waldump_stats_record(
+        segments: dict[str, bytes]) -> None:
+    """Per record type (xl_info's high bits; Transaction's opcode bits) the rows equal
+    pg_waldump --stats=record, compared per resource manager without the record names."""
+    ours: dict[str, list[tuple[int, int, int]]] = {}
+    for (name, _rtype), row in record_type_totals(scan_pair(segments)).items():
+        ours.setdefault(name, []).append(row)
+    expected = by_rmgr(parse_stats((DATA / "waldump-stats-record.txt").read_text()))
+    assert {k: sorted(v) for k, v in sorted(ours.items())} == expected
+    assert len(expected["Heap"]) > 2
 
 
 def test_record_crossing_segments_is_counted_where_it_starts(segments: dict[str, bytes]) -> None:

@@ -45,3 +45,11 @@ def parse_record_lsns(text: str) -> list[int]:
         hi, lo = match.group(1).split("/")
         lsns.append(int(hi, 16) << 32 | int(lo, 16))
     return lsns
+
+
+def by_rmgr(rows: dict[str, tuple[int, int, int]]) -> dict[str, list[tuple[int, int, int]]]:
+    """``--stats=record`` rows (``Rmgr/RECORD``) grouped by resource manager, sorted."""
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for name, row in rows.items():
+        out.setdefault(name.split("/")[0], []).append(row)
+    return {k: sorted(v) for k, v in sorted(out.items())}

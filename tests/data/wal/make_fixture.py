@@ -2,7 +2,8 @@
 
 Run from the repository root: ``.venv/bin/python tests/data/wal/make_fixture.py``. It writes
 ``<segment>.zst`` for two segments where a record crosses from the first into the second, and
-``waldump-stats.txt``, the output of ``pg_waldump --stats`` on the same two segments.
+``waldump-stats.txt`` and ``waldump-stats-record.txt``, the output of ``pg_waldump --stats``
+and ``--stats=record`` on the same two segments.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def main() -> None:
             out = subprocess.run([pg_bin("pg_waldump"), "--stats", "-p", tmp, *pick],
                                  capture_output=True, text=True, check=False)
             (HERE / "waldump-stats.txt").write_text(out.stdout)
+            out = subprocess.run([pg_bin("pg_waldump"), "--stats=record", "-p", tmp, *pick],
+                                 capture_output=True, text=True, check=False)
+            (HERE / "waldump-stats-record.txt").write_text(out.stdout)
         print("fixture:", *pick)
     finally:
         server.stop("immediate")

@@ -32,7 +32,7 @@ from .archivecheck import ArchiveReport, ScanTask, check_archive, choose_files, 
 from .errors import ArchiveError, ConfigurationError
 from .lsn import format_lsn
 from .rmgr import rmgr_name
-from .verify import classify, guess_compression, scan_file, segment_size_of
+from .verify import DEFAULT_SEGMENT_SIZE, classify, detect_segment_size, scan_file
 from .walfile import Opener
 from .walnames import SegmentFile, parse_history_file_name
 from .walreader import RmgrTotals, SegmentScan, WalProblem
@@ -200,12 +200,10 @@ def plan_archive(spark: Any, root: str, compressibility: bool
     sizes = dict(files)
     names = [n for n, _ in files]
     base = root.rstrip("/")
-    candidates = [n for n in names if classify([n], 16 << 20)[0]]
-    if not candidates:
+    if not classify(names, DEFAULT_SEGMENT_SIZE)[0]:
         raise ArchiveError(f"{root} holds no WAL segment files")
     opener = opener_for(base)
-    segment_size = segment_size_of(local_path(base) + "/" + candidates[0],
-                                   guess_compression(candidates[0]), opener)
+    segment_size = detect_segment_size(local_path(base), names, opener)
     segments, history_names = classify(names, segment_size)
     chosen, problems = choose_files(segments)
     rows = [(root, base, t.file, t.segment.compression, t.segment.timeline, t.segment.segno,

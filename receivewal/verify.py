@@ -116,6 +116,23 @@ def classify(names: Iterable[str], segment_size: int
     return segments, histories
 
 
+def detect_segment_size(base: str, names: Iterable[str],
+                        open_binary: Opener | None = None) -> int:
+    """The segment size in the long header of the first readable segment-named file."""
+    last: ArchiveError | None = None
+    for name in names:
+        if parse_segment_file_name(name, DEFAULT_SEGMENT_SIZE) is None:
+            continue
+        try:
+            return segment_size_of(base.rstrip("/") + "/" + name, guess_compression(name),
+                                   open_binary)
+        except ArchiveError as exc:
+            last = exc
+    if last is not None:
+        raise last
+    return DEFAULT_SEGMENT_SIZE
+
+
 def guess_compression(name: str) -> str:
     """The compression a segment-like file name says, before the segment size is known."""
     for suffix, method in ((".gz", "gzip"), (".lz4", "lz4"), (".zst", "zstd")):
@@ -132,12 +149,7 @@ def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int |
         raise ArchiveError(f"{directory} is not a directory")
     names = sorted(p.name for p in directory.iterdir() if p.is_file())
     if segment_size is None:
-        segment_size = DEFAULT_SEGMENT_SIZE
-        candidates = [n for n in names if len(n) >= 24 and n[:24].isalnum() and
-                      parse_segment_file_name(n, DEFAULT_SEGMENT_SIZE) is not None]
-        if candidates:
-            segment_size = segment_size_of(str(directory / candidates[0]),
-                                           guess_compression(candidates[0]))
+        segment_size = detect_segment_size(str(directory), names)
     segments, history_names = classify(names, segment_size)
     chosen, problems = choose_files(segments)
     tasks = plan_scans(chosen)
@@ -243,7 +255,9 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
         lines.append(f"compressibility: zstd-1 {sum(zst) / raw:.1%}, lz4 {sum(lz) / raw:.1%} "
                      "of the raw size")
     rec = report.recovery
-    if rec is not None:
+    if rec is None:
+        lines.append("recovery: impossible, the archive holds no segment file")
+    else:
         end = "the end of the archive" if rec.complete else rec.stop_reason
         lines.append(f"recovery on timeline {rec.timeline} from {format_lsn(rec.start_lsn)} "
                      f"reaches {format_lsn(rec.end_lsn)} ({end})")

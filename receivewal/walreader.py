@@ -377,44 +377,49 @@ class SegmentScanner:
                                   "contrecord flag set where a new record starts")
                 pos += SIZE_OF_SHORT_PHD
             page_end = (pos | _PAGE_MASK) + 1
-            if page_end - pos >= _SIZE_OF_SHAPE:
+            while page_end - pos >= _SIZE_OF_SHAPE:  # records on this page, fast path
                 # The record header and the bytes that tell the common shapes, in one call.
                 (tot_len, _xid, prev_link, info, rmid, stored,
                  bid, bflags, dlen, b20, b21) = unpack(buf, pos)
                 rec_end = pos + tot_len
-                if (rec_end <= page_end and tot_len >= SIZE_OF_XLOG_RECORD
+                if not (rec_end <= page_end and tot_len >= SIZE_OF_XLOG_RECORD
                         and (prev_link == prev or prev is None)
                         and (rmid <= 21 or rmid >= 128)
                         and crc(buf[pos + 24:rec_end] + buf[pos:pos + 20]) == stored):
-                    # Nearly every record has one of two shapes: one block with data and no
-                    # image followed by short main data, or short main data alone. Anything
-                    # else is decoded in full.
-                    if (bid == 0 and bflags & 0xB0 == 0x20 and b20 == 255
-                            and 0 < dlen == tot_len - 46 - b21) or (
-                            bid == 255 and bflags + 26 == tot_len):
-                        fpi = 0
-                    else:
-                        fpi = fpi_bytes_of(buf, pos + 24, rec_end)
-                    if fpi >= 0:
-                        lsn = start + pos
-                        key = rmid << 4 | info >> 4
-                        counts[key] += 1
-                        if fpi:
-                            rec_bytes[key] += tot_len - fpi
-                            fpi_bytes[key] += fpi
-                        else:
-                            rec_bytes[key] += tot_len
-                        if lsns is not None:
-                            lsns.append(lsn)
-                        if first:
-                            first = False
-                            self.first_record_lsn, self.first_record_prev = lsn, prev_link
-                        prev = last = lsn
-                        pos = (rec_end + 7) & ~7
-                        if rmid == 0 and info & 0xF0 == 0x40:  # XLOG_SWITCH
-                            self.switched = True
-                            break
-                        continue
+                    break
+                # Nearly every record has one of two shapes: one block with data and no
+                # image followed by short main data, or short main data alone. Anything
+                # else is decoded in full.
+                if (bid == 0 and bflags & 0xB0 == 0x20 and b20 == 255
+                        and 0 < dlen == tot_len - 46 - b21) or (
+                        bid == 255 and bflags + 26 == tot_len):
+                    fpi = 0
+                else:
+                    fpi = fpi_bytes_of(buf, pos + 24, rec_end)
+                    if fpi < 0:
+                        break
+                lsn = start + pos
+                key = rmid << 4 | info >> 4
+                counts[key] += 1
+                if fpi:
+                    rec_bytes[key] += tot_len - fpi
+                    fpi_bytes[key] += fpi
+                else:
+                    rec_bytes[key] += tot_len
+                if lsns is not None:
+                    lsns.append(lsn)
+                if first:
+                    first = False
+                    self.first_record_lsn, self.first_record_prev = lsn, prev_link
+                prev = last = lsn
+                pos = (rec_end + 7) & ~7
+                if rmid == 0 and info & 0xF0 == 0x40:  # XLOG_SWITCH
+                    self.switched = True
+                    break
+            if self.switched:
+                break
+            if pos == page_end:
+                continue
             self.last_record_lsn = last
             step = self._slow_record(pos, prev)
             last = self.last_record_lsn

@@ -339,7 +339,24 @@ class SegmentWriter:
         self._segno = None
         self.archive.fsync_directory()
         self.flushed = self.position
+        self._drop_superseded_partials(partial)
         return name
+
+    def _drop_superseded_partials(self, completed: Path) -> None:
+        """Remove ``.partial`` files of the segment just completed left in another form (a
+        run with another -Z method): the complete file supersedes them."""
+        wal = completed.name[:24]
+        removed = False
+        for suffix in COMPRESSION_SUFFIXES.values():
+            stale = self.archive.directory / (wal + suffix + PARTIAL_SUFFIX)
+            if stale != completed and stale.exists():
+                try:
+                    stale.unlink()
+                except OSError as exc:
+                    raise _os_error(exc, f'could not remove superseded file "{stale}"') from exc
+                removed = True
+        if removed:
+            self.archive.fsync_directory()
 
 
 class CompressedSegmentWriter(SegmentWriter):

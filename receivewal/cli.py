@@ -22,6 +22,7 @@ LAZY_COMMANDS = {
     "relay": "receivewal.relay:relay_command",
     "verify": "receivewal.verify:verify_command",
     "analyze": "receivewal.analyze:analyze_command",
+    "restore": "receivewal.restore:restore_command",
 }
 
 

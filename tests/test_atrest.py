@@ -355,3 +355,26 @@ def test_flush_reported_with_compression_is_durable_in_the_file(
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.server
+def test_changing_method_leaves_one_form_per_segment(pg: PgServer, archive_dir: Path) -> None:
+    """A .gz.partial left by a -Z gzip run is restreamed as .lz4 by a -Z lz4 run, and removed
+    once the .lz4 is complete: never two forms of a segment, never a stale .partial."""
+    pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
+    pg.generate_wal(1)
+    first = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
+                       "-Z", "gzip", "-E", mid_segment_lsn(pg), "-n")
+    assert first.returncode == 0, first.stderr
+    (gz_partial,) = partial_files(archive_dir)
+    assert gz_partial.endswith(".gz.partial")
+    pg.generate_wal(1)
+    second = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
+                        "-Z", "lz4", "-E", mid_segment_lsn(pg), "-n")
+    assert second.returncode == 0, second.stderr
+    names = complete_files(archive_dir)
+    assert gz_partial.replace(".gz.partial", ".lz4") in names
+    assert not (archive_dir / gz_partial).exists()
+    (lz4_partial,) = partial_files(archive_dir)
+    assert lz4_partial.endswith(".lz4.partial")
+    assert len({n[:24] for n in names}) == len(names)

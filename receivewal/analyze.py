@@ -97,12 +97,12 @@ def make_session(remote: str | None = None, scratch: Path | None = None,
 
 # -- files -------------------------------------------------------------------------------------
 def is_uri(path: str) -> bool:
-    """Whether ``path`` names a Hadoop/remote location rather than a local file."""
-    return "://" in path and not path.startswith("file://")
+    """Whether ``path`` is a URI (hdfs://, s3a://, file://...) rather than a local path."""
+    return "://" in path
 
 
 def open_uri(uri: str) -> BinaryIO:
-    """Open a remote file with pyarrow's file systems (hdfs://, s3:// and s3a://, gs://)."""
+    """Open a file named by a URI with pyarrow's file systems (hdfs, s3/s3a, gs, file)."""
     from pyarrow import fs as pafs
 
     if uri.startswith("s3a://"):
@@ -116,15 +116,10 @@ def opener_for(base: str) -> Opener | None:
     return open_uri if is_uri(base) else None
 
 
-def local_path(path: str) -> str:
-    """A local path without a file:// prefix."""
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
 def list_archive(spark: Any, root: str) -> list[tuple[str, int]]:
     """(file name, size) of every file directly under ``root``; contents are not read."""
     if not is_uri(root):
-        with os.scandir(local_path(root)) as entries:
+        with os.scandir(root) as entries:
             return sorted((e.name, e.stat().st_size) for e in entries if e.is_file())
     rows = spark.read.format("binaryFile").load(root).select("path", "length").collect()
     return sorted((r["path"].rsplit("/", 1)[-1], int(r["length"])) for r in rows)
@@ -156,7 +151,7 @@ def scan_row(row: Any) -> dict[str, Any]:
     seg = SegmentFile(segno=row.segno, timeline=row.timeline, compression=row.compression,
                       partial=row.partial)
     task = ScanTask(row.file, seg, tuple(tuple(f) for f in json.loads(row.followers)))
-    base = local_path(row.base)
+    base = row.base
     result = scan_file(task, base, row.segment_size, compressibility=row.compressibility,
                        open_binary=opener_for(base), file_bytes=row.file_bytes)
     scan = result.scan
@@ -203,7 +198,7 @@ def plan_archive(spark: Any, root: str, compressibility: bool
     if not classify(names, DEFAULT_SEGMENT_SIZE)[0]:
         raise ArchiveError(f"{root} holds no WAL segment files")
     opener = opener_for(base)
-    segment_size = detect_segment_size(local_path(base), names, opener)
+    segment_size = detect_segment_size(base, names, opener)
     segments, history_names = classify(names, segment_size)
     chosen, problems = choose_files(segments)
     rows = [(root, base, t.file, t.segment.compression, t.segment.timeline, t.segment.segno,
@@ -213,7 +208,7 @@ def plan_archive(spark: Any, root: str, compressibility: bool
     for name in history_names:
         tli = parse_history_file_name(name)
         if tli is not None:
-            with (opener or _open_local)(local_path(base) + "/" + name) as fh:
+            with (opener or _open_local)(base + "/" + name) as fh:
                 histories[tli] = fh.read().decode(errors="replace")
     return rows, histories, segment_size, problems
 

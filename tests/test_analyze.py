@@ -2,7 +2,9 @@
 
 One Spark session is shared by the module (JVM start-up dominates); each archive comes from its
 own PostgreSQL 15 server, so the two have different system identifiers. The second archive has
-a segment removed. The Parquet tables must agree with ``verify`` on the same directories.
+a segment removed and is given as a ``file://`` URI, so it takes the Hadoop-path route: listed
+through Spark's binaryFile source, read by the executors through pyarrow's file systems. The
+Parquet tables must agree with ``verify`` on the same directories.
 """
 
 from __future__ import annotations
@@ -51,12 +53,17 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, P
         shutil.rmtree(base, ignore_errors=True)
 
 
+def key(archive: Path) -> str:
+    """How the analyze run names an archive: alpha by its path, beta by its file:// URI."""
+    return archive.as_uri() if archive.name == "beta" else str(archive)
+
+
 @pytest.fixture(scope="module")
 def result(spark: Any, archives: tuple[Path, Path, str],
            tmp_path_factory: pytest.TempPathFactory) -> AnalyzeResult:
     """One analyze run over both archives."""
     alpha, beta, _ = archives
-    return run_analyze(spark, [str(alpha), str(beta)], tmp_path_factory.mktemp("analysis"))
+    return run_analyze(spark, [key(alpha), key(beta)], tmp_path_factory.mktemp("analysis"))
 
 
 def test_segment_table_agrees_with_verify(spark: Any, result: AnalyzeResult,
@@ -64,7 +71,7 @@ def test_segment_table_agrees_with_verify(spark: Any, result: AnalyzeResult,
     """One row per segment file per archive; records and bytes equal verify's."""
     segments = spark.read.parquet(result.tables["segments"])
     for archive in archives[:2]:
-        rows = segments.where(segments.archive == str(archive)).collect()
+        rows = segments.where(segments.archive == key(archive)).collect()
         report, _ = verify_archive(archive, jobs=1)
         assert len(rows) == len(report.scans) == len(list(archive.iterdir()))
         assert sum(r["records"] for r in rows) == sum(s.records for s in report.scans)
@@ -79,7 +86,7 @@ def test_rmgr_table_agrees_with_verify(spark: Any, result: AnalyzeResult,
     table = spark.read.parquet(result.tables["segment_rmgr"])
     for archive in archives[:2]:
         totals: dict[str, tuple[int, int, int]] = {}
-        for r in table.where(table.archive == str(archive)).collect():
+        for r in table.where(table.archive == key(archive)).collect():
             acc = totals.get(r["rmgr"], (0, 0, 0))
             totals[r["rmgr"]] = (acc[0] + r["records"], acc[1] + r["record_bytes"],
                                  acc[2] + r["fpi_bytes"])
@@ -94,14 +101,14 @@ def test_problems_and_archives_tables(spark: Any, result: AnalyzeResult,
     archive is recoverable, the other is not; the two system identifiers differ."""
     alpha, beta, removed = archives
     problems = spark.read.parquet(result.tables["problems"]).collect()
-    assert not [p for p in problems if p["archive"] == str(alpha)]
-    missing = [p for p in problems if p["archive"] == str(beta) and p["kind"] == "missing_segment"]
+    assert not [p for p in problems if p["archive"] == key(alpha)]
+    missing = [p for p in problems if p["archive"] == key(beta) and p["kind"] == "missing_segment"]
     assert [(p["file"], p["lsn"]) for p in missing] == [
         (removed, int(removed[16:], 16) * SEGMENT_SIZE)]
     rows = {r["archive"]: r for r in spark.read.parquet(result.tables["archives"]).collect()}
-    assert rows[str(alpha)]["recoverable"] is True
-    assert rows[str(beta)]["recoverable"] is False
-    assert rows[str(alpha)]["system_identifier"] != rows[str(beta)]["system_identifier"]
+    assert rows[key(alpha)]["recoverable"] is True
+    assert rows[key(beta)]["recoverable"] is False
+    assert rows[key(alpha)]["system_identifier"] != rows[key(beta)]["system_identifier"]
 
 
 def test_report_has_charts_and_pages(result: AnalyzeResult) -> None:

@@ -16,6 +16,7 @@ if [ "${RECEIVEWAL_NEEDS_JAVA:-0}" = 1 ] && ! command -v java >/dev/null 2>&1; t
 fi
 command -v chattr >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)  # barman recover, in tests/test_barman.py
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

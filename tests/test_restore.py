@@ -108,6 +108,11 @@ def install_for_postgres(base: Path) -> str:
     """The restore helper runnable by the postgres user: the package and its compiled
     dependencies copied where that user can read them, run by the system python3 (as a
     system-wide installation would be). Returns the command prefix."""
+    system = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    if system != str(tuple(sys.version_info[:2])):
+        pytest.fail(f"/usr/bin/python3 is {system}, the test environment's Python is "
+                    f"{sys.version_info[:2]}: the copied compiled modules need the same version")
     lib = base / "pylib"
     site = Path(next(p for p in sys.path if p.endswith("site-packages")))
     shutil.copytree(Path(__file__).parent.parent / "receivewal", lib / "receivewal",

@@ -284,8 +284,8 @@ class PgReceivewalMessages:
         if name in ("failed", "gap_detected", "disk_full", "disconnected"):
             return f"error: {ev.get('error')}"
         if name == "reconnecting":
-            return f"disconnected; waiting {ev.get('delay', RECONNECT_SLEEP_TIME):g} seconds " \
-                "to try again"
+            delay = round(float(ev.get("delay", RECONNECT_SLEEP_TIME)))
+            return f"disconnected; waiting {delay} seconds to try again"
         if name == "segment_file_skipped":
             file_name, _, reason = str(ev.get("reason")).partition(": ")
             return f'warning: segment file "{file_name}" {reason}, skipping'

@@ -25,7 +25,7 @@ from .atrest import (
 )
 from .errors import ArchiveError, DiskFullError
 from .lsn import format_lsn
-from .segments import check_continuity, plan_writes
+from .segments import check_continuity, plan_writes, resume_order
 from .walnames import (
     COMPRESSION_SUFFIXES,
     PARTIAL_SUFFIX,
@@ -96,30 +96,27 @@ class Archive:
             fsync_path(self.directory)
 
     # -- scanning ----------------------------------------------------------------------------
-    def segment_files(self, segment_size: int) -> list[SegmentFile]:
-        """Segment files usable as a resume point, as pg_receivewal's scan accepts them.
+    def segment_names(self, segment_size: int) -> list[SegmentFile]:
+        """Every segment file in the directory, by name only (nothing is opened)."""
+        return [parsed for entry in os.scandir(self.directory)
+                if (parsed := parse_segment_file_name(entry.name, segment_size)) is not None
+                and entry.is_file()]
 
-        A complete uncompressed file must have exactly the segment size; a complete gzip file
-        must say so in its trailer. Files that fail the check are left out with a warning
-        from the caller's point of view (returned in ``rejected``).
+    def resume_point(self, segment_size: int) -> tuple[SegmentFile | None, list[str]]:
+        """The newest segment file that passes pg_receivewal's checks, and the ones that failed.
+
+        Candidates are checked newest first, so only the files that matter are opened: a
+        complete plain file must have exactly the segment size, a complete compressed one must
+        decompress (or, for gzip, say in its trailer it decompresses) to exactly that size.
         """
-        found, _ = self.scan(segment_size)
-        return found
-
-    def scan(self, segment_size: int) -> tuple[list[SegmentFile], list[str]]:
-        """(usable segment files, names rejected with the reason)."""
-        usable: list[SegmentFile] = []
         rejected: list[str] = []
-        for entry in os.scandir(self.directory):
-            parsed = parse_segment_file_name(entry.name, segment_size)
-            if parsed is None or not entry.is_file():
-                continue
-            reason = _size_problem(Path(entry.path), parsed, segment_size)
-            if reason:
-                rejected.append(f"{entry.name}: {reason}")
-            else:
-                usable.append(parsed)
-        return usable, rejected
+        for parsed in sorted(self.segment_names(segment_size), key=resume_order, reverse=True):
+            name = parsed.file_name(segment_size)
+            reason = _size_problem(self.directory / name, parsed, segment_size)
+            if reason is None:
+                return parsed, rejected
+            rejected.append(f"{name}: {reason}")
+        return None, rejected
 
     # -- identity ----------------------------------------------------------------------------
     def read_identity(self) -> ArchiveIdentity | None:

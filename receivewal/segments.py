@@ -52,7 +52,12 @@ def newest_segment(files: Iterable[SegmentFile]) -> SegmentFile | None:
     Highest segment number wins; on a tie the higher timeline; on a tie again a complete file
     beats a ``.partial``.
     """
-    return max(files, key=lambda f: (f.segno, f.timeline, not f.partial), default=None)
+    return max(files, key=resume_order, default=None)
+
+
+def resume_order(segment: SegmentFile) -> tuple[int, int, bool]:
+    """Sort key that puts the segment to resume from last: number, timeline, complete."""
+    return segment.segno, segment.timeline, not segment.partial
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from .messages import (
     parse_copy_data,
     postgres_time,
 )
-from .segments import StartPoint, choose_start, newest_segment
+from .segments import StartPoint, choose_start
 from .settings import Settings
 from .streampack import StreampackDecoder
 from .timeline import check_follows, parse_history
@@ -174,10 +174,9 @@ class Session:
         info = self.info = identify_server(self.conn)
         self.archive.file_mode = self.monitor.file_mode = info.file_mode
         self._check_identity(info)
-        files, rejected = self.archive.scan(info.segment_size)
+        newest, rejected = self.archive.resume_point(info.segment_size)
         for reason in rejected:
             self.log.warning("segment_file_skipped", reason=reason)
-        newest = newest_segment(files)
         slot_restart = None
         if self.settings.slot and info.version >= 150000:
             slot_restart = self._read_or_create_slot(self.settings.slot)
@@ -210,7 +209,7 @@ class Session:
     def _check_identity(self, info: ServerInfo) -> None:
         identity = self.archive.read_identity()
         if identity is None:
-            files, _ = self.archive.scan(info.segment_size)
+            files = self.archive.segment_names(info.segment_size)
             sniffed = self.archive.sniff_system_identifier(files, info.segment_size)
             if sniffed is not None and sniffed != info.system_identifier:
                 raise ArchiveError(

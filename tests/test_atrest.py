@@ -162,20 +162,21 @@ def test_scan_recognises_every_compressed_form_and_checks_complete_files(tmp_pat
     _write(tmp_path, "000000010000000000000004.lz4", "lz4", short)      # too short
     _write(tmp_path, "000000010000000000000005.zst", "zstd", whole, finish=False)  # no end
     _write(tmp_path, "000000010000000000000006.gz", "gzip", short)      # trailer says 1000
+    archive = Archive(tmp_path)
+    newest, rejected = archive.resume_point(SEGMENT)
+    assert newest == SegmentFile(3, 1, "zstd")  # the damaged newer ones are passed over
+    assert [r.split(":")[0] for r in rejected] == [
+        "000000010000000000000006.gz", "000000010000000000000005.zst",
+        "000000010000000000000004.lz4",
+    ]
     _write(tmp_path, "000000010000000000000007.zst.partial", "zstd", short, finish=False)
     _write(tmp_path, "000000010000000000000008.lz4.partial", "lz4", short, finish=False)
     (tmp_path / "000000010000000000000009.gz.partial").write_bytes(b"")
-    usable, rejected = Archive(tmp_path).scan(SEGMENT)
-    assert sorted(f.file_name(SEGMENT) for f in usable) == [
-        "000000010000000000000001.gz", "000000010000000000000002.lz4",
-        "000000010000000000000003.zst", "000000010000000000000007.zst.partial",
-        "000000010000000000000008.lz4.partial", "000000010000000000000009.gz.partial",
-    ]
-    assert sorted(r.split(":")[0] for r in rejected) == [
-        "000000010000000000000004.lz4", "000000010000000000000005.zst",
-        "000000010000000000000006.gz",
-    ]
-    assert newest_segment(usable) == SegmentFile(9, 1, "gzip", partial=True)
+    assert len(archive.segment_names(SEGMENT)) == 9
+    newest, rejected = archive.resume_point(SEGMENT)
+    assert newest == SegmentFile(9, 1, "gzip", partial=True)  # a .partial is restreamed
+    assert rejected == []
+    assert newest_segment(archive.segment_names(SEGMENT)) == newest
 
 
 # -- against real servers ----------------------------------------------------------------------

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pgserver import IS_ROOT, PgServer, free_port
+from pgserver import IS_ROOT, PgServer, free_port, pg_bin
 from streamhelpers import receivewal
 
 
@@ -98,3 +98,31 @@ def test_password_never_logged(archive_dir: Path) -> None:
                       f"host=127.0.0.1 port={free_port()} user=x password=sekrit-42")
     assert done.returncode == 1
     assert "sekrit-42" not in done.stderr
+
+
+@pytest.mark.server
+def test_password_authentication(server_base: Path, archive_dir: Path) -> None:
+    """-w never prompts: a server that wants a password refuses us with libpq's reason;
+    PGPASSWORD (or a passfile) is how a service supplies one, and it is never logged."""
+    server = PgServer(server_base, "scram")
+    server.init()
+    hba = server.datadir / "pg_hba.conf"
+    hba.write_text("local all all trust\n"
+                   "host all all 127.0.0.1/32 scram-sha-256\n"
+                   "host replication all 127.0.0.1/32 scram-sha-256\n")
+    server.start()
+    try:
+        subprocess.run(["psql", "-X", "-h", str(server.sockdir), "-p", str(server.port),
+                        "-U", "postgres", "-c", "ALTER USER postgres PASSWORD 'pw-7781'"],
+                       check=True, capture_output=True,
+                       env={"PATH": str(Path(pg_bin("psql")).parent)})
+        dsn = f"host=127.0.0.1 port={server.port} user=postgres"
+        refused = receivewal("stream", "-D", str(archive_dir), "-d", dsn, "-w", "-n")
+        assert refused.returncode == 1
+        assert "password" in error_line(refused.stderr)
+        done = receivewal("stream", "-D", str(archive_dir), "-d", dsn, "-n", "-v",
+                          "-E", "0/1000100", env={"PGPASSWORD": "pw-7781"})
+        assert done.returncode == 0, done.stderr
+        assert "pw-7781" not in done.stderr
+    finally:
+        server.stop("immediate")

@@ -37,6 +37,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -59,7 +60,9 @@ RECV_SIZE = 256 * 1024
 
 _REPLICATION_FALSE = {"false", "off", "no", "0"}
 
-log = get_logger(component="relay")
+def _log() -> Any:
+    # Bound on use, not at import: binding freezes structlog's configuration of that moment.
+    return get_logger(component="relay")
 
 
 # -- pure protocol logic ----------------------------------------------------------------------
@@ -232,7 +235,7 @@ class RelaySession:
         self.settings = settings
         self.upstream: socket.socket | None = None
         self.stream: BackendStream | None = None
-        self.log = log.bind(client=peer)
+        self.log = _log().bind(client=peer)
 
     def run(self) -> None:
         """Relay until either side closes; never raises."""
@@ -357,7 +360,7 @@ class Relay:
 
     def serve_forever(self) -> None:
         """Accept clients until :meth:`stop` is called; then close every session."""
-        log.info("relay_listening", listen=f"{self.address[0]}:{self.address[1]}",
+        _log().info("relay_listening", listen=f"{self.address[0]}:{self.address[1]}",
                  upstream=f"{self.settings.upstream_host}:{self.settings.upstream_port}",
                  offered=",".join(self.settings.offered) or None,
                  min_size=self.settings.min_size, zstd_level=self.settings.zstd_level)
@@ -380,7 +383,7 @@ class Relay:
             sessions = list(self._sessions)
         for session in sessions:
             session.close()
-        log.info("relay_stopped")
+        _log().info("relay_stopped")
 
     def _run_session(self, session: RelaySession) -> None:
         try:
@@ -440,7 +443,7 @@ def relay_command(*, listen: str, upstream: str, compression: str, min_size: int
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("relay_stopping", signal=signal.Signals(signum).name)
+        _log().info("relay_stopping", signal=signal.Signals(signum).name)
         relay.stop()
 
     signal.signal(signal.SIGTERM, on_signal)

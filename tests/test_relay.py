@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pgserver import PgServer, free_port
 from psycopg import pq
+from psycopg.pq.abc import PGconn
 
 from receivewal.errors import ConfigurationError
 from receivewal.lsn import format_lsn, parse_lsn
@@ -99,7 +100,7 @@ def running_relay(upstream_port: int, offered: tuple[str, ...] = ("zstd", "lz4")
 
 
 def connect(port: int, requested: str | None = None, replication: str | None = "true",
-            extra: str = "") -> pq.PGconn:
+            extra: str = "") -> PGconn:
     """A libpq connection to 127.0.0.1:port, asking for ``requested`` like the daemon does."""
     conninfo = f"host=127.0.0.1 port={port} user=postgres dbname=postgres {extra}"
     if replication:
@@ -114,7 +115,7 @@ def connect(port: int, requested: str | None = None, replication: str | None = "
     return conn
 
 
-def command(conn: pq.PGconn, sql: str) -> list[tuple[str, ...]]:
+def command(conn: PGconn, sql: str) -> list[tuple[str, ...]]:
     """Run a command that returns rows; the rows as text."""
     res = conn.exec_(sql.encode())
     if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
@@ -127,7 +128,7 @@ def command(conn: pq.PGconn, sql: str) -> list[tuple[str, ...]]:
 class Receiver:
     """Received WAL per (timeline, segment number), as the daemon would lay it out."""
 
-    conn: pq.PGconn
+    conn: PGconn
     decoder: StreampackDecoder
     segments: dict[tuple[int, int], bytearray] = field(default_factory=dict)
     covered: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -427,8 +428,8 @@ def test_startup_decision_for_plain_and_ordinary_connections() -> None:
                        ("zstd",))
 
 
-def backend_message(kind: bytes, body: bytes) -> bytes:
-    return kind + struct.pack(">I", 4 + len(body)) + body
+def backend_message(kind: bytes | bytearray, body: bytes) -> bytes:
+    return bytes(kind) + struct.pack(">I", 4 + len(body)) + body
 
 
 @settings(max_examples=40, deadline=None)

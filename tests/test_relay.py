@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,13 @@ from hypothesis import strategies as st
 from pgserver import PgServer, free_port
 from psycopg import pq
 from psycopg.pq.abc import PGconn
+from streamhelpers import (
+    assert_identical_to_server,
+    complete_segments,
+    start_receivewal,
+    stop,
+    wait_for,
+)
 
 from receivewal.errors import ConfigurationError
 from receivewal.lsn import format_lsn, parse_lsn
@@ -469,3 +477,41 @@ def test_backend_stream_compresses_only_xlogdata_in_copy_both(
     assert compressed == sum(1 for n in sizes if n >= 32), "only frames inside COPY BOTH"
     assert restored == stream_bytes
     assert not stream.copy_both
+
+
+# -- the streaming daemon through the relay ---------------------------------------------------
+
+
+@pytest.mark.server
+@pytest.mark.parametrize(("compression", "expected"), [
+    ("zstd,lz4", "zstd"), ("lz4", "lz4"), ("none", None),
+])
+def test_receivewal_stream_through_the_relay_archives_identical_segments(
+    pg: PgServer, archive_dir: Path, compression: str, expected: str | None
+) -> None:
+    """``receivewal stream`` behind ``receivewal relay``: it negotiates what it asked for, logs
+    which stream it got and what compression saved, and its archive equals pg_wal."""
+    log_path = archive_dir.parent / "receivewal.log"
+    with running_relay(pg.port) as relay:
+        proc = start_receivewal("stream", "-D", str(archive_dir), "-d",
+                                f"host=127.0.0.1 port={relay.port} user=postgres",
+                                "--compression", compression, "--no-sync",
+                                stderr_path=log_path)
+        try:
+            wait_for(lambda: "streaming_started" in log_path.read_text(), what="streaming")
+            pg.generate_wal(2)
+            wait_for(lambda: len(complete_segments(archive_dir)) >= 2, what="two segments")
+        finally:
+            assert stop(proc) == 0
+    names = assert_identical_to_server(archive_dir, pg)
+    assert len(names) >= 2
+    events = [json.loads(line) for line in log_path.read_text().splitlines()
+              if line.startswith("{")]
+    (reported,) = {e["algorithm"] for e in events if e["event"] == "stream_compression"}
+    assert reported == (expected or "none")
+    (connected,) = [e for e in relay.named("relay_client_connected") if e["replication"]]
+    assert connected["compression"] == expected
+    if expected is not None:
+        (summary,) = [e for e in events if e["event"] == "compression_summary"]
+        assert summary["algorithm"] == expected
+        assert summary["saved_bytes"] > 2 * SEG // 2

@@ -379,6 +379,44 @@ def test_relay_reports_an_unreachable_upstream() -> None:
         connect(relay.port, "zstd")
 
 
+@pytest.mark.server
+def test_relay_forwards_a_cancel_request(pg: PgServer) -> None:
+    """A query cancel sent through the relay reaches the upstream (the key data is its own)."""
+    with running_relay(pg.port) as relay:
+        conn = connect(relay.port, None, replication=None)
+        try:
+            conn.send_query(b"SELECT pg_sleep(60)")
+            time.sleep(0.5)
+            conn.get_cancel().cancel()
+            began = time.monotonic()
+            res = conn.get_result()
+            assert res is not None
+            assert res.status == pq.ExecStatus.FATAL_ERROR
+            assert "canceling statement due to user request" in conn.get_error_message()
+            assert time.monotonic() - began < 30
+        finally:
+            conn.finish()
+
+
+def test_relay_declines_encryption_requests_and_goes_on_in_plaintext() -> None:
+    """GSSENCRequest and SSLRequest are answered N (no TLS toward clients); the startup packet
+    that follows is handled (here: the upstream is down, so a FATAL ErrorResponse comes back)."""
+    with running_relay(free_port()) as relay, socket.create_connection(
+        ("127.0.0.1", relay.port), timeout=10
+    ) as sock:
+        sock.sendall(struct.pack(">II", 8, 80877104))
+        assert sock.recv(1) == b"N"
+        sock.sendall(struct.pack(">II", 8, 80877103))
+        assert sock.recv(1) == b"N"
+        sock.sendall(build_startup_packet({"user": "postgres", "replication": "true"}))
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+        assert reply[:1] == b"E"
+        assert b"SFATAL" in reply
+        assert b"could not connect to the upstream server" in reply
+
+
 # -- the relay's pure parts, no server --------------------------------------------------------
 
 

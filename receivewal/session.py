@@ -315,6 +315,8 @@ class Session:
                 message = self.conn.read_copy()
             now = self.clock()
             if message is None:
+                if self._at_endpos(writer):  # e.g. started exactly at --endpos
+                    return "endpos"
                 if self.settings.synchronous and writer.flushed < writer.position:
                     self.send_status(writer)
                 self._check_liveness(writer, now)
@@ -334,11 +336,7 @@ class Session:
                 return self._end_of_copy(writer)
             assert isinstance(message, (bytes, memoryview))
             self._handle(message, writer)
-            if self.settings.endpos is not None and writer.position >= self.settings.endpos:
-                self._tick(writer)
-                self.log.info("endpos_reached", lsn=format_lsn(writer.position),
-                              endpos=format_lsn(self.settings.endpos), timeline=writer.timeline)
-                self._finish(writer)
+            if self._at_endpos(writer):
                 return "endpos"
             if interval > 0 and now >= next_status:
                 self.send_status(writer)
@@ -346,6 +344,17 @@ class Session:
             if now >= next_tick:  # the watchdog and state file need a pulse under load too
                 self._tick(writer)
                 next_tick = now + TICK_SECONDS
+
+    def _at_endpos(self, writer: SegmentWriter) -> bool:
+        """Stop (and say so) once everything up to --endpos is received."""
+        endpos = self.settings.endpos
+        if endpos is None or writer.position < endpos:
+            return False
+        self._tick(writer)
+        self.log.info("endpos_reached", lsn=format_lsn(writer.position),
+                      endpos=format_lsn(endpos), timeline=writer.timeline)
+        self._finish(writer)
+        return True
 
     def _tick(self, writer: SegmentWriter) -> None:
         """Hand the monitor what arrived since the last tick, then let it do its periodic work."""

@@ -144,7 +144,10 @@ def archived_position(directory: Path, server: PgServer) -> int:
     seg = 16 << 20
     position = 0
     for name in wal_files(directory):
-        ours = (directory / name).read_bytes()
+        try:
+            ours = (directory / name).read_bytes()
+        except FileNotFoundError:  # completed (renamed) since the listing
+            ours = (directory / name.removesuffix(PARTIAL)).read_bytes()
         theirs = (server.pg_wal / name.removesuffix(PARTIAL)).read_bytes()
         start = (int(name[8:16], 16) * 256 + int(name[16:24], 16)) * seg
         same = 0

@@ -5,9 +5,11 @@ connections receivers would make to it. For each client it:
 
 1. reads the startup packet. An SSLRequest or GSSENCRequest is answered ``N``, so the client
    continues in plaintext: **the relay does no TLS toward clients** (run it where the link to
-   the receiver is trusted, or tunnel it). It does no TLS toward the upstream either: it
-   connects to the upstream in plaintext, so put it on the primary's host or a trusted network.
-   A CancelRequest is forwarded to the upstream unchanged;
+   the receiver is trusted, or tunnel it). Toward the upstream it does TLS as libpq's
+   ``sslmode`` says (``--upstream-sslmode``, default ``prefer``; ``verify-ca``/``verify-full``
+   check the certificate against ``--upstream-sslrootcert``); no client certificates and no
+   GSSAPI encryption. A CancelRequest is forwarded to the upstream unchanged, in plaintext as
+   libpq sends it;
 2. takes ``-c pg_streampack.requested=LIST`` out of the ``options`` startup parameter and picks
    the first algorithm of the client's list that the relay offers (the client's order wins, as
    with the module). A list the module would refuse (unknown or repeated names) is refused with
@@ -23,19 +25,19 @@ connections receivers would make to it. For each client it:
 Non-replication connections (no ``replication`` startup parameter) are passed through unchanged
 (minus the streampack option) and never compressed, so tools like psql work through the relay.
 
-Threads: one accept loop, and two threads per client connection (one per direction). Protocol
-decisions (startup packet parsing, the choice of algorithm) are pure functions below; the
-socket work is confined to :class:`RelaySession` and :class:`Relay`.
+One asyncio event loop serves all connections. Protocol decisions (startup packet parsing, the
+choice of algorithm, reframing and compressing the upstream's messages) are pure code below;
+the socket work is confined to :class:`RelaySession` and :class:`Relay`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import selectors
 import signal
 import socket
+import ssl
 import struct
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +81,8 @@ class RelaySettings:
     offered: tuple[str, ...] = ("zstd", "lz4")
     min_size: int = 32
     zstd_level: int = 1
+    upstream_sslmode: str = "prefer"
+    upstream_sslrootcert: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,154 +207,205 @@ class BackendStream:
         return self.encoder.stats() if self.encoder is not None else None
 
 
-# -- sockets ----------------------------------------------------------------------------------
+# -- sockets (asyncio) -----------------------------------------------------------------------
 
 
 class ClientGone(ReceivewalError):  # noqa: N818 - a state: the client went away
     """The client closed its connection before the relay was done with it."""
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ClientGone("client closed the connection during startup")
-        data += chunk
-    return bytes(data)
+class UpstreamError(ReceivewalError):
+    """The upstream could not be reached, or not with the TLS that was required."""
 
 
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    sock.close()
+UPSTREAM_SSLMODES = ("disable", "prefer", "require", "verify-ca", "verify-full")
+
+
+def upstream_ssl_context(sslmode: str, rootcert: str | None) -> ssl.SSLContext | None:
+    """The TLS context for the upstream connection, following libpq's ``sslmode`` meanings.
+
+    ``prefer`` and ``require`` encrypt without checking the certificate, ``verify-ca`` checks
+    it against ``rootcert`` (the system's CAs without one), ``verify-full`` also the host name.
+    """
+    if sslmode not in UPSTREAM_SSLMODES:
+        raise ConfigurationError(f"invalid upstream sslmode {sslmode!r} "
+                                 f"(one of {', '.join(UPSTREAM_SSLMODES)})")
+    if sslmode == "disable":
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if sslmode in ("prefer", "require"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    context.check_hostname = sslmode == "verify-full"
+    context.verify_mode = ssl.CERT_REQUIRED
+    try:
+        if rootcert:
+            context.load_verify_locations(rootcert)
+        else:
+            context.load_default_certs()
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"cannot load upstream root certificate {rootcert}: {exc}") \
+            from exc
+    return context
+
+
+async def _close(writer: asyncio.StreamWriter | None) -> None:
+    if writer is None:
+        return
+    writer.close()
+    with contextlib.suppress(OSError):  # includes TLS errors and timeouts
+        await asyncio.wait_for(writer.wait_closed(), 5)
 
 
 class RelaySession:
     """One client connection and its upstream connection."""
 
-    def __init__(self, client: socket.socket, peer: str, settings: RelaySettings) -> None:
-        self.client = client
-        self.peer = peer
+    def __init__(self, settings: RelaySettings, ssl_context: ssl.SSLContext | None,
+                 client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
+                 ) -> None:
         self.settings = settings
-        self.upstream: socket.socket | None = None
+        self.ssl_context = ssl_context
+        self.client_reader = client_reader
+        self.client_writer = client_writer
+        self.upstream_writer: asyncio.StreamWriter | None = None
         self.stream: BackendStream | None = None
-        self.log = _log().bind(client=peer)
+        peer = client_writer.get_extra_info("peername") or ("?", 0)
+        self.log = _log().bind(client=f"{peer[0]}:{peer[1]}")
 
-    def run(self) -> None:
-        """Relay until either side closes; never raises."""
+    async def run(self) -> None:
+        """Relay until either side closes; never raises (but can be cancelled)."""
         try:
-            self._run()
-        except (OSError, ClientGone) as exc:
-            self.log.debug("relay_connection_error", error=str(exc))
+            await self._run()
+        except (OSError, ClientGone, asyncio.IncompleteReadError) as exc:  # incl. TLS, timeouts
+            self.log.debug("relay_connection_error", error=str(exc) or type(exc).__name__)
         finally:
-            self.close()
+            await _close(self.client_writer)
+            await _close(self.upstream_writer)
             stats = self.stream.stats() if self.stream is not None else None
             self.log.info("relay_client_disconnected",
                           **({"streampack": stats.as_dict()} if stats else {}))
 
-    def close(self) -> None:
-        """Close both sockets (unblocks the threads of this session)."""
-        _close(self.client)
-        if self.upstream is not None:
-            _close(self.upstream)
-
-    def _read_startup(self) -> tuple[int, bytes]:
-        self.client.settimeout(STARTUP_TIMEOUT)
+    async def _read_startup(self) -> tuple[int, bytes]:
         while True:
-            (length,) = struct.unpack(">I", _recv_exact(self.client, 4))
+            (length,) = struct.unpack(">I", await self.client_reader.readexactly(4))
             if not 8 <= length <= MAX_STARTUP_PACKET:
                 raise ClientGone(f"invalid startup packet length {length}")
-            packet = _recv_exact(self.client, length - 4)
+            packet = await self.client_reader.readexactly(length - 4)
             (code,) = struct.unpack_from(">I", packet)
             if code in (SSL_REQUEST, GSSENC_REQUEST):
-                self.client.sendall(b"N")  # no encryption: the client goes on in plaintext
+                self.client_writer.write(b"N")  # no encryption: the client goes on in plaintext
+                await self.client_writer.drain()
                 continue
-            self.client.settimeout(None)
             return code, struct.pack(">I", length) + packet
 
-    def _connect_upstream(self) -> socket.socket:
-        upstream = socket.create_connection(
-            (self.settings.upstream_host, self.settings.upstream_port), timeout=30)
-        upstream.settimeout(None)
-        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.upstream = upstream
-        return upstream
+    async def _connect_upstream(self, tls: bool) -> tuple[asyncio.StreamReader,
+                                                           asyncio.StreamWriter]:
+        host, port = self.settings.upstream_host, self.settings.upstream_port
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 30)
+        self.upstream_writer = writer
+        if not tls or self.ssl_context is None:
+            return reader, writer
+        writer.write(struct.pack(">II", 8, SSL_REQUEST))
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readexactly(1), 30)
+        if answer == b"S":
+            await writer.start_tls(self.ssl_context, server_hostname=host,
+                                   ssl_handshake_timeout=30)
+        elif answer != b"N":
+            raise UpstreamError(f"unexpected answer {answer!r} to the SSL request")
+        elif self.settings.upstream_sslmode != "prefer":
+            raise UpstreamError("the upstream server does not support SSL, but sslmode "
+                                f"{self.settings.upstream_sslmode} requires it")
+        return reader, writer
 
-    def _run(self) -> None:
-        code, packet = self._read_startup()
+    async def _refuse(self, message: str, code: str) -> None:
+        self.client_writer.write(build_error_response(message, code))
+        await self.client_writer.drain()
+
+    async def _run(self) -> None:
+        code, packet = await asyncio.wait_for(self._read_startup(), STARTUP_TIMEOUT)
         if code != PROTOCOL_3:
-            # CancelRequest (or a protocol the upstream will refuse itself): forward as is.
+            # A CancelRequest (or a protocol the upstream refuses itself): forward it as is, in
+            # plaintext like libpq's cancel, and pass back whatever comes.
             self.log.debug("relay_forwarding_special_packet", code=code)
-            upstream = self._connect_upstream()
-            upstream.sendall(packet)
-            self._pump(upstream, BackendStream(None))
+            reader, writer = await self._connect_upstream(tls=False)
+            writer.write(packet)
+            await self._pump(reader, writer, BackendStream(None))
             return
         try:
             decision = decide_startup(packet[8:], self.settings.offered)
         except ConfigurationError as exc:
             self.log.warning("relay_startup_refused", reason=str(exc))
-            self.client.sendall(build_error_response(str(exc), code="22023"))
+            await self._refuse(str(exc), "22023")
             return
         try:
-            upstream = self._connect_upstream()
-        except OSError as exc:
-            self.log.warning("relay_upstream_unreachable", error=str(exc))
-            self.client.sendall(build_error_response(
-                f"receivewal relay could not connect to the upstream server: {exc}"))
+            reader, writer = await self._connect_upstream(tls=True)
+        except (OSError, UpstreamError, asyncio.IncompleteReadError) as exc:
+            reason = str(exc) or type(exc).__name__
+            self.log.warning("relay_upstream_unreachable", error=reason)
+            await self._refuse(
+                f"receivewal relay could not connect to the upstream server: {reason}", "08006")
             return
         encoder = (StreampackEncoder(decision.algorithm, self.settings.min_size,
                                      self.settings.zstd_level)
                    if decision.algorithm else None)
         self.log.info("relay_client_connected", replication=decision.replication,
                       requested=",".join(decision.requested) or None,
-                      compression=decision.algorithm)
-        upstream.sendall(decision.packet)
-        self._pump(upstream, BackendStream(encoder))
+                      compression=decision.algorithm,
+                      upstream_tls=writer.get_extra_info("sslcontext") is not None)
+        writer.write(decision.packet)
+        await self._pump(reader, writer, BackendStream(encoder))
 
-    def _pump(self, upstream: socket.socket, stream: BackendStream) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    stream: BackendStream) -> None:
         self.stream = stream
-        self.client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        forward = threading.Thread(target=self._client_to_upstream, args=(upstream,),
-                                   name=f"relay-from-{self.peer}", daemon=True)
-        forward.start()
-        try:
-            while True:
-                data = upstream.recv(RECV_SIZE)
-                if not data:
-                    break
+
+        async def to_upstream() -> None:
+            while data := await self.client_reader.read(RECV_SIZE):
+                writer.write(data)
+                await writer.drain()
+
+        async def to_client() -> None:
+            while data := await reader.read(RECV_SIZE):
                 out = stream.feed(data)
                 if out:
-                    self.client.sendall(out)
-        finally:
-            self.close()
-            forward.join()
+                    self.client_writer.write(out)
+                    await self.client_writer.drain()
 
-    def _client_to_upstream(self, upstream: socket.socket) -> None:
+        tasks = [asyncio.create_task(to_upstream()), asyncio.create_task(to_client())]
         try:
-            while True:
-                data = self.client.recv(RECV_SIZE)
-                if not data:
-                    break
-                upstream.sendall(data)
-        except OSError:
-            pass
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.close()
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError):
+                self.log.debug("relay_connection_error", error=str(result) or repr(result))
+        del done
 
 
 class Relay:
-    """Accepts clients and runs a :class:`RelaySession` for each, until :meth:`stop`."""
+    """Accepts clients and runs a :class:`RelaySession` for each, until :meth:`stop`.
+
+    One asyncio event loop serves every connection (the upstream TLS needs no locking that
+    way); compression runs on the loop, which is fine for the handful of receivers a primary
+    has.
+    """
 
     def __init__(self, settings: RelaySettings) -> None:
         self.settings = settings
-        self._stop = threading.Event()
-        self._sessions: set[RelaySession] = set()
-        self._lock = threading.Lock()
+        self.ssl_context = upstream_ssl_context(settings.upstream_sslmode,
+                                                settings.upstream_sslrootcert)
         self._listener = socket.create_server(
-            (settings.listen_host, settings.listen_port), reuse_port=False, backlog=64,
+            (settings.listen_host, settings.listen_port), backlog=64,
             family=socket.AF_INET6 if ":" in settings.listen_host else socket.AF_INET,
         )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._stop_requested = False
+        self._sessions: set[asyncio.Task[Any]] = set()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -358,71 +413,78 @@ class Relay:
         host, port = self._listener.getsockname()[:2]
         return str(host), int(port)
 
-    def serve_forever(self) -> None:
-        """Accept clients until :meth:`stop` is called; then close every session."""
-        _log().info("relay_listening", listen=f"{self.address[0]}:{self.address[1]}",
-                 upstream=f"{self.settings.upstream_host}:{self.settings.upstream_port}",
-                 offered=",".join(self.settings.offered) or None,
-                 min_size=self.settings.min_size, zstd_level=self.settings.zstd_level)
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._listener, selectors.EVENT_READ)
-            while not self._stop.is_set():
-                if not selector.select(timeout=0.2):
-                    continue
-                try:
-                    client, addr = self._listener.accept()
-                except OSError:
-                    continue
-                session = RelaySession(client, f"{addr[0]}:{addr[1]}", self.settings)
-                with self._lock:
-                    self._sessions.add(session)
-                threading.Thread(target=self._run_session, args=(session,),
-                                 name=f"relay-to-{session.peer}", daemon=True).start()
-        self._listener.close()
-        with self._lock:
-            sessions = list(self._sessions)
-        for session in sessions:
-            session.close()
-        _log().info("relay_stopped")
-
-    def _run_session(self, session: RelaySession) -> None:
-        try:
-            session.run()
-        finally:
-            with self._lock:
-                self._sessions.discard(session)
+    def serve_forever(self, stop_signals: tuple[signal.Signals, ...] = ()) -> None:
+        """Accept clients until :meth:`stop` (or one of ``stop_signals``); then close all."""
+        asyncio.run(self._serve(stop_signals))
 
     def stop(self) -> None:
-        """Ask :meth:`serve_forever` to return (safe from a signal handler or another thread)."""
-        self._stop.set()
+        """Ask :meth:`serve_forever` to return (safe from any thread)."""
+        self._stop_requested = True
+        if self._loop is not None and self._stopping is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stopping.set)
 
-    @property
-    def sessions(self) -> int:
-        """How many client connections are open."""
-        with self._lock:
-            return len(self._sessions)
+    async def _serve(self, stop_signals: tuple[signal.Signals, ...]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        for signum in stop_signals:
+            self._loop.add_signal_handler(signum, self._on_signal, signum)
+        if self._stop_requested:
+            self._stopping.set()
+        server = await asyncio.start_server(self._handle, sock=self._listener, backlog=64)
+        _log().info("relay_listening", listen=f"{self.address[0]}:{self.address[1]}",
+                    upstream=f"{self.settings.upstream_host}:{self.settings.upstream_port}",
+                    upstream_sslmode=self.settings.upstream_sslmode,
+                    offered=",".join(self.settings.offered) or None,
+                    min_size=self.settings.min_size, zstd_level=self.settings.zstd_level)
+        async with server:
+            await self._stopping.wait()
+            server.close()
+            for task in list(self._sessions):
+                task.cancel()
+            await asyncio.gather(*self._sessions, return_exceptions=True)
+        _log().info("relay_stopped")
+
+    def _on_signal(self, signum: signal.Signals) -> None:
+        _log().info("relay_stopping", signal=signum.name)
+        self.stop()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._sessions.add(task)
+        try:
+            await RelaySession(self.settings, self.ssl_context, reader, writer).run()
+        finally:
+            self._sessions.discard(task)
 
 
 # -- command line -----------------------------------------------------------------------------
 
 
-def build_relay_settings(listen: str, upstream: str, compression: str, min_size: int,
-                         zstd_level: int) -> RelaySettings:
+def build_relay_settings(listen: str, upstream: str, *, compression: str = "zstd,lz4",
+                         min_size: int = 32, zstd_level: int = 1,
+                         upstream_sslmode: str = "prefer",
+                         upstream_sslrootcert: str | None = None) -> RelaySettings:
     """Validated settings for ``receivewal relay`` (raises ConfigurationError)."""
     listen_host, listen_port = parse_address(listen)
     upstream_host, upstream_port = parse_address(upstream)
     offered = parse_compression_list(compression)
     if offered:
         StreampackEncoder(offered[0], min_size, zstd_level)  # validates min size and level
+    upstream_ssl_context(upstream_sslmode, upstream_sslrootcert)  # validates the TLS settings
     return RelaySettings(listen_host, listen_port, upstream_host, upstream_port, offered,
-                         min_size, zstd_level)
+                         min_size, zstd_level, upstream_sslmode, upstream_sslrootcert)
 
 
 @click.command("relay")
 @click.option("--listen", required=True, metavar="HOST:PORT",
               help="Address to accept receivers on (no TLS toward clients).")
-@click.option("--upstream", required=True, metavar="HOST:PORT",
-              help="The primary to relay (plaintext connection).")
+@click.option("--upstream", required=True, metavar="HOST:PORT", help="The primary to relay.")
+@click.option("--upstream-sslmode", type=click.Choice(UPSTREAM_SSLMODES), default="prefer",
+              show_default=True, help="TLS toward the upstream, as libpq's sslmode.")
+@click.option("--upstream-sslrootcert", type=click.Path(dir_okay=False),
+              help="CA certificates for --upstream-sslmode verify-ca/verify-full.")
 @click.option("--compression", default="zstd,lz4", show_default=True,
               help="pg_streampack algorithms offered to clients, or none.")
 @click.option("--min-size", type=int, default=32, show_default=True,
@@ -430,23 +492,23 @@ def build_relay_settings(listen: str, upstream: str, compression: str, min_size:
 @click.option("--zstd-level", type=int, default=1, show_default=True,
               help="zstd compression level (the module uses 1).")
 @click.option("-v", "--verbose", count=True, help="More log output (debug events).")
-def relay_command(*, listen: str, upstream: str, compression: str, min_size: int,
+def relay_command(*, listen: str, upstream: str, upstream_sslmode: str,
+                  upstream_sslrootcert: str | None, compression: str, min_size: int,
                   zstd_level: int, verbose: int) -> int:
-    """Relay a primary to receivers, compressing its WAL stream with pg_streampack."""
+    """Relay a primary to receivers, compressing its WAL stream with pg_streampack.
+
+    No TLS toward clients: run it where the link to the receivers is trusted.
+    """
     configure_logging(verbose)
     try:
-        settings = build_relay_settings(listen, upstream, compression, min_size, zstd_level)
+        settings = build_relay_settings(
+            listen, upstream, compression=compression, min_size=min_size,
+            zstd_level=zstd_level, upstream_sslmode=upstream_sslmode,
+            upstream_sslrootcert=upstream_sslrootcert)
         relay = Relay(settings)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
-
-    def on_signal(signum: int, _frame: object) -> None:
-        _log().info("relay_stopping", signal=signal.Signals(signum).name)
-        relay.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    relay.serve_forever()
+    relay.serve_forever(stop_signals=(signal.SIGTERM, signal.SIGINT))
     return 0

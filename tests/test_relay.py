@@ -7,6 +7,8 @@ speaks it), so these tests prove the relay and the decoder without the streaming
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import re
 import select
 import signal
@@ -24,7 +26,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pgserver import PgServer, free_port
+from pgserver import IS_ROOT, PgServer, free_port
 from psycopg import pq
 from psycopg.pq.abc import PGconn
 from streamhelpers import (
@@ -75,7 +77,7 @@ class RelayProcess:
 
 @contextmanager
 def running_relay(upstream_port: int, offered: tuple[str, ...] = ("zstd", "lz4"),
-                  min_size: int = 32) -> Iterator[RelayProcess]:
+                  min_size: int = 32, extra: tuple[str, ...] = ()) -> Iterator[RelayProcess]:
     """``receivewal relay`` in front of ``upstream_port``; stopped with SIGTERM, which must
     make it exit 0.
 
@@ -86,7 +88,7 @@ def running_relay(upstream_port: int, offered: tuple[str, ...] = ("zstd", "lz4")
     proc = subprocess.Popen(
         [sys.executable, "-m", "receivewal", "relay", "--listen", f"127.0.0.1:{relay.port}",
          "--upstream", f"127.0.0.1:{upstream_port}", "--compression",
-         ",".join(offered) or "none", "--min-size", str(min_size)],
+         ",".join(offered) or "none", "--min-size", str(min_size), *extra],
         stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -415,6 +417,61 @@ def test_relay_declines_encryption_requests_and_goes_on_in_plaintext() -> None:
         assert reply[:1] == b"E"
         assert b"SFATAL" in reply
         assert b"could not connect to the upstream server" in reply
+
+
+def enable_tls_only(server: PgServer) -> Path:
+    """Give ``server`` a self-signed certificate for 127.0.0.1 and refuse connections without
+    TLS; return the certificate (to verify against)."""
+    cert, key = server.datadir / "server.crt", server.datadir / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    key.chmod(0o600)
+    if IS_ROOT:
+        owner = pwd.getpwnam("postgres")
+        for path in (cert, key):
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+    server.configure({"ssl": "on", "ssl_cert_file": "'server.crt'",
+                      "ssl_key_file": "'server.key'"})
+    hba = server.datadir / "pg_hba.conf"
+    hba.write_text("hostnossl all all 127.0.0.1/32 reject\n"
+                   "hostnossl replication all 127.0.0.1/32 reject\n" + hba.read_text())
+    server.restart()
+    return cert
+
+
+@pytest.mark.server
+def test_relay_reaches_a_tls_only_upstream(pg: PgServer) -> None:
+    """An upstream that refuses plaintext: the relay speaks TLS to it (require, and verify-full
+    against its certificate), compresses as usual, and the segment is byte-identical; with
+    --upstream-sslmode disable the upstream's refusal reaches the client."""
+    cert = enable_tls_only(pg)
+    with running_relay(pg.port, extra=("--upstream-sslmode", "require")) as relay:
+        receiver = stream_one_segment(pg, relay.port, "lz4")
+    assert receiver.decoder.algorithm == "lz4"
+    (connected,) = [e for e in relay.named("relay_client_connected") if e["replication"]]
+    assert connected["upstream_tls"] is True
+    with running_relay(pg.port, extra=("--upstream-sslmode", "verify-full",
+                                       "--upstream-sslrootcert", str(cert))) as relay:
+        receiver = stream_one_segment(pg, relay.port, "zstd")
+    assert receiver.decoder.algorithm == "zstd"
+    with running_relay(pg.port, extra=("--upstream-sslmode", "disable")) as relay, \
+            pytest.raises(ConnectionError, match="no encryption"):
+        connect(relay.port, "zstd")
+
+
+@pytest.mark.server
+def test_relay_refuses_an_upstream_certificate_it_cannot_verify(pg: PgServer,
+                                                                tmp_path: Path) -> None:
+    enable_tls_only(pg)
+    other = tmp_path / "other.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=other", "-keyout", str(tmp_path / "other.key"),
+                    "-out", str(other)], check=True, capture_output=True)
+    with running_relay(pg.port, extra=("--upstream-sslmode", "verify-ca",
+                                       "--upstream-sslrootcert", str(other))) as relay, \
+            pytest.raises(ConnectionError, match="certificate verify failed"):
+        connect(relay.port, "zstd")
 
 
 # -- the relay's pure parts, no server --------------------------------------------------------

@@ -62,6 +62,7 @@ RECV_SIZE = 256 * 1024
 
 _REPLICATION_FALSE = {"false", "off", "no", "0"}
 
+
 def _log() -> Any:
     # Bound on use, not at import: binding freezes structlog's configuration of that moment.
     return get_logger(component="relay")

@@ -32,5 +32,9 @@ def configure_logging(verbose: int = 0, json: bool | None = None) -> None:
 
 
 def get_logger(**context: Any) -> Any:
-    """A bound logger carrying ``context`` on every event."""
-    return structlog.get_logger("receivewal").bind(**context)
+    """A logger carrying ``context`` on every event.
+
+    It is a lazy proxy: the configuration is looked up when it logs, so a module-level logger
+    created at import time still follows :func:`configure_logging` called later.
+    """
+    return structlog.get_logger(**context)

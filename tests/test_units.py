@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from receivewal.connection import build_conninfo, redacted
 from receivewal.errors import ArchiveError, ConfigurationError, ProtocolError, ServerError
+from receivewal.logs import configure_logging, get_logger
 from receivewal.lsn import check_segment_size, format_lsn, parse_lsn
 from receivewal.messages import (
     PrimaryKeepalive,
@@ -231,3 +233,17 @@ def test_conninfo_forces_physical_replication_and_redacts() -> None:
     assert "fallback_application_name=receivewal" in info
     with pytest.raises(ConfigurationError, match="invalid connection string"):
         build_conninfo("host='unterminated")
+
+
+def test_loggers_made_at_import_follow_later_configuration(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A module-level logger still logs JSON to stderr after configure_logging, not to stdout."""
+    early = get_logger(component="early")
+    configure_logging(0, json=True)
+    early.info("hello", answer=42)
+    early.debug("not at info level")
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0])["answer"] == 42

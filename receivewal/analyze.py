@@ -8,6 +8,12 @@ opened with pyarrow's file systems), so no segment byte passes through the JVM. 
 then cross-checks each archive's per-segment summaries (a few hundred bytes per segment) and
 writes Parquet tables and a report.
 
+With ``--remote sc://HOST:PORT`` the same job runs over Spark Connect: only the DataFrame API
+is used (no SparkContext or RDD), the UDF is shipped by reference, so the server's Python
+workers must be able to import ``receivewal``, and the Connect server writes the Parquet
+tables itself, so archive paths and the output directory must be the same for the client
+and the server (one machine, a shared file system, or Hadoop URIs for the archives).
+
 pyspark, pyarrow and matplotlib are imported inside functions: this module imports without
 the ``spark`` extra, so the CLI and ``verify`` work without it.
 """
@@ -216,7 +222,7 @@ def plan_archive(spark: Any, root: str, compressibility: bool
 def _parallelism(spark: Any) -> int:
     try:
         return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # noqa: BLE001 - Spark Connect sessions have no SparkContext
+    except (AttributeError, NotImplementedError):  # Spark Connect sessions have no SparkContext
         return 16
 
 
@@ -230,6 +236,7 @@ def run_analyze(spark: Any, roots: Iterable[str], output: Path, *,
     from pyspark.sql import functions as sf
 
     began = time.perf_counter()
+    output = output.resolve()  # a Connect server resolves a relative path in its own directory
     output.mkdir(parents=True, exist_ok=True)
     roots = list(dict.fromkeys(roots))
     rows, plans = [], {}
@@ -317,6 +324,9 @@ def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, m
                              compressibility=not no_compressibility)
     except (ArchiveError, ConfigurationError) as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        if remote:
+            spark.stop()  # releases the session on the Connect server
     for root, rep in result.archives.items():
         errors = sum(p.severity == "error" for p in rep.problems)
         verdict = "recoverable" if rep.recoverable else "NOT recoverable"

@@ -73,7 +73,8 @@ BASE_CONF = {
     "max_replication_slots": "10",
     "listen_addresses": "'127.0.0.1'",
     "fsync": "off",  # server durability is not under test; speeds the suite up
-    "synchronous_commit": "off",
+    # synchronous_commit stays on: pg_current_wal_lsn() must include the last commit, or a
+    # test's --endpos can fall short of the rows it just wrote
     "full_page_writes": "on",
     "wal_keep_size": "'512MB'",
     "shared_buffers": "'32MB'",
@@ -189,6 +190,12 @@ class PgServer:
             self.sql(f"INSERT INTO {table} SELECT g, repeat('x', 200) "
                      "FROM generate_series(1, 60000) g")
             self.sql("SELECT pg_switch_wal()")
+
+    def mid_segment_lsn(self) -> str:
+        """Write a little WAL so the insert position is inside a segment; return it."""
+        self.sql("CREATE TABLE IF NOT EXISTS tail (x int)")
+        self.sql("INSERT INTO tail SELECT generate_series(1, 3000)")
+        return self.current_lsn()
 
     def switch_wal(self) -> str:
         """Force a segment switch; return the LSN of the switch record's end."""

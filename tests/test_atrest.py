@@ -180,13 +180,6 @@ def test_scan_recognises_every_compressed_form_and_checks_complete_files(tmp_pat
 
 
 # -- against real servers ----------------------------------------------------------------------
-def mid_segment_lsn(server: PgServer) -> str:
-    """Write a little WAL after a switch so the insert position is inside a segment."""
-    server.sql("CREATE TABLE IF NOT EXISTS tail (x int)")
-    server.sql("INSERT INTO tail SELECT generate_series(1, 3000)")
-    return server.current_lsn()
-
-
 def events(stderr: str) -> list[dict[str, object]]:
     """receivewal's JSON log lines."""
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
@@ -201,7 +194,7 @@ def test_compressed_archive_decodes_to_the_servers_segments(
     on after the compressed files."""
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
     pg.generate_wal(3)
-    endpos = mid_segment_lsn(pg)
+    endpos = pg.mid_segment_lsn()
     done = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                       "-Z", method, "-E", endpos, "-n")
     assert done.returncode == 0, done.stderr
@@ -216,7 +209,7 @@ def test_compressed_archive_decodes_to_the_servers_segments(
     assert all((archive_dir / n).stat().st_size < SEGMENT // 2 for n in names)
 
     pg.generate_wal(1)
-    endpos2 = mid_segment_lsn(pg)
+    endpos2 = pg.mid_segment_lsn()
     again = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                        "-Z", method, "-E", endpos2, "-n")
     assert again.returncode == 0, again.stderr
@@ -242,7 +235,7 @@ def test_sigkill_in_the_middle_of_a_compressed_segment_loses_nothing(
                             "-Z", method, "-s", "0.2", stderr_path=log)
     try:
         pg.generate_wal(1)
-        mid_segment_lsn(pg)
+        pg.mid_segment_lsn()
         pg.sql("INSERT INTO tail SELECT generate_series(1, 20000)")
         target = lsn_to_int(pg.current_lsn())
 
@@ -263,7 +256,7 @@ def test_sigkill_in_the_middle_of_a_compressed_segment_loses_nothing(
     assert restart <= reported
 
     pg.generate_wal(2)
-    endpos = mid_segment_lsn(pg)
+    endpos = pg.mid_segment_lsn()
     done = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                       "-Z", method, "-E", endpos, "-n")
     assert done.returncode == 0, done.stderr + log.read_text()
@@ -287,7 +280,7 @@ def test_pg_receivewal_15_resumes_from_our_compressed_files(
     and what it writes with ours decodes to the server's segments."""
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
     pg.generate_wal(2)
-    endpos = mid_segment_lsn(pg)
+    endpos = pg.mid_segment_lsn()
     ours = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                       "-Z", method, "-E", endpos, "-n")
     assert ours.returncode == 0, ours.stderr
@@ -295,7 +288,7 @@ def test_pg_receivewal_15_resumes_from_our_compressed_files(
     last_ours = complete_files(archive_dir)[-1]
 
     pg.generate_wal(1)
-    endpos2 = mid_segment_lsn(pg)
+    endpos2 = pg.mid_segment_lsn()
     theirs = pg_receivewal_15("-D", str(archive_dir), "-d", pg.dsn, "-S", "arch", "-Z", method,
                               "-E", endpos2, "-n", "-v")
     assert theirs.returncode == 0, theirs.stderr
@@ -319,7 +312,7 @@ def test_pg_receivewal_15_resumes_from_our_compressed_files(
         os.unlink(archive_dir / name)
     pg.generate_wal(1)
     theirs2 = pg_receivewal_15("-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
-                               "-Z", method, "-E", mid_segment_lsn(pg), "-n", "-v")
+                               "-Z", method, "-E", pg.mid_segment_lsn(), "-n", "-v")
     assert theirs2.returncode == 0, theirs2.stderr
     started = re.search(r"starting log streaming at ([0-9A-F]+/[0-9A-F]+)", theirs2.stderr)
     assert started, theirs2.stderr
@@ -365,13 +358,13 @@ def test_changing_method_leaves_one_form_per_segment(pg: PgServer, archive_dir: 
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
     pg.generate_wal(1)
     first = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
-                       "-Z", "gzip", "-E", mid_segment_lsn(pg), "-n")
+                       "-Z", "gzip", "-E", pg.mid_segment_lsn(), "-n")
     assert first.returncode == 0, first.stderr
     (gz_partial,) = partial_files(archive_dir)
     assert gz_partial.endswith(".gz.partial")
     pg.generate_wal(1)
     second = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
-                        "-Z", "lz4", "-E", mid_segment_lsn(pg), "-n")
+                        "-Z", "lz4", "-E", pg.mid_segment_lsn(), "-n")
     assert second.returncode == 0, second.stderr
     names = complete_files(archive_dir)
     assert gz_partial.replace(".gz.partial", ".lz4") in names

@@ -27,19 +27,12 @@ from streamhelpers import (
 pytestmark = pytest.mark.server
 
 
-def mid_segment_lsn(server: PgServer) -> str:
-    """Write a little WAL after a switch so the insert position is inside a segment."""
-    server.sql("CREATE TABLE IF NOT EXISTS tail (x int)")
-    server.sql("INSERT INTO tail SELECT generate_series(1, 2000)")
-    return server.current_lsn()
-
-
 def test_streams_segments_through_slot_byte_identical_with_endpos(pg: PgServer,
                                                                   archive_dir: Path) -> None:
     """Five+ segments through a slot with --endpos/--no-loop: identical files, last .partial."""
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
     pg.generate_wal(5)
-    endpos = mid_segment_lsn(pg)
+    endpos = pg.mid_segment_lsn()
     done = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                       "-E", endpos, "-n")
     assert done.returncode == 0, done.stderr
@@ -69,13 +62,13 @@ def test_restart_continues_where_the_archive_stands(pg: PgServer, archive_dir: P
     """A second run resumes from the .partial left by the first and completes it."""
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
     pg.generate_wal(1)
-    first_end = mid_segment_lsn(pg)
+    first_end = pg.mid_segment_lsn()
     assert receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                       "-E", first_end, "-n").returncode == 0
     partial_before = [n for n in wal_files(archive_dir) if n.endswith(PARTIAL)]
     assert len(partial_before) == 1
     pg.generate_wal(2)
-    second_end = mid_segment_lsn(pg)
+    second_end = pg.mid_segment_lsn()
     done = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                       "-E", second_end, "-n")
     assert done.returncode == 0, done.stderr
@@ -106,7 +99,7 @@ def test_sigkill_mid_stream_under_load_loses_nothing(pg: PgServer, archive_dir: 
     finally:
         load.terminate()
         load.wait(timeout=60)
-    endpos = mid_segment_lsn(pg)
+    endpos = pg.mid_segment_lsn()
     done = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                       "-E", endpos, "-n")
     assert done.returncode == 0, done.stderr + log.read_text()
@@ -236,7 +229,7 @@ def test_refuses_archive_of_another_cluster(pg: PgServer, archive_dir: Path,
     Only the daemon's own state file changes: it records the error for ``receivewal status``.
     """
     pg.generate_wal(1)
-    endpos = mid_segment_lsn(pg)
+    endpos = pg.mid_segment_lsn()
     assert receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-E", endpos,
                       "-n").returncode == 0
     def archive_files() -> dict[str, int]:

@@ -94,6 +94,8 @@ def test_restart_on_older_timeline_follows_to_the_new_one(pg: PgServer,
     standby = pg.make_standby("standby")
     pg.generate_wal(2)
     wait_replayed(pg, standby)
+    pg.mid_segment_lsn()
+    wait_replayed(pg, standby)
     first_end = standby.current_lsn()
     done = receivewal("stream", "-D", str(archive_dir), "-d", standby.dsn, "-E", first_end, "-n")
     assert done.returncode == 0, done.stderr
@@ -118,7 +120,7 @@ def test_archive_off_the_server_history_is_refused(pg: PgServer, archive_dir: Pa
     standby.generate_wal(1)
     # the old primary goes on writing timeline 1 past the fork
     pg.generate_wal(3)
-    ahead = pg.current_lsn()
+    ahead = pg.mid_segment_lsn()
     assert receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-E", ahead,
                       "-n").returncode == 0
     try:
@@ -263,7 +265,7 @@ def test_removed_wal_is_reported_as_a_gap_and_never_skipped(pg: PgServer, archiv
                                                             tmp_path: Path) -> None:
     """The server recycled WAL the archive needs: log gap_detected, keep retrying, write nothing."""
     pg.generate_wal(1)
-    first_end = pg.current_lsn()
+    first_end = pg.mid_segment_lsn()
     assert receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-E", first_end,
                       "-n").returncode == 0
     before = sorted(wal_files(archive_dir))

@@ -130,6 +130,31 @@ class PgServer:
                    "-t", "60", "start"])
         self.running = True
 
+    def start_or_fail(self) -> None:
+        """Start; if the server does not come up, fail with the end of its log."""
+        try:
+            self.start()
+        except subprocess.CalledProcessError as exc:
+            tail = self.logfile.read_text()[-3000:] if self.logfile.exists() else ""
+            raise AssertionError(f"server {self.name} did not start:\n{tail}") from exc
+
+    def recover_from_archive(self, restore_command: str, timeout: float = 120) -> None:
+        """Archive recovery of a restored base backup in ``datadir``: set restore_command
+        (and the latest timeline), start, and wait until recovery has ended."""
+        self._mkdirs()
+        self.configure({"restore_command": f"'{restore_command}'",
+                        "recovery_target_timeline": "'latest'"})
+        signal_file = self.datadir / "recovery.signal"
+        signal_file.touch()
+        if IS_ROOT:
+            shutil.chown(signal_file, "postgres", "postgres")
+        self.start_or_fail()
+        deadline = time.monotonic() + timeout
+        while self.sql("SELECT pg_is_in_recovery()") != "f":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"recovery of {self.name} did not finish")
+            time.sleep(0.1)
+
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (fast, smart or immediate)."""
         if self.running:

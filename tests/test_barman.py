@@ -90,10 +90,7 @@ def test_barman_streams_backs_up_and_recovers_with_the_dropin(
             shutil.chown(path, "postgres", "postgres")
     restored._mkdirs()
     restored.configure({})  # its own port and socket directory
-    try:
-        restored.start()
-    except subprocess.CalledProcessError:
-        pytest.fail("recovered server did not start:\n" + restored.logfile.read_text()[-3000:])
+    restored.start_or_fail()
     try:
         wait_for(lambda: restored.sql("SELECT pg_is_in_recovery()") == "f", timeout=120,
                  what="recovery to finish")

@@ -187,19 +187,8 @@ def test_base_backup_recovers_to_the_last_received_byte_through_restore(
     assert len(decoded(archive_dir / partial, truncated_ok=True)) >= end % SEGMENT
     readable_by_postgres(archive_dir)
     command = install_for_postgres(server_base)
-    backup._mkdirs()
-    backup.configure({"restore_command": f"'{command} -D {archive_dir} --partial %f %p'",
-                      "recovery_target_timeline": "'latest'"})
-    (backup.datadir / "recovery.signal").touch()
-    if IS_ROOT:
-        shutil.chown(backup.datadir / "recovery.signal", "postgres", "postgres")
     try:
-        backup.start()
-    except subprocess.CalledProcessError:
-        pytest.fail("restored server did not start:\n" + backup.logfile.read_text()[-3000:])
-    try:
-        wait_for(lambda: backup.sql("SELECT pg_is_in_recovery()") == "f", timeout=120,
-                 what="recovery to finish")
+        backup.recover_from_archive(f"{command} -D {archive_dir} --partial %f %p")
         assert backup.sql("SELECT count(*), sum(balance) FROM accounts") == expected
         label = (backup.datadir / "backup_label.old").read_text()
         first = label.split("(file ")[1][:24]  # START WAL LOCATION: X/X (file NAME)

@@ -3,7 +3,6 @@ hot standby feedback on a slot, and failover across a two-host connection string
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -169,19 +168,8 @@ def test_pitr_from_archive_replays_through_the_timeline_switch(
     archive_dir.chmod(0o755)
     for path in archive_dir.iterdir():
         path.chmod(0o644)
-    backup._mkdirs()
-    backup.configure({"restore_command": f"'{restore} %f %p'",
-                      "recovery_target_timeline": "'latest'", "hot_standby": "on"})
-    (backup.datadir / "recovery.signal").touch()
-    if IS_ROOT:
-        shutil.chown(backup.datadir / "recovery.signal", "postgres", "postgres")
     try:
-        backup.start()
-    except subprocess.CalledProcessError:
-        pytest.fail("restored server did not start:\n" + backup.logfile.read_text()[-3000:])
-    try:
-        wait_for(lambda: backup.sql("SELECT pg_is_in_recovery()") == "f", timeout=120,
-                 what="recovery to finish")
+        backup.recover_from_archive(f"{restore} %f %p")
         assert backup.sql("SELECT count(*), sum(balance) FROM accounts") == expected
         assert backup.timeline() == 3
     finally:

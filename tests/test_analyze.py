@@ -9,14 +9,12 @@ Parquet tables must agree with ``verify`` on the same directories.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pgserver import make_shared_dir
-from walarchive import SEGMENT_SIZE, build_single_archive
+from walarchive import SEGMENT_SIZE, archive_key, two_server_archives
 
 from receivewal.analyze import (
     AnalyzeResult,
@@ -41,21 +39,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, str]]:
     """Two archives from two servers; the second lacks one segment (its name is returned)."""
-    base = make_shared_dir("receivewal-analyze-")
-    root = tmp_path_factory.mktemp("archives")
-    try:
-        build_single_archive(base, "alpha", root / "alpha")
-        names = build_single_archive(base, "beta", root / "beta", rows=9000)
-        removed = names[len(names) // 2]
-        (root / "beta" / removed).unlink()
-        yield root / "alpha", root / "beta", removed
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with two_server_archives(tmp_path_factory.mktemp("archives"), "receivewal-analyze-") as built:
+        yield built
 
 
-def key(archive: Path) -> str:
-    """How the analyze run names an archive: alpha by its path, beta by its file:// URI."""
-    return archive.as_uri() if archive.name == "beta" else str(archive)
+key = archive_key
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ its Parquet tables must agree with ``verify`` on the same directories.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,8 +22,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pyspark
 import pytest
-from pgserver import free_port, make_shared_dir
-from walarchive import SEGMENT_SIZE, build_single_archive
+from pgserver import free_port
+from walarchive import SEGMENT_SIZE, archive_key, two_server_archives
 
 from receivewal.analyze import LOG4J2
 from receivewal.verify import rmgr_totals, verify_archive
@@ -93,21 +92,12 @@ def wait_listening(url: str, log: Path) -> None:
 @pytest.fixture(scope="module")
 def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, str]]:
     """Two archives from two servers; the second lacks one segment (its name is returned)."""
-    base = make_shared_dir("receivewal-analyze-connect-")
     root = tmp_path_factory.mktemp("archives")
-    try:
-        build_single_archive(base, "alpha", root / "alpha")
-        names = build_single_archive(base, "beta", root / "beta", rows=9000)
-        removed = names[len(names) // 2]
-        (root / "beta" / removed).unlink()
-        yield root / "alpha", root / "beta", removed
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with two_server_archives(root, "receivewal-analyze-connect-") as built:
+        yield built
 
 
-def key(archive: Path) -> str:
-    """How the run names an archive: alpha by its path, beta by its file:// URI."""
-    return archive.as_uri() if archive.name == "beta" else str(archive)
+key = archive_key
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,17 @@ them, a zstd frame).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import lz4.frame
 import zstandard
-from pgserver import PgServer
+from pgserver import PgServer, make_shared_dir
 
 SEGMENT_SIZE = 1 << 20
 INITDB_ARGS = ("--wal-segsize=1",)
@@ -141,6 +143,26 @@ def build_single_archive(base: Path, name: str, out: Path, rows: int = 6000) -> 
         return names
     finally:
         server.stop("immediate")
+
+
+@contextlib.contextmanager
+def two_server_archives(root: Path, prefix: str) -> Iterator[tuple[Path, Path, str]]:
+    """Two archives from two servers under ``root``; the second lacks one segment (its name is
+    the third value). The servers' scratch directory is removed afterwards."""
+    base = make_shared_dir(prefix)
+    try:
+        build_single_archive(base, "alpha", root / "alpha")
+        names = build_single_archive(base, "beta", root / "beta", rows=9000)
+        removed = names[len(names) // 2]
+        (root / "beta" / removed).unlink()
+        yield root / "alpha", root / "beta", removed
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def archive_key(archive: Path) -> str:
+    """How analyze runs over two_server_archives name them: alpha by path, beta by file:// URI."""
+    return archive.as_uri() if archive.name == "beta" else str(archive)
 
 
 def compressed_copy(src: Path, dst: Path) -> dict[str, str]:

@@ -5,7 +5,6 @@ Nothing here touches a file; :mod:`receivewal.archive` carries the plans out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import ProtocolError
@@ -46,17 +45,12 @@ def check_continuity(expected_lsn: int, received_lsn: int) -> None:
         )
 
 
-def newest_segment(files: Iterable[SegmentFile]) -> SegmentFile | None:
-    """The segment pg_receivewal would resume from.
+def resume_order(segment: SegmentFile) -> tuple[int, int, bool]:
+    """Sort key that puts the segment pg_receivewal resumes from last.
 
     Highest segment number wins; on a tie the higher timeline; on a tie again a complete file
     beats a ``.partial``.
     """
-    return max(files, key=resume_order, default=None)
-
-
-def resume_order(segment: SegmentFile) -> tuple[int, int, bool]:
-    """Sort key that puts the segment to resume from last: number, timeline, complete."""
     return segment.segno, segment.timeline, not segment.partial
 
 

@@ -41,7 +41,7 @@ from receivewal.atrest import (
     parse_compress_option,
 )
 from receivewal.errors import ConfigurationError
-from receivewal.segments import newest_segment
+from receivewal.segments import resume_order
 from receivewal.walnames import SegmentFile
 
 PG_RECEIVEWAL = "/usr/lib/postgresql/15/bin/pg_receivewal"
@@ -176,7 +176,7 @@ def test_scan_recognises_every_compressed_form_and_checks_complete_files(tmp_pat
     newest, rejected = archive.resume_point(SEGMENT)
     assert newest == SegmentFile(9, 1, "gzip", partial=True)  # a .partial is restreamed
     assert rejected == []
-    assert newest_segment(archive.segment_names(SEGMENT)) == newest
+    assert max(archive.segment_names(SEGMENT), key=resume_order) == newest
 
 
 # -- against real servers ----------------------------------------------------------------------

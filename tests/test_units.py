@@ -22,7 +22,7 @@ from receivewal.messages import (
     build_xlogdata,
     parse_copy_data,
 )
-from receivewal.segments import check_continuity, choose_start, newest_segment, plan_writes
+from receivewal.segments import check_continuity, choose_start, plan_writes, resume_order
 from receivewal.session import parse_size
 from receivewal.settings import Settings
 from receivewal.supervisor import backoff_delay
@@ -118,13 +118,12 @@ def test_continuity_names_both_lsns() -> None:
     check_continuity(0x3000000, 0x3000000)
 
 
-def test_newest_segment_tie_breaks() -> None:
+def test_resume_order_tie_breaks() -> None:
     """Highest segment, then highest timeline, then complete over partial."""
     files = [SegmentFile(5, 1), SegmentFile(5, 1, partial=True), SegmentFile(4, 3)]
-    assert newest_segment(files) == SegmentFile(5, 1)
+    assert max(files, key=resume_order) == SegmentFile(5, 1)
     files.append(SegmentFile(5, 2, partial=True))
-    assert newest_segment(files) == SegmentFile(5, 2, partial=True)
-    assert newest_segment([]) is None
+    assert max(files, key=resume_order) == SegmentFile(5, 2, partial=True)
 
 
 def test_start_choice_follows_pg_receivewal() -> None:

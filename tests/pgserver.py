@@ -228,17 +228,21 @@ class PgServer:
         self.sql("INSERT INTO switch_marker VALUES (now())")
         return self.sql("SELECT pg_switch_wal()")
 
+    def base_backup(self, name: str, *args: str) -> PgServer:
+        """A pg_basebackup of this server as a new, stopped PgServer (extra pg_basebackup
+        arguments in ``args``; WAL is fetched with ``-X none`` unless they say otherwise)."""
+        copy = PgServer(self.base, name)
+        copy._mkdirs()
+        wal = [] if "-X" in args else ["-X", "none"]
+        self._run([pg_bin("pg_basebackup"), "-D", str(copy.datadir), "-h", "127.0.0.1",
+                   "-p", str(self.port), "-U", "postgres", "--no-sync", "-c", "fast",
+                   *wal, *args])
+        return copy
+
     def make_standby(self, name: str, slot: str | None = None,
                      conf: dict[str, str] | None = None) -> PgServer:
         """A streaming standby of this server, made with pg_basebackup, started."""
-        standby = PgServer(self.base, name)
-        standby._mkdirs()
-        argv = [pg_bin("pg_basebackup"), "-D", str(standby.datadir), "-h", "127.0.0.1",
-                "-p", str(self.port), "-U", "postgres", "-R", "-X", "stream", "--no-sync",
-                "-c", "fast"]
-        if slot:
-            argv += ["-S", slot]
-        self._run(argv)
+        standby = self.base_backup(name, "-R", "-X", "stream", *(["-S", slot] if slot else []))
         standby.configure(conf or {})
         standby.start()
         return standby

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from atresthelpers import SEGMENT, complete_files, decoded, partial_files
-from pgserver import IS_ROOT, PgServer, pg_bin
+from pgserver import PgServer
 from streamhelpers import lsn_to_int, start_receivewal, wait_for
 
 from receivewal.atrest import CompressSpec, new_compressor
@@ -148,13 +148,8 @@ def test_base_backup_recovers_to_the_last_received_byte_through_restore(
         return started
 
     proc = stream("gzip")
-    backup = PgServer(server_base, "restored")
     try:
-        subprocess.run(
-            (["runuser", "-u", "postgres", "--"] if IS_ROOT else []) +
-            [pg_bin("pg_basebackup"), "-D", str(backup.datadir), "-h", "127.0.0.1",
-             "-p", str(pg.port), "-U", "postgres", "-X", "none", "-c", "fast", "--no-sync"],
-            check=True, capture_output=True)
+        backup = pg.base_backup("restored")
         pg.sql("CREATE TABLE accounts (id int PRIMARY KEY, balance numeric)")
         for method, first in (("lz4", 1), ("zstd", 20001)):
             pg.sql(f"INSERT INTO accounts SELECT g, g * 1.5 FROM generate_series({first}, "
@@ -191,9 +186,9 @@ def test_base_backup_recovers_to_the_last_received_byte_through_restore(
         backup.recover_from_archive(f"{command} -D {archive_dir} --partial %f %p")
         assert backup.sql("SELECT count(*), sum(balance) FROM accounts") == expected
         label = (backup.datadir / "backup_label.old").read_text()
-        first = label.split("(file ")[1][:24]  # START WAL LOCATION: X/X (file NAME)
+        first_wal = label.split("(file ")[1][:24]  # START WAL LOCATION: X/X (file NAME)
         server_log = backup.logfile.read_text()
-        needed = [n for n in [*names, partial] if n[:24] >= first]
+        needed = [n for n in [*names, partial] if n[:24] >= first_wal]
         assert len(needed) >= 3
         for name in needed:
             assert f'restored log file "{name[:24]}" from archive' in server_log, name

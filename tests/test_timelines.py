@@ -3,12 +3,11 @@ hot standby feedback on a slot, and failover across a two-host connection string
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from pgserver import IS_ROOT, PgServer, pg_bin
+from pgserver import PgServer
 from streamhelpers import (
     PARTIAL,
     complete_segments,
@@ -139,12 +138,7 @@ def test_pitr_from_archive_replays_through_the_timeline_switch(
     try:
         wait_for(lambda: any(n.endswith(PARTIAL) for n in wal_files(archive_dir)),
                  what="streaming to start")
-        backup = PgServer(server_base, "restored")
-        subprocess.run(
-            (["runuser", "-u", "postgres", "--"] if IS_ROOT else []) +
-            [pg_bin("pg_basebackup"), "-D", str(backup.datadir), "-h", "127.0.0.1",
-             "-p", str(pg.port), "-U", "postgres", "-X", "none", "-c", "fast", "--no-sync"],
-            check=True, capture_output=True)
+        backup = pg.base_backup("restored")
         pg.sql("CREATE TABLE accounts (id int PRIMARY KEY, balance numeric)")
         pg.sql("INSERT INTO accounts SELECT g, g * 1.5 FROM generate_series(1, 50000) g")
         pg.generate_wal(1)

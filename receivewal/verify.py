@@ -28,7 +28,7 @@ from .lsn import check_segment_size, format_lsn, parse_lsn
 from .rmgr import rmgr_name
 from .walfile import Opener, read_wal_file
 from .walnames import SegmentFile, parse_history_file_name, parse_segment_file_name
-from .walreader import SIZE_OF_LONG_PHD, SegmentScan, SegmentScanner, WalProblem
+from .walreader import SIZE_OF_LONG_PHD, RmgrTotals, SegmentScan, SegmentScanner, WalProblem
 
 DEFAULT_SEGMENT_SIZE = 16 << 20
 
@@ -178,30 +178,29 @@ def run_scans(tasks: list[ScanTask], base: str, segment_size: int, *, jobs: int 
 
 
 # -- output ------------------------------------------------------------------------------------
-def rmgr_totals(scans: Iterable[SegmentScan]) -> dict[str, tuple[int, int, int]]:
-    """Records, record bytes and FPI bytes per resource manager name, over ``scans``."""
+def _sum_stats(per_scan: Iterable[Mapping[int, RmgrTotals]]
+               ) -> dict[int, tuple[int, int, int]]:
+    """Add up (records, record bytes, FPI bytes) per key over many scans' stat maps."""
     totals: dict[int, list[int]] = {}
-    for scan in scans:
-        for rmid, t in scan.rmgr.items():
-            acc = totals.setdefault(rmid, [0, 0, 0])
+    for stats in per_scan:
+        for key, t in stats.items():
+            acc = totals.setdefault(key, [0, 0, 0])
             acc[0] += t.records
             acc[1] += t.record_bytes
             acc[2] += t.fpi_bytes
-    return {rmgr_name(rmid): (a[0], a[1], a[2]) for rmid, a in sorted(totals.items())}
+    return {key: (a[0], a[1], a[2]) for key, a in sorted(totals.items())}
+
+
+def rmgr_totals(scans: Iterable[SegmentScan]) -> dict[str, tuple[int, int, int]]:
+    """Records, record bytes and FPI bytes per resource manager name, over ``scans``."""
+    return {rmgr_name(rmid): t for rmid, t in _sum_stats(s.rmgr for s in scans).items()}
 
 
 def record_type_totals(scans: Iterable[SegmentScan]
                        ) -> dict[tuple[str, int], tuple[int, int, int]]:
     """Like :func:`rmgr_totals` per (resource manager, record type), as --stats=record."""
-    totals: dict[int, list[int]] = {}
-    for scan in scans:
-        for key, t in scan.record_types.items():
-            acc = totals.setdefault(key, [0, 0, 0])
-            acc[0] += t.records
-            acc[1] += t.record_bytes
-            acc[2] += t.fpi_bytes
-    return {(rmgr_name(key >> 4), key & 0xF): (a[0], a[1], a[2])
-            for key, a in sorted(totals.items())}
+    return {(rmgr_name(key >> 4), key & 0xF): t
+            for key, t in _sum_stats(s.record_types for s in scans).items()}
 
 
 def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, Any]:

@@ -26,9 +26,14 @@ def configure_logging(verbose: int = 0, json: bool | None = None) -> None:
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
+
+
+def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
+    """A logger on whatever ``sys.stderr`` is now (not the one at configuration time)."""
+    return structlog.PrintLogger(sys.stderr)
 
 
 def get_logger(**context: Any) -> Any:

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from pgserver import PgServer, free_port, pg_bin, running_server
 from psycopg import pq
 
-from receivewal.lsn import format_lsn, parse_lsn
-from receivewal.messages import XLogData, parse_copy_data
-from receivewal.streampack import StreampackDecoder
+from receivewal.replication.messages import XLogData, parse_copy_data
+from receivewal.replication.streampack import StreampackDecoder
+from receivewal.wal.lsn import format_lsn, parse_lsn
 
 MB = 1_000_000
 

@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from pgserver import PgServer, make_shared_dir, pg_bin
 
-from receivewal.verify import rmgr_totals, verify_archive
-from receivewal.walnames import parse_segment_file_name
-from receivewal.walreader import SegmentScanner
+from receivewal.check.verify import rmgr_totals, verify_archive
+from receivewal.wal.names import parse_segment_file_name
+from receivewal.wal.reader import SegmentScanner
 
 REPEATS = 3
 
@@ -108,7 +108,7 @@ def time_verify(archive: Path, jobs: int, compressibility: bool = False) -> floa
 
 def time_spark(archive: Path) -> tuple[float, float, float]:
     """Session start-up, first and second job wall seconds on local[*]."""
-    from receivewal.analyze import make_session, run_analyze  # noqa: PLC0415 - optional extra
+    from receivewal.check.analyze import make_session, run_analyze  # noqa: PLC0415 - optional extra
 
     with tempfile.TemporaryDirectory() as tmp:
         began = time.perf_counter()

@@ -1,15 +1,16 @@
 """receivewal: a crash-safe physical WAL archiver for PostgreSQL that speaks pg_streampack.
 
-The package reads in the order the data flows:
+The subpackages follow the path of a WAL byte, top to bottom; a layer imports only the layers
+below it:
 
-    connection   (psycopg.pq: the only module that touches libpq)
-    messages     (pure codecs for CopyData: XLogData, keepalives, status updates)
-    streampack   (pure decoder for pg_streampack-compressed XLogData)
-    segments     (pure planning: where received bytes go in which segment file)
-    archive      (the only module that writes, fsyncs and renames files)
-    session      (one replication connection: identify, start position, COPY loop)
-    supervisor   (signals, reconnects, exit codes)
-    cli          (click: builds a Settings object and hands it over)
+    commands/     click: parse options, build settings, hand over
+    daemon/       supervisor (signals, reconnects, exit codes) and session (the COPY loop)
+    replication/  libpq connection, CopyData codecs, pg_streampack codec
+    archive/      segment files on disk: layout, writers, compression at rest, durability
+    wal/          LSNs, file names, timelines, the WAL page and record reader
+
+Beside that path: ``check/`` reads archives back (verify, analyze) and ``relay/`` compresses a
+plain server's stream for receivers over a slow link.
 """
 
 __version__ = "0.1.0"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pgserver import PgServer
 
-from receivewal.atrest import decompress_chunks
-from receivewal.walnames import parse_segment_file_name
+from receivewal.archive.compression import decompress_chunks
+from receivewal.wal.names import parse_segment_file_name
 
 SEGMENT = 16 << 20
 SUFFIX = {"gzip": ".gz", "lz4": ".lz4", "zstd": ".zst"}

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from walarchive import SEGMENT_SIZE, archive_key, two_server_archives
 
-from receivewal.analyze import (
+from receivewal.check.analyze import (
     AnalyzeResult,
     make_session,
     run_analyze,
     scan_from_json,
     scan_to_json,
 )
-from receivewal.verify import rmgr_totals, verify_archive
+from receivewal.check.verify import rmgr_totals, verify_archive
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
 

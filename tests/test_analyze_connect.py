@@ -25,8 +25,8 @@ import pytest
 from pgserver import free_port
 from walarchive import SEGMENT_SIZE, archive_key, two_server_archives
 
-from receivewal.analyze import LOG4J2
-from receivewal.verify import rmgr_totals, verify_archive
+from receivewal.check.analyze import LOG4J2
+from receivewal.check.verify import rmgr_totals, verify_archive
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
 

@@ -31,8 +31,7 @@ from hypothesis import strategies as st
 from pgserver import PgServer
 from streamhelpers import lsn_to_int, receivewal, start_receivewal, wait_for
 
-from receivewal.archive import Archive
-from receivewal.atrest import (
+from receivewal.archive.compression import (
     CompressSpec,
     CorruptFile,
     decompress_chunks,
@@ -40,9 +39,10 @@ from receivewal.atrest import (
     new_compressor,
     parse_compress_option,
 )
+from receivewal.archive.directory import Archive
+from receivewal.archive.layout import resume_order
 from receivewal.errors import ConfigurationError
-from receivewal.segments import resume_order
-from receivewal.walnames import SegmentFile
+from receivewal.wal.names import SegmentFile
 
 PG_RECEIVEWAL = "/usr/lib/postgresql/15/bin/pg_receivewal"
 METHODS = ["gzip", "lz4", "zstd"]

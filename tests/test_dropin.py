@@ -16,8 +16,8 @@ from dropinhelpers import PG_RECEIVEWAL, install_dropin
 from pgserver import PgServer
 from streamhelpers import wait_for
 
-from receivewal.dropin import parse_args
-from receivewal.stream import build_settings
+from receivewal.commands.pg_receivewal import parse_args
+from receivewal.commands.stream import build_settings
 
 
 @pytest.fixture

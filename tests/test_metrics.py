@@ -10,10 +10,10 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from receivewal.daemon.metrics import Address, format_address, parse_address
+from receivewal.daemon.monitor import Monitor
 from receivewal.errors import ConfigurationError
-from receivewal.lsn import parse_lsn
-from receivewal.metrics import Address, format_address, parse_address
-from receivewal.monitor import Monitor
+from receivewal.wal.lsn import parse_lsn
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from receivewal.lsn import parse_lsn
-from receivewal.monitor import Monitor, redact
-from receivewal.notify import Notifier, format_message, socket_address, watchdog_interval
-from receivewal.state import read_state
+from receivewal.daemon.monitor import Monitor, redact
+from receivewal.daemon.notify import Notifier, format_message, socket_address, watchdog_interval
+from receivewal.daemon.state import read_state
+from receivewal.wal.lsn import parse_lsn
 
 
 class NotifySocket:

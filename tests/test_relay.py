@@ -38,8 +38,13 @@ from streamhelpers import (
 )
 
 from receivewal.errors import ConfigurationError
-from receivewal.lsn import format_lsn, parse_lsn
-from receivewal.messages import (
+from receivewal.relay.server import (
+    BackendStream,
+    build_startup_packet,
+    decide_startup,
+    parse_address,
+)
+from receivewal.replication.messages import (
     KEEPALIVE,
     PrimaryKeepalive,
     XLogData,
@@ -48,14 +53,9 @@ from receivewal.messages import (
     parse_copy_data,
     postgres_time,
 )
-from receivewal.relay import (
-    BackendStream,
-    build_startup_packet,
-    decide_startup,
-    parse_address,
-)
-from receivewal.streampack import StreampackDecoder, StreampackEncoder, is_compressed
-from receivewal.walnames import wal_file_name
+from receivewal.replication.streampack import StreampackDecoder, StreampackEncoder, is_compressed
+from receivewal.wal.lsn import format_lsn, parse_lsn
+from receivewal.wal.names import wal_file_name
 
 SEG = 16 * 1024 * 1024
 TIMEOUT = 120.0

@@ -14,7 +14,7 @@ from atresthelpers import SEGMENT, complete_files, decoded, partial_files
 from pgserver import PgServer
 from streamhelpers import lsn_to_int, start_receivewal, wait_for
 
-from receivewal.atrest import CompressSpec, new_compressor
+from receivewal.archive.compression import CompressSpec, new_compressor
 
 NAME = "000000010000000000000003"
 

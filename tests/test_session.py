@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-import receivewal.archive
-from receivewal.archive import Archive
-from receivewal.connection import COPY_DONE, ExecStatus, Result
+import receivewal.archive.directory
+from receivewal.archive.directory import Archive
+from receivewal.archive.layout import StartPoint
+from receivewal.daemon.monitor import Monitor
+from receivewal.daemon.session import ServerInfo, Session
+from receivewal.daemon.settings import Settings
 from receivewal.errors import ProtocolError, StreampackError
 from receivewal.logs import get_logger
-from receivewal.messages import build_xlogdata
-from receivewal.monitor import Monitor
-from receivewal.segments import StartPoint
-from receivewal.session import ServerInfo, Session
-from receivewal.settings import Settings
+from receivewal.replication.connection import COPY_DONE, ExecStatus, Result
+from receivewal.replication.messages import build_xlogdata
 
 SEG = 1 << 20
 START = 3 * SEG
@@ -115,7 +115,7 @@ def test_flush_is_reported_only_after_fsync(tmp_path: Path,
         if session_ref and session_ref[0].writer is not None:
             fsynced.append(session_ref[0].writer.position)
 
-    monkeypatch.setattr(receivewal.archive.os, "fsync", recording_fsync)
+    monkeypatch.setattr(receivewal.archive.directory.os, "fsync", recording_fsync)
     script = [build_xlogdata(START, 0, 0, b"a" * 1000), keepalive(reply=False),
               build_xlogdata(START + 1000, 0, 0, b"b" * 3000), keepalive(reply=True),
               build_xlogdata(START + 4000, 0, 0, b"c" * 500)]

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from receivewal.cli import cli
-from receivewal.errors import ArchiveError
-from receivewal.lsn import parse_lsn
-from receivewal.monitor import Monitor
-from receivewal.state import (
+from receivewal.commands.cli import cli
+from receivewal.commands.status import CRITICAL, OK, evaluate
+from receivewal.daemon.monitor import Monitor
+from receivewal.daemon.state import (
     LastError,
     State,
     decode_state,
@@ -27,7 +26,8 @@ from receivewal.state import (
     state_path,
     write_state,
 )
-from receivewal.status import CRITICAL, OK, evaluate
+from receivewal.errors import ArchiveError
+from receivewal.wal.lsn import parse_lsn
 
 NOW = 1_700_000_000.0
 

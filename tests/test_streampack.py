@@ -16,9 +16,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from receivewal.errors import ConfigurationError, StreampackError
-from receivewal.lsn import format_lsn, parse_lsn
-from receivewal.messages import KEEPALIVE, XLogData, build_xlogdata, parse_copy_data
-from receivewal.streampack import (
+from receivewal.replication.messages import KEEPALIVE, XLogData, build_xlogdata, parse_copy_data
+from receivewal.replication.streampack import (
     LZ4_DICT_SIZE,
     StreampackDecoder,
     StreampackEncoder,
@@ -29,7 +28,8 @@ from receivewal.streampack import (
     take_streampack_option,
     with_streampack_option,
 )
-from receivewal.walnames import wal_file_name
+from receivewal.wal.lsn import format_lsn, parse_lsn
+from receivewal.wal.names import wal_file_name
 
 VECTORS = Path(__file__).parent / "data" / "streampack-vectors"
 VECTOR_NAMES = sorted(p.name for p in VECTORS.iterdir() if p.is_dir())

@@ -10,11 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from receivewal.connection import build_conninfo, redacted
+from receivewal.archive.layout import check_continuity, choose_start, plan_writes, resume_order
+from receivewal.daemon.session import parse_size
+from receivewal.daemon.settings import Settings
+from receivewal.daemon.supervisor import backoff_delay
 from receivewal.errors import ArchiveError, ConfigurationError, ProtocolError, ServerError
 from receivewal.logs import configure_logging, get_logger
-from receivewal.lsn import check_segment_size, format_lsn, parse_lsn
-from receivewal.messages import (
+from receivewal.replication.connection import build_conninfo, redacted
+from receivewal.replication.messages import (
     PrimaryKeepalive,
     XLogData,
     build_hot_standby_feedback,
@@ -22,18 +25,15 @@ from receivewal.messages import (
     build_xlogdata,
     parse_copy_data,
 )
-from receivewal.segments import check_continuity, choose_start, plan_writes, resume_order
-from receivewal.session import parse_size
-from receivewal.settings import Settings
-from receivewal.supervisor import backoff_delay
-from receivewal.timeline import check_follows, parse_history, timeline_of
-from receivewal.walnames import (
+from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn
+from receivewal.wal.names import (
     SegmentFile,
     history_file_name,
     parse_history_file_name,
     parse_segment_file_name,
     wal_file_name,
 )
+from receivewal.wal.timeline import check_follows, parse_history, timeline_of
 
 SEG = 16 << 20
 

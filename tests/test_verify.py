@@ -27,10 +27,10 @@ from walarchive import (
 )
 from waldump import by_rmgr, parse_record_lsns, parse_stats, waldump_output
 
-from receivewal.cli import cli, main
-from receivewal.verify import record_type_totals, rmgr_totals, verify_archive
-from receivewal.walnames import parse_segment_file_name
-from receivewal.walreader import WalProblem
+from receivewal.check.verify import record_type_totals, rmgr_totals, verify_archive
+from receivewal.commands.cli import cli, main
+from receivewal.wal.names import parse_segment_file_name
+from receivewal.wal.reader import WalProblem
 
 pytestmark = pytest.mark.server
 

@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from waldump import by_rmgr, parse_stats
 
-from receivewal.rmgr import RMGR_NAMES, rmgr_id, rmgr_id_is_valid, rmgr_name
-from receivewal.verify import record_type_totals, rmgr_totals
-from receivewal.walfile import read_wal_file
-from receivewal.walnames import parse_segment_file_name
-from receivewal.walreader import SegmentScan, SegmentScanner, fpi_bytes_of
+from receivewal.archive.files import read_wal_file
+from receivewal.check.verify import record_type_totals, rmgr_totals
+from receivewal.wal.names import parse_segment_file_name
+from receivewal.wal.reader import SegmentScan, SegmentScanner, fpi_bytes_of
+from receivewal.wal.rmgr import RMGR_NAMES, rmgr_id, rmgr_id_is_valid, rmgr_name
 
 DATA = Path(__file__).parent / "data" / "wal"
 SEG = 1 << 20

@@ -1,0 +1,86 @@
+"""Where received WAL goes on disk (pure): splitting at segment boundaries, choosing the start.
+
+Nothing here touches a file; :mod:`receivewal.archive` carries the plans out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from receivewal.errors import ProtocolError
+from receivewal.wal.lsn import format_lsn, round_down_to_segment, segment_start
+from receivewal.wal.names import SegmentFile
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentWrite:
+    """Write ``length`` bytes taken at ``data_offset`` of a payload to ``segno`` at ``offset``."""
+
+    segno: int
+    offset: int
+    data_offset: int
+    length: int
+
+
+def plan_writes(start_lsn: int, length: int, segment_size: int) -> list[SegmentWrite]:
+    """Split ``length`` bytes of WAL starting at ``start_lsn`` into per-segment writes."""
+    plans: list[SegmentWrite] = []
+    done = 0
+    while done < length:
+        lsn = start_lsn + done
+        offset = lsn % segment_size
+        piece = min(length - done, segment_size - offset)
+        plans.append(SegmentWrite(lsn // segment_size, offset, done, piece))
+        done += piece
+    return plans
+
+
+def check_continuity(expected_lsn: int, received_lsn: int) -> None:
+    """Raise ProtocolError when WAL does not continue exactly where the archive stands."""
+    if received_lsn != expected_lsn:
+        kind = "gap" if received_lsn > expected_lsn else "overlap"
+        raise ProtocolError(
+            f"WAL {kind}: received data at {format_lsn(received_lsn)} but the archive "
+            f"continues at {format_lsn(expected_lsn)}"
+        )
+
+
+def resume_order(segment: SegmentFile) -> tuple[int, int, bool]:
+    """Sort key that puts the segment pg_receivewal resumes from last.
+
+    Highest segment number wins; on a tie the higher timeline; on a tie again a complete file
+    beats a ``.partial``.
+    """
+    return segment.segno, segment.timeline, not segment.partial
+
+
+@dataclass(frozen=True, slots=True)
+class StartPoint:
+    """Where streaming starts, and why."""
+
+    lsn: int
+    timeline: int
+    source: str  # "archive", "slot" or "server"
+
+
+def choose_start(
+    newest: SegmentFile | None,
+    slot_restart: tuple[int, int] | None,
+    server: tuple[int, int],
+    segment_size: int,
+) -> StartPoint:
+    """Decide the start position as pg_receivewal 15 does.
+
+    The newest archived segment (restream it when it is ``.partial``, else start after it),
+    else the slot's restart_lsn and timeline, else the server's flush position and timeline;
+    always rounded down to the start of a segment. ``slot_restart`` and ``server`` are
+    ``(lsn, timeline)`` pairs.
+    """
+    if newest is not None:
+        segno = newest.segno if newest.partial else newest.segno + 1
+        return StartPoint(segment_start(segno, segment_size), newest.timeline, "archive")
+    if slot_restart is not None:
+        lsn, timeline = slot_restart
+        return StartPoint(round_down_to_segment(lsn, segment_size), timeline, "slot")
+    lsn, timeline = server
+    return StartPoint(round_down_to_segment(lsn, segment_size), timeline, "server")

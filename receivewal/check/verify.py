@@ -1,0 +1,318 @@
+"""``receivewal verify DIR``: scan every segment of one archive in a process pool and report.
+
+The IO edge of the archive checks: list the directory, read and decompress files, run
+:class:`~receivewal.walreader.SegmentScanner` on each segment (finishing a record that runs
+into the next segment from that segment's first pages) and hand the scans to
+:func:`~receivewal.archivecheck.check_archive`. Exit code 0 only when the archive is
+recoverable end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import lz4.frame
+import zstandard
+
+from receivewal.archive.files import Opener, read_wal_file
+from receivewal.check.crosscheck import (
+    ArchiveReport,
+    ScanTask,
+    check_archive,
+    choose_files,
+    plan_scans,
+)
+from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn
+from receivewal.wal.names import SegmentFile, parse_history_file_name, parse_segment_file_name
+from receivewal.wal.reader import (
+    SIZE_OF_LONG_PHD,
+    RmgrTotals,
+    SegmentScan,
+    SegmentScanner,
+    WalProblem,
+)
+from receivewal.wal.rmgr import rmgr_name
+
+DEFAULT_SEGMENT_SIZE = 16 << 20
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """One scanned file: the scan (None when unreadable), sizes and time spent."""
+
+    task: ScanTask
+    scan: SegmentScan | None
+    file_bytes: int
+    zstd_bytes: int | None = None
+    lz4_bytes: int | None = None
+    seconds: float = 0.0
+    problems: tuple[WalProblem, ...] = field(default_factory=tuple)
+
+
+def compressed_sizes(data: bytes) -> tuple[int, int]:
+    """Bytes after zstd level 1 and after LZ4 (frame, default level): what streampack saves."""
+    return (len(zstandard.ZstdCompressor(level=1).compress(data)),
+            len(lz4.frame.compress(data)))
+
+
+def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: bool = False,
+              collect_lsns: bool = False, open_binary: Opener | None = None,
+              file_bytes: int | None = None) -> FileResult:
+    """Read, decompress and scan one segment file; finish its last record from followers."""
+    began = time.perf_counter()
+    seg = task.segment
+    join = _join(base)
+    try:
+        data = read_wal_file(join(task.file), seg.compression, open_binary=open_binary)
+    except ArchiveError as exc:
+        problem = WalProblem("unreadable", task.file, seg.start_lsn(segment_size), str(exc))
+        return FileResult(task, None, file_bytes or 0, problems=(problem,))
+    scanner = SegmentScanner(data, task.file, start_lsn=seg.start_lsn(segment_size),
+                             segment_size=segment_size, timeline=seg.timeline, segno=seg.segno,
+                             partial=seg.partial, collect_lsns=collect_lsns)
+    scanner.scan()
+    for name, compression in task.followers:
+        need = scanner.next_bytes_needed()
+        if not need:
+            break
+        try:
+            head = read_wal_file(join(name), compression, need, open_binary)
+        except ArchiveError:
+            break
+        scanner.continue_record(head, name)
+    scan = scanner.result()
+    zstd_bytes = lz4_bytes = None
+    if compressibility:
+        zstd_bytes, lz4_bytes = compressed_sizes(data)
+    if file_bytes is None:
+        file_bytes = os.stat(join(task.file)).st_size
+    return FileResult(task, scan, file_bytes, zstd_bytes, lz4_bytes,
+                      time.perf_counter() - began)
+
+
+def _join(base: str) -> Any:
+    return lambda name: base.rstrip("/") + "/" + name
+
+
+def segment_size_of(path: str, compression: str, open_binary: Opener | None = None) -> int:
+    """The segment size recorded in a segment's long page header."""
+    head = read_wal_file(path, compression, SIZE_OF_LONG_PHD, open_binary)
+    if len(head) < SIZE_OF_LONG_PHD:
+        raise ArchiveError(f"{path} is too short to hold a WAL page header")
+    size = int.from_bytes(head[32:36], "little")
+    try:
+        return check_segment_size(size)
+    except ConfigurationError as exc:
+        raise ArchiveError(f"{path}: {exc}") from exc
+
+
+def classify(names: Iterable[str], segment_size: int
+             ) -> tuple[list[tuple[str, SegmentFile]], list[str]]:
+    """Segment files (parsed) and history file names among ``names``."""
+    segments, histories = [], []
+    for name in names:
+        seg = parse_segment_file_name(name, segment_size)
+        if seg is not None:
+            segments.append((name, seg))
+        elif parse_history_file_name(name) is not None:
+            histories.append(name)
+    return segments, histories
+
+
+def detect_segment_size(base: str, names: Iterable[str],
+                        open_binary: Opener | None = None) -> int:
+    """The segment size in the long header of the first readable segment-named file."""
+    last: ArchiveError | None = None
+    for name in names:
+        if parse_segment_file_name(name, DEFAULT_SEGMENT_SIZE) is None:
+            continue
+        try:
+            return segment_size_of(base.rstrip("/") + "/" + name, guess_compression(name),
+                                   open_binary)
+        except ArchiveError as exc:
+            last = exc
+    if last is not None:
+        raise last
+    return DEFAULT_SEGMENT_SIZE
+
+
+def guess_compression(name: str) -> str:
+    """The compression a segment-like file name says, before the segment size is known."""
+    for suffix, method in ((".gz", "gzip"), (".lz4", "lz4"), (".zst", "zstd")):
+        if suffix in name:
+            return method
+    return ""
+
+
+def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int | None = None,
+                   segment_size: int | None = None, compressibility: bool = False,
+                   collect_lsns: bool = False) -> tuple[ArchiveReport, list[FileResult]]:
+    """Scan and cross-check one archive directory."""
+    if not directory.is_dir():
+        raise ArchiveError(f"{directory} is not a directory")
+    names = sorted(p.name for p in directory.iterdir() if p.is_file())
+    if segment_size is None:
+        segment_size = detect_segment_size(str(directory), names)
+    segments, history_names = classify(names, segment_size)
+    chosen, problems = choose_files(segments)
+    tasks = plan_scans(chosen)
+    results = run_scans(tasks, str(directory), segment_size, jobs=jobs,
+                        compressibility=compressibility, collect_lsns=collect_lsns)
+    histories = histories_of(directory, history_names)
+    for r in results:
+        problems.extend(r.problems)
+    report = check_archive(segment_size, [r.scan for r in results if r.scan is not None],
+                           histories, start_lsn=start_lsn, extra_problems=problems)
+    return report, results
+
+
+def run_scans(tasks: list[ScanTask], base: str, segment_size: int, *, jobs: int | None,
+              compressibility: bool, collect_lsns: bool = False) -> list[FileResult]:
+    """Scan every task; in a process pool unless ``jobs`` is 1."""
+    jobs = jobs or os.cpu_count() or 1
+    if jobs == 1 or len(tasks) < 2:
+        return [scan_file(t, base, segment_size, compressibility=compressibility,
+                          collect_lsns=collect_lsns) for t in tasks]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        futures = [pool.submit(scan_file, t, base, segment_size,
+                               compressibility=compressibility, collect_lsns=collect_lsns)
+                   for t in tasks]
+        return [f.result() for f in futures]
+
+
+# -- output ------------------------------------------------------------------------------------
+def _sum_stats(per_scan: Iterable[Mapping[int, RmgrTotals]]
+               ) -> dict[int, tuple[int, int, int]]:
+    """Add up (records, record bytes, FPI bytes) per key over many scans' stat maps."""
+    totals: dict[int, list[int]] = {}
+    for stats in per_scan:
+        for key, t in stats.items():
+            acc = totals.setdefault(key, [0, 0, 0])
+            acc[0] += t.records
+            acc[1] += t.record_bytes
+            acc[2] += t.fpi_bytes
+    return {key: (a[0], a[1], a[2]) for key, a in sorted(totals.items())}
+
+
+def rmgr_totals(scans: Iterable[SegmentScan]) -> dict[str, tuple[int, int, int]]:
+    """Records, record bytes and FPI bytes per resource manager name, over ``scans``."""
+    return {rmgr_name(rmid): t for rmid, t in _sum_stats(s.rmgr for s in scans).items()}
+
+
+def record_type_totals(scans: Iterable[SegmentScan]
+                       ) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """Like :func:`rmgr_totals` per (resource manager, record type), as --stats=record."""
+    return {(rmgr_name(key >> 4), key & 0xF): t
+            for key, t in _sum_stats(s.record_types for s in scans).items()}
+
+
+def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, Any]:
+    """The report as JSON-ready data (LSNs printed as PostgreSQL prints them)."""
+    rec = report.recovery
+    by_file = {r.task.file: r for r in results}
+    return {
+        "recoverable": report.recoverable,
+        "segment_size": report.segment_size,
+        "system_identifier": report.system_identifier,
+        "recovery": None if rec is None else {
+            "timeline": rec.timeline, "start_lsn": format_lsn(rec.start_lsn),
+            "end_lsn": format_lsn(rec.end_lsn), "archive_end_lsn": format_lsn(rec.archive_end_lsn),
+            "complete": rec.complete, "stop_reason": rec.stop_reason},
+        "segments": [{
+            "file": s.file, "timeline": s.timeline, "segno": s.segno,
+            "start_lsn": format_lsn(s.start_lsn), "partial": s.partial,
+            "records": s.records, "record_bytes": s.record_bytes, "fpi_bytes": s.fpi_bytes,
+            "valid_end": format_lsn(s.valid_end), "switched": s.switched,
+            "file_bytes": by_file[s.file].file_bytes if s.file in by_file else None,
+            "zstd_bytes": by_file[s.file].zstd_bytes if s.file in by_file else None,
+            "lz4_bytes": by_file[s.file].lz4_bytes if s.file in by_file else None,
+        } for s in report.scans],
+        "rmgr": {name: {"records": c, "record_bytes": r, "fpi_bytes": f}
+                 for name, (c, r, f) in rmgr_totals(report.scans).items()},
+        "problems": [{"kind": p.kind, "file": p.file, "lsn": format_lsn(p.lsn),
+                      "detail": p.detail, "severity": p.severity} for p in report.problems],
+    }
+
+
+def report_lines(report: ArchiveReport, directory: str, results: list[FileResult]) -> list[str]:
+    """The report for people."""
+    scans = report.scans
+    timelines = sorted({s.timeline for s in scans})
+    total = sum(s.data_bytes for s in scans)
+    lines = [f"archive {directory}: {len(scans)} segments of {report.segment_size >> 20} MiB "
+             f"on timeline(s) {', '.join(map(str, timelines)) or '-'}, system identifier "
+             f"{report.system_identifier}"]
+    for tli in timelines:
+        own = [s for s in scans if s.timeline == tli]
+        lines.append(f"  timeline {tli}: {own[0].file} .. {own[-1].file} ({len(own)} files)")
+    totals = rmgr_totals(scans)
+    records = sum(c for c, _, _ in totals.values())
+    lines.append(f"records: {records} in {total / 1e6:.1f} MB of WAL")
+    lines.append(f"  {'rmgr':<18} {'records':>10} {'record bytes':>14} {'FPI bytes':>14}")
+    lines += [f"  {name:<18} {c:>10} {r:>14} {f:>14}" for name, (c, r, f) in totals.items()]
+    zst = [r.zstd_bytes for r in results if r.zstd_bytes is not None]
+    lz = [r.lz4_bytes for r in results if r.lz4_bytes is not None]
+    if zst and lz:
+        raw = sum(r.scan.data_bytes for r in results if r.scan and r.zstd_bytes is not None)
+        lines.append(f"compressibility: zstd-1 {sum(zst) / raw:.1%}, lz4 {sum(lz) / raw:.1%} "
+                     "of the raw size")
+    rec = report.recovery
+    if rec is None:
+        lines.append("recovery: impossible, the archive holds no segment file")
+    else:
+        end = "the end of the archive" if rec.complete else rec.stop_reason
+        lines.append(f"recovery on timeline {rec.timeline} from {format_lsn(rec.start_lsn)} "
+                     f"reaches {format_lsn(rec.end_lsn)} ({end})")
+    errors = [p for p in report.problems if p.severity == "error"]
+    lines.append(f"problems: {len(errors)} error(s), "
+                 f"{len(report.problems) - len(errors)} warning(s)")
+    lines += ["  " + p.describe() for p in report.problems]
+    lines.append("verdict: recoverable end to end" if report.recoverable
+                 else "verdict: NOT recoverable end to end")
+    return lines
+
+
+@click.command("verify")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Worker processes (default: one per CPU).")
+@click.option("--start", "start", default=None, metavar="LSN",
+              help="Check the WAL range recovery reaches from this LSN (default: the first "
+                   "segment's start).")
+@click.option("--compressibility", is_flag=True,
+              help="Also measure each segment's size after zstd level 1 and lz4.")
+def verify_command(directory: Path, as_json: bool, jobs: int | None, start: str | None,
+                   compressibility: bool) -> None:
+    """Check every page, record and CRC of a WAL archive; exit 0 only if it is recoverable."""
+    try:
+        start_lsn = parse_lsn(start) if start else None
+        report, results = verify_archive(directory, jobs=jobs, start_lsn=start_lsn,
+                                         compressibility=compressibility)
+    except (ArchiveError, ConfigurationError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(report_json(report, results), indent=2))
+    else:
+        click.echo("\n".join(report_lines(report, str(directory), results)))
+    if not report.recoverable:
+        raise click.exceptions.Exit(1)
+
+
+def histories_of(directory: Path, names: Iterable[str]) -> Mapping[int, str]:
+    """The text of each history file among ``names``."""
+    out = {}
+    for name in names:
+        tli = parse_history_file_name(name)
+        if tli is not None:
+            out[tli] = (directory / name).read_text(errors="replace")
+    return out

@@ -1,0 +1,332 @@
+"""``pg_receivewal-streampack``: pg_receivewal 15's command line in front of receivewal.
+
+Installed (or symlinked) as ``pg_receivewal`` in a directory of its own, it stands in for the
+real program: the same options parsed the way getopt_long parses them, the same checks in the
+same order with the same messages and exit codes, the same verbose lines
+(``starting log streaming at X/X (timeline N)``, ``finished segment at ...``), the same files.
+Underneath it builds the Settings that ``receivewal stream`` builds and runs the same
+Supervisor, requesting pg_streampack compression by default.
+
+``--version`` says ``pg_receivewal (PostgreSQL) 15.18 (receivewal X with pg_streampack)``: tools
+such as Barman drop the parenthesised parts and read the second word as the version of the
+pg_receivewal they run, and this is pg_receivewal 15's behaviour (tested against 15.18).
+"""
+
+from __future__ import annotations
+
+import getopt
+import os
+import re
+import sys
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import structlog
+
+from receivewal import __version__
+from receivewal.archive.compression import parse_compress_option
+from receivewal.commands.stream import build_settings
+from receivewal.daemon.supervisor import Supervisor, prompt_password
+from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.wal.lsn import format_lsn
+
+PROGNAME = "pg_receivewal"
+PG_VERSION = "15.18"  # the pg_receivewal whose behaviour this reproduces
+VERSION_LINE = f"{PROGNAME} (PostgreSQL) {PG_VERSION} (receivewal {__version__} with pg_streampack)"
+RECONNECT_SLEEP_TIME = 5  # seconds, as pg_receivewal
+INT_MAX = 2**31 - 1
+
+SHORT_OPTIONS = "D:d:E:h:p:U:s:S:nwWvZ:"
+LONG_OPTIONS = [  # in pg_receivewal's order, which glibc follows when it lists possibilities
+    "help", "version", "directory=", "dbname=", "endpos=", "host=", "port=", "username=", "no-loop",
+    "no-password", "password", "status-interval=", "slot=", "verbose", "compress=",
+    "create-slot", "drop-slot", "if-not-exists", "synchronous", "no-sync",
+]
+
+HELP = f"""\
+{PROGNAME} receives PostgreSQL streaming write-ahead logs.
+
+Usage:
+  {PROGNAME} [OPTION]...
+
+Options:
+  -D, --directory=DIR    receive write-ahead log files into this directory
+  -E, --endpos=LSN       exit after receiving the specified LSN
+      --if-not-exists    do not error if slot already exists when creating a slot
+  -n, --no-loop          do not loop on connection lost
+      --no-sync          do not wait for changes to be written safely to disk
+  -s, --status-interval=SECS
+                         time between status packets sent to server (default: 10)
+  -S, --slot=SLOTNAME    replication slot to use
+      --synchronous      flush write-ahead log immediately after writing
+  -v, --verbose          output verbose messages
+  -V, --version          output version information, then exit
+  -Z, --compress=METHOD[:DETAIL]
+                         compress as specified (gzip, lz4, zstd or none)
+  -?, --help             show this help, then exit
+
+Connection options:
+  -d, --dbname=CONNSTR   connection string
+  -h, --host=HOSTNAME    database server host or socket directory
+  -p, --port=PORT        database server port number
+  -U, --username=NAME    connect as specified database user
+  -w, --no-password      never prompt for password
+  -W, --password         force password prompt (should happen automatically)
+
+Optional actions:
+      --create-slot      create a new replication slot (for the slot's name see --slot)
+      --drop-slot        drop the replication slot (for the slot's name see --slot)
+
+This is receivewal {__version__}: WAL arrives pg_streampack-compressed when the server offers it
+(RECEIVEWAL_COMPRESSION=none turns that off). See "receivewal stream --help" for more options.
+"""
+
+
+class UsageError(Exception):
+    """A command line pg_receivewal refuses; ``hint`` adds the "Try --help" line."""
+
+    def __init__(self, message: str, *, hint: bool = True) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``pg_receivewal-streampack`` console script."""
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("--help", "-?"):
+        sys.stdout.write(HELP)
+        return 0
+    if args and args[0] in ("--version", "-V"):
+        sys.stdout.write(VERSION_LINE + "\n")
+        return 0
+    try:
+        opts = parse_args(args)
+    except getopt.GetoptError as exc:
+        sys.stderr.write(f"{sys.argv[0]}: {getopt_message(exc)}\n")
+        _hint()
+        return 1
+    except UsageError as exc:
+        if str(exc):
+            _error(str(exc))
+        if exc.hint:
+            _hint()
+        return 1
+    configure_messages(int(opts["verbose"]))  # type: ignore[call-overload]
+    os.environ.setdefault("PGAPPNAME", PROGNAME)  # libpq's fallback_application_name, in effect
+    try:
+        settings = build_settings(opts)
+    except ReceivewalError as exc:
+        _error(str(exc).removeprefix("invalid connection string: "))  # libpq's words only
+        return 1
+    prompt = None if opts["no_password"] else prompt_password
+    return Supervisor(settings, prompt=prompt).run()
+
+
+def parse_args(args: list[str]) -> dict[str, object]:
+    """pg_receivewal's options as ``receivewal stream``'s option dictionary.
+
+    Raises getopt.GetoptError for what getopt_long refuses and UsageError (with PostgreSQL's
+    message) for what pg_receivewal's checks refuse, in pg_receivewal's order.
+    """
+    parsed, rest = getopt.gnu_getopt(args, SHORT_OPTIONS, LONG_OPTIONS)
+    opts: dict[str, Any] = {
+        "directory": None, "dbname": None, "host": None, "port": None, "username": None,
+        "no_password": False, "force_password": False, "slot": None, "create_slot": False,
+        "drop_slot": False, "if_not_exists": False, "reserve_wal": False,
+        "create_slot_if_missing": False, "status_interval": 10.0, "synchronous": False,
+        "no_sync": False, "endpos": None, "no_loop": False, "verbose": 0, "compress": "none",
+        "compression": os.environ.get("RECEIVEWAL_COMPRESSION", "zstd,lz4"),
+        "hot_standby_feedback": True, "receive_timeout": 60.0,
+        "reconnect_delay": float(RECONNECT_SLEEP_TIME),
+        "reconnect_delay_max": float(RECONNECT_SLEEP_TIME), "metrics_address": None,
+    }
+    for flag, value in parsed:
+        name = _LONG_NAMES.get(flag, flag.lstrip("-").replace("-", "_"))
+        if name in ("help", "version"):  # getopt_long knows them; only argv[1] acts on them
+            raise UsageError("")
+        if name in _VALUED:
+            opts[name] = value
+        elif name == "status_interval":
+            opts[name] = float(parse_int(value, "-s/--status-interval", 0, INT_MAX // 1000))
+        elif name == "endpos":
+            endpos = parse_endpos(value)
+            opts[name] = format_lsn(endpos) if endpos else None  # 0/0: no end position
+        elif name == "verbose":
+            opts[name] += 1
+        elif name == "no_password":
+            opts["no_password"], opts["force_password"] = True, False
+        elif name == "force_password":
+            opts["no_password"], opts["force_password"] = False, True
+        else:
+            opts[name] = True
+    check_args(opts, rest)
+    opts["directory"] = Path(opts["directory"]) if opts["directory"] is not None else None
+    return opts
+
+
+def check_args(opts: dict[str, Any], rest: list[str]) -> None:
+    """pg_receivewal's checks after getopt, in its order (UsageError with its messages)."""
+    if rest:
+        raise UsageError(f'too many command-line arguments (first is "{rest[0]}")')
+    if opts["drop_slot"] and opts["create_slot"]:
+        raise UsageError("cannot use --create-slot together with --drop-slot")
+    if opts["slot"] is None and (opts["drop_slot"] or opts["create_slot"]):
+        which = "--drop-slot" if opts["drop_slot"] else "--create-slot"
+        raise UsageError(f"{which} needs a slot to be specified using --slot")
+    if opts["synchronous"] and opts["no_sync"]:
+        raise UsageError("cannot use --synchronous together with --no-sync")
+    if opts["directory"] is None and not (opts["drop_slot"] or opts["create_slot"]):
+        raise UsageError("no target directory specified")
+    try:
+        parse_compress_option(opts["compress"])
+    except ConfigurationError as exc:
+        raise UsageError(str(exc), hint=False) from exc
+    if not (opts["drop_slot"] or opts["create_slot"]):
+        try:
+            os.listdir(opts["directory"])
+        except OSError as exc:
+            raise UsageError(f'could not open directory "{opts["directory"]}": '
+                             f"{exc.strerror}", hint=False) from exc
+
+
+_LONG_NAMES = {
+    "-D": "directory", "-d": "dbname", "-E": "endpos", "-h": "host", "-p": "port",
+    "-U": "username", "-s": "status_interval", "-S": "slot", "-n": "no_loop",
+    "-w": "no_password", "-W": "force_password", "-v": "verbose", "-Z": "compress",
+    "--password": "force_password",
+}
+_VALUED = {"directory", "dbname", "host", "port", "username", "slot", "compress"}
+_C_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]*)[ \t\n\v\f\r]*")
+_HEX = r"[ \t\n\v\f\r]*[+-]?(?:0[xX])?([0-9A-Fa-f]+)"
+_ENDPOS = re.compile(_HEX + "/" + _HEX)
+
+
+def parse_int(text: str, name: str, low: int, high: int) -> int:
+    """option_parse_int(): an int with optional surrounding white space, in range."""
+    match = _C_INT.fullmatch(text)
+    if match is None:
+        raise UsageError(f'invalid value "{text}" for option {name}', hint=False)
+    digits = match.group(1)
+    value = int(digits) if digits.strip("+-") else 0
+    if digits and not digits.strip("+-"):
+        raise UsageError(f'invalid value "{text}" for option {name}', hint=False)
+    if not low <= value <= high:
+        raise UsageError(f"{name} must be in range {low}..{high}", hint=False)
+    return value
+
+
+def parse_endpos(text: str) -> int:
+    """sscanf("%X/%X"): two hexadecimal numbers; anything may follow."""
+    match = _ENDPOS.match(text)
+    if match is None:
+        raise UsageError(f'could not parse end position "{text}"', hint=False)
+    return (int(match.group(1), 16) & 0xFFFFFFFF) << 32 | (int(match.group(2), 16) & 0xFFFFFFFF)
+
+
+def getopt_message(exc: getopt.GetoptError) -> str:
+    """glibc getopt_long's wording for what Python's getopt refused."""
+    opt, msg = exc.opt, exc.msg
+    if not msg.startswith("option --"):
+        if "requires argument" in msg:
+            return f"option requires an argument -- '{opt}'"
+        return f"invalid option -- '{opt}'"
+    if "not a unique prefix" in msg:
+        candidates = " ".join(f"'--{o.rstrip('=')}'" for o in LONG_OPTIONS if o.startswith(opt))
+        return f"option '--{opt}' is ambiguous; possibilities: {candidates}"
+    if "must not have an argument" in msg:
+        full = next(o for o in LONG_OPTIONS if o.startswith(opt))
+        return f"option '--{full}' doesn't allow an argument"
+    if "requires argument" in msg:
+        full = next(o for o in LONG_OPTIONS if o.startswith(opt)).rstrip("=")
+        return f"option '--{full}' requires an argument"
+    return f"unrecognized option '--{opt}'"
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"{PROGNAME}: error: {message}\n")
+
+
+def _hint() -> None:
+    sys.stderr.write(f'{PROGNAME}: hint: Try "{PROGNAME} --help" for more information.\n')
+
+
+# -- pg_receivewal's messages from the daemon's events ------------------------------------------
+def configure_messages(verbose: int) -> None:
+    """Print the daemon's events as pg_receivewal prints its messages, on stderr."""
+    structlog.configure(
+        processors=[PgReceivewalMessages(verbose)],
+        wrapper_class=structlog.make_filtering_bound_logger(0),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+class PgReceivewalMessages:
+    """A structlog renderer: one event in, one pg_receivewal line out (or nothing).
+
+    Without ``-v`` only errors, warnings and the reconnect notice are printed, as pg_receivewal
+    does; with ``-v`` its progress lines too; with ``-vv`` every other event as key=value.
+    """
+
+    def __init__(self, verbose: int) -> None:
+        self.verbose = verbose
+
+    def __call__(self, logger: object, method: str, event: MutableMapping[str, Any]) -> str:
+        line = self.message(method, dict(event))
+        if line is None:
+            raise structlog.DropEvent
+        return f"{PROGNAME}: {line}"
+
+    def message(self, level: str, ev: dict[str, Any]) -> str | None:  # noqa: PLR0911
+        name = ev.pop("event")
+        verbose = self.verbose > 0
+        if name in ("failed", "gap_detected", "disk_full", "disconnected"):
+            return f"error: {ev.get('error')}"
+        if name == "reconnecting":
+            delay = round(float(ev.get("delay", RECONNECT_SLEEP_TIME)))
+            return f"disconnected; waiting {delay} seconds to try again"
+        if name == "segment_file_skipped":
+            file_name, _, reason = str(ev.get("reason")).partition(": ")
+            return f'warning: segment file "{file_name}" {reason}, skipping'
+        if name == "streaming_started":
+            return f"starting log streaming at {ev['start_lsn']} (timeline {ev['timeline']})" \
+                if verbose else None
+        if name == "segment_completed":
+            return f"finished segment at {_segment_end(str(ev['lsn']))} (timeline " \
+                f"{ev['timeline']})" if verbose else None
+        if name == "timeline_switched":
+            return f"switched to timeline {ev['timeline']} at {ev['start_lsn']}" \
+                if verbose else None
+        if name == "endpos_reached":
+            return f"stopped log streaming at {ev['lsn']} (timeline {ev['timeline']})" \
+                if verbose else None
+        if name == "stop_requested":
+            return "received interrupt signal, exiting" if verbose else None
+        if name in ("creating_replication_slot", "dropping_replication_slot"):
+            what = name.split("_")[0]
+            return f'{what} replication slot "{ev["slot"]}"' if verbose else None
+        if name in ("stopped", "replication_slot_exists"):
+            return None
+        if level in ("warning", "error", "critical"):
+            return f"{level}: {name}: " + " ".join(f"{k}={v}" for k, v in ev.items())
+        if self.verbose > 1:
+            return f"{name}: " + " ".join(f"{k}={v}" for k, v in ev.items())
+        return None
+
+
+def _segment_end(lsn_text: str) -> str:
+    """The segment boundary a completing write crossed (writes are far smaller than 1 MB,
+    the smallest segment size, so the boundary is the LSN rounded down to 1 MB)."""
+    hi, lo = (int(part, 16) for part in lsn_text.split("/"))
+    lsn = hi << 32 | lo
+    return format_lsn(lsn - lsn % (1 << 20))
+
+
+def run() -> NoReturn:
+    """``python -m receivewal.dropin``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,136 @@
+"""``receivewal stream``: the pg_receivewal-compatible command line of the daemon.
+
+Every option can also come from a ``RECEIVEWAL_*`` environment variable (named after the long
+option, e.g. ``RECEIVEWAL_DIRECTORY``, ``RECEIVEWAL_SLOT``), so that a systemd unit needs no long
+argv and no secret ever appears in one.
+"""
+
+from __future__ import annotations
+
+import getpass
+from pathlib import Path
+
+import click
+
+from receivewal.archive.compression import parse_compress_option
+from receivewal.daemon.metrics import parse_address
+from receivewal.daemon.settings import Settings
+from receivewal.daemon.supervisor import Supervisor, prompt_password
+from receivewal.errors import ReceivewalError
+from receivewal.logs import configure_logging
+from receivewal.replication.connection import build_conninfo, conninfo_options
+from receivewal.replication.streampack import parse_compression_list, with_streampack_option
+from receivewal.wal.lsn import parse_lsn
+
+
+def _env(name: str) -> str:
+    return f"RECEIVEWAL_{name}"
+
+
+@click.command("stream")
+@click.option("-D", "--directory", type=click.Path(path_type=Path, file_okay=True),
+              envvar=_env("DIRECTORY"), help="Receive WAL files into this directory.")
+@click.option("-d", "--dbname", envvar=_env("DBNAME"), help="Connection string or URI.")
+@click.option("-h", "--host", envvar=_env("HOST"), help="Database server host or socket dir.")
+@click.option("-p", "--port", envvar=_env("PORT"), help="Database server port.")
+@click.option("-U", "--username", envvar=_env("USERNAME"), help="Connect as this user.")
+@click.option("-w", "--no-password", is_flag=True, envvar=_env("NO_PASSWORD"),
+              help="Never prompt for a password.")
+@click.option("-W", "--password", "force_password", is_flag=True,
+              help="Prompt for a password before connecting.")
+@click.option("-S", "--slot", envvar=_env("SLOT"), help="Replication slot to use.")
+@click.option("--create-slot", is_flag=True, help="Create the slot and exit.")
+@click.option("--drop-slot", is_flag=True, help="Drop the slot and exit.")
+@click.option("--if-not-exists", is_flag=True,
+              help="With --create-slot: no error when the slot exists.")
+@click.option("--reserve-wal", is_flag=True, envvar=_env("RESERVE_WAL"),
+              help="Slots created here reserve WAL at once (restart_lsn is set).")
+@click.option("--create-slot-if-missing", is_flag=True, envvar=_env("CREATE_SLOT_IF_MISSING"),
+              help="Create the slot (reserving WAL) when the server lacks it.")
+@click.option("-s", "--status-interval", type=click.FloatRange(min=0), default=10.0,
+              show_default=True, envvar=_env("STATUS_INTERVAL"),
+              help="Seconds between status packets to the server (0: only when asked).")
+@click.option("--synchronous", is_flag=True, envvar=_env("SYNCHRONOUS"),
+              help="Flush WAL to disk and report it after every batch received.")
+@click.option("--no-sync", is_flag=True, envvar=_env("NO_SYNC"),
+              help="Do not fsync (testing only: a crash can lose or corrupt WAL).")
+@click.option("-E", "--endpos", envvar=_env("ENDPOS"), help="Exit 0 once WAL up to this LSN "
+              "is received.")
+@click.option("-n", "--no-loop", is_flag=True, envvar=_env("NO_LOOP"),
+              help="Exit 1 on connection loss instead of reconnecting.")
+@click.option("-v", "--verbose", count=True, help="More log output (debug events).")
+@click.option("-Z", "--compress", default="none", show_default=True, envvar=_env("COMPRESS"),
+              help="Compress segment files at rest: METHOD[:LEVEL] with METHOD gzip (.gz), "
+              "lz4 (.lz4), zstd (.zst) or none; a bare number is a gzip level, as in "
+              "pg_receivewal.")
+@click.option("--compression", default="zstd,lz4", show_default=True,
+              envvar=_env("COMPRESSION"),
+              help="pg_streampack algorithms to request, in order of preference, or none.")
+@click.option("--hot-standby-feedback/--no-hot-standby-feedback", default=True,
+              show_default=True, envvar=_env("HOT_STANDBY_FEEDBACK"),
+              help="Send hot standby feedback that holds nothing back (clears a slot's xmin).")
+@click.option("--receive-timeout", type=click.FloatRange(min=0), default=60.0,
+              show_default=True, envvar=_env("RECEIVE_TIMEOUT"),
+              help="Drop the connection after this many seconds of silence (0: never).")
+@click.option("--reconnect-delay", type=click.FloatRange(min=0), default=5.0,
+              show_default=True, envvar=_env("RECONNECT_DELAY"),
+              help="First pause before reconnecting; doubles up to --reconnect-delay-max.")
+@click.option("--reconnect-delay-max", type=click.FloatRange(min=0), default=60.0,
+              show_default=True, envvar=_env("RECONNECT_DELAY_MAX"))
+@click.option("--metrics-address", envvar=_env("METRICS_ADDRESS"),
+              help="Serve Prometheus metrics on HOST:PORT.")
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
+              envvar=_env("LOG_FORMAT"), help="auto: JSON unless stderr is a terminal.")
+def stream_command(**opts: object) -> int:
+    """Stream WAL from a server into DIRECTORY, as pg_receivewal does."""
+    log_format = opts["log_format"]
+    configure_logging(int(opts["verbose"]),  # type: ignore[call-overload]
+                      json=None if log_format == "auto" else log_format == "json")
+    try:
+        settings = build_settings(opts)
+    except ReceivewalError as exc:
+        raise click.UsageError(str(exc)) from exc
+    prompt = None if opts["no_password"] else prompt_password
+    return Supervisor(settings, prompt=prompt).run()
+
+
+def build_settings(opts: dict[str, object]) -> Settings:
+    """Turn parsed options into validated Settings (raises ConfigurationError)."""
+    compression = parse_compression_list(str(opts["compression"]))
+    at_rest = parse_compress_option(str(opts["compress"]))
+    password = None
+    if opts["force_password"] and not opts["no_password"]:
+        password = getpass.getpass("Password: ")
+    base = build_conninfo(opts["dbname"], host=opts["host"], port=opts["port"],  # type: ignore[arg-type]
+                          user=opts["username"], password=password)  # type: ignore[arg-type]
+    options = with_streampack_option(conninfo_options(base), compression)
+    conninfo = build_conninfo(base, options=options) if options else base
+    endpos = parse_lsn(str(opts["endpos"])) if opts["endpos"] else None
+    if opts["metrics_address"]:
+        parse_address(str(opts["metrics_address"]))  # a bad address fails before connecting
+    settings = Settings(
+        directory=opts["directory"],  # type: ignore[arg-type]
+        conninfo=conninfo,
+        slot=opts["slot"],  # type: ignore[arg-type]
+        create_slot=bool(opts["create_slot"]),
+        drop_slot=bool(opts["drop_slot"]),
+        if_not_exists=bool(opts["if_not_exists"]),
+        reserve_wal=bool(opts["reserve_wal"]),
+        create_slot_if_missing=bool(opts["create_slot_if_missing"]),
+        status_interval=float(opts["status_interval"]),  # type: ignore[arg-type]
+        synchronous=bool(opts["synchronous"]),
+        sync=not opts["no_sync"],
+        endpos=endpos,
+        no_loop=bool(opts["no_loop"]),
+        verbose=int(opts["verbose"]),  # type: ignore[call-overload]
+        compression=compression,
+        at_rest=at_rest,
+        hot_standby_feedback=bool(opts["hot_standby_feedback"]),
+        receive_timeout=float(opts["receive_timeout"]),  # type: ignore[arg-type]
+        reconnect_delay=float(opts["reconnect_delay"]),  # type: ignore[arg-type]
+        reconnect_delay_max=float(opts["reconnect_delay_max"]),  # type: ignore[arg-type]
+        metrics_address=opts["metrics_address"],  # type: ignore[arg-type]
+    )
+    return settings.validate()
+
+

@@ -1,0 +1,3 @@
+"""The streaming daemon: one session's COPY loop, the supervisor that reconnects and stops,
+settings, and what it tells the outside (state file, metrics, systemd notifications).
+"""

@@ -1,0 +1,320 @@
+"""The one interface the streaming session reports to: :class:`Monitor`.
+
+The session calls a handful of cheap methods (``received``, ``flushed``, ``segment_completed``
+...); the monitor fans them out to the three side channels:
+
+- systemd, through sd_notify (:mod:`receivewal.notify`): READY=1 once streaming has started,
+  STATUS lines, WATCHDOG=1 pings, STOPPING=1;
+- Prometheus metrics (:mod:`receivewal.metrics`) when a metrics address is given;
+- the state file ``.receivewal-state.json`` (:mod:`receivewal.state`) that ``receivewal status``
+  reads, rewritten from :meth:`Monitor.tick` at most every ``state_interval`` seconds and at
+  once on the events that change what status should say (connected, streaming, timeline switch,
+  error, disconnect, stop).
+
+No method raises because a side channel failed: the failure is logged (``notify_failed``,
+``state_write_failed``) and streaming goes on. Only the constructor raises, with
+ConfigurationError, when the metrics address cannot be parsed or bound. The monitor logs nothing
+about streaming itself; those events are the session's to log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+
+from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
+from receivewal.daemon.notify import Notifier, watchdog_interval
+from receivewal.daemon.state import LastError, State, write_state
+from receivewal.logs import get_logger
+from receivewal.wal.lsn import format_lsn
+
+log = get_logger(component="monitor")
+
+_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_URI_PASSWORD_RE = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with passwords in connection strings and URIs replaced by ``****``."""
+    return _URI_PASSWORD_RE.sub(r"\1****@", _PASSWORD_RE.sub(r"\1****", text))
+
+
+class Monitor:
+    """Receives the session's progress reports and keeps systemd, metrics and state in step.
+
+    ``directory`` is the archive directory that gets the state file (None: no state file).
+    ``metrics_address`` is ``HOST:PORT`` to serve Prometheus metrics on (None: not served).
+    ``file_mode`` is the state file's mode. ``clock`` gives the time in seconds (the same clock
+    the caller passes to :meth:`tick`). ``environ`` is where NOTIFY_SOCKET, WATCHDOG_USEC and
+    WATCHDOG_PID are read from (default: the process environment; ``{}`` turns systemd off).
+    Use :meth:`null` for a monitor with no side channel at all.
+    """
+
+    def __init__(
+        self,
+        directory: Path | None,
+        metrics_address: str | None = None,
+        file_mode: int = 0o600,
+        clock: Callable[[], float] = time.time,
+        *,
+        environ: Mapping[str, str] | None = None,
+        state_interval: float = 5.0,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        self.directory = directory
+        self.file_mode = file_mode
+        self.state_interval = state_interval
+        self._clock = clock
+        now = clock()
+        self._state = State(pid=os.getpid(), hostname=socket.gethostname(), started_at=now,
+                            updated_at=now)
+        # Values that change per message are kept apart and merged in snapshot().
+        self._received: int | None = None
+        self._written: int | None = None
+        self._flushed: int | None = None
+        self._server_wal_end: int | None = None
+        self._last_contact: float | None = None
+        self._wire_bytes = 0
+        self._wal_bytes = 0
+
+        self._notifier = Notifier.from_environment(env)
+        self._watchdog = watchdog_interval(env, os.getpid())
+        self._last_ping: float | None = None
+        self._ready_sent = False
+        self._last_status: str | None = None
+        self._last_write: float | None = None
+        self._write_failure: str | None = None
+
+        self.metrics = Metrics(clock)
+        self.metrics_address: Address | None = None
+        if metrics_address is not None:
+            self.metrics_address = self.metrics.serve(parse_address(metrics_address))
+            log.info("metrics_serving", address=format_address(self.metrics_address))
+
+    @classmethod
+    def null(cls, clock: Callable[[], float] = time.time) -> Monitor:
+        """A monitor with no side channel: no sd_notify, no metrics endpoint, no state file.
+
+        It still keeps the state, so tests can look at :meth:`snapshot` and ``metrics``.
+        """
+        return cls(None, None, clock=clock, environ={})
+
+    # -- what the session reports ------------------------------------------------------------
+
+    def connected(
+        self, server: str, system_identifier: str, timeline: int, slot: str | None
+    ) -> None:
+        """Connected and identified the server (``server`` must not carry a password)."""
+        self._state = replace(
+            self._state, phase="connected", server=redact(server),
+            system_identifier=system_identifier, timeline=timeline, slot=slot,
+        )
+        self._last_contact = self._clock()
+        self.metrics.contact()
+        self.metrics.set_streaming(timeline, streaming=False)
+        if slot is not None:
+            self.metrics.set_slot(slot, self._state.slot_restart_lsn, active=False)
+        self._status(f"Connected to {self._state.server}, timeline {timeline}")
+        self._write_now()
+
+    def streaming_started(self, timeline: int, start_lsn: int) -> None:
+        """START_REPLICATION succeeded: WAL flows from ``start_lsn`` on ``timeline``."""
+        self._state = replace(self._state, phase="streaming", timeline=timeline)
+        if self._received is None or self._received < start_lsn:
+            self._received = start_lsn
+        self.metrics.set_streaming(timeline, streaming=True)
+        status = f"Streaming timeline {timeline} from {format_lsn(start_lsn)}"
+        if not self._ready_sent:
+            self._notifier.notify(READY="1", STATUS=status)
+            self._ready_sent = True
+            self._last_status = status
+        else:
+            self._status(status)
+        self._write_now()
+
+    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int) -> None:
+        """A batch of messages arrived: WAL up to ``end_lsn``; bytes on the wire and of WAL."""
+        if self._received is None or end_lsn > self._received:
+            self._received = end_lsn
+        self._wire_bytes += wire_bytes
+        self._wal_bytes += wal_bytes
+        self._last_contact = self._clock()
+        self.metrics.contact()
+        self.metrics.set_received(end_lsn, wire_bytes, wal_bytes)
+
+    def written(self, lsn: int) -> None:
+        """WAL up to ``lsn`` is written to the archive (not yet durable)."""
+        self._written = lsn
+        self.metrics.set_written(lsn)
+
+    def flushed(self, lsn: int) -> None:
+        """WAL up to ``lsn`` is fsynced in the archive."""
+        self._flushed = lsn
+        self.metrics.set_flushed(lsn)
+
+    def keepalive(self, server_wal_end: int) -> None:
+        """A primary keepalive arrived, saying the server's WAL ends at ``server_wal_end``."""
+        self._server_wal_end = server_wal_end
+        self._last_contact = self._clock()
+        self.metrics.contact()
+        self.metrics.set_server_wal_end(server_wal_end)
+
+    def segment_completed(self, name: str) -> None:
+        """Segment ``name`` is complete and durable under its final name."""
+        self._state = replace(
+            self._state, segments_completed=self._state.segments_completed + 1, last_segment=name
+        )
+        self.metrics.segments_completed.inc()
+
+    def timeline_switched(self, timeline: int) -> None:
+        """Streaming continues on ``timeline``."""
+        self._state = replace(self._state, timeline=timeline)
+        self.metrics.set_streaming(timeline, streaming=self._state.phase == "streaming")
+        self._status(self._streaming_status())
+        self._write_now()
+
+    def slot_state(self, slot: str | None, restart_lsn: int | None) -> None:
+        """The replication slot's restart_lsn as the server reports it (None: unknown)."""
+        self._state = replace(self._state, slot=slot, slot_restart_lsn=restart_lsn)
+        if slot is not None:
+            self.metrics.set_slot(slot, restart_lsn, active=self._state.phase == "streaming")
+
+    def compression(self, algorithm: str | None, wire_bytes: int, wal_bytes: int) -> None:
+        """The current stream's compression (None: none) and its totals so far (not increments).
+
+        The Prometheus byte counters come from :meth:`received`; these totals go to the state
+        file as the statistics of the current connection.
+        """
+        self._state = replace(
+            self._state,
+            compression=algorithm, stream_wire_bytes=wire_bytes, stream_wal_bytes=wal_bytes,
+        )
+        self.metrics.set_compression(algorithm)
+
+    def error(self, kind: str, message: str) -> None:
+        """An error of ``kind`` (exception class name, ``disk_full``, ``gap``...) happened."""
+        message = redact(message)
+        error = LastError(kind=kind, message=message, at=self._clock())
+        self._state = replace(self._state, last_error=error)
+        self.metrics.errors.labels(kind=kind).inc()
+        self._status(f"Error ({kind}): {message}")
+        self._write_now()
+
+    def disconnected(self, message: str) -> None:
+        """The connection is gone (``message`` says why)."""
+        self._state = replace(self._state, phase="disconnected")
+        self.metrics.set_streaming(None, streaming=False)
+        self._status(f"Disconnected: {redact(message)}")
+        self._write_now()
+
+    def reconnecting(self, delay: float) -> None:
+        """The supervisor will try to connect again in ``delay`` seconds."""
+        self._state = replace(
+            self._state, phase="reconnecting", reconnects=self._state.reconnects + 1
+        )
+        self.metrics.reconnects.inc()
+        error = self._state.last_error
+        reason = f" after {error.kind}: {error.message}" if error is not None else ""
+        self._status(f"Reconnecting in {delay:.1f}s{reason}")
+        self._write_now()
+
+    def stopping(self) -> None:
+        """Shutting down (SIGTERM, SIGINT or a fatal error)."""
+        self._state = replace(self._state, phase="stopping")
+        self.metrics.set_streaming(None, streaming=False)
+        self._notifier.notify(STOPPING="1", STATUS="Stopping")
+        self._last_status = "Stopping"
+        self._write_now()
+
+    def tick(self, now: float) -> None:
+        """Called by the main loop at least once a second (``now`` from the monitor's clock).
+
+        Pings the watchdog at half of WATCHDOG_USEC, refreshes the STATUS line while
+        streaming, and rewrites the state file every ``state_interval`` seconds.
+        """
+        if self._watchdog is not None and (
+            self._last_ping is None
+            or now - self._last_ping >= self._watchdog
+            or now < self._last_ping  # the clock went back: ping rather than wait
+        ):
+            self._notifier.notify(WATCHDOG="1")
+            self._last_ping = now
+        if self._state.phase == "streaming":
+            self._status(self._streaming_status())
+        if self.directory is not None and (
+            self._last_write is None
+            or now - self._last_write >= self.state_interval
+            or now < self._last_write
+        ):
+            self._write(now)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Record that the daemon stopped, stop the metrics endpoint, close the notify socket."""
+        if self._state.phase != "stopped":
+            self._state = replace(self._state, phase="stopped")
+            self._write_now()
+        self.metrics.close()
+        self._notifier.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def snapshot(self) -> State:
+        """The state as it would be written now."""
+        return replace(
+            self._state,
+            updated_at=self._clock(),
+            received_lsn=self._received,
+            written_lsn=self._written,
+            flushed_lsn=self._flushed,
+            server_wal_end=self._server_wal_end,
+            last_contact=self._last_contact,
+            wire_bytes=self._wire_bytes,
+            wal_bytes=self._wal_bytes,
+        )
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _streaming_status(self) -> str:
+        flushed = "nothing yet" if self._flushed is None else format_lsn(self._flushed)
+        return f"Streaming timeline {self._state.timeline}, flushed {flushed}"
+
+    def _status(self, status: str) -> None:
+        if status != self._last_status:
+            self._notifier.notify(STATUS=status)
+            self._last_status = status
+
+    def _write_now(self) -> None:
+        if self.directory is not None:
+            self._write(self._clock())
+
+    def _write(self, now: float) -> None:
+        assert self.directory is not None
+        self._last_write = now
+        try:
+            write_state(self.directory, self.snapshot(), self.file_mode)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if reason != self._write_failure:
+                log.warning("state_write_failed", directory=str(self.directory), error=reason)
+            self._write_failure = reason
+            return
+        if self._write_failure is not None:
+            log.info("state_write_recovered", directory=str(self.directory))
+            self._write_failure = None

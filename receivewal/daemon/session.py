@@ -1,0 +1,493 @@
+"""One replication connection: identify the server, choose the start, stream, follow timelines.
+
+The flow per connection is IDENTIFY_SYSTEM, SHOW wal_segment_size and data_directory_mode,
+READ_REPLICATION_SLOT, then for each timeline TIMELINE_HISTORY (when missing) and
+START_REPLICATION PHYSICAL followed by the COPY BOTH loop. When a timeline ends the server
+says which one comes next, and streaming goes on on the same connection.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from receivewal.archive.directory import (
+    Archive,
+    ArchiveIdentity,
+    SegmentWriter,
+    open_segment_writer,
+)
+from receivewal.archive.layout import StartPoint, choose_start
+from receivewal.daemon.settings import Settings
+from receivewal.errors import (
+    ArchiveError,
+    ConfigurationError,
+    ConnectionLost,
+    ProtocolError,
+    ServerError,
+    WalRemovedError,
+)
+from receivewal.replication.connection import COPY_DONE, ExecStatus, ReplicationConnection
+from receivewal.replication.messages import (
+    PrimaryKeepalive,
+    build_hot_standby_feedback,
+    build_standby_status_update,
+    parse_copy_data,
+    postgres_time,
+)
+from receivewal.replication.streampack import StreampackDecoder
+from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn, round_down_to_segment
+from receivewal.wal.names import history_file_name, parse_history_file_name, wal_file_name
+from receivewal.wal.timeline import check_follows, parse_history
+
+_UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+STOP_DRAIN_SECONDS = 10.0
+TICK_SECONDS = 0.25  # how often the monitor gets a pulse (watchdog, state file, STATUS)
+
+
+class StopRequest(Protocol):
+    """What the session needs of the supervisor's stop flag."""
+
+    @property
+    def requested(self) -> bool: ...
+
+    def fileno(self) -> int: ...
+
+    def drain(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What IDENTIFY_SYSTEM and a few SHOW commands told us about the server."""
+
+    system_identifier: str
+    timeline: int
+    xlogpos: int
+    segment_size: int
+    file_mode: int
+    version: int
+
+
+@dataclass(frozen=True)
+class TimelineEnd:
+    """The server finished a timeline; streaming continues on ``timeline`` at ``start``."""
+
+    timeline: int
+    start: int
+
+
+def parse_size(text: str) -> int:
+    """Parse a size as SHOW prints it ("16MB", "1GB") into bytes."""
+    number = text.rstrip("kMGTB")
+    unit = text[len(number):] or "B"
+    if not number.isdigit() or unit not in _UNITS:
+        raise ServerError(f"could not parse WAL segment size {text!r}")
+    return int(number) * _UNITS[unit]
+
+
+def identify_server(conn: ReplicationConnection) -> ServerInfo:
+    """IDENTIFY_SYSTEM plus the settings the archive depends on."""
+    rows = conn.query("IDENTIFY_SYSTEM")
+    if len(rows) != 1 or len(rows[0]) < 4:
+        raise ServerError(f"could not identify system: got {len(rows)} rows, expected 1 row "
+                          "with 4 or more fields")
+    sysid, tli, xlogpos, dbname = rows[0][:4]
+    if dbname is not None:
+        raise ServerError("replication connection is unexpectedly database specific "
+                          f'(database "{dbname}"): physical streaming needs replication=true')
+    if sysid is None or tli is None or xlogpos is None:
+        raise ServerError("could not identify system: IDENTIFY_SYSTEM returned NULLs")
+    segsize_text = conn.query("SHOW wal_segment_size")[0][0] or ""
+    try:
+        segment_size = check_segment_size(parse_size(segsize_text))
+    except ConfigurationError as exc:
+        raise ServerError(f"server reports an unusable WAL segment size: {exc}") from exc
+    mode_text = conn.query("SHOW data_directory_mode")[0][0] or "0700"
+    group_readable = int(mode_text, 8) & 0o040
+    return ServerInfo(sysid, int(tli), parse_lsn(xlogpos), segment_size,
+                      0o640 if group_readable else 0o600, conn.server_version)
+
+
+def read_slot(conn: ReplicationConnection, slot: str) -> tuple[int, int] | None:
+    """The slot's (restart_lsn, timeline), or None when it has not reserved WAL yet.
+
+    Raises ServerError when the slot does not exist or is not physical.
+    """
+    rows = conn.query(f"READ_REPLICATION_SLOT {slot}")
+    if not rows or rows[0][0] is None:
+        raise ServerError(f'replication slot "{slot}" does not exist')
+    slot_type, restart_lsn, restart_tli = rows[0][:3]
+    if slot_type != "physical":
+        raise ServerError(f'replication slot "{slot}" is a {slot_type} slot, not physical')
+    if restart_lsn is None or restart_tli is None:
+        return None
+    return parse_lsn(restart_lsn), int(restart_tli)
+
+
+def slot_exists(conn: ReplicationConnection, slot: str) -> bool:
+    """Whether READ_REPLICATION_SLOT finds the slot (of any type)."""
+    rows = conn.query(f"READ_REPLICATION_SLOT {slot}")
+    return bool(rows) and rows[0][0] is not None
+
+
+def create_slot(conn: ReplicationConnection, slot: str, *, reserve_wal: bool,
+                if_not_exists: bool) -> bool:
+    """CREATE_REPLICATION_SLOT ... PHYSICAL; False when it existed and that was allowed."""
+    command = f"CREATE_REPLICATION_SLOT {slot} PHYSICAL" + (" RESERVE_WAL" if reserve_wal else "")
+    try:
+        conn.query(command)
+    except ServerError as exc:
+        if if_not_exists and exc.sqlstate == "42710":  # duplicate_object
+            return False
+        raise
+    return True
+
+
+def drop_slot(conn: ReplicationConnection, slot: str) -> None:
+    """DROP_REPLICATION_SLOT."""
+    conn.query(f"DROP_REPLICATION_SLOT {slot}")
+
+
+class Session:
+    """Streams from one open connection until stopped, at endpos, or on an error."""
+
+    def __init__(self, conn: ReplicationConnection, *, settings: Settings, archive: Archive,
+                 monitor: Any, stop: StopRequest, log: Any,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.archive = archive
+        self.monitor = monitor
+        self.stop = stop
+        self.log = log
+        self.clock = clock
+        self.decoder = StreampackDecoder(settings.compression)
+        self.info: ServerInfo | None = None
+        self.writer: SegmentWriter | None = None
+        self.last_received = clock()
+        self.pinged = False
+        self.first_frame = True
+        self.pending_wire = self.pending_wal = 0
+        self.reported_algorithm: str | None = None
+
+    # -- setup -------------------------------------------------------------------------------
+    def prepare(self) -> StartPoint:
+        """Identify the server, check the archive is this server's, and choose the start."""
+        info = self.info = identify_server(self.conn)
+        self.archive.file_mode = self.monitor.file_mode = info.file_mode
+        self._check_identity(info)
+        newest, rejected = self.archive.resume_point(info.segment_size)
+        for reason in rejected:
+            self.log.warning("segment_file_skipped", reason=reason)
+        slot_restart = None
+        if self.settings.slot and info.version >= 150000:
+            slot_restart = self._read_or_create_slot(self.settings.slot)
+            self.monitor.slot_state(self.settings.slot,
+                                    slot_restart[0] if slot_restart else None)
+        start = choose_start(newest, slot_restart, (info.xlogpos, info.timeline),
+                             info.segment_size)
+        if start.timeline > info.timeline:
+            raise ArchiveError(f"starting timeline {start.timeline} is not present in the "
+                               f"server (the server is on timeline {info.timeline})")
+        if start.timeline < info.timeline:
+            history = parse_history(self._fetch_history(info.timeline), info.timeline)
+            check_follows(start.timeline, start.lsn, history, info.timeline)
+        self.monitor.connected(self.conn.describe(), info.system_identifier, info.timeline,
+                               self.settings.slot)
+        return start
+
+    def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
+        """READ_REPLICATION_SLOT; with --create-slot-if-missing, create a missing slot."""
+        try:
+            return read_slot(self.conn, slot)
+        except ServerError:
+            if not self.settings.create_slot_if_missing or slot_exists(self.conn, slot):
+                raise
+        create_slot(self.conn, slot, reserve_wal=True, if_not_exists=True)
+        self.log.warning("replication_slot_created", slot=slot, server=self.conn.describe(),
+                         reason="missing on this server (--create-slot-if-missing)")
+        return read_slot(self.conn, slot)
+
+    def _check_identity(self, info: ServerInfo) -> None:
+        identity = self.archive.read_identity()
+        if identity is None:
+            files = self.archive.segment_names(info.segment_size)
+            sniffed = self.archive.sniff_system_identifier(files, info.segment_size)
+            if sniffed is not None and sniffed != info.system_identifier:
+                raise ArchiveError(
+                    f'directory "{self.archive.directory}" holds WAL of database system '
+                    f"{sniffed}, but the server is database system {info.system_identifier}"
+                )
+            self.archive.write_identity(ArchiveIdentity(info.system_identifier,
+                                                        info.segment_size, info.timeline))
+            return
+        if identity.system_identifier != info.system_identifier:
+            raise ArchiveError(
+                f'directory "{self.archive.directory}" belongs to database system '
+                f"{identity.system_identifier}, but the server is database system "
+                f"{info.system_identifier}"
+            )
+        if identity.segment_size != info.segment_size:
+            raise ArchiveError(
+                f'directory "{self.archive.directory}" holds segments of '
+                f"{identity.segment_size} bytes, but the server's wal_segment_size is "
+                f"{info.segment_size}"
+            )
+
+    def _fetch_history(self, timeline: int) -> str:
+        """The history file of ``timeline``: from the archive, else from the server (stored)."""
+        name = history_file_name(timeline)
+        path = self.archive.directory / name
+        if path.exists():
+            return path.read_text()
+        rows = self.conn.query(f"TIMELINE_HISTORY {timeline}")
+        if len(rows) != 1 or len(rows[0]) != 2:
+            raise ServerError(f"unexpected response to TIMELINE_HISTORY {timeline}")
+        server_name, content = rows[0]
+        if content is None or server_name is None or server_name != name \
+                or parse_history_file_name(server_name) != timeline:
+            raise ServerError(f'server reported unexpected history file name "{server_name}" '
+                              f"for timeline {timeline}")
+        parse_history(content, timeline)  # refuse to store garbage
+        self.archive.write_file_durably(name, content.encode())
+        self.log.info("history_file_written", file=name, timeline=timeline)
+        return content
+
+    # -- streaming ---------------------------------------------------------------------------
+    def run(self, start: StartPoint) -> str:
+        """Stream from ``start`` through timeline switches; return "stopped" or "endpos"."""
+        timeline, lsn = start.timeline, start.lsn
+        while True:
+            if timeline > 1:
+                self._fetch_history(timeline)
+            outcome = self._stream_timeline(timeline, lsn)
+            if isinstance(outcome, str):
+                return outcome
+            self.log.info("timeline_switched", timeline=outcome.timeline,
+                          previous_timeline=timeline, start_lsn=format_lsn(outcome.start))
+            self.monitor.timeline_switched(outcome.timeline)
+            timeline, lsn = outcome.timeline, outcome.start
+
+    def _stream_timeline(self, timeline: int, lsn: int) -> TimelineEnd | str:
+        assert self.info is not None
+        slot = f"SLOT {self.settings.slot} " if self.settings.slot else ""
+        self.writer = writer = open_segment_writer(self.archive, self.info.segment_size, timeline,
+                                                   lsn, self.settings.at_rest)
+        try:
+            self.conn.start_copy_both(
+                f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"
+            )
+            self.last_received, self.pinged = self.clock(), False
+            self.log.info("streaming_started", timeline=timeline, start_lsn=format_lsn(lsn),
+                          slot=self.settings.slot)
+            self.monitor.streaming_started(timeline, lsn)
+            return self._copy_loop(writer)
+        except WalRemovedError as exc:
+            segsize = self.info.segment_size
+            missing = wal_file_name(timeline, writer.position // segsize, segsize)
+            raise WalRemovedError(
+                f"the archive needs WAL from {format_lsn(writer.position)} on timeline "
+                f"{timeline} (segment {missing}), which the server has removed; not skipping "
+                f"ahead: {exc}", sqlstate=exc.sqlstate,
+            ) from exc
+        finally:
+            writer.close()
+
+    def _copy_loop(self, writer: SegmentWriter) -> TimelineEnd | str:
+        selector = selectors.DefaultSelector()
+        try:
+            selector.register(self.conn.fileno(), selectors.EVENT_READ)
+            selector.register(self.stop.fileno(), selectors.EVENT_READ)
+            return self._loop(writer, selector)
+        finally:
+            selector.close()
+
+    def _loop(self, writer: SegmentWriter, selector: selectors.BaseSelector) -> TimelineEnd | str:
+        interval = self.settings.status_interval
+        next_status = self.clock()  # pg_receivewal reports once right away
+        next_tick = next_status
+        while True:
+            if self.stop.requested:
+                self.log.info("stop_requested", lsn=format_lsn(writer.position))
+                self._finish(writer)
+                return "stopped"
+            message = self.conn.read_copy()
+            if message is None:
+                self.conn.consume_input()  # take what the socket already has, without waiting
+                message = self.conn.read_copy()
+            now = self.clock()
+            if message is None:
+                if self._at_endpos(writer):  # e.g. started exactly at --endpos
+                    return "endpos"
+                if self.settings.synchronous and writer.flushed < writer.position:
+                    self.send_status(writer)
+                self._check_liveness(writer, now)
+                if interval > 0 and now >= next_status:
+                    self.send_status(writer)
+                    next_status = now + interval
+                self._tick(writer)
+                next_tick = now + TICK_SECONDS
+                timeout = min(TICK_SECONDS, max(0.0, next_status - now)) if interval > 0 \
+                    else TICK_SECONDS
+                selector.select(timeout)
+                self.stop.drain()
+                self.conn.consume_input()
+                continue
+            if message is COPY_DONE:
+                self._tick(writer)
+                return self._end_of_copy(writer)
+            assert isinstance(message, (bytes, memoryview))
+            self._handle(message, writer)
+            if self._at_endpos(writer):
+                return "endpos"
+            if interval > 0 and now >= next_status:
+                self.send_status(writer)
+                next_status = now + interval
+            if now >= next_tick:  # the watchdog and state file need a pulse under load too
+                self._tick(writer)
+                next_tick = now + TICK_SECONDS
+
+    def _at_endpos(self, writer: SegmentWriter) -> bool:
+        """Stop (and say so) once everything up to --endpos is received."""
+        endpos = self.settings.endpos
+        if endpos is None or writer.position < endpos:
+            return False
+        self._tick(writer)
+        self.log.info("endpos_reached", lsn=format_lsn(writer.position),
+                      endpos=format_lsn(endpos), timeline=writer.timeline)
+        self._finish(writer)
+        return True
+
+    def _tick(self, writer: SegmentWriter) -> None:
+        """Hand the monitor what arrived since the last tick, then let it do its periodic work."""
+        if self.pending_wire:
+            self.monitor.received(writer.position, self.pending_wire, self.pending_wal)
+            self.monitor.written(writer.position)
+            self.pending_wire = self.pending_wal = 0
+        self.monitor.tick(time.time())
+
+    def _report_compression(self) -> None:
+        """Say which stream we got: pg_streampack with an algorithm, or plain."""
+        self.first_frame = False
+        self.reported_algorithm = self.decoder.algorithm
+        self.log.info("stream_compression", algorithm=self.decoder.algorithm or "none",
+                      requested=",".join(self.settings.compression) or "none")
+
+    def log_compression_summary(self) -> None:
+        """The receiver-side counterpart of the module's shutdown statistics."""
+        stats = self.decoder.stats()
+        if stats.frames:
+            self.log.info("compression_summary", **stats.as_dict())
+            self.monitor.compression(stats.algorithm, stats.wire_bytes, stats.wal_bytes)
+
+    def _check_liveness(self, writer: SegmentWriter, now: float) -> None:
+        """Like wal_receiver_timeout: ping at half the timeout, give up at the full one."""
+        timeout = self.settings.receive_timeout
+        if timeout <= 0:
+            return
+        silent = now - self.last_received
+        if silent >= timeout:
+            raise ConnectionLost(f"terminating connection: no message from the server for "
+                                 f"{silent:.1f} seconds (receive timeout {timeout:g}s)")
+        if silent >= timeout / 2 and not self.pinged:
+            self.log.info("server_silent", seconds=round(silent, 1))
+            self.send_status(writer, reply_requested=True)
+            self.pinged = True
+
+    def _handle(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
+        self.last_received = self.clock()
+        self.pinged = False
+        kind = message[0]
+        if kind == 0x77:  # 'w'
+            frame = self.decoder.restore(message)
+            xlog = parse_copy_data(frame)
+            if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
+                self._report_compression()
+            completed = writer.write(xlog.wal_start, xlog.payload)  # type: ignore[union-attr]
+            self.pending_wire += len(message)
+            self.pending_wal += len(xlog.payload)  # type: ignore[union-attr]
+            for name in completed:
+                self.log.info("segment_completed", segment=name, timeline=writer.timeline,
+                              lsn=format_lsn(writer.position))
+                self._tick(writer)
+                self.monitor.segment_completed(name)
+                self.monitor.flushed(writer.flushed)
+                stats = self.decoder.stats()
+                self.monitor.compression(stats.algorithm, stats.wire_bytes, stats.wal_bytes)
+                self.log.debug("compression_stats", **stats.as_dict())
+            return
+        keepalive = parse_copy_data(message)
+        assert isinstance(keepalive, PrimaryKeepalive)
+        self.monitor.keepalive(keepalive.wal_end)
+        if keepalive.reply_requested:
+            self.send_status(writer)
+
+    def send_status(self, writer: SegmentWriter, reply_requested: bool = False) -> None:
+        """Send ``r`` (and ``h`` unless disabled); fsync first when flush is reported."""
+        flush = 0
+        if self.settings.report_flush:
+            flush = writer.flush()
+            self.monitor.flushed(flush)
+        now = postgres_time(time.time())
+        self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
+                                                       reply_requested))
+        if self.settings.hot_standby_feedback:
+            self.conn.send_copy(build_hot_standby_feedback(now))
+        self.log.debug("status_sent", write=format_lsn(writer.position), flush=format_lsn(flush))
+
+    def _finish(self, writer: SegmentWriter) -> None:
+        """Stop on our side: fsync, report, end the copy, and let the server finish."""
+        writer.flush()
+        self.send_status(writer)
+        self.conn.end_copy()
+        deadline = self.clock() + STOP_DRAIN_SECONDS
+        while self.clock() < deadline:
+            message = self.conn.read_copy()
+            if message is COPY_DONE:
+                break
+            if message is None:
+                time.sleep(0.01)
+                self.conn.consume_input()
+        else:
+            raise ConnectionLost("server did not end the stream after we stopped")
+        while (result := self.conn.next_result()) is not None:
+            if result.status not in (ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK):
+                break
+
+    def _end_of_copy(self, writer: SegmentWriter) -> TimelineEnd:
+        """The server ended the copy: a timeline switch, or a shutdown."""
+        writer.close()
+        result = self.conn.next_result()
+        if result is not None and result.status in (ExecStatus.COPY_IN, ExecStatus.COPY_BOTH):
+            self.conn.end_copy()
+            result = self.conn.next_result()
+        if result is None or result.status == ExecStatus.COMMAND_OK:
+            raise ConnectionLost("replication stream was terminated by the server at "
+                                 f"{format_lsn(writer.position)} (server shut down?)")
+        if result.status != ExecStatus.TUPLES_OK or len(result.rows) != 1 or \
+                len(result.rows[0]) < 2:
+            raise ProtocolError("unexpected result set after end of timeline")
+        next_tli_text, next_start_text = result.rows[0][:2]
+        if next_tli_text is None or next_start_text is None:
+            raise ProtocolError("unexpected result set after end of timeline: NULL values")
+        next_tli, next_start = int(next_tli_text), parse_lsn(next_start_text)
+        if next_tli <= writer.timeline:
+            raise ProtocolError(f"server reported unexpected next timeline {next_tli}, "
+                                f"following timeline {writer.timeline}")
+        if next_start > writer.position:
+            raise ProtocolError(
+                f"server stopped streaming timeline {writer.timeline} at "
+                f"{format_lsn(writer.position)}, but reported next timeline {next_tli} to "
+                f"begin at {format_lsn(next_start)}"
+            )
+        final = self.conn.next_result()
+        if final is None or final.status != ExecStatus.COMMAND_OK:
+            raise ProtocolError("unexpected termination of replication stream after the end "
+                                "of a timeline")
+        while self.conn.next_result() is not None:
+            pass
+        assert self.info is not None
+        return TimelineEnd(next_tli, round_down_to_segment(next_start, self.info.segment_size))

@@ -1,0 +1,72 @@
+"""What the stream command was asked to do: one frozen settings object."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
+from receivewal.errors import ConfigurationError
+
+SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Options of ``receivewal stream``, with pg_receivewal's meanings where they overlap."""
+
+    directory: Path | None
+    conninfo: str
+    slot: str | None = None
+    create_slot: bool = False
+    drop_slot: bool = False
+    if_not_exists: bool = False
+    reserve_wal: bool = False
+    create_slot_if_missing: bool = False
+    status_interval: float = 10.0
+    synchronous: bool = False
+    sync: bool = True
+    endpos: int | None = None
+    no_loop: bool = False
+    verbose: int = 0
+    compression: tuple[str, ...] = ("zstd", "lz4")
+    at_rest: CompressSpec = NO_COMPRESSION  # -Z/--compress: how segment files are compressed
+    hot_standby_feedback: bool = True
+    reconnect_delay: float = 5.0
+    reconnect_delay_max: float = 60.0
+    receive_timeout: float = 60.0
+    metrics_address: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def report_flush(self) -> bool:
+        """pg_receivewal reports a flush position only with a slot or --synchronous."""
+        return self.slot is not None or self.synchronous
+
+    def validate(self) -> Settings:
+        """Raise ConfigurationError for combinations pg_receivewal refuses (and a few more)."""
+        if self.create_slot and self.drop_slot:
+            raise ConfigurationError("cannot use --create-slot together with --drop-slot")
+        if (self.create_slot or self.drop_slot or self.create_slot_if_missing) and not self.slot:
+            what = "--create-slot" if self.create_slot else \
+                "--drop-slot" if self.drop_slot else "--create-slot-if-missing"
+            raise ConfigurationError(f"{what} needs a slot to be specified using --slot")
+        if self.slot is not None and not SLOT_NAME_RE.match(self.slot):
+            raise ConfigurationError(
+                f'replication slot name "{self.slot}" is invalid: use at most 63 lower case '
+                "letters, numbers and underscores"
+            )
+        if self.reserve_wal and not (self.create_slot or self.create_slot_if_missing):
+            raise ConfigurationError("--reserve-wal goes with --create-slot")
+        if self.synchronous and not self.sync:
+            raise ConfigurationError("cannot use --synchronous together with --no-sync")
+        if self.directory is None and not (self.create_slot or self.drop_slot):
+            raise ConfigurationError("no target directory specified (-D/--directory)")
+        if self.status_interval < 0:
+            raise ConfigurationError(f"invalid status interval: {self.status_interval}")
+        if self.receive_timeout < 0:
+            raise ConfigurationError(f"invalid receive timeout: {self.receive_timeout}")
+        if self.reconnect_delay < 0 or self.reconnect_delay_max < self.reconnect_delay:
+            raise ConfigurationError("invalid reconnect delay")
+        return self

@@ -1,0 +1,180 @@
+"""The daemon's state file, ``.receivewal-state.json`` in the archive directory.
+
+The running daemon rewrites it atomically (temporary file, fsync, rename, fsync of the
+directory) so that ``receivewal status`` and monitoring scripts can read where streaming
+stands without talking to the daemon. It is a dotfile on purpose: Barman moves unknown
+non-dot files out of its streaming directory.
+
+Encoding and decoding are pure (:func:`encode_state`, :func:`decode_state`); LSNs are stored
+as PostgreSQL prints them (``0/5000000``), times as ISO 8601 in UTC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from receivewal.errors import ArchiveError, ReceivewalError
+from receivewal.wal.lsn import format_lsn, parse_lsn
+
+STATE_FILE = ".receivewal-state.json"
+FORMAT_VERSION = 1
+
+_LSN_FIELDS = ("received_lsn", "written_lsn", "flushed_lsn", "server_wal_end", "slot_restart_lsn")
+_TIME_FIELDS = ("started_at", "updated_at", "last_contact")
+
+
+@dataclass(frozen=True)
+class LastError:
+    """The most recent error the daemon saw."""
+
+    kind: str
+    message: str
+    at: float
+
+
+@dataclass(frozen=True)
+class State:
+    """A snapshot of the daemon. Times are seconds since the epoch; LSNs are integers."""
+
+    pid: int
+    hostname: str
+    started_at: float
+    updated_at: float
+    phase: str = "starting"  # starting, streaming, reconnecting, stopping, stopped
+    server: str | None = None
+    system_identifier: str | None = None
+    timeline: int | None = None
+    slot: str | None = None
+    slot_restart_lsn: int | None = None
+    received_lsn: int | None = None
+    written_lsn: int | None = None
+    flushed_lsn: int | None = None
+    server_wal_end: int | None = None
+    last_contact: float | None = None
+    compression: str | None = None  # algorithm of the current stream; None: uncompressed
+    stream_wire_bytes: int = 0  # bytes on the wire / of WAL on the current connection
+    stream_wal_bytes: int = 0
+    wire_bytes: int = 0  # the same since the daemon started
+    wal_bytes: int = 0
+    segments_completed: int = 0
+    last_segment: str | None = None
+    reconnects: int = 0
+    last_error: LastError | None = field(default=None)
+
+
+def state_path(directory: Path) -> Path:
+    """Where the state file of the archive in ``directory`` lives."""
+    return directory / STATE_FILE
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
+
+
+def _epoch(text: str) -> float:
+    value = datetime.fromisoformat(text)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+def state_to_dict(state: State) -> dict[str, Any]:
+    """The JSON-ready form of ``state`` (LSNs as ``X/X``, times as ISO 8601 UTC)."""
+    data = asdict(state)
+    for key in _LSN_FIELDS:
+        if data[key] is not None:
+            data[key] = format_lsn(data[key])
+    for key in _TIME_FIELDS:
+        if data[key] is not None:
+            data[key] = _iso(data[key])
+    if data["last_error"] is not None:
+        data["last_error"]["at"] = _iso(data["last_error"]["at"])
+    return {"version": FORMAT_VERSION, **data}
+
+
+def encode_state(state: State) -> bytes:
+    """The bytes of the state file."""
+    return (json.dumps(state_to_dict(state), indent=2) + "\n").encode()
+
+
+def decode_state(data: bytes) -> State:
+    """Parse a state file; raise ArchiveError saying what is wrong with it."""
+    try:
+        return _state_from_json(json.loads(data))
+    except (ValueError, TypeError, KeyError, AttributeError, ReceivewalError) as exc:
+        # JSONDecodeError and UnicodeDecodeError are ValueErrors, a missing or unknown key in
+        # State(**raw) is a TypeError, and parse_lsn raises the project's ConfigurationError.
+        raise ArchiveError(f"invalid state file: {exc}") from exc
+
+
+def _state_from_json(raw: Any) -> State:
+    if not isinstance(raw, dict):
+        raise TypeError("not a JSON object")
+    version = raw.pop("version", None)
+    if version != FORMAT_VERSION:
+        raise ValueError(f"unsupported format version {version!r}")
+    for key in _LSN_FIELDS:
+        if raw.get(key) is not None:
+            raw[key] = parse_lsn(raw[key])
+    for key in _TIME_FIELDS:
+        if raw.get(key) is not None:
+            raw[key] = _epoch(raw[key])
+    error = raw.get("last_error")
+    if error is not None:
+        raw["last_error"] = LastError(
+            kind=str(error["kind"]), message=str(error["message"]), at=_epoch(error["at"])
+        )
+    state = State(**raw)
+    if not isinstance(state.pid, int) or not isinstance(state.hostname, str):
+        raise TypeError("pid must be an integer and hostname a string")
+    return state
+
+
+def read_state(directory: Path) -> State | None:
+    """The state in ``directory``; None when there is no state file; ArchiveError if unreadable."""
+    path = state_path(directory)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ArchiveError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        return decode_state(data)
+    except ArchiveError as exc:
+        raise ArchiveError(f"{path}: {exc}") from exc
+
+
+def write_state(directory: Path, state: State, mode: int = 0o600) -> None:
+    """Atomically replace the state file: write a temporary file, fsync, rename, fsync dir.
+
+    Raises OSError; the caller decides how loud a failed write is.
+    """
+    path = state_path(directory)
+    tmp = directory / f"{STATE_FILE}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)  # O_CREAT's mode is filtered by the umask and ignored if it exists
+        data = encode_state(state)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,234 @@
+"""The supervisor: signals, connections, reconnects with backoff, and the exit code.
+
+Only this loop decides whether an error ends the program or is retried. Exit codes follow
+pg_receivewal: 0 when stopped by a signal or at ``--endpos``, 1 on an error that retrying
+cannot fix, on any error with ``--no-loop``, and when the first connection fails.
+"""
+
+from __future__ import annotations
+
+import getpass
+import random
+import selectors
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from receivewal.archive.directory import Archive
+from receivewal.daemon.monitor import Monitor
+from receivewal.daemon.session import TICK_SECONDS, Session, create_slot, drop_slot
+from receivewal.daemon.settings import Settings
+from receivewal.errors import (
+    ConnectionLost,
+    DiskFullError,
+    ReceivewalError,
+    ServerError,
+    WalRemovedError,
+)
+from receivewal.logs import get_logger
+from receivewal.replication.connection import ReplicationConnection, redacted
+
+
+class StopSignal:
+    """SIGINT/SIGTERM set a flag and wake any selector waiting on :meth:`fileno`."""
+
+    def __init__(self) -> None:
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        """True once a stop signal arrived."""
+        return self.signal_name is not None
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM from now on."""
+        signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def uninstall(self) -> None:
+        """Restore the previous handlers."""
+        signal.set_wakeup_fd(-1)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._reader.close()
+        self._writer.close()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    def fileno(self) -> int:
+        """A descriptor that becomes readable when a signal arrives."""
+        return self._reader.fileno()
+
+    def drain(self) -> None:
+        """Empty the wake-up socket."""
+        try:
+            while self._reader.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def sleep(self, seconds: float, on_tick: Callable[[], None] | None = None) -> None:
+        """Sleep, waking early when a stop signal arrives; call ``on_tick`` 4 times a second."""
+        deadline = time.monotonic() + seconds
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._reader, selectors.EVENT_READ)
+            while not self.requested and (left := deadline - time.monotonic()) > 0:
+                sel.select(min(left, TICK_SECONDS))
+                self.drain()
+                if on_tick is not None:
+                    on_tick()
+
+
+def backoff_delay(attempt: int, base: float, cap: float,
+                  rand: Callable[[], float] = random.random) -> float:
+    """Capped exponential backoff with jitter: base * 2^(attempt-1), capped, times 0.8-1.2."""
+    if base == 0:
+        return 0.0
+    delay = min(cap, base * 2 ** max(0, attempt - 1))
+    return float(min(cap, delay * (0.8 + 0.4 * rand())))
+
+
+def prompt_password() -> str | None:
+    """Ask on the terminal, as pg_receivewal does when the server wants a password."""
+    if not sys.stdin.isatty():
+        return None
+    return getpass.getpass("Password: ")
+
+
+class Supervisor:
+    """Runs sessions until told to stop, reconnecting after failures."""
+
+    def __init__(self, settings: Settings, monitor: Monitor | None = None,
+                 prompt: Callable[[], str | None] | None = prompt_password) -> None:
+        self.settings = settings
+        self.log = get_logger()
+        self.prompt = prompt
+        self.stop = StopSignal()
+        self.monitor = monitor
+
+    def connect(self) -> ReplicationConnection:
+        """Open a replication connection (the password never reaches a log line)."""
+        self.log.debug("connecting", conninfo=redacted(self.settings.conninfo))
+        return ReplicationConnection.open(self.settings.conninfo, self.prompt)
+
+    def slot_command(self) -> int:
+        """--create-slot / --drop-slot: act and exit, as pg_receivewal does."""
+        slot = self.settings.slot
+        assert slot is not None
+        conn = self.connect()
+        try:
+            if self.settings.drop_slot:
+                self.log.info("dropping_replication_slot", slot=slot)
+                drop_slot(conn, slot)
+            else:
+                self.log.info("creating_replication_slot", slot=slot,
+                              reserve_wal=self.settings.reserve_wal)
+                created = create_slot(conn, slot, reserve_wal=self.settings.reserve_wal,
+                                      if_not_exists=self.settings.if_not_exists)
+                if not created:
+                    self.log.info("replication_slot_exists", slot=slot)
+        finally:
+            conn.close()
+        return 0
+
+    def run(self) -> int:
+        """The whole program: returns the exit code."""
+        try:
+            if self.settings.create_slot or self.settings.drop_slot:
+                return self.slot_command()
+        except ReceivewalError as exc:
+            self.log.error("failed", error=str(exc))
+            return 1
+        assert self.settings.directory is not None
+        archive = Archive(self.settings.directory, sync=self.settings.sync)
+        try:
+            archive.check_usable()
+        except ReceivewalError as exc:
+            self.log.error("failed", error=str(exc))
+            return 1
+        try:
+            monitor = self.monitor or Monitor(self.settings.directory,
+                                              self.settings.metrics_address)
+        except ReceivewalError as exc:
+            self.log.error("failed", error=str(exc))
+            return 1
+        self.stop.install()
+        try:
+            return self._loop(archive, monitor)
+        finally:
+            monitor.stopping()
+            monitor.close()
+            self.stop.uninstall()
+
+    def _loop(self, archive: Archive, monitor: Monitor) -> int:
+        attempt = 0
+        connected_once = False
+        while True:
+            streamed = False
+            try:
+                conn = self.connect()
+            except ReceivewalError as exc:
+                if not connected_once:
+                    self.log.error("failed", error=str(exc))
+                    return 1
+                error: ReceivewalError = exc
+            else:
+                connected_once = True
+                session = Session(conn, settings=self.settings, archive=archive,
+                                  monitor=monitor, stop=self.stop, log=self.log)
+                try:
+                    start = session.prepare()
+                    streamed = True
+                    outcome = session.run(start)
+                except ReceivewalError as exc:
+                    error = exc
+                else:
+                    self.log.info("stopped", reason=outcome, signal=self.stop.signal_name)
+                    return 0
+                finally:
+                    session.log_compression_summary()
+                    conn.close()
+            if self.stop.requested:
+                self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
+                return 0
+            kind = error_kind(error)
+            monitor.error(kind, str(error))
+            retryable = error.retryable or isinstance(error, ServerError)
+            if not retryable or self.settings.no_loop or (not streamed and not connected_once):
+                self.log.error("failed", error=str(error), kind=kind)
+                return 1
+            if isinstance(error, WalRemovedError):
+                self.log.error("gap_detected", error=str(error))
+            if isinstance(error, DiskFullError):
+                self.log.error("disk_full", error=str(error), directory=str(archive.directory))
+            self.log.warning("disconnected", error=str(error), kind=kind)
+            monitor.disconnected(str(error))
+            attempt = 1 if streamed and isinstance(error, ConnectionLost) else attempt + 1
+            delay = backoff_delay(attempt, self.settings.reconnect_delay,
+                                  self.settings.reconnect_delay_max)
+            self.log.info("reconnecting", delay=round(delay, 2), attempt=attempt)
+            monitor.reconnecting(delay)
+            self.stop.sleep(delay, on_tick=lambda: monitor.tick(time.time()))
+            if self.stop.requested:
+                self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
+                return 0
+
+
+def error_kind(error: ReceivewalError) -> str:
+    """The label an error is counted under in metrics and the state file."""
+    if isinstance(error, WalRemovedError):
+        return "gap"
+    if isinstance(error, DiskFullError):
+        return "disk_full"
+    return type(error).__name__
+

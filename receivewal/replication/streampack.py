@@ -1,0 +1,462 @@
+"""pg_streampack: negotiation, and the compressed XLogData frame (pure, no IO).
+
+The pg_streampack module compresses the XLogData frames a walsender sends when the client asks
+for it with ``-c pg_streampack.requested=<list>`` in its connection ``options``. A compressed
+frame is the plain one with the top bit of the sendTime field (byte 17) set, a big-endian
+uint32 inserted after the 25-byte header (top 2 bits: algorithm, 0 = zstd, 1 = lz4; low 30
+bits: length of the uncompressed WAL payload), and the compressed payload after that::
+
+    0 'w' | 1 walStart | 9 walEnd | 17 sendTime|0x80.. | 25 algo:2 len:30 | 29 compressed
+
+Compression state lives for the whole connection, across timeline switches, and the decoder
+must mirror it exactly:
+
+- zstd: one endless zstd stream per connection, flushed after every message; every compressed
+  body is fed, in order, to one streaming decompressor.
+- lz4: every message is one raw LZ4 block whose dictionary is the last ``min(len, 64 KiB)``
+  bytes of the plaintext of the previous *compressed* message. Plain frames (smaller than the
+  sender's ``min_size``) leave the dictionary alone.
+
+:class:`StreampackDecoder` restores frames on the receiving side; :class:`StreampackEncoder`
+produces them exactly as the module's sender does (used by ``receivewal relay`` and tests).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import lz4.block
+import zstandard
+
+from receivewal.errors import ConfigurationError, StreampackError
+from receivewal.wal.lsn import format_lsn
+
+ALGORITHMS = ("zstd", "lz4")
+"""The names pg_streampack knows, in the module's default order of preference."""
+
+GUC_NAME = "pg_streampack.requested"
+
+XLOGDATA_HEADER_SIZE = 25
+COMPRESSED_HEADER_SIZE = 29
+FLAG_OFFSET = 17
+FLAG_BIT = 0x80
+LENGTH_WORD = struct.Struct(">I")
+LENGTH_MASK = (1 << 30) - 1
+LZ4_DICT_SIZE = 64 * 1024
+
+MAX_RESTORED_PAYLOAD = 16 * 1024 * 1024
+"""Largest WAL payload the decoder accepts in one frame.
+
+A physical walsender sends at most 16 WAL blocks per message (128 KiB with the default 8 KiB
+block, 1 MiB with the largest block size), so anything above 16 MiB is a corrupted length word,
+refused before memory is allocated for it.
+"""
+
+_ALGORITHM_IDS = {"zstd": 0, "lz4": 1}
+_ALGORITHM_NAMES = {0: "zstd", 1: "lz4"}
+_LZ4_MAX_RATIO = 255  # an LZ4 block cannot expand more than ~255x; a larger claim is corrupt
+_ZSTD_FEED = 16 * 1024  # feed zstd in slices so a corrupt body cannot balloon unchecked
+
+
+# -- negotiation ------------------------------------------------------------------------------
+
+
+def parse_compression_list(text: str) -> tuple[str, ...]:
+    """Parse ``--compression``: a comma list of ``zstd``/``lz4`` (any case), or ``none``.
+
+    Returns the algorithms in the order given (the order is the preference the server follows),
+    ``()`` for ``none``. The server refuses a connection whose request names an unknown
+    algorithm or one twice, so such a list is refused here, before connecting.
+    """
+    items = [item.strip().lower() for item in text.split(",")]
+    if items == ["none"]:
+        return ()
+    seen: list[str] = []
+    for item in items:
+        if not item:
+            raise ConfigurationError(
+                f"invalid compression list {text!r}: empty item (expected e.g. zstd,lz4 or none)"
+            )
+        if item == "none":
+            raise ConfigurationError(
+                f"invalid compression list {text!r}: none cannot be combined with algorithms"
+            )
+        if item not in ALGORITHMS:
+            raise ConfigurationError(
+                f"invalid compression list {text!r}: unknown algorithm {item!r} "
+                f"(known: {', '.join(ALGORITHMS)}, or none)"
+            )
+        if item in seen:
+            raise ConfigurationError(
+                f"invalid compression list {text!r}: {item} is named twice"
+            )
+        seen.append(item)
+    return tuple(seen)
+
+
+def split_options(options: str) -> list[str]:
+    """Split a libpq ``options`` value into words as the server does (backslash escapes)."""
+    words: list[str] = []
+    current: list[str] | None = None
+    chars = iter(options)
+    for char in chars:
+        if char.isspace():
+            if current is not None:
+                words.append("".join(current))
+                current = None
+            continue
+        if current is None:
+            current = []
+        if char == "\\":
+            current.append(next(chars, ""))
+        else:
+            current.append(char)
+    if current is not None:
+        words.append("".join(current))
+    return words
+
+
+def join_options(words: list[str]) -> str:
+    """Join words into a libpq ``options`` value, escaping backslashes and whitespace."""
+    escaped = []
+    for word in words:
+        out = []
+        for char in word:
+            if char == "\\" or char.isspace():
+                out.append("\\")
+            out.append(char)
+        escaped.append("".join(out))
+    return " ".join(escaped)
+
+
+def _setting_name(assignment: str) -> str:
+    return assignment.partition("=")[0].strip().lower().replace("-", "_")
+
+
+def take_streampack_option(options: str | None) -> tuple[str | None, str | None]:
+    """Remove every ``pg_streampack.requested`` setting from a libpq ``options`` value.
+
+    Returns ``(remaining options or None when nothing is left, the last requested value or
+    None)``. Understands the three spellings the server accepts: ``-c name=value``,
+    ``-cname=value`` and ``--name=value``.
+    """
+    if options is None:
+        return None, None
+    words = split_options(options)
+    kept: list[str] = []
+    requested: str | None = None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        assignment: str | None = None
+        width = 1
+        if word == "-c" and i + 1 < len(words):
+            assignment, width = words[i + 1], 2
+        elif word.startswith(("-c", "--")):
+            assignment = word[2:]
+        if assignment is not None and "=" in assignment and (
+            _setting_name(assignment) == GUC_NAME
+        ):
+            requested = assignment.partition("=")[2]
+        else:
+            kept.extend(words[i : i + width])
+        i += width
+    return (join_options(kept) if kept else None), requested
+
+
+def with_streampack_option(options: str | None, algorithms: tuple[str, ...]) -> str | None:
+    """The libpq ``options`` value that asks the server for ``algorithms``.
+
+    Keeps whatever the user passed and replaces an earlier ``pg_streampack.requested``.
+    With no algorithms the options are returned unchanged (nothing is requested).
+    """
+    if not algorithms:
+        return options
+    remaining, _ = take_streampack_option(options)
+    words = split_options(remaining) if remaining else []
+    words += ["-c", f"{GUC_NAME}={','.join(algorithms)}"]
+    return join_options(words)
+
+
+# -- statistics -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreampackStats:
+    """What pg_streampack did to one connection's XLogData frames so far.
+
+    The module's own shutdown summary maps as: ``total`` = :attr:`plain_bytes`,
+    ``uncompressed`` = :attr:`uncompressed_bytes`, ``compressed`` = :attr:`compressed_bytes`,
+    ``increased`` = :attr:`increased`.
+    """
+
+    algorithm: str | None = None
+    frames: int = 0
+    """XLogData frames seen, plain and compressed."""
+    compressed_frames: int = 0
+    wal_bytes: int = 0
+    """WAL payload bytes carried (after decompression)."""
+    wire_bytes: int = 0
+    """XLogData bytes on the wire (whole CopyData payloads, headers included)."""
+    plain_bytes: int = 0
+    """What the same frames take on the wire without compression."""
+    uncompressed_bytes: int = 0
+    """Wire bytes of the frames that went plain."""
+    compressed_bytes: int = 0
+    """Wire bytes of the frames that went compressed."""
+    increased: int = 0
+    """Compressed frames no smaller than their plain form."""
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes compression kept off the wire (negative if it cost bytes)."""
+        return self.plain_bytes - self.wire_bytes
+
+    @property
+    def ratio(self) -> float:
+        """Plain size / wire size (1.0 before any frame)."""
+        return self.plain_bytes / self.wire_bytes if self.wire_bytes else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Key/values for a log event or a status document."""
+        return {**asdict(self), "saved_bytes": self.saved_bytes, "ratio": round(self.ratio, 3)}
+
+
+class _Counter:
+    """Mutable counters behind :class:`StreampackStats`."""
+
+    __slots__ = ("compressed_bytes", "compressed_frames", "frames", "increased",
+                 "uncompressed_bytes", "wal_bytes")
+
+    def __init__(self) -> None:
+        self.frames = self.compressed_frames = self.wal_bytes = 0
+        self.uncompressed_bytes = self.compressed_bytes = self.increased = 0
+
+    def plain(self, wire: int) -> None:
+        self.frames += 1
+        self.wal_bytes += max(wire - XLOGDATA_HEADER_SIZE, 0)
+        self.uncompressed_bytes += wire
+
+    def compressed(self, wire: int, wal: int) -> None:
+        self.frames += 1
+        self.compressed_frames += 1
+        self.wal_bytes += wal
+        self.compressed_bytes += wire
+        if wire >= XLOGDATA_HEADER_SIZE + wal:
+            self.increased += 1
+
+    def snapshot(self, algorithm: str | None) -> StreampackStats:
+        return StreampackStats(
+            algorithm=algorithm,
+            frames=self.frames,
+            compressed_frames=self.compressed_frames,
+            wal_bytes=self.wal_bytes,
+            wire_bytes=self.uncompressed_bytes + self.compressed_bytes,
+            plain_bytes=self.wal_bytes + XLOGDATA_HEADER_SIZE * self.frames,
+            uncompressed_bytes=self.uncompressed_bytes,
+            compressed_bytes=self.compressed_bytes,
+            increased=self.increased,
+        )
+
+
+# -- frame helpers ----------------------------------------------------------------------------
+
+
+def is_compressed(frame: bytes | memoryview) -> bool:
+    """True for an XLogData CopyData payload with the pg_streampack flag bit set."""
+    return len(frame) > FLAG_OFFSET and frame[0] == 0x77 and bool(frame[FLAG_OFFSET] & FLAG_BIT)
+
+
+def _wal_start(frame: bytes | memoryview) -> str:
+    if len(frame) < 9:
+        return "unknown LSN"
+    return format_lsn(int.from_bytes(frame[1:9], "big"))
+
+
+def _lz4_tail(plaintext: bytes) -> bytes:
+    return plaintext[-LZ4_DICT_SIZE:]
+
+
+# -- decoder ----------------------------------------------------------------------------------
+
+
+class StreampackDecoder:
+    """Restores pg_streampack frames of one connection to plain XLogData payloads.
+
+    Create one per connection (its state must survive timeline switches on that connection and
+    must not survive a reconnect). ``requested`` is what the connection asked for; a compressed
+    frame in an algorithm not asked for is refused. After any failure the decoder refuses
+    everything: its streaming state is unusable and the connection must be dropped.
+    """
+
+    def __init__(self, requested: tuple[str, ...]) -> None:
+        unknown = [name for name in requested if name not in ALGORITHMS]
+        if unknown:
+            raise ConfigurationError(f"unknown pg_streampack algorithm(s): {', '.join(unknown)}")
+        self.requested = requested
+        self._algorithm: str | None = None
+        self._zstd: Any = None
+        self._lz4_dict = b""
+        self._failed: str | None = None
+        self._counter = _Counter()
+
+    @property
+    def algorithm(self) -> str | None:
+        """The algorithm of the compressed frames (None until the first one arrives)."""
+        return self._algorithm
+
+    def stats(self) -> StreampackStats:
+        """A snapshot of this connection's statistics."""
+        return self._counter.snapshot(self._algorithm)
+
+    def restore(self, frame: bytes | memoryview) -> bytes | memoryview:
+        """Return ``frame`` as a plain CopyData payload.
+
+        Anything but a flagged XLogData frame is returned as is (a short or malformed plain
+        frame is for the message parser to refuse). A flagged frame is decompressed, checked
+        and returned with the flag bit cleared. Raises :class:`StreampackError`, naming the
+        frame's walStart, when the frame cannot be restored; nothing partial is returned.
+        """
+        if self._failed is not None:
+            raise StreampackError(
+                f"pg_streampack decoder unusable after an earlier failure ({self._failed}); "
+                f"frame at {_wal_start(frame)} refused"
+            )
+        if not frame or frame[0] != 0x77:  # not 'w'
+            return frame
+        if not is_compressed(frame):
+            self._counter.plain(len(frame))
+            return frame
+        try:
+            restored, length = self._decompress(frame)
+        except StreampackError as exc:
+            self._failed = str(exc)
+            raise
+        self._counter.compressed(len(frame), length)
+        return restored
+
+    def _fail(self, frame: bytes | memoryview, what: str) -> StreampackError:
+        return StreampackError(f"bad pg_streampack frame at {_wal_start(frame)}: {what}")
+
+    def _decompress(self, frame: bytes | memoryview) -> tuple[bytes, int]:
+        if len(frame) < COMPRESSED_HEADER_SIZE:
+            raise self._fail(frame, f"truncated compressed frame of {len(frame)} bytes "
+                                    f"(the header alone is {COMPRESSED_HEADER_SIZE})")
+        if not self.requested:
+            raise self._fail(frame, "compressed frame on a connection that requested none")
+        (word,) = LENGTH_WORD.unpack_from(frame, XLOGDATA_HEADER_SIZE)
+        algorithm_id, length = word >> 30, word & LENGTH_MASK
+        algorithm = _ALGORITHM_NAMES.get(algorithm_id)
+        if algorithm is None:
+            raise self._fail(frame, f"unknown compression algorithm id {algorithm_id}")
+        if algorithm not in self.requested:
+            raise self._fail(frame, f"compressed with {algorithm}, which was not requested "
+                                    f"(requested: {','.join(self.requested)})")
+        if self._algorithm is not None and algorithm != self._algorithm:
+            raise self._fail(frame, f"algorithm switched from {self._algorithm} to {algorithm} "
+                                    "within one connection")
+        if length > MAX_RESTORED_PAYLOAD:
+            raise self._fail(frame, f"announced length {length} exceeds the largest WAL "
+                                    f"message ({MAX_RESTORED_PAYLOAD} bytes)")
+        body = memoryview(frame)[COMPRESSED_HEADER_SIZE:]
+        if algorithm == "zstd":
+            plaintext = self._zstd_decompress(frame, body, length)
+        else:
+            plaintext = self._lz4_decompress(frame, body, length)
+        self._algorithm = algorithm
+        header = bytearray(frame[:XLOGDATA_HEADER_SIZE])
+        header[FLAG_OFFSET] &= ~FLAG_BIT & 0xFF
+        return bytes(header) + plaintext, length
+
+    def _zstd_decompress(self, frame: bytes | memoryview, body: memoryview, length: int) -> bytes:
+        if self._zstd is None:
+            self._zstd = zstandard.ZstdDecompressor().decompressobj()
+        chunks: list[bytes] = []
+        produced = 0
+        try:
+            for offset in range(0, len(body), _ZSTD_FEED):
+                chunk = self._zstd.decompress(body[offset : offset + _ZSTD_FEED])
+                produced += len(chunk)
+                if produced > length:
+                    break
+                chunks.append(chunk)
+        except zstandard.ZstdError as exc:
+            raise self._fail(frame, f"zstd body does not decompress: {exc}") from exc
+        if produced != length:
+            raise self._fail(frame, f"zstd body yields {'more than ' if produced > length else ''}"
+                                    f"{produced} bytes, header announces {length}")
+        return b"".join(chunks)
+
+    def _lz4_decompress(self, frame: bytes | memoryview, body: memoryview, length: int) -> bytes:
+        if length > len(body) * _LZ4_MAX_RATIO + 16:
+            raise self._fail(frame, f"announced length {length} is impossible for an lz4 block "
+                                    f"of {len(body)} bytes")
+        try:
+            plaintext = lz4.block.decompress(body, uncompressed_size=length,
+                                             dict=self._lz4_dict)
+        except lz4.block.LZ4BlockError as exc:
+            raise self._fail(frame, f"lz4 body does not decompress: {exc}") from exc
+        if len(plaintext) != length:
+            raise self._fail(frame, f"lz4 body yields {len(plaintext)} bytes, "
+                                    f"header announces {length}")
+        self._lz4_dict = _lz4_tail(plaintext)
+        return bytes(plaintext)
+
+
+# -- encoder ----------------------------------------------------------------------------------
+
+
+class StreampackEncoder:
+    """Compresses one connection's XLogData frames exactly as the module's sender does.
+
+    Frames that are not XLogData, or whose WAL payload is shorter than ``min_size``, are
+    returned unchanged and (lz4) leave the dictionary alone. Every other frame is sent
+    compressed and flagged, even when the result is larger than the plain frame (counted in
+    :attr:`StreampackStats.increased`). The original sendTime is kept, with the flag bit set.
+    One encoder per client connection; its state survives timeline switches.
+    """
+
+    def __init__(self, algorithm: str, min_size: int = 32, zstd_level: int = 1) -> None:
+        if algorithm not in ALGORITHMS:
+            raise ConfigurationError(f"unknown pg_streampack algorithm {algorithm!r}")
+        if min_size < 0:
+            raise ConfigurationError(f"invalid min size {min_size}: must be 0 or more")
+        if not -7 <= zstd_level <= zstandard.MAX_COMPRESSION_LEVEL:
+            raise ConfigurationError(f"invalid zstd level {zstd_level}: must be between -7 "
+                                     f"and {zstandard.MAX_COMPRESSION_LEVEL}")
+        self.algorithm = algorithm
+        self.min_size = min_size
+        self._zstd: Any = (
+            zstandard.ZstdCompressor(level=zstd_level).compressobj()
+            if algorithm == "zstd" else None
+        )
+        self._lz4_dict = b""
+        self._counter = _Counter()
+
+    def stats(self) -> StreampackStats:
+        """A snapshot of what this encoder sent."""
+        return self._counter.snapshot(self.algorithm)
+
+    def encode(self, frame: bytes | memoryview) -> bytes | memoryview:
+        """The CopyData payload to send in place of ``frame``."""
+        if not frame or frame[0] != 0x77 or len(frame) < XLOGDATA_HEADER_SIZE:
+            return frame
+        payload = memoryview(frame)[XLOGDATA_HEADER_SIZE:]
+        if len(payload) < self.min_size or len(payload) > LENGTH_MASK:
+            self._counter.plain(len(frame))
+            return frame
+        if self._zstd is not None:
+            body = self._zstd.compress(payload)
+            body += self._zstd.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+            algorithm_id = 0
+        else:
+            body = lz4.block.compress(payload, store_size=False, dict=self._lz4_dict)
+            self._lz4_dict = _lz4_tail(bytes(payload[-LZ4_DICT_SIZE:]))
+            algorithm_id = 1
+        header = bytearray(frame[:XLOGDATA_HEADER_SIZE])
+        header[FLAG_OFFSET] |= FLAG_BIT
+        out = b"".join((header, LENGTH_WORD.pack((algorithm_id << 30) | len(payload)), body))
+        self._counter.compressed(len(out), len(payload))
+        return out

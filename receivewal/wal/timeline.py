@@ -1,0 +1,85 @@
+"""Timeline history files (pure): parse them and place LSNs on timelines.
+
+A history file ``NNNNNNNN.history`` lists, one line per ancestor, the parent timeline, the LSN
+where the child forked off it, and a free-text reason, tab-separated. Blank lines and lines
+starting with ``#`` are comments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from receivewal.errors import ArchiveError, ReceivewalError
+from receivewal.wal.lsn import format_lsn, parse_lsn
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineSwitch:
+    """``timeline`` ended at ``switchpoint``; the next entry (or the file's own) took over."""
+
+    timeline: int
+    switchpoint: int
+
+
+def parse_history(text: str, timeline: int) -> list[TimelineSwitch]:
+    """Parse the history file of ``timeline``; entries are oldest first."""
+    entries: list[TimelineSwitch] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split(maxsplit=2)
+        try:
+            parent = int(fields[0])
+            switchpoint = parse_lsn(fields[1])
+        except (ValueError, IndexError, ReceivewalError) as exc:
+            raise ArchiveError(f"syntax error in history file of timeline {timeline}, "
+                               f"line {number}: {raw!r}") from exc
+        if entries and (parent <= entries[-1].timeline or
+                        switchpoint < entries[-1].switchpoint):
+            raise ArchiveError(f"invalid data in history file of timeline {timeline}, line "
+                               f"{number}: timeline IDs and switch points must increase")
+        if parent >= timeline:
+            raise ArchiveError(f"invalid data in history file of timeline {timeline}, line "
+                               f"{number}: parent timeline {parent} is not older")
+        entries.append(TimelineSwitch(parent, switchpoint))
+    return entries
+
+
+def timeline_of(lsn: int, history: list[TimelineSwitch], current: int) -> int:
+    """The timeline that the WAL at ``lsn`` belongs to, seen from timeline ``current``."""
+    for entry in history:
+        if lsn < entry.switchpoint:
+            return entry.timeline
+    return current
+
+
+def switchpoint_of(timeline: int, history: list[TimelineSwitch]) -> int | None:
+    """Where ``timeline`` ended according to ``history``; None if it is the current one."""
+    for entry in history:
+        if entry.timeline == timeline:
+            return entry.switchpoint
+    return None
+
+
+def check_follows(archive_timeline: int, archive_lsn: int, history: list[TimelineSwitch],
+                  server_timeline: int) -> None:
+    """Refuse an archive whose position is not on the server's history.
+
+    The archive stands at ``archive_lsn`` on ``archive_timeline``; the server is on
+    ``server_timeline`` whose history is ``history``.
+    """
+    if archive_timeline == server_timeline:
+        return
+    if archive_timeline > server_timeline:
+        raise ArchiveError(f"the archive is on timeline {archive_timeline}, ahead of the "
+                           f"server's timeline {server_timeline}")
+    end = switchpoint_of(archive_timeline, history)
+    if end is None:
+        raise ArchiveError(f"the archive is on timeline {archive_timeline}, which is not in "
+                           f"the history of the server's timeline {server_timeline}")
+    if archive_lsn > end:
+        raise ArchiveError(
+            f"the archive continues timeline {archive_timeline} at {format_lsn(archive_lsn)}, "
+            f"but the server's timeline {server_timeline} forked from it at {format_lsn(end)}"
+        )

@@ -23,10 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from pgserver import PgServer, free_port, pg_bin, running_server
 from psycopg import pq
+from support.servers import PgServer, free_port, pg_bin, running_server
 
 from receivewal.replication.messages import XLogData, parse_copy_data
 from receivewal.replication.streampack import StreampackDecoder

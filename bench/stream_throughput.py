@@ -21,8 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from pgserver import pg_bin, running_server
+from support.servers import pg_bin, running_server
 
 RECEIVEWAL = [sys.executable, "-m", "receivewal", "stream", "--log-format", "json"]
 

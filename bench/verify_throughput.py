@@ -21,20 +21,17 @@ import argparse
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
-
-from pgserver import PgServer, make_shared_dir, pg_bin
+from support.servers import PgServer, make_shared_dir, pg_bin
 
 from receivewal.check.verify import rmgr_totals, verify_archive
 from receivewal.wal.names import parse_segment_file_name
 from receivewal.wal.reader import SegmentScanner
+
+ROOT = Path(__file__).resolve().parent.parent
 
 REPEATS = 3
 

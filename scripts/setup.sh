@@ -47,4 +47,8 @@ if [ ! -e "$stamp" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[${RECEIVEWAL_EXTRAS:-test}]"
   touch "$stamp"
 fi
+# tests/support (servers, archives, streams) is importable as `support` in this venv, so that the
+# benchmarks in bench/ share the tests' helpers without editing sys.path.
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+[ -e "$site/receivewal-test-support.pth" ] || echo "$ROOT/tests" > "$site/receivewal-test-support.pth"
 export PATH="$VENV/bin:$PATH"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pgserver import PG_BIN, PgServer, make_shared_dir
+from support.servers import PG_BIN, PgServer, make_shared_dir
 
 DATA = Path(__file__).parent / "data"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from walarchive import SEGMENT_SIZE, archive_key, two_server_archives
+from support.sparkarchives import SEGMENT_SIZE, archive_key, two_server_archives
 
 from receivewal.check.analyze import (
     AnalyzeResult,

@@ -22,8 +22,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pyspark
 import pytest
-from pgserver import free_port
-from walarchive import SEGMENT_SIZE, archive_key, two_server_archives
+from support.servers import free_port
+from support.sparkarchives import SEGMENT_SIZE, archive_key, two_server_archives
 
 from receivewal.check.analyze import LOG4J2
 from receivewal.check.verify import rmgr_totals, verify_archive

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from atresthelpers import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.archives import (
     SEGMENT,
     SUFFIX,
     assert_consecutive,
@@ -26,10 +28,9 @@ from atresthelpers import (
     partial_files,
     segno,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from pgserver import PgServer
-from streamhelpers import lsn_to_int, receivewal, start_receivewal, wait_for
+from support.dropin import PG_RECEIVEWAL
+from support.servers import PgServer
+from support.streams import lsn_to_int, receivewal, start_receivewal, wait_for
 
 from receivewal.archive.compression import (
     CompressSpec,
@@ -44,7 +45,6 @@ from receivewal.archive.layout import resume_order
 from receivewal.errors import ConfigurationError
 from receivewal.wal.names import SegmentFile
 
-PG_RECEIVEWAL = "/usr/lib/postgresql/15/bin/pg_receivewal"
 METHODS = ["gzip", "lz4", "zstd"]
 
 # -- the option, as pg_receivewal 15 parses it ------------------------------------------------

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from barmanhelpers import SERVER, Barman
-from pgserver import IS_ROOT, PgServer
-from streamhelpers import wait_for
+from support.barman import SERVER, Barman
+from support.servers import IS_ROOT, PgServer
+from support.streams import wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pgserver import IS_ROOT, PgServer, free_port, pg_bin
-from streamhelpers import receivewal
+from support.servers import IS_ROOT, PgServer, free_port, pg_bin
+from support.streams import receivewal
 
 
 def error_line(stderr: str) -> str:

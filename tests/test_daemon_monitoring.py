@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pgserver import PgServer, free_port
-from streamhelpers import PARTIAL, start_receivewal, stop, wait_for, wal_files
+from support.servers import PgServer, free_port
+from support.streams import PARTIAL, start_receivewal, stop, wait_for, wal_files
 
 pytestmark = pytest.mark.server
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from barman.command_wrappers import PgReceiveXlog
-from dropinhelpers import PG_RECEIVEWAL, install_dropin
-from pgserver import PgServer
-from streamhelpers import wait_for
+from support.dropin import PG_RECEIVEWAL, install_dropin
+from support.servers import PgServer
+from support.streams import wait_for
 
 from receivewal.commands.pg_receivewal import parse_args
 from receivewal.commands.stream import build_settings

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pgserver import IS_ROOT, PgServer
-from streamhelpers import (
+from support.archives import assert_consecutive
+from support.servers import IS_ROOT, PgServer
+from support.streams import (
     assert_identical_to_server,
-    assert_no_gap,
     complete_segments,
     lsn_to_int,
     receivewal,
@@ -23,7 +23,7 @@ from streamhelpers import (
     stop,
     wait_for,
 )
-from tcpproxy import TcpProxy
+from support.tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -44,7 +44,7 @@ def finish_and_compare(pg: PgServer, archive: Path, proc: object, log: Path) -> 
     wait_for(lambda: flushed(pg) >= target, timeout=60, what="the receiver to catch up")
     assert stop(proc) == 0  # type: ignore[arg-type]
     names = assert_identical_to_server(archive, pg)
-    assert_no_gap(names)
+    assert_consecutive(names)
     return names
 
 

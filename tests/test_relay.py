@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pgserver import IS_ROOT, PgServer, free_port
 from psycopg import pq
 from psycopg.pq.abc import PGconn
-from streamhelpers import (
+from support.servers import IS_ROOT, PgServer, free_port
+from support.streams import (
     assert_identical_to_server,
     complete_segments,
     start_receivewal,

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from atresthelpers import SEGMENT, complete_files, decoded, partial_files
-from pgserver import PgServer
-from streamhelpers import lsn_to_int, start_receivewal, wait_for
+from support.archives import SEGMENT, complete_files, decoded, partial_files
+from support.servers import PgServer
+from support.streams import lsn_to_int, start_receivewal, wait_for
 
 from receivewal.archive.compression import CompressSpec, new_compressor
 

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from pgserver import PgServer, pg_bin
-from streamhelpers import (
+from support.archives import assert_consecutive
+from support.servers import PgServer, pg_bin
+from support.streams import (
     PARTIAL,
     assert_identical_to_server,
-    assert_no_gap,
     complete_segments,
     lsn_to_int,
     pg_waldump,
@@ -38,7 +38,7 @@ def test_streams_segments_through_slot_byte_identical_with_endpos(pg: PgServer,
     assert done.returncode == 0, done.stderr
     names = assert_identical_to_server(archive_dir, pg)
     assert len(names) >= 5
-    assert_no_gap(names)
+    assert_consecutive(names)
     files = wal_files(archive_dir)
     assert files[-1].endswith(PARTIAL)
     assert files[-1].removesuffix(PARTIAL) > names[-1]
@@ -74,7 +74,7 @@ def test_restart_continues_where_the_archive_stands(pg: PgServer, archive_dir: P
     assert done.returncode == 0, done.stderr
     names = assert_identical_to_server(archive_dir, pg)
     assert partial_before[0].removesuffix(PARTIAL) in names
-    assert_no_gap(names)
+    assert_consecutive(names)
 
 
 def test_sigkill_mid_stream_under_load_loses_nothing(pg: PgServer, archive_dir: Path,
@@ -105,7 +105,7 @@ def test_sigkill_mid_stream_under_load_loses_nothing(pg: PgServer, archive_dir: 
     assert done.returncode == 0, done.stderr + log.read_text()
     names = assert_identical_to_server(archive_dir, pg)
     assert len(names) >= 4
-    assert_no_gap(names)
+    assert_consecutive(names)
 
 
 def test_slot_restart_lsn_never_passes_archived_wal_and_feedback_shape(

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from pgserver import PgServer
-from streamhelpers import (
+from support.servers import PgServer
+from support.streams import (
     PARTIAL,
     complete_segments,
     lsn_to_int,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pgserver import make_shared_dir
-from walarchive import (
+from support.servers import make_shared_dir
+from support.sparkarchives import (
     SEGMENT_SIZE,
     BuiltArchive,
     build_single_archive,
@@ -25,7 +25,7 @@ from walarchive import (
     compressed_copy,
     lsn_int,
 )
-from waldump import by_rmgr, parse_record_lsns, parse_stats, waldump_output
+from support.waldump import by_rmgr, parse_record_lsns, parse_stats, waldump_output
 
 from receivewal.check.verify import record_type_totals, rmgr_totals, verify_archive
 from receivewal.commands.cli import cli, main

@@ -17,7 +17,7 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from waldump import by_rmgr, parse_stats
+from support.waldump import by_rmgr, parse_stats
 
 from receivewal.archive.files import read_wal_file
 from receivewal.check.verify import record_type_totals, rmgr_totals

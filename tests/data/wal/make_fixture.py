@@ -21,7 +21,7 @@ import zstandard
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from pgserver import PgServer, make_shared_dir, pg_bin  # noqa: E402
+from support.servers import PgServer, make_shared_dir, pg_bin  # noqa: E402
 
 
 def main() -> None:

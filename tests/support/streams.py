@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pgserver import PgServer, pg_bin
+from support.servers import PgServer, pg_bin
 
 RECEIVEWAL = [sys.executable, "-m", "receivewal"]
 PARTIAL = ".partial"
@@ -64,11 +64,6 @@ def assert_identical_to_server(directory: Path, server: PgServer) -> list[str]:
         assert ours == theirs, f"segment {name} differs from the server's pg_wal file"
     return names
 
-
-def assert_no_gap(names: list[str]) -> None:
-    """Segment numbers of one timeline follow each other without a hole."""
-    numbers = [int(n[8:16], 16) * 256 + int(n[16:24], 16) for n in names]
-    assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), names
 
 
 def lsn_to_int(text: str) -> int:

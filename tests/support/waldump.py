@@ -6,7 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from pgserver import pg_bin
+from support.servers import pg_bin
 
 _STATS_ROW = re.compile(
     r"^(\S+)\s+(\d+) \(\s*[\d.]+\)\s+(\d+) \(\s*[\d.]+\)\s+(\d+) \(\s*[\d.]+\)\s+(\d+)"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from support.servers import pg_bin
+
 DROPIN = Path(sys.executable).parent / "pg_receivewal-streampack"
-PG_RECEIVEWAL = "/usr/lib/postgresql/15/bin/pg_receivewal"
+PG_RECEIVEWAL = pg_bin("pg_receivewal")
 
 
 def install_dropin(directory: Path) -> Path:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pgserver import PgServer
-
 from receivewal.archive.compression import decompress_chunks
 from receivewal.wal.names import parse_segment_file_name
+from support.servers import PgServer
 
 SEGMENT = 16 << 20
 SUFFIX = {"gzip": ".gz", "lz4": ".lz4", "zstd": ".zst"}

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import lz4.frame
 import zstandard
-from pgserver import PgServer, make_shared_dir
+
+from support.servers import PgServer, make_shared_dir
 
 SEGMENT_SIZE = 1 << 20
 INITDB_ARGS = ("--wal-segsize=1",)

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dropinhelpers import install_dropin
-from pgserver import PgServer, pg_bin
+from support.dropin import install_dropin
+from support.servers import PgServer, pg_bin
 
 BARMAN = str(Path(sys.executable).parent / "barman")
 SERVER = "pg"

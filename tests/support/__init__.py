@@ -1,0 +1,1 @@
+"""Helpers the tests and benchmarks share: real servers, archives, streams, tools."""

@@ -40,3 +40,14 @@ def archive_dir() -> Iterator[Path]:
     path.mkdir()
     yield path
     shutil.rmtree(base, ignore_errors=True)
+
+
+SPARK_MODULES = ("test_analyze.py", "test_analyze_connect.py")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``-m "... not spark ..."`` the Spark modules are not even imported, so the fast loop
+    runs without the spark extra (pyspark, pyarrow) and Java installed."""
+    if collection_path.name in SPARK_MODULES and "not spark" in (config.option.markexpr or ""):
+        return True
+    return None

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-import receivewal.archive.directory
 from receivewal.archive.directory import Archive
 from receivewal.archive.layout import StartPoint
 from receivewal.daemon.monitor import Monitor
@@ -115,7 +114,7 @@ def test_flush_is_reported_only_after_fsync(tmp_path: Path,
         if session_ref and session_ref[0].writer is not None:
             fsynced.append(session_ref[0].writer.position)
 
-    monkeypatch.setattr(receivewal.archive.directory.os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "fsync", recording_fsync)
     script = [build_xlogdata(START, 0, 0, b"a" * 1000), keepalive(reply=False),
               build_xlogdata(START + 1000, 0, 0, b"b" * 3000), keepalive(reply=True),
               build_xlogdata(START + 4000, 0, 0, b"c" * 500)]

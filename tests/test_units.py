@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -190,8 +191,8 @@ def test_archive_must_lie_on_the_server_history() -> None:
 
 def test_settings_refuse_what_pg_receivewal_refuses(tmp_path: Path) -> None:
     """Option conflicts are configuration errors with pg_receivewal's wording."""
-    base = {"directory": tmp_path, "conninfo": ""}
-    cases = [
+    base: dict[str, Any] = {"directory": tmp_path, "conninfo": ""}
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"synchronous": True, "sync": False}, "cannot use --synchronous together with --no-sync"),
         ({"create_slot": True, "drop_slot": True, "slot": "s"}, "together with --drop-slot"),
         ({"create_slot": True}, "needs a slot"),
@@ -202,7 +203,7 @@ def test_settings_refuse_what_pg_receivewal_refuses(tmp_path: Path) -> None:
     ]
     for extra, message in cases:
         with pytest.raises(ConfigurationError, match=message):
-            Settings(**{**base, **extra}).validate()  # type: ignore[arg-type]
+            Settings(**{**base, **extra}).validate()
     assert Settings(directory=None, conninfo="", slot="s", drop_slot=True).validate()
 
 

@@ -33,10 +33,9 @@ from receivewal.wal.names import (
     parse_segment_file_name,
     wal_file_name,
 )
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, parse_long_header
 
 IDENTITY_FILE = ".receivewal-archive.json"
-LONG_PAGE_HEADER = struct.Struct("<HHIQIxxxxQII")  # magic, info, tli, pageaddr, rem_len, sysid,
-#                                                    seg_size, xlog_blcksz
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
@@ -140,10 +139,8 @@ class Archive:
             return None
         path = self.directory / plain[-1].file_name(segment_size)
         with path.open("rb") as fh:
-            header = fh.read(LONG_PAGE_HEADER.size)
-        if len(header) < LONG_PAGE_HEADER.size:
-            return None
-        return str(LONG_PAGE_HEADER.unpack(header)[5])
+            header = parse_long_header(fh.read(SIZE_OF_LONG_PHD))
+        return None if header is None else str(header.system_identifier)
 
     def write_identity(self, identity: ArchiveIdentity) -> None:
         """Record whose archive this is (durably)."""

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
-from receivewal.wal.reader import XLOG_BLCKSZ, SegmentScan, WalProblem
+from receivewal.wal.pageheader import XLOG_BLCKSZ
+from receivewal.wal.reader import SegmentScan, WalProblem
 from receivewal.wal.timeline import TimelineSwitch, parse_history
 
 

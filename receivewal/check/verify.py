@@ -33,8 +33,8 @@ from receivewal.check.crosscheck import (
 from receivewal.errors import ArchiveError, ConfigurationError
 from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn
 from receivewal.wal.names import SegmentFile, parse_history_file_name, parse_segment_file_name
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD
 from receivewal.wal.reader import (
-    SIZE_OF_LONG_PHD,
     RmgrTotals,
     SegmentScan,
     SegmentScanner,

@@ -24,20 +24,24 @@ from dataclasses import dataclass
 import crc32c
 
 from receivewal.wal.lsn import format_lsn
+from receivewal.wal.pageheader import (
+    LONG_FIELDS,
+    SHORT_HEADER,
+    SIZE_OF_LONG_PHD,
+    SIZE_OF_SHORT_PHD,
+    XLOG_BLCKSZ,
+    XLOG_PAGE_MAGIC,
+    XLP_ALL_FLAGS,
+    XLP_FIRST_IS_CONTRECORD,
+    XLP_FIRST_IS_OVERWRITE_CONTRECORD,
+    XLP_LONG_HEADER,
+)
 from receivewal.wal.rmgr import RM_XACT_ID, is_switch_record, rmgr_id_is_valid
 
-XLOG_PAGE_MAGIC = 0xD110  # PostgreSQL 15
-XLOG_BLCKSZ = 8192
-SIZE_OF_SHORT_PHD = 24
-SIZE_OF_LONG_PHD = 40
 SIZE_OF_XLOG_RECORD = 24
-XLP_FIRST_IS_CONTRECORD = 0x0001
-XLP_LONG_HEADER = 0x0002
-XLP_FIRST_IS_OVERWRITE_CONTRECORD = 0x0008
-XLP_ALL_FLAGS = 0x000F
 
-_PAGE = struct.Struct("<HHIQI")  # xlp_magic, xlp_info, xlp_tli, xlp_pageaddr, xlp_rem_len
-_LONG = struct.Struct("<QII")  # xlp_sysid, xlp_seg_size, xlp_xlog_blcksz (at offset 24)
+_PAGE = SHORT_HEADER
+_LONG = LONG_FIELDS
 _RECORD = struct.Struct("<IIQBBxxI")  # xl_tot_len, xl_xid, xl_prev, xl_info, xl_rmid, xl_crc
 # The header plus the first 22 bytes after it: block id, fork flags, data length of block 0,
 # and the two bytes where short main data follows a block header without an image.

@@ -37,13 +37,9 @@ from support.streams import (
     wait_for,
 )
 
+from receivewal.addresses import parse_address
 from receivewal.errors import ConfigurationError
-from receivewal.relay.server import (
-    BackendStream,
-    build_startup_packet,
-    decide_startup,
-    parse_address,
-)
+from receivewal.relay.protocol import BackendStream, build_startup_packet, decide_startup
 from receivewal.replication.messages import (
     KEEPALIVE,
     PrimaryKeepalive,
@@ -483,7 +479,7 @@ def test_relay_command_refuses_bad_options() -> None:
          "--upstream", "nowhere", "--compression", "gzip"],
         capture_output=True, text=True, check=False)
     assert out.returncode != 0
-    assert "invalid address 'nowhere'" in out.stderr
+    assert "invalid upstream address 'nowhere'" in out.stderr
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -495,9 +491,12 @@ def test_parse_address(text: str, expected: tuple[str, int]) -> None:
     assert parse_address(text) == expected
 
 
-@pytest.mark.parametrize("text", ["5432", ":5432", "host:", "host:port", "host:70000"])
-def test_parse_address_refuses(text: str) -> None:
-    with pytest.raises(ConfigurationError, match="expected HOST:PORT"):
+@pytest.mark.parametrize(("text", "message"), [
+    ("5432", "expected HOST:PORT"), ("host:", "port must be a number"),
+    ("host:port", "port must be a number"), ("host:70000", "port must be a number"),
+])
+def test_parse_address_refuses(text: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
         parse_address(text)
 
 

@@ -18,17 +18,19 @@ connections receivers would make to it. For each client it:
    unchanged in both directions (any authentication method that works without TLS works);
 4. passes every message through, except that the XLogData CopyData frames the upstream sends in
    COPY BOTH mode (after START_REPLICATION) are compressed exactly as the module's sender does
-   (:class:`~receivewal.streampack.StreampackEncoder`: same layout, same ``min_size`` rule, one
-   compression state per client connection that survives a timeline switch and the next
-   START_REPLICATION on that connection).
+   (:class:`~receivewal.replication.streampack.StreampackEncoder`: same layout, same
+   ``min_size`` rule, one compression state per client connection that survives a timeline
+   switch and the next START_REPLICATION on that connection).
 
 Non-replication connections (no ``replication`` startup parameter) are passed through unchanged
 (minus the streampack option) and never compressed, so tools like psql work through the relay.
 
 One asyncio event loop serves all connections. Protocol decisions (startup packet parsing, the
-choice of algorithm, reframing and compressing the upstream's messages) are pure code below;
-the socket work is confined to :class:`RelaySession` and :class:`Relay`.
+choice of algorithm, reframing and compressing the upstream's messages) are pure code in
+:mod:`receivewal.relay.protocol`; the socket work is confined to :class:`RelaySession` and
+:class:`Relay` here.
 """
+
 
 from __future__ import annotations
 
@@ -38,177 +40,29 @@ import signal
 import socket
 import ssl
 import struct
-from dataclasses import dataclass
 from typing import Any
 
-import click
-
 from receivewal.errors import ConfigurationError, ReceivewalError
-from receivewal.logs import configure_logging, get_logger
-from receivewal.replication.streampack import (
-    StreampackEncoder,
-    StreampackStats,
-    parse_compression_list,
-    take_streampack_option,
+from receivewal.logs import get_logger
+from receivewal.relay.protocol import (
+    GSSENC_REQUEST,
+    MAX_STARTUP_PACKET,
+    PROTOCOL_3,
+    SSL_REQUEST,
+    BackendStream,
+    build_error_response,
+    decide_startup,
 )
+from receivewal.relay.settings import RelaySettings, upstream_ssl_context
+from receivewal.replication.streampack import StreampackEncoder
 
-PROTOCOL_3 = 196608
-SSL_REQUEST = 80877103
-GSSENC_REQUEST = 80877104
-CANCEL_REQUEST = 80877102
-MAX_STARTUP_PACKET = 10_000  # the server's own limit
 STARTUP_TIMEOUT = 60.0
 RECV_SIZE = 256 * 1024
-
-_REPLICATION_FALSE = {"false", "off", "no", "0"}
 
 
 def _log() -> Any:
     # Bound on use, not at import: binding freezes structlog's configuration of that moment.
     return get_logger(component="relay")
-
-
-# -- pure protocol logic ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RelaySettings:
-    """What ``receivewal relay`` was asked to do."""
-
-    listen_host: str
-    listen_port: int
-    upstream_host: str
-    upstream_port: int
-    offered: tuple[str, ...] = ("zstd", "lz4")
-    min_size: int = 32
-    zstd_level: int = 1
-    upstream_sslmode: str = "prefer"
-    upstream_sslrootcert: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StartupDecision:
-    """What to forward to the upstream for one client startup packet, and how to compress."""
-
-    packet: bytes
-    """The startup packet to send upstream (the streampack option removed)."""
-    replication: bool
-    requested: tuple[str, ...]
-    algorithm: str | None
-    """The algorithm chosen for this connection, None for plain."""
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """Parse ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigurationError(f"invalid address {text!r}: expected HOST:PORT")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-def parse_startup_parameters(body: bytes) -> dict[str, str]:
-    """The name/value pairs of a protocol 3.0 startup packet (after length and version)."""
-    fields = body.split(b"\x00")
-    if len(fields) < 2 or fields[-1] != b"" or fields[-2] != b"":
-        raise ConfigurationError("malformed startup packet: parameters not terminated")
-    pairs = fields[:-2]
-    if len(pairs) % 2:
-        raise ConfigurationError("malformed startup packet: a parameter without a value")
-    return {pairs[i].decode("utf-8", "replace"): pairs[i + 1].decode("utf-8", "replace")
-            for i in range(0, len(pairs), 2)}
-
-
-def build_startup_packet(parameters: dict[str, str]) -> bytes:
-    """A protocol 3.0 startup packet carrying ``parameters``."""
-    body = b"".join(k.encode() + b"\x00" + v.encode() + b"\x00" for k, v in parameters.items())
-    body += b"\x00"
-    return struct.pack(">II", 8 + len(body), PROTOCOL_3) + body
-
-
-def build_error_response(message: str, code: str = "08006") -> bytes:
-    """A FATAL ErrorResponse, as the server sends before closing a connection."""
-    fields = b"".join(tag + value.encode() + b"\x00" for tag, value in (
-        (b"S", "FATAL"), (b"V", "FATAL"), (b"C", code), (b"M", message)))
-    fields += b"\x00"
-    return b"E" + struct.pack(">I", 4 + len(fields)) + fields
-
-
-def decide_startup(body: bytes, offered: tuple[str, ...]) -> StartupDecision:
-    """Take the streampack request out of a startup packet and choose the algorithm.
-
-    Raises ConfigurationError with the server's message when the request is invalid.
-    """
-    parameters = parse_startup_parameters(body)
-    remaining, request = take_streampack_option(parameters.get("options"))
-    requested: tuple[str, ...] = ()
-    if request is not None:
-        try:
-            requested = parse_compression_list(request) if request.strip() else ()
-        except ConfigurationError as exc:
-            raise ConfigurationError(
-                f'invalid value for parameter "pg_streampack.requested": "{request}"'
-            ) from exc
-    if remaining is None:
-        parameters.pop("options", None)
-    else:
-        parameters["options"] = remaining
-    replication = parameters.get("replication", "false").lower() not in _REPLICATION_FALSE
-    algorithm = next((name for name in requested if name in offered), None)
-    return StartupDecision(
-        packet=build_startup_packet(parameters),
-        replication=replication,
-        requested=requested,
-        algorithm=algorithm if replication else None,
-    )
-
-
-class BackendStream:
-    """Reframes the upstream's byte stream into messages and compresses XLogData (pure).
-
-    ``feed`` takes bytes as they arrive and returns the bytes to send to the client. Only
-    ``d`` (CopyData) messages starting with ``w`` received between CopyBothResponse (``W``) and
-    the end of that COPY are compressed; every other byte passes unchanged.
-    """
-
-    def __init__(self, encoder: StreampackEncoder | None) -> None:
-        self.encoder = encoder
-        self.copy_both = False
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> bytes:
-        """Bytes received from the upstream in, bytes for the client out."""
-        if self.encoder is None:
-            return data
-        buf = self._buffer
-        buf += data
-        out: list[bytes] = []
-        pos = 0
-        while len(buf) - pos >= 5:
-            kind = buf[pos]
-            end = pos + 1 + int.from_bytes(buf[pos + 1 : pos + 5], "big")
-            if end > len(buf):
-                break
-            if kind == 0x64 and self.copy_both and end > pos + 5 and buf[pos + 5] == 0x77:
-                frame = self.encoder.encode(bytes(buf[pos + 5 : end]))
-                out.append(b"d" + struct.pack(">I", 4 + len(frame)) + frame)
-            else:
-                out.append(bytes(buf[pos:end]))
-                if kind == 0x57:  # CopyBothResponse
-                    self.copy_both = True
-                elif kind in b"cCEZ":  # CopyDone, CommandComplete, ErrorResponse, ReadyForQuery
-                    self.copy_both = False
-            pos = end
-        del buf[:pos]
-        return b"".join(out)
-
-    def stats(self) -> StreampackStats | None:
-        """The encoder's statistics (None for a plain connection)."""
-        return self.encoder.stats() if self.encoder is not None else None
-
-
-# -- sockets (asyncio) -----------------------------------------------------------------------
 
 
 class ClientGone(ReceivewalError):  # noqa: N818 - a state: the client went away
@@ -217,38 +71,6 @@ class ClientGone(ReceivewalError):  # noqa: N818 - a state: the client went away
 
 class UpstreamError(ReceivewalError):
     """The upstream could not be reached, or not with the TLS that was required."""
-
-
-UPSTREAM_SSLMODES = ("disable", "prefer", "require", "verify-ca", "verify-full")
-
-
-def upstream_ssl_context(sslmode: str, rootcert: str | None) -> ssl.SSLContext | None:
-    """The TLS context for the upstream connection, following libpq's ``sslmode`` meanings.
-
-    ``prefer`` and ``require`` encrypt without checking the certificate, ``verify-ca`` checks
-    it against ``rootcert`` (the system's CAs without one), ``verify-full`` also the host name.
-    """
-    if sslmode not in UPSTREAM_SSLMODES:
-        raise ConfigurationError(f"invalid upstream sslmode {sslmode!r} "
-                                 f"(one of {', '.join(UPSTREAM_SSLMODES)})")
-    if sslmode == "disable":
-        return None
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    if sslmode in ("prefer", "require"):
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    context.check_hostname = sslmode == "verify-full"
-    context.verify_mode = ssl.CERT_REQUIRED
-    try:
-        if rootcert:
-            context.load_verify_locations(rootcert)
-        else:
-            context.load_default_certs()
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigurationError(f"cannot load upstream root certificate {rootcert}: {exc}") \
-            from exc
-    return context
 
 
 async def _close(writer: asyncio.StreamWriter | None) -> None:
@@ -458,58 +280,3 @@ class Relay:
             await RelaySession(self.settings, self.ssl_context, reader, writer).run()
         finally:
             self._sessions.discard(task)
-
-
-# -- command line -----------------------------------------------------------------------------
-
-
-def build_relay_settings(listen: str, upstream: str, *, compression: str = "zstd,lz4",
-                         min_size: int = 32, zstd_level: int = 1,
-                         upstream_sslmode: str = "prefer",
-                         upstream_sslrootcert: str | None = None) -> RelaySettings:
-    """Validated settings for ``receivewal relay`` (raises ConfigurationError)."""
-    listen_host, listen_port = parse_address(listen)
-    upstream_host, upstream_port = parse_address(upstream)
-    offered = parse_compression_list(compression)
-    if offered:
-        StreampackEncoder(offered[0], min_size, zstd_level)  # validates min size and level
-    upstream_ssl_context(upstream_sslmode, upstream_sslrootcert)  # validates the TLS settings
-    return RelaySettings(listen_host, listen_port, upstream_host, upstream_port, offered,
-                         min_size, zstd_level, upstream_sslmode, upstream_sslrootcert)
-
-
-@click.command("relay")
-@click.option("--listen", required=True, metavar="HOST:PORT",
-              help="Address to accept receivers on (no TLS toward clients).")
-@click.option("--upstream", required=True, metavar="HOST:PORT", help="The primary to relay.")
-@click.option("--upstream-sslmode", type=click.Choice(UPSTREAM_SSLMODES), default="prefer",
-              show_default=True, help="TLS toward the upstream, as libpq's sslmode.")
-@click.option("--upstream-sslrootcert", type=click.Path(dir_okay=False),
-              help="CA certificates for --upstream-sslmode verify-ca/verify-full.")
-@click.option("--compression", default="zstd,lz4", show_default=True,
-              help="pg_streampack algorithms offered to clients, or none.")
-@click.option("--min-size", type=int, default=32, show_default=True,
-              help="WAL payloads smaller than this many bytes are sent plain.")
-@click.option("--zstd-level", type=int, default=1, show_default=True,
-              help="zstd compression level (the module uses 1).")
-@click.option("-v", "--verbose", count=True, help="More log output (debug events).")
-def relay_command(*, listen: str, upstream: str, upstream_sslmode: str,
-                  upstream_sslrootcert: str | None, compression: str, min_size: int,
-                  zstd_level: int, verbose: int) -> int:
-    """Relay a primary to receivers, compressing its WAL stream with pg_streampack.
-
-    No TLS toward clients: run it where the link to the receivers is trusted.
-    """
-    configure_logging(verbose)
-    try:
-        settings = build_relay_settings(
-            listen, upstream, compression=compression, min_size=min_size,
-            zstd_level=zstd_level, upstream_sslmode=upstream_sslmode,
-            upstream_sslrootcert=upstream_sslrootcert)
-        relay = Relay(settings)
-    except ConfigurationError as exc:
-        raise click.UsageError(str(exc)) from exc
-    except OSError as exc:
-        raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
-    relay.serve_forever(stop_signals=(signal.SIGTERM, signal.SIGINT))
-    return 0

@@ -73,7 +73,8 @@ class RelayProcess:
 
 @contextmanager
 def running_relay(upstream_port: int, offered: tuple[str, ...] = ("zstd", "lz4"),
-                  min_size: int = 32, extra: tuple[str, ...] = ()) -> Iterator[RelayProcess]:
+                  min_size: int = 32, extra: tuple[str, ...] = (),
+                  listen_host: str = "127.0.0.1") -> Iterator[RelayProcess]:
     """``receivewal relay`` in front of ``upstream_port``; stopped with SIGTERM, which must
     make it exit 0.
 
@@ -82,7 +83,7 @@ def running_relay(upstream_port: int, offered: tuple[str, ...] = ("zstd", "lz4")
     """
     relay = RelayProcess(free_port())
     proc = subprocess.Popen(
-        [sys.executable, "-m", "receivewal", "relay", "--listen", f"127.0.0.1:{relay.port}",
+        [sys.executable, "-m", "receivewal", "relay", "--listen", f"{listen_host}:{relay.port}",
          "--upstream", f"127.0.0.1:{upstream_port}", "--compression",
          ",".join(offered) or "none", "--min-size", str(min_size), *extra],
         stderr=subprocess.PIPE, text=True)

@@ -3,19 +3,24 @@
 The relay sits next to the primary (a managed service, an old server) and accepts the
 connections receivers would make to it. For each client it:
 
-1. reads the startup packet. An SSLRequest or GSSENCRequest is answered ``N``, so the client
-   continues in plaintext: **the relay does no TLS toward clients** (run it where the link to
-   the receiver is trusted, or tunnel it). Toward the upstream it does TLS as libpq's
-   ``sslmode`` says (``--upstream-sslmode``, default ``prefer``; ``verify-ca``/``verify-full``
-   check the certificate against ``--upstream-sslrootcert``); no client certificates and no
-   GSSAPI encryption. A CancelRequest is forwarded to the upstream unchanged, in plaintext as
-   libpq sends it;
+0. admits it or not: a client outside ``--allow`` (default: loopback only), a plaintext client
+   when TLS is required, and every client past ``--max-connections`` get a FATAL
+   ErrorResponse naming the reason, and nothing reaches the upstream;
+1. reads the startup packet. An SSLRequest is answered ``S`` and TLS follows when the relay
+   has a certificate (``--tls-cert``/``--tls-key``; client certificates checked against
+   ``--tls-ca``), ``N`` otherwise; GSSENCRequest is answered ``N``. Plaintext is refused
+   (``--client-tls require``) by default unless ``--listen`` is a loopback address. Toward
+   the upstream it does TLS as libpq's ``sslmode`` says (``--upstream-sslmode``, default
+   ``prefer``; ``verify-ca``/``verify-full`` check the certificate against
+   ``--upstream-sslrootcert``). A CancelRequest is forwarded to the upstream unchanged, in
+   plaintext as libpq sends it (the server accepts cancels in plaintext too);
 2. takes ``-c pg_streampack.requested=LIST`` out of the ``options`` startup parameter and picks
    the first algorithm of the client's list that the relay offers (the client's order wins, as
    with the module). A list the module would refuse (unknown or repeated names) is refused with
    the server's own message, ``invalid value for parameter "pg_streampack.requested"``;
-3. forwards the startup packet, minus that option, and then the whole authentication exchange,
-   unchanged in both directions (any authentication method that works without TLS works);
+3. forwards the startup packet byte for byte, minus that option, and then the authentication
+   exchange unchanged in both directions, except that SCRAM-SHA-256-PLUS is taken out of the
+   mechanisms the server offers (channel binding cannot span the relay's two TLS sessions);
 4. passes every message through, except that the XLogData CopyData frames the upstream sends in
    COPY BOTH mode (after START_REPLICATION) are compressed exactly as the module's sender does
    (:class:`~receivewal.replication.streampack.StreampackEncoder`: same layout, same
@@ -28,7 +33,8 @@ Non-replication connections (no ``replication`` startup parameter) are passed th
 One asyncio event loop serves all connections. Protocol decisions (startup packet parsing, the
 choice of algorithm, reframing and compressing the upstream's messages) are pure code in
 :mod:`receivewal.relay.protocol`; the socket work is confined to :class:`RelaySession` and
-:class:`Relay` here.
+:class:`Relay` (here: accepting and admitting) and :class:`~receivewal.relay.session.
+RelaySession` (one client).
 """
 
 
@@ -38,175 +44,28 @@ import asyncio
 import contextlib
 import signal
 import socket
-import ssl
-import struct
 from typing import Any
 
-from receivewal.errors import ConfigurationError, ReceivewalError
-from receivewal.logs import get_logger
-from receivewal.relay.protocol import (
-    GSSENC_REQUEST,
-    MAX_STARTUP_PACKET,
-    PROTOCOL_3,
-    SSL_REQUEST,
-    BackendStream,
-    build_error_response,
-    decide_startup,
+from receivewal.relay.protocol import CANCEL_REQUEST
+from receivewal.relay.session import (
+    Client,
+    ClientGone,
+    RelaySession,
+    close_writer,
+    negotiate,
+    refuse,
+    relay_log,
 )
-from receivewal.relay.settings import RelaySettings, upstream_ssl_context
-from receivewal.replication.streampack import StreampackEncoder
+from receivewal.relay.settings import (
+    RelaySettings,
+    client_ssl_context,
+    is_allowed,
+    upstream_ssl_context,
+)
 
 STARTUP_TIMEOUT = 60.0
-RECV_SIZE = 256 * 1024
-
-
-def _log() -> Any:
-    # Bound on use, not at import: binding freezes structlog's configuration of that moment.
-    return get_logger(component="relay")
-
-
-class ClientGone(ReceivewalError):  # noqa: N818 - a state: the client went away
-    """The client closed its connection before the relay was done with it."""
-
-
-class UpstreamError(ReceivewalError):
-    """The upstream could not be reached, or not with the TLS that was required."""
-
-
-async def _close(writer: asyncio.StreamWriter | None) -> None:
-    if writer is None:
-        return
-    writer.close()
-    with contextlib.suppress(OSError):  # includes TLS errors and timeouts
-        await asyncio.wait_for(writer.wait_closed(), 5)
-
-
-class RelaySession:
-    """One client connection and its upstream connection."""
-
-    def __init__(self, settings: RelaySettings, ssl_context: ssl.SSLContext | None,
-                 client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
-                 ) -> None:
-        self.settings = settings
-        self.ssl_context = ssl_context
-        self.client_reader = client_reader
-        self.client_writer = client_writer
-        self.upstream_writer: asyncio.StreamWriter | None = None
-        self.stream: BackendStream | None = None
-        peer = client_writer.get_extra_info("peername") or ("?", 0)
-        self.log = _log().bind(client=f"{peer[0]}:{peer[1]}")
-
-    async def run(self) -> None:
-        """Relay until either side closes; never raises (but can be cancelled)."""
-        try:
-            await self._run()
-        except (OSError, ClientGone, asyncio.IncompleteReadError) as exc:  # incl. TLS, timeouts
-            self.log.debug("relay_connection_error", error=str(exc) or type(exc).__name__)
-        finally:
-            await _close(self.client_writer)
-            await _close(self.upstream_writer)
-            stats = self.stream.stats() if self.stream is not None else None
-            self.log.info("relay_client_disconnected",
-                          **({"streampack": stats.as_dict()} if stats else {}))
-
-    async def _read_startup(self) -> tuple[int, bytes]:
-        while True:
-            (length,) = struct.unpack(">I", await self.client_reader.readexactly(4))
-            if not 8 <= length <= MAX_STARTUP_PACKET:
-                raise ClientGone(f"invalid startup packet length {length}")
-            packet = await self.client_reader.readexactly(length - 4)
-            (code,) = struct.unpack_from(">I", packet)
-            if code in (SSL_REQUEST, GSSENC_REQUEST):
-                self.client_writer.write(b"N")  # no encryption: the client goes on in plaintext
-                await self.client_writer.drain()
-                continue
-            return code, struct.pack(">I", length) + packet
-
-    async def _connect_upstream(self, tls: bool) -> tuple[asyncio.StreamReader,
-                                                           asyncio.StreamWriter]:
-        host, port = self.settings.upstream_host, self.settings.upstream_port
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 30)
-        self.upstream_writer = writer
-        if not tls or self.ssl_context is None:
-            return reader, writer
-        writer.write(struct.pack(">II", 8, SSL_REQUEST))
-        await writer.drain()
-        answer = await asyncio.wait_for(reader.readexactly(1), 30)
-        if answer == b"S":
-            await writer.start_tls(self.ssl_context, server_hostname=host,
-                                   ssl_handshake_timeout=30)
-        elif answer != b"N":
-            raise UpstreamError(f"unexpected answer {answer!r} to the SSL request")
-        elif self.settings.upstream_sslmode != "prefer":
-            raise UpstreamError("the upstream server does not support SSL, but sslmode "
-                                f"{self.settings.upstream_sslmode} requires it")
-        return reader, writer
-
-    async def _refuse(self, message: str, code: str) -> None:
-        self.client_writer.write(build_error_response(message, code))
-        await self.client_writer.drain()
-
-    async def _run(self) -> None:
-        code, packet = await asyncio.wait_for(self._read_startup(), STARTUP_TIMEOUT)
-        if code != PROTOCOL_3:
-            # A CancelRequest (or a protocol the upstream refuses itself): forward it as is, in
-            # plaintext like libpq's cancel, and pass back whatever comes.
-            self.log.debug("relay_forwarding_special_packet", code=code)
-            reader, writer = await self._connect_upstream(tls=False)
-            writer.write(packet)
-            await self._pump(reader, writer, BackendStream(None))
-            return
-        try:
-            decision = decide_startup(packet[8:], self.settings.offered)
-        except ConfigurationError as exc:
-            self.log.warning("relay_startup_refused", reason=str(exc))
-            await self._refuse(str(exc), "22023")
-            return
-        try:
-            reader, writer = await self._connect_upstream(tls=True)
-        except (OSError, UpstreamError, asyncio.IncompleteReadError) as exc:
-            reason = str(exc) or type(exc).__name__
-            self.log.warning("relay_upstream_unreachable", error=reason)
-            await self._refuse(
-                f"receivewal relay could not connect to the upstream server: {reason}", "08006")
-            return
-        encoder = (StreampackEncoder(decision.algorithm, self.settings.min_size,
-                                     self.settings.zstd_level)
-                   if decision.algorithm else None)
-        self.log.info("relay_client_connected", replication=decision.replication,
-                      requested=",".join(decision.requested) or None,
-                      compression=decision.algorithm,
-                      upstream_tls=writer.get_extra_info("sslcontext") is not None)
-        writer.write(decision.packet)
-        await self._pump(reader, writer, BackendStream(encoder))
-
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    stream: BackendStream) -> None:
-        self.stream = stream
-
-        async def to_upstream() -> None:
-            while data := await self.client_reader.read(RECV_SIZE):
-                writer.write(data)
-                await writer.drain()
-
-        async def to_client() -> None:
-            while data := await reader.read(RECV_SIZE):
-                out = stream.feed(data)
-                if out:
-                    self.client_writer.write(out)
-                    await self.client_writer.drain()
-
-        tasks = [asyncio.create_task(to_upstream()), asyncio.create_task(to_client())]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-        for result in results:
-            if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError):
-                self.log.debug("relay_connection_error", error=str(result) or repr(result))
-        del done
+REFUSAL_TIMEOUT = 10.0
+ACCEPT_BACKOFF = 0.5  # seconds without accepting after accept() failed (out of descriptors)
 
 
 class Relay:
@@ -214,21 +73,25 @@ class Relay:
 
     One asyncio event loop serves every connection (the upstream TLS needs no locking that
     way); compression runs on the loop, which is fine for the handful of receivers a primary
-    has.
+    has. At most ``max_connections`` clients are served at once; as many more can be in the
+    middle of being refused, and beyond that a connection is closed at once.
     """
 
     def __init__(self, settings: RelaySettings) -> None:
         self.settings = settings
         self.ssl_context = upstream_ssl_context(settings.upstream_sslmode,
                                                 settings.upstream_sslrootcert)
+        self.client_ssl = client_ssl_context(settings)
         self._listener = socket.create_server(
             (settings.listen_host, settings.listen_port), backlog=64,
             family=socket.AF_INET6 if ":" in settings.listen_host else socket.AF_INET,
         )
+        self._listener.setblocking(False)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
         self._sessions: set[asyncio.Task[Any]] = set()
+        self._refusing: set[asyncio.Task[Any]] = set()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -254,29 +117,90 @@ class Relay:
             self._loop.add_signal_handler(signum, self._on_signal, signum)
         if self._stop_requested:
             self._stopping.set()
-        server = await asyncio.start_server(self._handle, sock=self._listener, backlog=64)
-        _log().info("relay_listening", listen=f"{self.address[0]}:{self.address[1]}",
-                    upstream=f"{self.settings.upstream_host}:{self.settings.upstream_port}",
-                    upstream_sslmode=self.settings.upstream_sslmode,
-                    offered=",".join(self.settings.offered) or None,
-                    min_size=self.settings.min_size, zstd_level=self.settings.zstd_level)
-        async with server:
-            await self._stopping.wait()
-            server.close()
-            for task in list(self._sessions):
-                task.cancel()
-            await asyncio.gather(*self._sessions, return_exceptions=True)
-        _log().info("relay_stopped")
+        settings = self.settings
+        relay_log().info(
+            "relay_listening", listen=f"{self.address[0]}:{self.address[1]}",
+            upstream=f"{settings.upstream_host}:{settings.upstream_port}",
+            upstream_sslmode=settings.upstream_sslmode, client_tls=settings.client_tls,
+            client_certificates=settings.tls_ca is not None,
+            allow=",".join(str(n) for n in settings.allow),
+            max_connections=settings.max_connections,
+            offered=",".join(settings.offered) or None,
+            min_size=settings.min_size, zstd_level=settings.zstd_level)
+        accepting = asyncio.create_task(self._accept_forever())
+        await self._stopping.wait()
+        accepting.cancel()
+        tasks = [accepting, *self._sessions, *self._refusing]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._listener.close()
+        relay_log().info("relay_stopped")
 
     def _on_signal(self, signum: signal.Signals) -> None:
-        _log().info("relay_stopping", signal=signum.name)
+        relay_log().info("relay_stopping", signal=signum.name)
         self.stop()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._sessions.add(task)
+    async def _accept_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, peer = await loop.sock_accept(self._listener)
+            except OSError as exc:  # EMFILE and the like: let sessions end, then go on
+                relay_log().warning("relay_accept_failed", error=str(exc))
+                await asyncio.sleep(ACCEPT_BACKOFF)
+                continue
+            sock.setblocking(False)
+            host = str(peer[0])
+            reason = self._refusal(host)
+            tasks = self._sessions if reason is None else self._refusing
+            if reason is not None and len(self._refusing) >= self.settings.max_connections:
+                sock.close()  # too many refusals in flight already: no answer
+                continue
+            task = asyncio.create_task(self._handle(sock, f"{host}:{peer[1]}", reason))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    def _refusal(self, host: str) -> tuple[str, str] | None:
+        """Why a client from ``host`` is refused (message, SQLSTATE), or None."""
+        if not is_allowed(host, self.settings.allow):
+            return (f"receivewal relay: connection from {host} refused: {host} is not in "
+                    "the relay's --allow list", "28000")
+        if len(self._sessions) >= self.settings.max_connections:
+            return (f"receivewal relay: too many connections (--max-connections "
+                    f"{self.settings.max_connections})", "53300")
+        return None
+
+    async def _handle(self, sock: socket.socket, peer: str,
+                      reason: tuple[str, str] | None) -> None:
+        log = relay_log().bind(client=peer)
+        timeout = STARTUP_TIMEOUT if reason is None else REFUSAL_TIMEOUT
         try:
-            await RelaySession(self.settings, self.ssl_context, reader, writer).run()
+            client = await asyncio.wait_for(negotiate(sock, self.client_ssl), timeout)
+        except (OSError, ClientGone, asyncio.IncompleteReadError, TimeoutError) as exc:
+            log.debug("relay_negotiation_failed", error=str(exc) or type(exc).__name__)
+            sock.close()
+            return
+        if reason is None:
+            reason = self._tls_refusal(client)
+        if reason is None:
+            await RelaySession(self.settings, self.ssl_context, client, log).run()
+            return
+        log.warning("relay_client_refused", reason=reason[0], client_tls=client.tls)
+        try:
+            await refuse(client.writer, *reason)
+        except OSError as exc:
+            log.debug("relay_connection_error", error=str(exc))
         finally:
-            self._sessions.discard(task)
+            await close_writer(client.writer)
+
+    def _tls_refusal(self, client: Client) -> tuple[str, str] | None:
+        if client.code == CANCEL_REQUEST:
+            return None
+        if not client.tls and self.settings.client_tls == "require":
+            return ("receivewal relay requires TLS from clients: connect with sslmode=require "
+                    "or stronger", "28000")
+        if client.tls and self.settings.tls_ca and not client.writer.get_extra_info("peercert"):
+            return ("receivewal relay requires a client certificate signed by its --tls-ca: "
+                    "set sslcert and sslkey", "28000")
+        return None

@@ -25,18 +25,20 @@ PEM = click.Path(exists=True, dir_okay=False)
               help="Address to accept receivers on; off loopback, clients must use TLS.")
 @click.option("--upstream", required=True, metavar="HOST:PORT", help="The primary to relay.")
 @click.option("--tls-cert", type=PEM, metavar="PEM",
-              help="The relay's certificate (chain) for TLS toward clients.")
+              help="Certificate for TLS toward clients (the relay itself sees the stream).")
 @click.option("--tls-key", type=PEM, metavar="PEM", help="The private key of --tls-cert.")
 @click.option("--tls-ca", type=PEM, metavar="PEM",
               help="Require client certificates signed by these CAs (mutual TLS).")
 @click.option("--client-tls", type=click.Choice(CLIENT_TLS_MODES),
               help="TLS toward clients [default: require unless --listen is loopback].")
 @click.option("--allow", multiple=True, metavar="CIDR",
-              help="Client networks let in (repeatable) [default: loopback only].")
+              help="Client networks let in, others refused (repeatable) [default: loopback only].")
 @click.option("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
               show_default=True, help="Clients served at once; more get 'too many connections'.")
 @click.option("--upstream-sslmode", type=click.Choice(UPSTREAM_SSLMODES), default="prefer",
-              show_default=True, help="TLS toward the upstream, as libpq's sslmode.")
+              show_default=True,
+              help="TLS toward the upstream (libpq's sslmode); with TLS, clients need "
+                   "channel_binding=disable.")
 @click.option("--upstream-sslrootcert", type=click.Path(dir_okay=False),
               help="CA certificates for --upstream-sslmode verify-ca/verify-full.")
 @click.option("--compression", default="zstd,lz4", show_default=True,

@@ -398,7 +398,8 @@ def test_relay_forwards_a_cancel_request(pg: PgServer) -> None:
 
 
 def test_relay_declines_encryption_requests_and_goes_on_in_plaintext() -> None:
-    """GSSENCRequest and SSLRequest are answered N (no TLS toward clients); the startup packet
+    """GSSENCRequest and SSLRequest are answered N (a loopback relay without a certificate does
+    no TLS toward clients); the startup packet
     that follows is handled (here: the upstream is down, so a FATAL ErrorResponse comes back)."""
     with running_relay(free_port()) as relay, socket.create_connection(
         ("127.0.0.1", relay.port), timeout=10

@@ -372,3 +372,19 @@ def test_the_connection_cap_refuses_the_next_and_serves_again(secure: SecureSetu
     assert relay.named("relay_client_refused")
 
 
+
+
+@pytest.mark.server
+def test_plaintext_sent_after_an_ssl_request_is_not_taken_as_tls(secure: SecureSetup) -> None:
+    """A startup packet pipelined behind the SSLRequest (CVE-2021-23214's injection) is read
+    by the TLS layer, fails the handshake, and never reaches the upstream."""
+    upstream = CapturingUpstream()
+    try:
+        with running_relay(upstream.port, extra=secure.tls_options(secure.relay_cert)) as relay:
+            reply = raw_startup(relay.port, struct.pack(">II", 8, SSL_REQUEST)
+                                + build_startup_packet({"user": "u", "database": "d"}))
+        assert reply[:1] == b"S"
+        assert b"E" not in reply[1:2]
+        assert upstream.received == []
+    finally:
+        upstream.close()

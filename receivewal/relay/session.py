@@ -88,6 +88,13 @@ async def open_accepted(sock: socket.socket, context: ssl.SSLContext | None,
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
+async def _startup_inside_tls(reader: asyncio.StreamReader) -> bytes:
+    packet = await read_packet(reader.readexactly)
+    if int.from_bytes(packet[4:8], "big") in (SSL_REQUEST, GSSENC_REQUEST):
+        raise ClientGone("an encryption request inside TLS")
+    return packet
+
+
 async def negotiate(sock: socket.socket, context: ssl.SSLContext | None) -> Client:
     """Answer encryption requests ('S' and TLS with a context, else 'N'); return the client
     with its startup packet."""
@@ -108,10 +115,11 @@ async def negotiate(sock: socket.socket, context: ssl.SSLContext | None) -> Clie
         if code == SSL_REQUEST and context is not None:
             await loop.sock_sendall(sock, b"S")
             reader, writer = await open_accepted(sock, context)
-            packet = await read_packet(reader.readexactly)
-            if int.from_bytes(packet[4:8], "big") in (SSL_REQUEST, GSSENC_REQUEST):
+            try:
+                packet = await _startup_inside_tls(reader)
+            except BaseException:  # closes the TLS transport on any way out, then re-raises
                 writer.close()
-                raise ClientGone("an encryption request inside TLS")
+                raise
             return Client(reader, writer, packet, tls=True)
         if code in (SSL_REQUEST, GSSENC_REQUEST):
             await loop.sock_sendall(sock, b"N")  # no (more) encryption: go on in plaintext

@@ -32,9 +32,9 @@ Non-replication connections (no ``replication`` startup parameter) are passed th
 
 One asyncio event loop serves all connections. Protocol decisions (startup packet parsing, the
 choice of algorithm, reframing and compressing the upstream's messages) are pure code in
-:mod:`receivewal.relay.protocol`; the socket work is confined to :class:`RelaySession` and
-:class:`Relay` (here: accepting and admitting) and :class:`~receivewal.relay.session.
-RelaySession` (one client).
+:mod:`receivewal.relay.protocol`, the settings and access rules in
+:mod:`receivewal.relay.settings`; the socket work is confined to :class:`Relay` (here:
+accepting and admitting) and :mod:`receivewal.relay.session` (one client).
 """
 
 

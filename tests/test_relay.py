@@ -37,13 +37,9 @@ from support.streams import (
     wait_for,
 )
 
+from receivewal.addresses import parse_address
 from receivewal.errors import ConfigurationError
-from receivewal.relay.server import (
-    BackendStream,
-    build_startup_packet,
-    decide_startup,
-    parse_address,
-)
+from receivewal.relay.protocol import BackendStream, build_startup_packet, decide_startup
 from receivewal.replication.messages import (
     KEEPALIVE,
     PrimaryKeepalive,
@@ -77,7 +73,8 @@ class RelayProcess:
 
 @contextmanager
 def running_relay(upstream_port: int, offered: tuple[str, ...] = ("zstd", "lz4"),
-                  min_size: int = 32, extra: tuple[str, ...] = ()) -> Iterator[RelayProcess]:
+                  min_size: int = 32, extra: tuple[str, ...] = (),
+                  listen_host: str = "127.0.0.1") -> Iterator[RelayProcess]:
     """``receivewal relay`` in front of ``upstream_port``; stopped with SIGTERM, which must
     make it exit 0.
 
@@ -86,7 +83,7 @@ def running_relay(upstream_port: int, offered: tuple[str, ...] = ("zstd", "lz4")
     """
     relay = RelayProcess(free_port())
     proc = subprocess.Popen(
-        [sys.executable, "-m", "receivewal", "relay", "--listen", f"127.0.0.1:{relay.port}",
+        [sys.executable, "-m", "receivewal", "relay", "--listen", f"{listen_host}:{relay.port}",
          "--upstream", f"127.0.0.1:{upstream_port}", "--compression",
          ",".join(offered) or "none", "--min-size", str(min_size), *extra],
         stderr=subprocess.PIPE, text=True)
@@ -401,7 +398,8 @@ def test_relay_forwards_a_cancel_request(pg: PgServer) -> None:
 
 
 def test_relay_declines_encryption_requests_and_goes_on_in_plaintext() -> None:
-    """GSSENCRequest and SSLRequest are answered N (no TLS toward clients); the startup packet
+    """GSSENCRequest and SSLRequest are answered N (a loopback relay without a certificate does
+    no TLS toward clients); the startup packet
     that follows is handled (here: the upstream is down, so a FATAL ErrorResponse comes back)."""
     with running_relay(free_port()) as relay, socket.create_connection(
         ("127.0.0.1", relay.port), timeout=10
@@ -483,7 +481,7 @@ def test_relay_command_refuses_bad_options() -> None:
          "--upstream", "nowhere", "--compression", "gzip"],
         capture_output=True, text=True, check=False)
     assert out.returncode != 0
-    assert "invalid address 'nowhere'" in out.stderr
+    assert "invalid upstream address 'nowhere'" in out.stderr
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -495,9 +493,12 @@ def test_parse_address(text: str, expected: tuple[str, int]) -> None:
     assert parse_address(text) == expected
 
 
-@pytest.mark.parametrize("text", ["5432", ":5432", "host:", "host:port", "host:70000"])
-def test_parse_address_refuses(text: str) -> None:
-    with pytest.raises(ConfigurationError, match="expected HOST:PORT"):
+@pytest.mark.parametrize(("text", "message"), [
+    ("5432", "expected HOST:PORT"), ("host:", "port must be a number"),
+    ("host:port", "port must be a number"), ("host:70000", "port must be a number"),
+])
+def test_parse_address_refuses(text: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
         parse_address(text)
 
 

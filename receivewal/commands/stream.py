@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
+from receivewal.addresses import parse_address
 from receivewal.archive.compression import parse_compress_option
-from receivewal.daemon.metrics import parse_address
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ReceivewalError

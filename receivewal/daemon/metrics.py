@@ -10,52 +10,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_http_server
 
+# Re-exported (the monitor imports them from here).
+from receivewal.addresses import Address as Address  # noqa: PLC0414
+from receivewal.addresses import parse_address as parse_address  # noqa: PLC0414
 from receivewal.errors import ConfigurationError
 
 PREFIX = "receivewal"
-
-
-class Address(NamedTuple):
-    """Where to listen: a host name or IP address (without brackets) and a TCP port."""
-
-    host: str
-    port: int
-
-
-def parse_address(text: str) -> Address:
-    """Parse ``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (all IPv4 interfaces).
-
-    Port 0 asks the kernel for a free port. Raise ConfigurationError for anything else.
-    """
-    value = text.strip()
-    if value.startswith("["):
-        host, sep, port_text = value[1:].partition("]:")
-        if not sep or not host or "]" in host:
-            raise ConfigurationError(
-                f"invalid metrics address {text!r}: expected [IPv6]:PORT, e.g. [::1]:9187"
-            )
-    else:
-        host, sep, port_text = value.rpartition(":")
-        if not sep:
-            raise ConfigurationError(
-                f"invalid metrics address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9187"
-            )
-        if ":" in host:
-            raise ConfigurationError(
-                f"invalid metrics address {text!r}: put an IPv6 address in brackets, "
-                "e.g. [::1]:9187"
-            )
-        host = host or "0.0.0.0"  # noqa: S104 - ":PORT" asks for every interface on purpose
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigurationError(
-            f"invalid metrics address {text!r}: port must be a number from 0 to 65535"
-        )
-    return Address(host, int(port_text))
 
 
 class Metrics:

@@ -1,0 +1,206 @@
+"""The PostgreSQL wire protocol as the relay needs it (pure: bytes in, bytes out).
+
+Startup packets (parse, decide what goes upstream, build), the FATAL ErrorResponse the relay
+sends itself, and :class:`BackendStream`, which reframes the upstream's byte stream and
+compresses XLogData inside COPY BOTH with :class:`~receivewal.replication.streampack.
+StreampackEncoder`. The sockets are in :mod:`receivewal.relay.server`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from receivewal.errors import ConfigurationError
+from receivewal.replication.streampack import (
+    StreampackEncoder,
+    StreampackStats,
+    parse_compression_list,
+    take_streampack_option,
+)
+
+PROTOCOL_3 = 196608
+SSL_REQUEST = 80877103
+GSSENC_REQUEST = 80877104
+CANCEL_REQUEST = 80877102
+MAX_STARTUP_PACKET = 10_000  # the server's own limit
+
+_REPLICATION_FALSE = {"false", "off", "no", "0"}
+
+
+@dataclass(frozen=True, slots=True)
+class StartupDecision:
+    """What to forward to the upstream for one client startup packet, and how to compress."""
+
+    packet: bytes
+    """The startup packet to send upstream (the streampack option removed)."""
+    replication: bool
+    requested: tuple[str, ...]
+    algorithm: str | None
+    """The algorithm chosen for this connection, None for plain."""
+
+
+def parse_startup_parameters(body: bytes) -> list[tuple[bytes, bytes]]:
+    """The name/value pairs of a protocol 3.0 startup packet (after length and version), as
+    the bytes the client sent: the server does not assume an encoding here, nor does the
+    relay."""
+    fields = body.split(b"\x00")
+    if len(fields) < 2 or fields[-1] != b"" or fields[-2] != b"":
+        raise ConfigurationError("malformed startup packet: parameters not terminated")
+    pairs = fields[:-2]
+    if len(pairs) % 2:
+        raise ConfigurationError("malformed startup packet: a parameter without a value")
+    return [(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2)]
+
+
+def pack_startup_packet(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """A protocol 3.0 startup packet carrying ``pairs`` byte for byte."""
+    body = b"".join(name + b"\x00" + value + b"\x00" for name, value in pairs) + b"\x00"
+    return struct.pack(">II", 8 + len(body), PROTOCOL_3) + body
+
+
+def build_startup_packet(parameters: dict[str, str]) -> bytes:
+    """A protocol 3.0 startup packet carrying ``parameters`` (UTF-8)."""
+    return pack_startup_packet([(k.encode(), v.encode()) for k, v in parameters.items()])
+
+
+def build_error_response(message: str, code: str = "08006") -> bytes:
+    """A FATAL ErrorResponse, as the server sends before closing a connection."""
+    fields = b"".join(tag + value.encode() + b"\x00" for tag, value in (
+        (b"S", "FATAL"), (b"V", "FATAL"), (b"C", code), (b"M", message)))
+    fields += b"\x00"
+    return b"E" + struct.pack(">I", 4 + len(fields)) + fields
+
+
+def _without_streampack_option(
+    pairs: list[tuple[bytes, bytes]],
+) -> tuple[list[tuple[bytes, bytes]], str | None]:
+    """The pairs with ``pg_streampack.requested`` taken out of ``options``, and its value.
+
+    The rest of ``options`` keeps its bytes (undecodable ones round-trip as surrogates).
+    """
+    out: list[tuple[bytes, bytes]] = []
+    request: str | None = None
+    for name, value in pairs:
+        if name == b"options":
+            remaining, taken = take_streampack_option(value.decode("utf-8", "surrogateescape"))
+            if taken is not None:
+                request = taken
+                if remaining is None:
+                    continue
+                out.append((name, remaining.encode("utf-8", "surrogateescape")))
+                continue
+        out.append((name, value))
+    return out, request
+
+
+def decide_startup(body: bytes, offered: tuple[str, ...]) -> StartupDecision:
+    """Take the streampack request out of a startup packet and choose the algorithm.
+
+    Every other byte of the packet is forwarded as the client sent it. Raises
+    ConfigurationError with the server's message when the request is invalid.
+    """
+    pairs = parse_startup_parameters(body)
+    kept, request = _without_streampack_option(pairs)
+    requested: tuple[str, ...] = ()
+    if request is not None:
+        try:
+            requested = parse_compression_list(request) if request.strip() else ()
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f'invalid value for parameter "pg_streampack.requested": "{request}"'
+            ) from exc
+    replication_value = dict(pairs).get(b"replication", b"false").decode("latin-1")
+    replication = replication_value.lower() not in _REPLICATION_FALSE
+    algorithm = next((name for name in requested if name in offered), None)
+    packet = (pack_startup_packet(kept) if request is not None
+              else struct.pack(">II", 8 + len(body), PROTOCOL_3) + body)
+    return StartupDecision(
+        packet=packet,
+        replication=replication,
+        requested=requested,
+        algorithm=algorithm if replication else None,
+    )
+
+
+AUTH_OK = 0
+AUTH_SASL = 10
+CHANNEL_BINDING_MECHANISMS = (b"SCRAM-SHA-256-PLUS",)
+
+
+def strip_channel_binding(message: bytes) -> bytes:
+    """An Authentication message (``R``) with the SCRAM mechanisms that bind to the TLS
+    channel removed from an AuthenticationSASL list; any other message unchanged.
+
+    Channel binding ties SCRAM to the TLS session the server sees, and the client's session
+    ends at the relay: offered through the relay, libpq either fails on a plain client leg
+    ("server offered SCRAM-SHA-256-PLUS authentication over a non-SSL connection") or binds to
+    the wrong session.
+    """
+    if len(message) < 9 or int.from_bytes(message[5:9], "big") != AUTH_SASL:
+        return message
+    names = message[9:].split(b"\x00")
+    kept = [n for n in names[:-2] if n not in CHANNEL_BINDING_MECHANISMS]
+    body = struct.pack(">I", AUTH_SASL) + b"".join(n + b"\x00" for n in kept) + b"\x00"
+    return b"R" + struct.pack(">I", 4 + len(body)) + body
+
+
+class BackendStream:
+    """Reframes the upstream's byte stream into messages and compresses XLogData (pure).
+
+    ``feed`` takes bytes as they arrive and returns the bytes to send to the client. Until the
+    authentication ends, AuthenticationSASL messages lose their channel-binding mechanisms
+    (:func:`strip_channel_binding`). Only ``d`` (CopyData) messages starting with ``w``
+    received between CopyBothResponse (``W``) and the end of that COPY are compressed; every
+    other byte passes unchanged. ``authenticating=False`` for a connection that never
+    authenticates (a forwarded CancelRequest).
+    """
+
+    def __init__(self, encoder: StreampackEncoder | None, authenticating: bool = True) -> None:
+        self.encoder = encoder
+        self.authenticating = authenticating
+        self.copy_both = False
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes received from the upstream in, bytes for the client out (the hot loop)."""
+        if self.encoder is None and not self.authenticating:
+            return data
+        buf = self._buffer
+        buf += data
+        out: list[bytes] = []
+        pos = 0
+        encoder = self.encoder
+        while len(buf) - pos >= 5:
+            kind = buf[pos]
+            end = pos + 1 + int.from_bytes(buf[pos + 1 : pos + 5], "big")
+            if end > len(buf):
+                break
+            if (kind == 0x64 and self.copy_both and encoder is not None and end > pos + 5
+                    and buf[pos + 5] == 0x77):
+                frame = encoder.encode(bytes(buf[pos + 5 : end]))
+                out.append(b"d" + struct.pack(">I", 4 + len(frame)) + frame)
+            else:
+                out.append(self._other(kind, bytes(buf[pos:end])))
+            pos = end
+        del buf[:pos]
+        if self.encoder is None and not self.authenticating:  # nothing left to look at
+            out.append(bytes(buf))
+            buf.clear()
+        return b"".join(out)
+
+    def _other(self, kind: int, message: bytes) -> bytes:
+        if kind == 0x52 and self.authenticating:  # Authentication*
+            if int.from_bytes(message[5:9], "big") == AUTH_OK:
+                self.authenticating = False
+            return strip_channel_binding(message)
+        if kind == 0x57:  # CopyBothResponse
+            self.copy_both = True
+        elif kind in b"cCEZ":  # CopyDone, CommandComplete, ErrorResponse, ReadyForQuery
+            self.copy_both = False
+            self.authenticating = self.authenticating and kind != 0x45
+        return message
+
+    def stats(self) -> StreampackStats | None:
+        """The encoder's statistics (None for a plain connection)."""
+        return self.encoder.stats() if self.encoder is not None else None

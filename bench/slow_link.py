@@ -98,8 +98,15 @@ def setns(path: str) -> None:
         os.close(fd)
 
 
+def run(*argv: str) -> None:
+    """Run a set-up command; on failure, raise with its own error message."""
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+
+
 def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+    run("ip", *args)
 
 
 @contextlib.contextmanager
@@ -132,9 +139,8 @@ def shape(link: Link, mbit: int) -> None:
     """Token bucket at ``mbit`` Mbit/s on both veth ends (bucket: 10 ms of traffic, >= 16 kB)."""
     burst = max(mbit * 1_000_000 // 8 // 100, 16_384)
     for ns, dev in ((link.server_ns, link.server_if), (link.client_ns, link.client_if)):
-        subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
-                        "rate", f"{mbit}mbit", "burst", str(burst), "latency", "50ms"],
-                       check=True, capture_output=True)
+        run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
+            "rate", f"{mbit}mbit", "burst", str(burst), "latency", "50ms")
 
 
 def link_bytes(dev: str) -> int:
@@ -333,6 +339,8 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("slow_link.py: must run as root (network namespaces, tc)")
+    if not (shutil.which("ip") and shutil.which("tc")):
+        sys.exit("slow_link.py: needs ip and tc (apt-get install iproute2)")
     rates = [int(x) for x in args.rates.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
     unknown = set(modes) - set(MODES)

@@ -17,6 +17,10 @@ fi
 command -v chattr >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)  # barman recover, in tests/test_barman.py
+# bench/slow_link.py (root only: network namespaces and tc) shapes a veth link with ip and tc
+if [ "$(id -u)" = 0 ] && ! { command -v ip && command -v tc; } >/dev/null 2>&1; then
+  need_apt+=(iproute2)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

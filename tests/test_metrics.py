@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 import socket
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -168,3 +170,25 @@ def test_close_stops_the_endpoint() -> None:
     monitor.close()
     with pytest.raises(OSError, match="refused"):
         scrape(address)
+
+
+def test_without_an_address_prometheus_client_is_never_imported() -> None:
+    """The daemon's start-up does not pay for prometheus-client and its HTTP server modules
+    unless --metrics-address asks for them (a fresh interpreter shows what gets imported)."""
+    code = (
+        "import sys\n"
+        "from receivewal.commands.stream import stream_command\n"
+        "from receivewal.daemon.monitor import Monitor\n"
+        "m = Monitor(None, environ={})\n"
+        "m.connected('host=db1', '1', 1, 'slot1')\n"
+        "m.streaming_started(1, 0x5000000)\n"
+        "m.received(0x5002000, wire_bytes=10, wal_bytes=20)\n"
+        "m.segment_completed('000000010000000000000005')\n"
+        "m.error('ConnectionLost', 'gone')\n"
+        "m.reconnecting(1.0)\n"
+        "m.close()\n"
+        "print(sorted(n for n in sys.modules if n.startswith(('prometheus_client', 'wsgiref'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True)
+    assert out.stdout.strip() == "[]"

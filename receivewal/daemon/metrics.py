@@ -1,93 +1,75 @@
 """Prometheus metrics, served over HTTP with prometheus-client when ``--metrics-address`` is set.
 
-:class:`Metrics` owns its own CollectorRegistry (never the global one, so tests and several
-instances in one process do not collide) and is updated by the monitor; :meth:`Metrics.serve`
-starts the HTTP endpoint. :func:`parse_address` is pure.
+:class:`Metrics` keeps every value as a plain number, updated by the monitor; :meth:`Metrics.serve`
+imports prometheus-client, registers a collector that reads those numbers at scrape time in a
+registry of its own (never the global one, so tests and several instances in one process do not
+collide) and starts the HTTP endpoint. Without an address, prometheus-client (and the HTTP
+server modules it pulls in) is never imported: the daemon starts sooner. :func:`parse_address`
+is pure.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from wsgiref.simple_server import WSGIServer
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_http_server
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 # Re-exported (the monitor imports them from here).
 from receivewal.addresses import Address as Address  # noqa: PLC0414
 from receivewal.addresses import parse_address as parse_address  # noqa: PLC0414
 from receivewal.errors import ConfigurationError
 
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.metrics_core import Metric
+
 PREFIX = "receivewal"
 
 
+class Count:
+    """A counter that only goes up (prometheus-client's ``inc`` without the library)."""
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+
+class CountByKind:
+    """Counters per ``kind`` label value, created on first use (as ``Counter.labels``)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, Count] = {}
+
+    def labels(self, *, kind: str) -> Count:
+        return self.counts.setdefault(kind, Count())
+
+
 class Metrics:
-    """The daemon's metrics in their own registry; the monitor feeds them."""
+    """The daemon's metrics as plain numbers; the monitor feeds them, a scrape reads them."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.registry = CollectorRegistry()
         self._clock = clock
         self._started = clock()
         self._last_contact: float | None = None
         self._received = 0
+        self._written = 0
         self._flushed = 0
         self._server_wal_end = 0
         self._wire = 0
         self._wal = 0
+        self._timeline = 0
+        self._streaming = False
+        self._algorithm = "none"
+        self._slots: dict[str, tuple[float, bool]] = {}  # slot: (restart_lsn or nan, active)
         self._server: WSGIServer | None = None
-        self._slot_active: dict[str, bool] = {}
-
-        reg = self.registry
-
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
-            return Gauge(f"{PREFIX}_{name}", doc, labels, registry=reg)
-
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(f"{PREFIX}_{name}", doc, labels, registry=reg)
-
-        self.received_lsn = gauge("received_lsn", "End of the WAL received from the server (LSN)")
-        self.written_lsn = gauge("written_lsn", "End of the WAL written to the archive (LSN)")
-        self.flushed_lsn = gauge(
-            "flushed_lsn", "End of the WAL fsynced in the archive (LSN); reported to the server"
-        )
-        self.server_wal_end = gauge(
-            "server_wal_end_lsn", "The server's WAL end, from its keepalives and messages (LSN)"
-        )
-        self.lag_bytes = gauge(
-            "lag_bytes", "Bytes between the server's WAL end and the flushed LSN"
-        )
-        self.lag_bytes.set_function(self._lag)
-        self.last_message_age = gauge(
-            "last_message_age_seconds",
-            "Seconds since the last message from the server (since start when none yet)",
-        )
-        self.last_message_age.set_function(self._age)
-        self.timeline = gauge("timeline", "Timeline being streamed")
-        self.streaming = gauge("streaming", "1 while a replication stream is open, else 0")
-        self.wire_bytes = counter(
-            "wire_bytes", "Bytes of replication messages received on the wire (after compression)"
-        )
-        self.wal_bytes = counter("wal_bytes", "Bytes of WAL payload received (after decompression)")
-        self.compression_ratio = gauge(
-            "compression_ratio", "WAL bytes per wire byte since start (1 when uncompressed)"
-        )
-        self.compression_ratio.set_function(self._ratio)
-        self.compression_info = Info(
-            f"{PREFIX}_compression", "Compression of the current stream", registry=reg
-        )
-        self.compression_info.info({"algorithm": "none"})
-        self.segments_completed = counter(
-            "segments_completed", "WAL segments completed and renamed to their final name"
-        )
-        self.reconnects = counter("reconnects", "Reconnection attempts after a lost connection")
-        self.errors = counter("errors", "Errors by kind (exception class or condition)", ("kind",))
-        self.slot_restart_lsn = gauge(
-            "slot_restart_lsn", "restart_lsn of the replication slot (LSN)", ("slot",)
-        )
-        self.slot_active = gauge(
-            "slot_active", "1 while this daemon streams through the slot, else 0", ("slot",)
-        )
+        self.segments_completed = Count()
+        self.reconnects = Count()
+        self.errors = CountByKind()
 
     # -- derived values, computed at scrape time ------------------------------------------
 
@@ -111,46 +93,105 @@ class Metrics:
     def set_received(self, lsn: int, wire_bytes: int, wal_bytes: int) -> None:
         """WAL up to ``lsn`` arrived, costing ``wire_bytes`` on the wire for ``wal_bytes``."""
         self._received = max(self._received, lsn)
-        self.received_lsn.set(self._received)
         self._wire += wire_bytes
         self._wal += wal_bytes
-        self.wire_bytes.inc(wire_bytes)
-        self.wal_bytes.inc(wal_bytes)
 
     def set_written(self, lsn: int) -> None:
         """WAL up to ``lsn`` is written."""
-        self.written_lsn.set(lsn)
+        self._written = lsn
 
     def set_flushed(self, lsn: int) -> None:
         """WAL up to ``lsn`` is durable."""
         self._flushed = lsn
-        self.flushed_lsn.set(lsn)
 
     def set_server_wal_end(self, lsn: int) -> None:
         """The server says its WAL ends at ``lsn``."""
         self._server_wal_end = lsn
-        self.server_wal_end.set(lsn)
 
     def set_streaming(self, timeline: int | None, streaming: bool) -> None:
         """A stream opened (on ``timeline``) or closed."""
         if timeline is not None:
-            self.timeline.set(timeline)
-        self.streaming.set(1 if streaming else 0)
-        for slot in self._slot_active:
-            self._slot_active[slot] = streaming
-            self.slot_active.labels(slot=slot).set(1 if streaming else 0)
+            self._timeline = timeline
+        self._streaming = streaming
+        self._slots = {slot: (lsn, streaming) for slot, (lsn, _) in self._slots.items()}
 
     def set_slot(self, slot: str, restart_lsn: int | None, active: bool) -> None:
         """The slot's restart_lsn (None: unknown or dropped) and whether we stream through it."""
-        self._slot_active[slot] = active
-        self.slot_active.labels(slot=slot).set(1 if active else 0)
-        self.slot_restart_lsn.labels(slot=slot).set(
-            math.nan if restart_lsn is None else restart_lsn
-        )
+        lsn = math.nan if restart_lsn is None else float(restart_lsn)
+        self._slots = {**self._slots, slot: (lsn, active)}
 
     def set_compression(self, algorithm: str | None) -> None:
         """The compression of the current stream (None: uncompressed)."""
-        self.compression_info.info({"algorithm": algorithm or "none"})
+        self._algorithm = algorithm or "none"
+
+    # -- scrape -----------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        """Every metric as prometheus-client families (the collector protocol)."""
+        from prometheus_client.core import (  # noqa: PLC0415 - only when serving
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            InfoMetricFamily,
+        )
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value,
+                                       created=self._started)
+
+        yield gauge("received_lsn", "End of the WAL received from the server (LSN)",
+                    self._received)
+        yield gauge("written_lsn", "End of the WAL written to the archive (LSN)", self._written)
+        yield gauge("flushed_lsn",
+                    "End of the WAL fsynced in the archive (LSN); reported to the server",
+                    self._flushed)
+        yield gauge("server_wal_end_lsn",
+                    "The server's WAL end, from its keepalives and messages (LSN)",
+                    self._server_wal_end)
+        yield gauge("lag_bytes", "Bytes between the server's WAL end and the flushed LSN",
+                    self._lag())
+        yield gauge("last_message_age_seconds",
+                    "Seconds since the last message from the server (since start when none yet)",
+                    self._age())
+        yield gauge("timeline", "Timeline being streamed", self._timeline)
+        yield gauge("streaming", "1 while a replication stream is open, else 0",
+                    1 if self._streaming else 0)
+        yield counter("wire_bytes",
+                      "Bytes of replication messages received on the wire (after compression)",
+                      self._wire)
+        yield counter("wal_bytes", "Bytes of WAL payload received (after decompression)",
+                      self._wal)
+        yield gauge("compression_ratio", "WAL bytes per wire byte since start (1 when "
+                    "uncompressed)", self._ratio())
+        yield InfoMetricFamily(f"{PREFIX}_compression", "Compression of the current stream",
+                               value={"algorithm": self._algorithm})
+        yield counter("segments_completed",
+                      "WAL segments completed and renamed to their final name",
+                      self.segments_completed.value)
+        yield counter("reconnects", "Reconnection attempts after a lost connection",
+                      self.reconnects.value)
+        yield from self._labelled(CounterMetricFamily, GaugeMetricFamily)
+
+    def _labelled(self, counter_family: type[CounterMetricFamily],
+                  gauge_family: type[GaugeMetricFamily]) -> Iterator[Metric]:
+        errors = counter_family(f"{PREFIX}_errors",
+                                "Errors by kind (exception class or condition)", labels=("kind",))
+        for kind, count in list(self.errors.counts.items()):
+            errors.add_metric((kind,), count.value, created=self._started)
+        yield errors
+        slots = self._slots
+        restart = gauge_family(f"{PREFIX}_slot_restart_lsn",
+                               "restart_lsn of the replication slot (LSN)", labels=("slot",))
+        active = gauge_family(f"{PREFIX}_slot_active",
+                              "1 while this daemon streams through the slot, else 0",
+                              labels=("slot",))
+        for slot, (lsn, is_active) in slots.items():
+            restart.add_metric((slot,), lsn)
+            active.add_metric((slot,), 1 if is_active else 0)
+        yield restart
+        yield active
 
     # -- HTTP endpoint ----------------------------------------------------------------------
 
@@ -159,8 +200,15 @@ class Metrics:
 
         Raise ConfigurationError when the address cannot be bound (in use, not local...).
         """
+        from prometheus_client import (  # noqa: PLC0415 - imported only when serving
+            CollectorRegistry,
+            start_http_server,
+        )
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
         try:
-            server, _thread = start_http_server(address.port, address.host, self.registry)
+            server, _thread = start_http_server(address.port, address.host, registry)
         except OSError as exc:
             raise ConfigurationError(
                 f"cannot serve metrics on {format_address(address)}: {exc.strerror or exc}"

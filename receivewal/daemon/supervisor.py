@@ -26,7 +26,6 @@ from receivewal.errors import (
     ConnectionLost,
     DiskFullError,
     ReceivewalError,
-    ServerError,
     WalRemovedError,
 )
 from receivewal.logs import get_logger
@@ -203,8 +202,8 @@ class Supervisor:
                 return 0
             kind = error_kind(error)
             monitor.error(kind, str(error))
-            retryable = error.retryable or isinstance(error, ServerError)
-            if not retryable or self.settings.no_loop or (not streamed and not connected_once):
+            if not error.retryable or self.settings.no_loop or \
+                    (not streamed and not connected_once):
                 self.log.error("failed", error=str(error), kind=kind)
                 return 1
             if isinstance(error, WalRemovedError):

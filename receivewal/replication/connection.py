@@ -7,6 +7,7 @@ CopyData payloads; waiting on the socket is the caller's business.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,12 +50,14 @@ def conninfo_options(conninfo: str) -> str | None:
     return conninfo_to_dict(conninfo).get("options")  # type: ignore[return-value]
 
 
-def redacted(conninfo: str) -> str:
-    """The connection string without secrets, fit for logs and error messages."""
-    params = conninfo_to_dict(conninfo)
-    params.pop("password", None)
-    params.pop("sslpassword", None)
-    return make_conninfo("", **params)
+_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_URI_PASSWORD_RE = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def redacted(text: str) -> str:
+    """``text`` with every password (``password=``, ``sslpassword=``, a URI's ``user:pw@``)
+    replaced by ``****``: for connection strings and any message that may quote one."""
+    return _URI_PASSWORD_RE.sub(r"\1****@", _PASSWORD_RE.sub(r"\1****", text))
 
 
 def one_line(text: str) -> str:

@@ -21,7 +21,7 @@ from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ReceivewalError
 from receivewal.logs import configure_logging
 from receivewal.replication.connection import build_conninfo, conninfo_options
-from receivewal.replication.streampack import parse_compression_list, with_streampack_option
+from receivewal.replication.negotiation import parse_compression_list, with_streampack_option
 from receivewal.wal.lsn import parse_lsn
 
 

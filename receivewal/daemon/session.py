@@ -400,15 +400,13 @@ class Session:
     def _handle(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
         self.last_received = self.clock()
         self.pinged = False
-        kind = message[0]
-        if kind == 0x77:  # 'w'
-            frame = self.decoder.restore(message)
-            xlog = parse_copy_data(frame)
+        if message[0] == 0x77:  # 'w': the only place the hot path looks at the kind
+            xlog = self.decoder.decode(message)
             if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
                 self._report_compression()
-            completed = writer.write(xlog.wal_start, xlog.payload)  # type: ignore[union-attr]
+            completed = writer.write(xlog.wal_start, xlog.payload)
             self.pending_wire += len(message)
-            self.pending_wal += len(xlog.payload)  # type: ignore[union-attr]
+            self.pending_wal += len(xlog.payload)
             for name in completed:
                 self.log.info("segment_completed", segment=name, timeline=writer.timeline,
                               lsn=format_lsn(writer.position))

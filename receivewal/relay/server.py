@@ -45,12 +45,8 @@ import click
 
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.logs import configure_logging, get_logger
-from receivewal.replication.streampack import (
-    StreampackEncoder,
-    StreampackStats,
-    parse_compression_list,
-    take_streampack_option,
-)
+from receivewal.replication.negotiation import parse_compression_list, take_streampack_option
+from receivewal.replication.streampack import StreampackEncoder, StreampackStats
 
 PROTOCOL_3 = 196608
 SSL_REQUEST = 80877103

@@ -6,12 +6,14 @@ import hashlib
 import json
 import random
 import struct
+import tracemalloc
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import lz4.block
 import pytest
+import zstandard
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -464,3 +466,35 @@ def test_huge_announced_length_is_refused_before_allocating() -> None:
 def test_encoder_refuses_bad_settings(kwargs: dict[str, object], complaint: str) -> None:
     with pytest.raises(ConfigurationError, match=complaint):
         StreampackEncoder(**kwargs)  # type: ignore[arg-type]
+
+
+# -- hostile input: memory stays bounded ----------------------------------------------------
+
+
+def zstd_bomb(announced: int, holds: int) -> bytes:
+    """A flagged zstd frame that announces ``announced`` bytes and expands to ``holds``."""
+    compressor = zstandard.ZstdCompressor(level=1).compressobj()
+    zeros = bytes(1 << 20)
+    body = b"".join(compressor.compress(zeros) for _ in range(holds >> 20))
+    body += compressor.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    header = bytearray(build_xlogdata(0x1000000, 0x9000000, 1, b""))
+    header[17] |= 0x80
+    return bytes(header) + struct.pack(">I", announced) + body  # algorithm 0: zstd
+
+
+@pytest.mark.parametrize("use", ["decode", "restore"])
+def test_a_zstd_bomb_is_refused_before_it_expands(use: str) -> None:
+    """A small zstd frame announcing 1 MiB that holds 256 MiB raises StreampackError, and
+    decoding it allocates about the announced length, not the bomb (output limit: announced
+    length + 1 byte)."""
+    frame = zstd_bomb(1 << 20, 256 << 20)
+    assert len(frame) < 64 * 1024
+    decoder = StreampackDecoder(("zstd",))
+    tracemalloc.start()
+    try:
+        with pytest.raises(StreampackError, match="more than"):
+            getattr(decoder, use)(frame)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"decoding a bomb allocated {peak} bytes"

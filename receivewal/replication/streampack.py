@@ -24,11 +24,17 @@ produces them exactly as the module's sender does (used by ``receivewal relay`` 
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import lz4.block
 import zstandard
+
+if sys.version_info >= (3, 14):
+    from compression.zstd import ZstdDecompressor, ZstdError
+else:  # the same module, backported: decompress() with an output limit (max_length)
+    from backports.zstd import ZstdDecompressor, ZstdError
 
 from receivewal.errors import ConfigurationError, ProtocolError, StreampackError
 from receivewal.replication.messages import XLOGDATA_HEADER, XLogData, build_xlogdata
@@ -58,7 +64,6 @@ _SEND_TIME_MASK = (1 << 63) - 1
 _ALGORITHM_IDS = {"zstd": 0, "lz4": 1}
 _ALGORITHM_NAMES = {0: "zstd", 1: "lz4"}
 _LZ4_MAX_RATIO = 255  # an LZ4 block cannot expand more than ~255x; a larger claim is corrupt
-_ZSTD_FEED = 16 * 1024  # feed zstd in slices so a corrupt body cannot balloon unchecked
 
 
 # -- statistics -------------------------------------------------------------------------------
@@ -178,7 +183,7 @@ class StreampackDecoder:
             raise ConfigurationError(f"unknown pg_streampack algorithm(s): {', '.join(unknown)}")
         self.requested = requested
         self._algorithm: str | None = None
-        self._zstd: Any = None
+        self._zstd: ZstdDecompressor | None = None
         self._lz4_dict = b""
         self._failed: str | None = None
         self._counter = _Counter()
@@ -275,23 +280,20 @@ class StreampackDecoder:
         return plaintext
 
     def _zstd_decompress(self, frame: bytes | memoryview, body: memoryview, length: int) -> bytes:
+        """Feed ``body`` to the connection's zstd stream, taking out at most ``length + 1``
+        bytes: a body that expands past its announced length is refused having cost no more
+        memory than the announcement (a bomb is never expanded)."""
         if self._zstd is None:
-            self._zstd = zstandard.ZstdDecompressor().decompressobj()
-        chunks: list[bytes] = []
-        produced = 0
+            self._zstd = ZstdDecompressor()
         try:
-            for offset in range(0, len(body), _ZSTD_FEED):
-                chunk = self._zstd.decompress(body[offset : offset + _ZSTD_FEED])
-                produced += len(chunk)
-                if produced > length:
-                    break
-                chunks.append(chunk)
-        except zstandard.ZstdError as exc:
+            plaintext = self._zstd.decompress(body, max_length=length + 1)
+        except (ZstdError, EOFError) as exc:
             raise self._fail(frame, f"zstd body does not decompress: {exc}") from exc
-        if produced != length:
-            raise self._fail(frame, f"zstd body yields {'more than ' if produced > length else ''}"
-                                    f"{produced} bytes, header announces {length}")
-        return b"".join(chunks)
+        if len(plaintext) != length:
+            more = "more than " if len(plaintext) > length else ""
+            raise self._fail(frame, f"zstd body yields {more}{len(plaintext)} bytes, header "
+                                    f"announces {length}")
+        return plaintext
 
     def _lz4_decompress(self, frame: bytes | memoryview, body: memoryview, length: int) -> bytes:
         if length > len(body) * _LZ4_MAX_RATIO + 16:

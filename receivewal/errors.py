@@ -24,6 +24,10 @@ class ConnectionLost(ReceivewalError):  # noqa: N818 - a state, as the brief nam
     retryable = True
 
 
+class StopRequested(ReceivewalError):  # noqa: N818 - a state, not a failure
+    """A stop signal arrived while waiting on the server; the supervisor exits 0."""
+
+
 class ServerError(ReceivewalError):
     """The server refused a command, or is not a server we can stream from.
 

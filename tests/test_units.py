@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from receivewal.archive.layout import check_continuity, choose_start, plan_writes, resume_order
 from receivewal.commands.pg_receivewal import UsageError
-from receivewal.daemon.session import parse_size
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.supervisor import backoff_delay
 from receivewal.errors import (
@@ -26,6 +25,7 @@ from receivewal.errors import (
     WalRemovedError,
 )
 from receivewal.logs import configure_logging, get_logger
+from receivewal.replication.commands import parse_size
 from receivewal.replication.connection import build_conninfo, redacted
 from receivewal.replication.messages import (
     PrimaryKeepalive,

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
@@ -35,6 +36,35 @@ from receivewal.replication.connection import redacted
 from receivewal.wal.lsn import format_lsn
 
 log = get_logger(component="monitor")
+
+class SessionMonitor(Protocol):
+    """What the streaming session reports to: :class:`Monitor` is the one implementation."""
+
+    file_mode: int
+
+    def connected(self, server: str, system_identifier: str, timeline: int,
+                  slot: str | None) -> None: ...
+
+    def slot_state(self, slot: str | None, restart_lsn: int | None) -> None: ...
+
+    def streaming_started(self, timeline: int, start_lsn: int) -> None: ...
+
+    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int) -> None: ...
+
+    def written(self, lsn: int) -> None: ...
+
+    def flushed(self, lsn: int) -> None: ...
+
+    def keepalive(self, server_wal_end: int) -> None: ...
+
+    def segment_completed(self, name: str) -> None: ...
+
+    def timeline_switched(self, timeline: int) -> None: ...
+
+    def compression(self, algorithm: str | None, wire_bytes: int, wal_bytes: int) -> None: ...
+
+    def tick(self, now: float) -> None: ...
+
 
 class Monitor:
     """Receives the session's progress reports and keeps systemd, metrics and state in step.

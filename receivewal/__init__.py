@@ -5,7 +5,8 @@ below it:
 
     commands/     click: parse options, build settings, hand over
     daemon/       supervisor (signals, reconnects, exit codes) and session (the COPY loop)
-    replication/  libpq connection, CopyData codecs, pg_streampack codec
+    replication/  libpq connection (non-blocking; waiting on socket + stop signal), replication
+                  commands, CopyData codecs, pg_streampack codec and its negotiation
     archive/      segment files on disk: layout, writers, compression at rest, durability
     wal/          LSNs, file names, timelines, the WAL page and record reader
 

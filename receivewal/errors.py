@@ -1,7 +1,8 @@
 """The project's exceptions.
 
 Every error raised on purpose derives from :class:`ReceivewalError`. Each class says whether
-retrying can help (``retryable``); only the supervisor decides to retry or to exit.
+retrying can help (``retryable``), and that attribute is the whole truth: the supervisor asks
+it and nothing else when it decides to retry or to exit.
 """
 
 from __future__ import annotations
@@ -23,8 +24,18 @@ class ConnectionLost(ReceivewalError):  # noqa: N818 - a state, as the brief nam
     retryable = True
 
 
+class StopRequested(ReceivewalError):  # noqa: N818 - a state, not a failure
+    """A stop signal arrived while waiting on the server; the supervisor exits 0."""
+
+
 class ServerError(ReceivewalError):
-    """The server refused a command, or is not a server we can stream from."""
+    """The server refused a command, or is not a server we can stream from.
+
+    Retryable: the server may change its mind (a slot created, recovery finished, a standby
+    promoted, the operator fixing a setting) while the daemon waits and reconnects.
+    """
+
+    retryable = True
 
     def __init__(self, message: str, sqlstate: str = "") -> None:
         super().__init__(message)
@@ -36,10 +47,8 @@ class WalRemovedError(ServerError):
 
     Skipping ahead would leave a silent hole in the archive, so the supervisor keeps retrying
     (the WAL may come back, e.g. from a restored server) and reports the gap until an operator
-    decides.
+    decides (retryable, as every ServerError).
     """
-
-    retryable = True
 
 
 class ProtocolError(ReceivewalError):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from support.servers import IS_ROOT, PgServer, free_port, pg_bin
-from support.streams import receivewal
+from support.streams import receivewal, start_receivewal, stop
 
 
 def error_line(stderr: str) -> str:
@@ -127,3 +131,75 @@ def test_password_authentication(server_base: Path, archive_dir: Path) -> None:
         assert "pw-7781" not in done.stderr
     finally:
         server.stop("immediate")
+
+
+# -- a server that accepts and then says nothing -----------------------------------------------
+
+
+class SilentServer:
+    """A TCP listener that accepts connections and never answers, or (``handshake``) that
+    completes the startup handshake and then ignores every command."""
+
+    def __init__(self, handshake: bool = False) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.handshake = handshake
+        self.accepted = threading.Event()
+        self.clients: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        client, _ = self.listener.accept()
+        self.clients.append(client)
+        self.accepted.set()
+        if not self.handshake:
+            return
+        while True:  # SSL / GSS requests get "N", then the startup packet
+            length, code = struct.unpack(">II", client.recv(8, socket.MSG_WAITALL))
+            client.recv(length - 8, socket.MSG_WAITALL)
+            if code not in (80877103, 80877104):
+                break
+            client.sendall(b"N")
+        version = b"server_version\x0015.0\x00"
+        client.sendall(b"R" + struct.pack(">II", 8, 0)
+                       + b"S" + struct.pack(">I", 4 + len(version)) + version
+                       + b"Z" + struct.pack(">I", 5) + b"I")
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.listener.close()
+
+
+def test_stop_signal_during_a_connect_the_server_never_answers(archive_dir: Path) -> None:
+    """A server that accepts TCP but never answers: SIGTERM during the connect ends the
+    process with exit 0 (the 10 s bound only guards against a hang)."""
+    server = SilentServer()
+    proc = start_receivewal("stream", "-D", str(archive_dir), "-h", "127.0.0.1",
+                            "-p", str(server.port), "-U", "postgres", "--receive-timeout", "0")
+    try:
+        assert server.accepted.wait(30), "receivewal never connected"
+        time.sleep(0.5)  # let it settle in the wait for the server's answer
+        assert stop(proc, timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.close()
+
+
+def test_receive_timeout_fires_during_a_command_the_server_never_answers(
+        archive_dir: Path) -> None:
+    """The server completes the handshake, then ignores IDENTIFY_SYSTEM: --receive-timeout
+    ends the wait with one error line naming it (exit 1 with --no-loop)."""
+    server = SilentServer(handshake=True)
+    try:
+        done = receivewal("stream", "-D", str(archive_dir), "-n", "--receive-timeout", "1",
+                          "-d", f"host=127.0.0.1 port={server.port} user=postgres "
+                          "sslmode=disable gssencmode=disable", timeout=60)
+    finally:
+        server.close()
+    assert done.returncode == 1
+    line = error_line(done.stderr)
+    assert "IDENTIFY_SYSTEM" in line
+    assert "receive timeout 1s" in line

@@ -117,7 +117,7 @@ def test_options_become_the_settings_receivewal_stream_builds(tmp_path: Path) ->
     assert short.endpos == (1 << 32) | 2
     assert short.no_loop
     assert short.synchronous
-    assert short.verbose == 2
+    assert parse_args(["-D", str(tmp_path), "-v", "--verb"]).verbose == 2
     assert short.at_rest.method == "lz4"
     assert short.at_rest.level == 5
     assert short.compression == ("zstd", "lz4")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from receivewal.daemon.monitor import Monitor, redact
+from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.notify import Notifier, format_message, socket_address, watchdog_interval
 from receivewal.daemon.state import read_state
 from receivewal.wal.lsn import parse_lsn
@@ -287,9 +287,6 @@ def test_state_file_follows_the_session_and_is_rewritten_on_tick(tmp_path: Path)
 
 
 def test_passwords_never_reach_state_or_status(tmp_path: Path) -> None:
-    assert redact("host=db password=s3cret user=x") == "host=db password=**** user=x"
-    assert redact("password = 'a b\\' c' port=1") == "password = **** port=1"
-    assert redact("postgresql://rep:s3cret@db1/x") == "postgresql://rep:****@db1/x"
     monitor = Monitor(tmp_path, environ={})
     monitor.connected("host=db1 password=s3cret", "1", 1, None)
     monitor.error("ServerError", 'connection to "postgresql://rep:s3cret@db1" failed')

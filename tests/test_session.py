@@ -14,57 +14,16 @@ import pytest
 from receivewal.archive.directory import Archive
 from receivewal.archive.layout import StartPoint
 from receivewal.daemon.monitor import Monitor
-from receivewal.daemon.session import ServerInfo, Session
+from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
 from receivewal.errors import ProtocolError, StreampackError
 from receivewal.logs import get_logger
+from receivewal.replication.commands import ReplicationLink, ServerInfo
 from receivewal.replication.connection import COPY_DONE, ExecStatus, Result
 from receivewal.replication.messages import build_xlogdata
 
 SEG = 1 << 20
 START = 3 * SEG
-
-
-class ScriptedConnection:
-    """Plays CopyData payloads from a script and records what the session sends."""
-
-    def __init__(self, script: list[bytes], stop: Any) -> None:
-        self.script = list(script)
-        self.stop = stop
-        self.sent: list[bytes] = []
-        self.sock_a, self.sock_b = socket.socketpair()
-        self.ended = False
-        self.results: Iterator[Result | None] = iter([Result(ExecStatus.COMMAND_OK, []), None])
-
-    def describe(self) -> str:
-        return "scripted"
-
-    def start_copy_both(self, sql: str) -> None:
-        self.started = sql
-
-    def fileno(self) -> int:
-        return self.sock_a.fileno()
-
-    def read_copy(self, block: bool = False) -> object:
-        if self.ended:
-            return COPY_DONE
-        if self.script:
-            return self.script.pop(0)
-        self.stop.requested = True
-        self.stop.w.send(b"x")  # wake the selector as a signal would
-        return None
-
-    def consume_input(self) -> None:
-        pass
-
-    def send_copy(self, data: bytes) -> None:
-        self.sent.append(bytes(data))
-
-    def end_copy(self) -> None:
-        self.ended = True
-
-    def next_result(self) -> Result | None:
-        return next(self.results)
 
 
 class Stop:
@@ -82,6 +41,53 @@ class Stop:
         pass
 
 
+class ScriptedConnection:
+    """Plays CopyData payloads from a script and records what the session sends.
+
+    It implements the same ReplicationLink protocol as the real connection (mypy checks it
+    where the session is made)."""
+
+    server_version = 150000
+
+    def __init__(self, script: list[bytes], stop: Stop) -> None:
+        self.script = list(script)
+        self.stop = stop
+        self.sent: list[bytes] = []
+        self.sock_a, self.sock_b = socket.socketpair()
+        self.ended = False
+        self.results: Iterator[Result | None] = iter([Result(ExecStatus.COMMAND_OK, []), None])
+
+    def describe(self) -> str:
+        return "scripted"
+
+    def query(self, sql: str) -> list[tuple[str | None, ...]]:
+        raise AssertionError(f"unexpected command {sql}")
+
+    def start_copy_both(self, sql: str) -> None:
+        self.started = sql
+
+    def read_copy(self) -> bytes | memoryview | object | None:
+        if self.ended:
+            return COPY_DONE
+        if self.script:
+            return self.script.pop(0)
+        self.stop.requested = True
+        self.stop.w.send(b"x")  # wake the selector as a signal would
+        return None
+
+    def wait(self, timeout: float) -> None:
+        pass
+
+    def send_copy(self, data: bytes) -> None:
+        self.sent.append(bytes(data))
+
+    def end_copy(self) -> None:
+        self.ended = True
+
+    def next_result(self) -> Result | None:
+        return next(self.results)
+
+
 def keepalive(reply: bool) -> bytes:
     return struct.pack(">cQqB", b"k", START + 10 * SEG, 0, int(reply))
 
@@ -91,7 +97,8 @@ def make_session(tmp_path: Path, script: list[bytes], **settings: Any
     stop = Stop()
     conn = ScriptedConnection(script, stop)
     archive = Archive(tmp_path, sync=True)
-    session = Session(conn, settings=Settings(directory=tmp_path, conninfo="",  # type: ignore[arg-type]
+    link: ReplicationLink = conn
+    session = Session(link, settings=Settings(directory=tmp_path, conninfo="",
                                               status_interval=0, **settings),
                       archive=archive, monitor=Monitor.null(), stop=stop, log=get_logger())
     session.info = ServerInfo("1", 1, START, SEG, 0o600, 150000)

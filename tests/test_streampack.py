@@ -6,27 +6,36 @@ import hashlib
 import json
 import random
 import struct
+import tracemalloc
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import lz4.block
 import pytest
+import zstandard
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from receivewal.errors import ConfigurationError, StreampackError
-from receivewal.replication.messages import KEEPALIVE, XLogData, build_xlogdata, parse_copy_data
-from receivewal.replication.streampack import (
-    LZ4_DICT_SIZE,
-    StreampackDecoder,
-    StreampackEncoder,
-    is_compressed,
+from receivewal.replication.messages import (
+    KEEPALIVE,
+    PrimaryKeepalive,
+    build_xlogdata,
+    parse_copy_data,
+)
+from receivewal.replication.negotiation import (
     join_options,
     parse_compression_list,
     split_options,
     take_streampack_option,
     with_streampack_option,
+)
+from receivewal.replication.streampack import (
+    LZ4_DICT_SIZE,
+    StreampackDecoder,
+    StreampackEncoder,
+    is_compressed,
 )
 from receivewal.wal.lsn import format_lsn, parse_lsn
 from receivewal.wal.names import wal_file_name
@@ -66,19 +75,24 @@ def test_every_capture_is_copied_into_the_test_data() -> None:
 
 @pytest.mark.parametrize("name", VECTOR_NAMES)
 def test_capture_decodes_to_the_servers_segment(name: str) -> None:
-    """Decoding a real pg_streampack stream rebuilds the server's segment, hash for hash."""
+    """Decoding a real pg_streampack stream rebuilds the server's segment, hash for hash;
+    decode() hands out a memoryview and agrees with restore() + parse_copy_data()."""
     info = manifest(name)
     segment_size = int(str(info["wal_segment_size"]))
     start = parse_lsn(str(info["start_lsn"]))
     decoder = StreampackDecoder((str(info["requested"]),))
+    twin = StreampackDecoder((str(info["requested"]),))
     segment = bytearray(segment_size)
     covered = 0
     messages = 0
     for frame in read_capture(name):
         messages += 1
-        msg = parse_copy_data(decoder.restore(frame))
-        if not isinstance(msg, XLogData):
+        if frame[0] != ord("w"):
+            assert isinstance(parse_copy_data(frame), PrimaryKeepalive)
             continue
+        msg = decoder.decode(frame)
+        assert isinstance(msg.payload, memoryview)
+        assert msg == parse_copy_data(twin.restore(frame))
         assert msg.send_time >= 0, "the flag bit is cleared from sendTime"
         offset = msg.wal_start - start
         assert offset == covered, "messages arrive in WAL order without gaps"
@@ -452,3 +466,35 @@ def test_huge_announced_length_is_refused_before_allocating() -> None:
 def test_encoder_refuses_bad_settings(kwargs: dict[str, object], complaint: str) -> None:
     with pytest.raises(ConfigurationError, match=complaint):
         StreampackEncoder(**kwargs)  # type: ignore[arg-type]
+
+
+# -- hostile input: memory stays bounded ----------------------------------------------------
+
+
+def zstd_bomb(announced: int, holds: int) -> bytes:
+    """A flagged zstd frame that announces ``announced`` bytes and expands to ``holds``."""
+    compressor = zstandard.ZstdCompressor(level=1).compressobj()
+    zeros = bytes(1 << 20)
+    body = b"".join(compressor.compress(zeros) for _ in range(holds >> 20))
+    body += compressor.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    header = bytearray(build_xlogdata(0x1000000, 0x9000000, 1, b""))
+    header[17] |= 0x80
+    return bytes(header) + struct.pack(">I", announced) + body  # algorithm 0: zstd
+
+
+@pytest.mark.parametrize("use", ["decode", "restore"])
+def test_a_zstd_bomb_is_refused_before_it_expands(use: str) -> None:
+    """A small zstd frame announcing 1 MiB that holds 256 MiB raises StreampackError, and
+    decoding it allocates about the announced length, not the bomb (output limit: announced
+    length + 1 byte)."""
+    frame = zstd_bomb(1 << 20, 256 << 20)
+    assert len(frame) < 64 * 1024
+    decoder = StreampackDecoder(("zstd",))
+    tracemalloc.start()
+    try:
+        with pytest.raises(StreampackError, match="more than"):
+            getattr(decoder, use)(frame)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"decoding a bomb allocated {peak} bytes"

@@ -12,11 +12,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from receivewal.archive.layout import check_continuity, choose_start, plan_writes, resume_order
-from receivewal.daemon.session import parse_size
+from receivewal.commands.pg_receivewal import UsageError
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.supervisor import backoff_delay
-from receivewal.errors import ArchiveError, ConfigurationError, ProtocolError, ServerError
+from receivewal.errors import (
+    ArchiveError,
+    ConfigurationError,
+    ConnectionLost,
+    ProtocolError,
+    ReceivewalError,
+    ServerError,
+    WalRemovedError,
+)
 from receivewal.logs import configure_logging, get_logger
+from receivewal.replication.commands import parse_size
 from receivewal.replication.connection import build_conninfo, redacted
 from receivewal.replication.messages import (
     PrimaryKeepalive,
@@ -233,6 +242,26 @@ def test_conninfo_forces_physical_replication_and_redacts() -> None:
     assert "fallback_application_name=receivewal" in info
     with pytest.raises(ConfigurationError, match="invalid connection string"):
         build_conninfo("host='unterminated")
+
+
+def test_one_redaction_for_connection_strings_uris_and_messages() -> None:
+    """The same function hides passwords in conninfo strings, URIs and error messages."""
+    assert redacted("host=db password=s3cret user=x") == "host=db password=**** user=x"
+    assert redacted("password = 'a b\\' c' port=1") == "password = **** port=1"
+    assert redacted("postgresql://rep:s3cret@db1/x") == "postgresql://rep:****@db1/x"
+    assert "s3cret" not in redacted("host=db sslpassword=s3cret")
+
+
+def test_whether_an_error_is_retried_is_its_class_attribute_alone() -> None:
+    """The supervisor retries exactly the errors whose class says retryable; a server's
+    refusal is retryable (it always was retried), bad options and a foreign archive are not;
+    the drop-in's usage error is one of the project's errors."""
+    assert ServerError("x").retryable
+    assert WalRemovedError("x").retryable
+    assert ConnectionLost("x").retryable
+    assert not ConfigurationError("x").retryable
+    assert not ArchiveError("x").retryable
+    assert issubclass(UsageError, ReceivewalError)
 
 
 def test_loggers_made_at_import_follow_later_configuration(

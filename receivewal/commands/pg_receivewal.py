@@ -26,7 +26,7 @@ import structlog
 
 from receivewal import __version__
 from receivewal.archive.compression import parse_compress_option
-from receivewal.commands.stream import build_settings
+from receivewal.commands.stream import StreamOptions, build_settings
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import format_lsn
@@ -83,7 +83,7 @@ This is receivewal {__version__}: WAL arrives pg_streampack-compressed when the 
 """
 
 
-class UsageError(Exception):
+class UsageError(ReceivewalError):
     """A command line pg_receivewal refuses; ``hint`` adds the "Try --help" line."""
 
     def __init__(self, message: str, *, hint: bool = True) -> None:
@@ -112,81 +112,85 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             _hint()
         return 1
-    configure_messages(int(opts["verbose"]))  # type: ignore[call-overload]
+    configure_messages(opts.verbose)
     os.environ.setdefault("PGAPPNAME", PROGNAME)  # libpq's fallback_application_name, in effect
     try:
         settings = build_settings(opts)
     except ReceivewalError as exc:
         _error(str(exc).removeprefix("invalid connection string: "))  # libpq's words only
         return 1
-    prompt = None if opts["no_password"] else prompt_password
+    prompt = None if opts.no_password else prompt_password
     return Supervisor(settings, prompt=prompt).run()
 
 
-def parse_args(args: list[str]) -> dict[str, object]:
-    """pg_receivewal's options as ``receivewal stream``'s option dictionary.
+def parse_args(args: list[str]) -> StreamOptions:
+    """pg_receivewal's options as ``receivewal stream``'s options.
 
     Raises getopt.GetoptError for what getopt_long refuses and UsageError (with PostgreSQL's
     message) for what pg_receivewal's checks refuse, in pg_receivewal's order.
     """
     parsed, rest = getopt.gnu_getopt(args, SHORT_OPTIONS, LONG_OPTIONS)
-    opts: dict[str, Any] = {
-        "directory": None, "dbname": None, "host": None, "port": None, "username": None,
-        "no_password": False, "force_password": False, "slot": None, "create_slot": False,
-        "drop_slot": False, "if_not_exists": False, "reserve_wal": False,
-        "create_slot_if_missing": False, "status_interval": 10.0, "synchronous": False,
-        "no_sync": False, "endpos": None, "no_loop": False, "verbose": 0, "compress": "none",
-        "compression": os.environ.get("RECEIVEWAL_COMPRESSION", "zstd,lz4"),
-        "hot_standby_feedback": True, "receive_timeout": 60.0,
-        "reconnect_delay": float(RECONNECT_SLEEP_TIME),
-        "reconnect_delay_max": float(RECONNECT_SLEEP_TIME), "metrics_address": None,
-    }
+    given: dict[str, str] = {}  # option name -> its last value ("" for a flag)
+    verbose, prompting, interval = 0, "", StreamOptions.status_interval
     for flag, value in parsed:
         name = _LONG_NAMES.get(flag, flag.lstrip("-").replace("-", "_"))
         if name in ("help", "version"):  # getopt_long knows them; only argv[1] acts on them
             raise UsageError("")
-        if name in _VALUED:
-            opts[name] = value
+        if name == "verbose":
+            verbose += 1
+        elif name in ("no_password", "force_password"):
+            prompting = name  # the last of -w / -W wins
         elif name == "status_interval":
-            opts[name] = float(parse_int(value, "-s/--status-interval", 0, INT_MAX // 1000))
+            interval = float(parse_int(value, "-s/--status-interval", 0, INT_MAX // 1000))
         elif name == "endpos":
             endpos = parse_endpos(value)
-            opts[name] = format_lsn(endpos) if endpos else None  # 0/0: no end position
-        elif name == "verbose":
-            opts[name] += 1
-        elif name == "no_password":
-            opts["no_password"], opts["force_password"] = True, False
-        elif name == "force_password":
-            opts["no_password"], opts["force_password"] = False, True
+            given[name] = format_lsn(endpos) if endpos else ""  # 0/0: no end position
         else:
-            opts[name] = True
-    check_args(opts, rest)
-    opts["directory"] = Path(opts["directory"]) if opts["directory"] is not None else None
+            given[name] = value
+    opts = StreamOptions(
+        directory=Path(given["directory"]) if "directory" in given else None,
+        dbname=given.get("dbname"), host=given.get("host"), port=given.get("port"),
+        username=given.get("username"), slot=given.get("slot"),
+        no_password=prompting == "no_password",
+        force_password=prompting == "force_password",
+        create_slot="create_slot" in given, drop_slot="drop_slot" in given,
+        if_not_exists="if_not_exists" in given, synchronous="synchronous" in given,
+        no_sync="no_sync" in given, no_loop="no_loop" in given,
+        status_interval=interval, endpos=given.get("endpos") or None, verbose=verbose,
+        compress=given.get("compress", StreamOptions.compress),
+        compression=os.environ.get("RECEIVEWAL_COMPRESSION", StreamOptions.compression),
+        reconnect_delay=float(RECONNECT_SLEEP_TIME),
+        reconnect_delay_max=float(RECONNECT_SLEEP_TIME),
+    )
+    check_args(opts, rest, given.get("directory"))
     return opts
 
 
-def check_args(opts: dict[str, Any], rest: list[str]) -> None:
-    """pg_receivewal's checks after getopt, in its order (UsageError with its messages)."""
+def check_args(opts: StreamOptions, rest: list[str], directory: str | None) -> None:
+    """pg_receivewal's checks after getopt, in its order (UsageError with its messages).
+
+    ``directory`` is -D as typed, for the messages.
+    """
     if rest:
         raise UsageError(f'too many command-line arguments (first is "{rest[0]}")')
-    if opts["drop_slot"] and opts["create_slot"]:
+    if opts.drop_slot and opts.create_slot:
         raise UsageError("cannot use --create-slot together with --drop-slot")
-    if opts["slot"] is None and (opts["drop_slot"] or opts["create_slot"]):
-        which = "--drop-slot" if opts["drop_slot"] else "--create-slot"
+    if opts.slot is None and (opts.drop_slot or opts.create_slot):
+        which = "--drop-slot" if opts.drop_slot else "--create-slot"
         raise UsageError(f"{which} needs a slot to be specified using --slot")
-    if opts["synchronous"] and opts["no_sync"]:
+    if opts.synchronous and opts.no_sync:
         raise UsageError("cannot use --synchronous together with --no-sync")
-    if opts["directory"] is None and not (opts["drop_slot"] or opts["create_slot"]):
+    if directory is None and not (opts.drop_slot or opts.create_slot):
         raise UsageError("no target directory specified")
     try:
-        parse_compress_option(opts["compress"])
+        parse_compress_option(opts.compress)
     except ConfigurationError as exc:
         raise UsageError(str(exc), hint=False) from exc
-    if not (opts["drop_slot"] or opts["create_slot"]):
+    if not (opts.drop_slot or opts.create_slot):
         try:
-            os.listdir(opts["directory"])
+            os.listdir(directory or "")
         except OSError as exc:
-            raise UsageError(f'could not open directory "{opts["directory"]}": '
+            raise UsageError(f'could not open directory "{directory}": '
                              f"{exc.strerror}", hint=False) from exc
 
 
@@ -196,7 +200,6 @@ _LONG_NAMES = {
     "-w": "no_password", "-W": "force_password", "-v": "verbose", "-Z": "compress",
     "--password": "force_password",
 }
-_VALUED = {"directory", "dbname", "host", "port", "username", "slot", "compress"}
 _C_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]*)[ \t\n\v\f\r]*")
 _HEX = r"[ \t\n\v\f\r]*[+-]?(?:0[xX])?([0-9A-Fa-f]+)"
 _ENDPOS = re.compile(_HEX + "/" + _HEX)

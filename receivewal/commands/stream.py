@@ -8,7 +8,9 @@ argv and no secret ever appears in one.
 from __future__ import annotations
 
 import getpass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -19,8 +21,48 @@ from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ReceivewalError
 from receivewal.logs import configure_logging
 from receivewal.replication.connection import build_conninfo, conninfo_options
-from receivewal.replication.streampack import parse_compression_list, with_streampack_option
+from receivewal.replication.negotiation import parse_compression_list, with_streampack_option
 from receivewal.wal.lsn import parse_lsn
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """The stream command line as parsed (by click here, by getopt in the drop-in).
+
+    Values are as typed (LSNs, compression lists and -Z still text); :func:`build_settings`
+    turns them into :class:`Settings`. Defaults come from Settings, stated once there.
+    """
+
+    directory: Path | None = None
+    dbname: str | None = None
+    host: str | None = None
+    port: str | None = None
+    username: str | None = None
+    no_password: bool = False
+    force_password: bool = False
+    slot: str | None = None
+    create_slot: bool = False
+    drop_slot: bool = False
+    if_not_exists: bool = False
+    reserve_wal: bool = False
+    create_slot_if_missing: bool = False
+    status_interval: float = Settings.status_interval
+    synchronous: bool = False
+    no_sync: bool = not Settings.sync
+    endpos: str | None = None
+    no_loop: bool = Settings.no_loop
+    verbose: int = 0
+    compress: str = "none"
+    compression: str = ",".join(Settings.compression)
+    hot_standby_feedback: bool = Settings.hot_standby_feedback
+    receive_timeout: float = Settings.receive_timeout
+    reconnect_delay: float = Settings.reconnect_delay
+    reconnect_delay_max: float = Settings.reconnect_delay_max
+    metrics_address: str | None = None
+    log_format: str = "auto"
+
+
+_DEFAULTS = StreamOptions()
 
 
 def _env(name: str) -> str:
@@ -47,7 +89,8 @@ def _env(name: str) -> str:
               help="Slots created here reserve WAL at once (restart_lsn is set).")
 @click.option("--create-slot-if-missing", is_flag=True, envvar=_env("CREATE_SLOT_IF_MISSING"),
               help="Create the slot (reserving WAL) when the server lacks it.")
-@click.option("-s", "--status-interval", type=click.FloatRange(min=0), default=10.0,
+@click.option("-s", "--status-interval", type=click.FloatRange(min=0),
+              default=_DEFAULTS.status_interval,
               show_default=True, envvar=_env("STATUS_INTERVAL"),
               help="Seconds between status packets to the server (0: only when asked).")
 @click.option("--synchronous", is_flag=True, envvar=_env("SYNCHRONOUS"),
@@ -59,78 +102,79 @@ def _env(name: str) -> str:
 @click.option("-n", "--no-loop", is_flag=True, envvar=_env("NO_LOOP"),
               help="Exit 1 on connection loss instead of reconnecting.")
 @click.option("-v", "--verbose", count=True, help="More log output (debug events).")
-@click.option("-Z", "--compress", default="none", show_default=True, envvar=_env("COMPRESS"),
+@click.option("-Z", "--compress", default=_DEFAULTS.compress, show_default=True,
+              envvar=_env("COMPRESS"),
               help="Compress segment files at rest: METHOD[:LEVEL] with METHOD gzip (.gz), "
               "lz4 (.lz4), zstd (.zst) or none; a bare number is a gzip level, as in "
               "pg_receivewal.")
-@click.option("--compression", default="zstd,lz4", show_default=True,
+@click.option("--compression", default=_DEFAULTS.compression, show_default=True,
               envvar=_env("COMPRESSION"),
               help="pg_streampack algorithms to request, in order of preference, or none.")
-@click.option("--hot-standby-feedback/--no-hot-standby-feedback", default=True,
+@click.option("--hot-standby-feedback/--no-hot-standby-feedback",
+              default=_DEFAULTS.hot_standby_feedback,
               show_default=True, envvar=_env("HOT_STANDBY_FEEDBACK"),
               help="Send hot standby feedback that holds nothing back (clears a slot's xmin).")
-@click.option("--receive-timeout", type=click.FloatRange(min=0), default=60.0,
+@click.option("--receive-timeout", type=click.FloatRange(min=0),
+              default=_DEFAULTS.receive_timeout,
               show_default=True, envvar=_env("RECEIVE_TIMEOUT"),
               help="Drop the connection after this many seconds of silence (0: never).")
-@click.option("--reconnect-delay", type=click.FloatRange(min=0), default=5.0,
+@click.option("--reconnect-delay", type=click.FloatRange(min=0),
+              default=_DEFAULTS.reconnect_delay,
               show_default=True, envvar=_env("RECONNECT_DELAY"),
               help="First pause before reconnecting; doubles up to --reconnect-delay-max.")
-@click.option("--reconnect-delay-max", type=click.FloatRange(min=0), default=60.0,
+@click.option("--reconnect-delay-max", type=click.FloatRange(min=0),
+              default=_DEFAULTS.reconnect_delay_max,
               show_default=True, envvar=_env("RECONNECT_DELAY_MAX"))
 @click.option("--metrics-address", envvar=_env("METRICS_ADDRESS"),
               help="Serve Prometheus metrics on HOST:PORT.")
-@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]),
+              default=_DEFAULTS.log_format,
               envvar=_env("LOG_FORMAT"), help="auto: JSON unless stderr is a terminal.")
-def stream_command(**opts: object) -> int:
+def stream_command(**opts: Any) -> int:
     """Stream WAL from a server into DIRECTORY, as pg_receivewal does."""
-    log_format = opts["log_format"]
-    configure_logging(int(opts["verbose"]),  # type: ignore[call-overload]
-                      json=None if log_format == "auto" else log_format == "json")
+    options = StreamOptions(**opts)
+    configure_logging(options.verbose, json=None if options.log_format == "auto"
+                      else options.log_format == "json")
     try:
-        settings = build_settings(opts)
+        settings = build_settings(options)
     except ReceivewalError as exc:
         raise click.UsageError(str(exc)) from exc
-    prompt = None if opts["no_password"] else prompt_password
+    prompt = None if options.no_password else prompt_password
     return Supervisor(settings, prompt=prompt).run()
 
 
-def build_settings(opts: dict[str, object]) -> Settings:
+def build_settings(opts: StreamOptions) -> Settings:
     """Turn parsed options into validated Settings (raises ConfigurationError)."""
-    compression = parse_compression_list(str(opts["compression"]))
-    at_rest = parse_compress_option(str(opts["compress"]))
+    compression = parse_compression_list(opts.compression)
+    at_rest = parse_compress_option(opts.compress)
     password = None
-    if opts["force_password"] and not opts["no_password"]:
+    if opts.force_password and not opts.no_password:
         password = getpass.getpass("Password: ")
-    base = build_conninfo(opts["dbname"], host=opts["host"], port=opts["port"],  # type: ignore[arg-type]
-                          user=opts["username"], password=password)  # type: ignore[arg-type]
+    base = build_conninfo(opts.dbname, host=opts.host, port=opts.port, user=opts.username,
+                          password=password)
     options = with_streampack_option(conninfo_options(base), compression)
-    conninfo = build_conninfo(base, options=options) if options else base
-    endpos = parse_lsn(str(opts["endpos"])) if opts["endpos"] else None
-    if opts["metrics_address"]:
-        parse_address(str(opts["metrics_address"]))  # a bad address fails before connecting
-    settings = Settings(
-        directory=opts["directory"],  # type: ignore[arg-type]
-        conninfo=conninfo,
-        slot=opts["slot"],  # type: ignore[arg-type]
-        create_slot=bool(opts["create_slot"]),
-        drop_slot=bool(opts["drop_slot"]),
-        if_not_exists=bool(opts["if_not_exists"]),
-        reserve_wal=bool(opts["reserve_wal"]),
-        create_slot_if_missing=bool(opts["create_slot_if_missing"]),
-        status_interval=float(opts["status_interval"]),  # type: ignore[arg-type]
-        synchronous=bool(opts["synchronous"]),
-        sync=not opts["no_sync"],
+    endpos = parse_lsn(opts.endpos) if opts.endpos else None
+    if opts.metrics_address:
+        parse_address(opts.metrics_address)  # a bad address fails before connecting
+    return Settings(
+        directory=opts.directory,
+        conninfo=build_conninfo(base, options=options) if options else base,
+        slot=opts.slot,
+        create_slot=opts.create_slot,
+        drop_slot=opts.drop_slot,
+        if_not_exists=opts.if_not_exists,
+        reserve_wal=opts.reserve_wal,
+        create_slot_if_missing=opts.create_slot_if_missing,
+        status_interval=float(opts.status_interval),
+        synchronous=opts.synchronous,
+        sync=not opts.no_sync,
         endpos=endpos,
-        no_loop=bool(opts["no_loop"]),
-        verbose=int(opts["verbose"]),  # type: ignore[call-overload]
+        no_loop=opts.no_loop,
         compression=compression,
         at_rest=at_rest,
-        hot_standby_feedback=bool(opts["hot_standby_feedback"]),
-        receive_timeout=float(opts["receive_timeout"]),  # type: ignore[arg-type]
-        reconnect_delay=float(opts["reconnect_delay"]),  # type: ignore[arg-type]
-        reconnect_delay_max=float(opts["reconnect_delay_max"]),  # type: ignore[arg-type]
-        metrics_address=opts["metrics_address"],  # type: ignore[arg-type]
-    )
-    return settings.validate()
-
-
+        hot_standby_feedback=opts.hot_standby_feedback,
+        receive_timeout=float(opts.receive_timeout),
+        reconnect_delay=float(opts.reconnect_delay),
+        reconnect_delay_max=float(opts.reconnect_delay_max),
+        metrics_address=opts.metrics_address,
+    ).validate()

@@ -20,29 +20,50 @@ about streaming itself; those events are the session's to log.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.state import LastError, State, write_state
 from receivewal.logs import get_logger
+from receivewal.replication.connection import redacted
 from receivewal.wal.lsn import format_lsn
 
 log = get_logger(component="monitor")
 
-_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_URI_PASSWORD_RE = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+class SessionMonitor(Protocol):
+    """What the streaming session reports to: :class:`Monitor` is the one implementation."""
 
+    file_mode: int
 
-def redact(text: str) -> str:
-    """``text`` with passwords in connection strings and URIs replaced by ``****``."""
-    return _URI_PASSWORD_RE.sub(r"\1****@", _PASSWORD_RE.sub(r"\1****", text))
+    def connected(self, server: str, system_identifier: str, timeline: int,
+                  slot: str | None) -> None: ...
+
+    def slot_state(self, slot: str | None, restart_lsn: int | None) -> None: ...
+
+    def streaming_started(self, timeline: int, start_lsn: int) -> None: ...
+
+    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int) -> None: ...
+
+    def written(self, lsn: int) -> None: ...
+
+    def flushed(self, lsn: int) -> None: ...
+
+    def keepalive(self, server_wal_end: int) -> None: ...
+
+    def segment_completed(self, name: str) -> None: ...
+
+    def timeline_switched(self, timeline: int) -> None: ...
+
+    def compression(self, algorithm: str | None, wire_bytes: int, wal_bytes: int) -> None: ...
+
+    def tick(self, now: float) -> None: ...
 
 
 class Monitor:
@@ -112,7 +133,7 @@ class Monitor:
     ) -> None:
         """Connected and identified the server (``server`` must not carry a password)."""
         self._state = replace(
-            self._state, phase="connected", server=redact(server),
+            self._state, phase="connected", server=redacted(server),
             system_identifier=system_identifier, timeline=timeline, slot=slot,
         )
         self._last_contact = self._clock()
@@ -199,7 +220,7 @@ class Monitor:
 
     def error(self, kind: str, message: str) -> None:
         """An error of ``kind`` (exception class name, ``disk_full``, ``gap``...) happened."""
-        message = redact(message)
+        message = redacted(message)
         error = LastError(kind=kind, message=message, at=self._clock())
         self._state = replace(self._state, last_error=error)
         self.metrics.errors.labels(kind=kind).inc()
@@ -210,7 +231,7 @@ class Monitor:
         """The connection is gone (``message`` says why)."""
         self._state = replace(self._state, phase="disconnected")
         self.metrics.set_streaming(None, streaming=False)
-        self._status(f"Disconnected: {redact(message)}")
+        self._status(f"Disconnected: {redacted(message)}")
         self._write_now()
 
     def reconnecting(self, delay: float) -> None:

@@ -3,16 +3,18 @@
 The flow per connection is IDENTIFY_SYSTEM, SHOW wal_segment_size and data_directory_mode,
 READ_REPLICATION_SLOT, then for each timeline TIMELINE_HISTORY (when missing) and
 START_REPLICATION PHYSICAL followed by the COPY BOTH loop. When a timeline ends the server
-says which one comes next, and streaming goes on on the same connection.
+says which one comes next, and streaming goes on on the same connection. The commands are
+:mod:`receivewal.replication.commands`; the COPY loop (:meth:`Session._copy_loop`) follows
+receivelog.c's HandleCopyStream.
 """
 
 from __future__ import annotations
 
-import selectors
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+
+from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import (
     Archive,
@@ -21,16 +23,25 @@ from receivewal.archive.directory import (
     open_segment_writer,
 )
 from receivewal.archive.layout import StartPoint, choose_start
+from receivewal.daemon.monitor import SessionMonitor
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
     ArchiveError,
-    ConfigurationError,
     ConnectionLost,
-    ProtocolError,
     ServerError,
     WalRemovedError,
 )
-from receivewal.replication.connection import COPY_DONE, ExecStatus, ReplicationConnection
+from receivewal.replication.commands import (
+    ReplicationLink,
+    ServerInfo,
+    create_slot,
+    identify_server,
+    read_slot,
+    read_timeline_end,
+    slot_exists,
+    timeline_history,
+)
+from receivewal.replication.connection import COPY_DONE, ExecStatus
 from receivewal.replication.messages import (
     PrimaryKeepalive,
     build_hot_standby_feedback,
@@ -39,36 +50,13 @@ from receivewal.replication.messages import (
     postgres_time,
 )
 from receivewal.replication.streampack import StreampackDecoder
-from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn, round_down_to_segment
-from receivewal.wal.names import history_file_name, parse_history_file_name, wal_file_name
+from receivewal.replication.waiting import StopFlag
+from receivewal.wal.lsn import format_lsn, round_down_to_segment
+from receivewal.wal.names import history_file_name, wal_file_name
 from receivewal.wal.timeline import check_follows, parse_history
 
-_UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 STOP_DRAIN_SECONDS = 10.0
 TICK_SECONDS = 0.25  # how often the monitor gets a pulse (watchdog, state file, STATUS)
-
-
-class StopRequest(Protocol):
-    """What the session needs of the supervisor's stop flag."""
-
-    @property
-    def requested(self) -> bool: ...
-
-    def fileno(self) -> int: ...
-
-    def drain(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What IDENTIFY_SYSTEM and a few SHOW commands told us about the server."""
-
-    system_identifier: str
-    timeline: int
-    xlogpos: int
-    segment_size: int
-    file_mode: int
-    version: int
 
 
 @dataclass(frozen=True)
@@ -79,83 +67,11 @@ class TimelineEnd:
     start: int
 
 
-def parse_size(text: str) -> int:
-    """Parse a size as SHOW prints it ("16MB", "1GB") into bytes."""
-    number = text.rstrip("kMGTB")
-    unit = text[len(number):] or "B"
-    if not number.isdigit() or unit not in _UNITS:
-        raise ServerError(f"could not parse WAL segment size {text!r}")
-    return int(number) * _UNITS[unit]
-
-
-def identify_server(conn: ReplicationConnection) -> ServerInfo:
-    """IDENTIFY_SYSTEM plus the settings the archive depends on."""
-    rows = conn.query("IDENTIFY_SYSTEM")
-    if len(rows) != 1 or len(rows[0]) < 4:
-        raise ServerError(f"could not identify system: got {len(rows)} rows, expected 1 row "
-                          "with 4 or more fields")
-    sysid, tli, xlogpos, dbname = rows[0][:4]
-    if dbname is not None:
-        raise ServerError("replication connection is unexpectedly database specific "
-                          f'(database "{dbname}"): physical streaming needs replication=true')
-    if sysid is None or tli is None or xlogpos is None:
-        raise ServerError("could not identify system: IDENTIFY_SYSTEM returned NULLs")
-    segsize_text = conn.query("SHOW wal_segment_size")[0][0] or ""
-    try:
-        segment_size = check_segment_size(parse_size(segsize_text))
-    except ConfigurationError as exc:
-        raise ServerError(f"server reports an unusable WAL segment size: {exc}") from exc
-    mode_text = conn.query("SHOW data_directory_mode")[0][0] or "0700"
-    group_readable = int(mode_text, 8) & 0o040
-    return ServerInfo(sysid, int(tli), parse_lsn(xlogpos), segment_size,
-                      0o640 if group_readable else 0o600, conn.server_version)
-
-
-def read_slot(conn: ReplicationConnection, slot: str) -> tuple[int, int] | None:
-    """The slot's (restart_lsn, timeline), or None when it has not reserved WAL yet.
-
-    Raises ServerError when the slot does not exist or is not physical.
-    """
-    rows = conn.query(f"READ_REPLICATION_SLOT {slot}")
-    if not rows or rows[0][0] is None:
-        raise ServerError(f'replication slot "{slot}" does not exist')
-    slot_type, restart_lsn, restart_tli = rows[0][:3]
-    if slot_type != "physical":
-        raise ServerError(f'replication slot "{slot}" is a {slot_type} slot, not physical')
-    if restart_lsn is None or restart_tli is None:
-        return None
-    return parse_lsn(restart_lsn), int(restart_tli)
-
-
-def slot_exists(conn: ReplicationConnection, slot: str) -> bool:
-    """Whether READ_REPLICATION_SLOT finds the slot (of any type)."""
-    rows = conn.query(f"READ_REPLICATION_SLOT {slot}")
-    return bool(rows) and rows[0][0] is not None
-
-
-def create_slot(conn: ReplicationConnection, slot: str, *, reserve_wal: bool,
-                if_not_exists: bool) -> bool:
-    """CREATE_REPLICATION_SLOT ... PHYSICAL; False when it existed and that was allowed."""
-    command = f"CREATE_REPLICATION_SLOT {slot} PHYSICAL" + (" RESERVE_WAL" if reserve_wal else "")
-    try:
-        conn.query(command)
-    except ServerError as exc:
-        if if_not_exists and exc.sqlstate == "42710":  # duplicate_object
-            return False
-        raise
-    return True
-
-
-def drop_slot(conn: ReplicationConnection, slot: str) -> None:
-    """DROP_REPLICATION_SLOT."""
-    conn.query(f"DROP_REPLICATION_SLOT {slot}")
-
-
 class Session:
     """Streams from one open connection until stopped, at endpos, or on an error."""
 
-    def __init__(self, conn: ReplicationConnection, *, settings: Settings, archive: Archive,
-                 monitor: Any, stop: StopRequest, log: Any,
+    def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
+                 monitor: SessionMonitor, stop: StopFlag, log: FilteringBoundLogger,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.conn = conn
         self.settings = settings
@@ -239,19 +155,10 @@ class Session:
 
     def _fetch_history(self, timeline: int) -> str:
         """The history file of ``timeline``: from the archive, else from the server (stored)."""
-        name = history_file_name(timeline)
-        path = self.archive.directory / name
+        path = self.archive.directory / history_file_name(timeline)
         if path.exists():
             return path.read_text()
-        rows = self.conn.query(f"TIMELINE_HISTORY {timeline}")
-        if len(rows) != 1 or len(rows[0]) != 2:
-            raise ServerError(f"unexpected response to TIMELINE_HISTORY {timeline}")
-        server_name, content = rows[0]
-        if content is None or server_name is None or server_name != name \
-                or parse_history_file_name(server_name) != timeline:
-            raise ServerError(f'server reported unexpected history file name "{server_name}" '
-                              f"for timeline {timeline}")
-        parse_history(content, timeline)  # refuse to store garbage
+        name, content = timeline_history(self.conn, timeline)
         self.archive.write_file_durably(name, content.encode())
         self.log.info("history_file_written", file=name, timeline=timeline)
         return content
@@ -297,15 +204,9 @@ class Session:
             writer.close()
 
     def _copy_loop(self, writer: SegmentWriter) -> TimelineEnd | str:
-        selector = selectors.DefaultSelector()
-        try:
-            selector.register(self.conn.fileno(), selectors.EVENT_READ)
-            selector.register(self.stop.fileno(), selectors.EVENT_READ)
-            return self._loop(writer, selector)
-        finally:
-            selector.close()
-
-    def _loop(self, writer: SegmentWriter, selector: selectors.BaseSelector) -> TimelineEnd | str:
+        """receivelog.c's HandleCopyStream, the hot loop. Take what has arrived; when nothing
+        has, do the periodic work (endpos, synchronous flush, liveness, status, monitor tick)
+        and wait on the socket and the stop signal until the next status is due."""
         interval = self.settings.status_interval
         next_status = self.clock()  # pg_receivewal reports once right away
         next_tick = next_status
@@ -315,9 +216,6 @@ class Session:
                 self._finish(writer)
                 return "stopped"
             message = self.conn.read_copy()
-            if message is None:
-                self.conn.consume_input()  # take what the socket already has, without waiting
-                message = self.conn.read_copy()
             now = self.clock()
             if message is None:
                 if self._at_endpos(writer):  # e.g. started exactly at --endpos
@@ -330,17 +228,18 @@ class Session:
                     next_status = now + interval
                 self._tick(writer)
                 next_tick = now + TICK_SECONDS
-                timeout = min(TICK_SECONDS, max(0.0, next_status - now)) if interval > 0 \
-                    else TICK_SECONDS
-                selector.select(timeout)
-                self.stop.drain()
-                self.conn.consume_input()
+                self.conn.wait(min(TICK_SECONDS, max(0.0, next_status - now))
+                               if interval > 0 else TICK_SECONDS)
                 continue
             if message is COPY_DONE:
                 self._tick(writer)
                 return self._end_of_copy(writer)
             assert isinstance(message, (bytes, memoryview))
-            self._handle(message, writer)
+            self.last_received, self.pinged = self.clock(), False
+            if message[0] == 0x77:  # 'w': the only place the hot path looks at the kind
+                self._process_xlogdata(message, writer)
+            else:
+                self._process_keepalive(message, writer)
             if self._at_endpos(writer):
                 return "endpos"
             if interval > 0 and now >= next_status:
@@ -397,28 +296,24 @@ class Session:
             self.send_status(writer, reply_requested=True)
             self.pinged = True
 
-    def _handle(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
-        self.last_received = self.clock()
-        self.pinged = False
-        kind = message[0]
-        if kind == 0x77:  # 'w'
-            frame = self.decoder.restore(message)
-            xlog = parse_copy_data(frame)
-            if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
-                self._report_compression()
-            completed = writer.write(xlog.wal_start, xlog.payload)  # type: ignore[union-attr]
-            self.pending_wire += len(message)
-            self.pending_wal += len(xlog.payload)  # type: ignore[union-attr]
-            for name in completed:
-                self.log.info("segment_completed", segment=name, timeline=writer.timeline,
-                              lsn=format_lsn(writer.position))
-                self._tick(writer)
-                self.monitor.segment_completed(name)
-                self.monitor.flushed(writer.flushed)
-                stats = self.decoder.stats()
-                self.monitor.compression(stats.algorithm, stats.wire_bytes, stats.wal_bytes)
-                self.log.debug("compression_stats", **stats.as_dict())
-            return
+    def _process_xlogdata(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
+        xlog = self.decoder.decode(message)
+        if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
+            self._report_compression()
+        completed = writer.write(xlog.wal_start, xlog.payload)
+        self.pending_wire += len(message)
+        self.pending_wal += len(xlog.payload)
+        for name in completed:
+            self.log.info("segment_completed", segment=name, timeline=writer.timeline,
+                          lsn=format_lsn(writer.position))
+            self._tick(writer)
+            self.monitor.segment_completed(name)
+            self.monitor.flushed(writer.flushed)
+            stats = self.decoder.stats()
+            self.monitor.compression(stats.algorithm, stats.wire_bytes, stats.wal_bytes)
+            self.log.debug("compression_stats", **stats.as_dict())
+
+    def _process_keepalive(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
         keepalive = parse_copy_data(message)
         assert isinstance(keepalive, PrimaryKeepalive)
         self.monitor.keepalive(keepalive.wal_end)
@@ -449,8 +344,7 @@ class Session:
             if message is COPY_DONE:
                 break
             if message is None:
-                time.sleep(0.01)
-                self.conn.consume_input()
+                self.conn.wait(max(0.0, deadline - self.clock()))
         else:
             raise ConnectionLost("server did not end the stream after we stopped")
         while (result := self.conn.next_result()) is not None:
@@ -460,34 +354,6 @@ class Session:
     def _end_of_copy(self, writer: SegmentWriter) -> TimelineEnd:
         """The server ended the copy: a timeline switch, or a shutdown."""
         writer.close()
-        result = self.conn.next_result()
-        if result is not None and result.status in (ExecStatus.COPY_IN, ExecStatus.COPY_BOTH):
-            self.conn.end_copy()
-            result = self.conn.next_result()
-        if result is None or result.status == ExecStatus.COMMAND_OK:
-            raise ConnectionLost("replication stream was terminated by the server at "
-                                 f"{format_lsn(writer.position)} (server shut down?)")
-        if result.status != ExecStatus.TUPLES_OK or len(result.rows) != 1 or \
-                len(result.rows[0]) < 2:
-            raise ProtocolError("unexpected result set after end of timeline")
-        next_tli_text, next_start_text = result.rows[0][:2]
-        if next_tli_text is None or next_start_text is None:
-            raise ProtocolError("unexpected result set after end of timeline: NULL values")
-        next_tli, next_start = int(next_tli_text), parse_lsn(next_start_text)
-        if next_tli <= writer.timeline:
-            raise ProtocolError(f"server reported unexpected next timeline {next_tli}, "
-                                f"following timeline {writer.timeline}")
-        if next_start > writer.position:
-            raise ProtocolError(
-                f"server stopped streaming timeline {writer.timeline} at "
-                f"{format_lsn(writer.position)}, but reported next timeline {next_tli} to "
-                f"begin at {format_lsn(next_start)}"
-            )
-        final = self.conn.next_result()
-        if final is None or final.status != ExecStatus.COMMAND_OK:
-            raise ProtocolError("unexpected termination of replication stream after the end "
-                                "of a timeline")
-        while self.conn.next_result() is not None:
-            pass
+        next_tli, next_start = read_timeline_end(self.conn, writer.timeline, writer.position)
         assert self.info is not None
         return TimelineEnd(next_tli, round_down_to_segment(next_start, self.info.segment_size))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
@@ -14,7 +14,11 @@ SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
 
 @dataclass(frozen=True)
 class Settings:
-    """Options of ``receivewal stream``, with pg_receivewal's meanings where they overlap."""
+    """Options of ``receivewal stream``, with pg_receivewal's meanings where they overlap.
+
+    The defaults here are the only statement of them: the ``stream`` command line and the
+    pg_receivewal drop-in read them from this class.
+    """
 
     directory: Path | None
     conninfo: str
@@ -29,7 +33,6 @@ class Settings:
     sync: bool = True
     endpos: int | None = None
     no_loop: bool = False
-    verbose: int = 0
     compression: tuple[str, ...] = ("zstd", "lz4")
     at_rest: CompressSpec = NO_COMPRESSION  # -Z/--compress: how segment files are compressed
     hot_standby_feedback: bool = True
@@ -37,7 +40,6 @@ class Settings:
     reconnect_delay_max: float = 60.0
     receive_timeout: float = 60.0
     metrics_address: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def report_flush(self) -> bool:

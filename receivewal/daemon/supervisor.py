@@ -20,16 +20,16 @@ from typing import Any
 
 from receivewal.archive.directory import Archive
 from receivewal.daemon.monitor import Monitor
-from receivewal.daemon.session import TICK_SECONDS, Session, create_slot, drop_slot
+from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
     ConnectionLost,
     DiskFullError,
     ReceivewalError,
-    ServerError,
     WalRemovedError,
 )
 from receivewal.logs import get_logger
+from receivewal.replication.commands import create_slot, drop_slot
 from receivewal.replication.connection import ReplicationConnection, redacted
 
 
@@ -119,7 +119,8 @@ class Supervisor:
     def connect(self) -> ReplicationConnection:
         """Open a replication connection (the password never reaches a log line)."""
         self.log.debug("connecting", conninfo=redacted(self.settings.conninfo))
-        return ReplicationConnection.open(self.settings.conninfo, self.prompt)
+        return ReplicationConnection.open(self.settings.conninfo, self.prompt, stop=self.stop,
+                                          timeout=self.settings.receive_timeout)
 
     def slot_command(self) -> int:
         """--create-slot / --drop-slot: act and exit, as pg_receivewal does."""
@@ -178,7 +179,7 @@ class Supervisor:
             try:
                 conn = self.connect()
             except ReceivewalError as exc:
-                if not connected_once:
+                if not connected_once and not self.stop.requested:
                     self.log.error("failed", error=str(exc))
                     return 1
                 error: ReceivewalError = exc
@@ -203,8 +204,8 @@ class Supervisor:
                 return 0
             kind = error_kind(error)
             monitor.error(kind, str(error))
-            retryable = error.retryable or isinstance(error, ServerError)
-            if not retryable or self.settings.no_loop or (not streamed and not connected_once):
+            if not error.retryable or self.settings.no_loop or \
+                    (not streamed and not connected_once):
                 self.log.error("failed", error=str(error), kind=kind)
                 return 1
             if isinstance(error, WalRemovedError):

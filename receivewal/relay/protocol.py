@@ -12,12 +12,8 @@ import struct
 from dataclasses import dataclass
 
 from receivewal.errors import ConfigurationError
-from receivewal.replication.streampack import (
-    StreampackEncoder,
-    StreampackStats,
-    parse_compression_list,
-    take_streampack_option,
-)
+from receivewal.replication.negotiation import parse_compression_list, take_streampack_option
+from receivewal.replication.streampack import StreampackEncoder, StreampackStats
 
 PROTOCOL_3 = 196608
 SSL_REQUEST = 80877103

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from receivewal.addresses import parse_address
 from receivewal.errors import ConfigurationError
-from receivewal.replication.streampack import StreampackEncoder, parse_compression_list
+from receivewal.replication.negotiation import parse_compression_list
+from receivewal.replication.streampack import StreampackEncoder
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 CLIENT_TLS_MODES = ("disable", "prefer", "require")

@@ -2,19 +2,33 @@
 
 This is the only module that imports psycopg. It speaks the simple query protocol only (the
 walsender accepts nothing else) and exposes the COPY BOTH stream as non-blocking reads of whole
-CopyData payloads; waiting on the socket is the caller's business.
+CopyData payloads. Nothing here blocks: the libpq dialogue is written as generators that
+:mod:`receivewal.replication.waiting` drives, waiting on the socket and the stop signal.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receivewal.errors import ConfigurationError, ConnectionLost, ServerError, WalRemovedError
+from receivewal.replication.waiting import (
+    BOTH,
+    READ,
+    WRITE,
+    Steps,
+    StopFlag,
+    drive,
+    wait_readable,
+)
+
+T = TypeVar("T")
 
 ExecStatus = pq.ExecStatus
 
@@ -49,12 +63,14 @@ def conninfo_options(conninfo: str) -> str | None:
     return conninfo_to_dict(conninfo).get("options")  # type: ignore[return-value]
 
 
-def redacted(conninfo: str) -> str:
-    """The connection string without secrets, fit for logs and error messages."""
-    params = conninfo_to_dict(conninfo)
-    params.pop("password", None)
-    params.pop("sslpassword", None)
-    return make_conninfo("", **params)
+_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_URI_PASSWORD_RE = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def redacted(text: str) -> str:
+    """``text`` with every password (``password=``, ``sslpassword=``, a URI's ``user:pw@``)
+    replaced by ``****``: for connection strings and any message that may quote one."""
+    return _URI_PASSWORD_RE.sub(r"\1****@", _PASSWORD_RE.sub(r"\1****", text))
 
 
 def one_line(text: str) -> str:
@@ -62,37 +78,107 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+Row = tuple[str | None, ...]
+
+
 @dataclass(frozen=True)
 class Result:
     """The outcome of one command: its status and rows (text values, None for NULL)."""
 
     status: ExecStatus
-    rows: list[tuple[str | None, ...]]
+    rows: list[Row]
+
+
+# -- the libpq dialogue as generators (they never block; waiting.drive waits for them) --------
+def _connect_steps(pgconn: pq.abc.PGconn) -> Steps[None]:
+    """PQconnectPoll until the connection is made or has failed."""
+    while pgconn.status != pq.ConnStatus.BAD:
+        status = pgconn.connect_poll()
+        if status in (pq.PollingStatus.OK, pq.PollingStatus.FAILED):
+            return
+        yield pgconn.socket, READ if status == pq.PollingStatus.READING else WRITE
+
+
+def _flush_steps(pgconn: pq.abc.PGconn) -> Steps[None]:
+    """PQflush until libpq's output buffer is on the wire (reading meanwhile, so that a
+    server waiting for us to read cannot deadlock us)."""
+    while pgconn.flush() != 0:
+        ready = yield pgconn.socket, BOTH
+        if ready & READ:
+            pgconn.consume_input()
+
+
+def _put_steps(pgconn: pq.abc.PGconn, data: bytes | None) -> Steps[None]:
+    """Queue CopyData (or CopyDone when ``data`` is None) and flush it."""
+    while (pgconn.put_copy_end() if data is None else pgconn.put_copy_data(data)) == 0:
+        yield from _flush_steps(pgconn)  # libpq's buffer is full: make room
+    yield from _flush_steps(pgconn)
+
+
+def _result_steps(pgconn: pq.abc.PGconn) -> Steps[pq.abc.PGresult | None]:
+    """The next result, once libpq has all of it."""
+    pgconn.consume_input()
+    while pgconn.is_busy():
+        yield pgconn.socket, READ
+        pgconn.consume_input()
+    return pgconn.get_result()
+
+
+def _exec_steps(pgconn: pq.abc.PGconn, sql: bytes) -> Steps[pq.abc.PGresult | None]:
+    """PQexec without blocking: send, flush, and keep the last result (stopping at COPY)."""
+    pgconn.send_query(sql)
+    yield from _flush_steps(pgconn)
+    last = None
+    while (res := (yield from _result_steps(pgconn))) is not None:
+        last = res
+        if res.status in (ExecStatus.COPY_IN, ExecStatus.COPY_OUT, ExecStatus.COPY_BOTH):
+            break
+    return last
+
+
+def _connect(conninfo: str, stop: StopFlag | None, timeout: float) -> pq.abc.PGconn:
+    pgconn = pq.PGconn.connect_start(conninfo.encode())
+    try:
+        drive(_connect_steps(pgconn), "could not connect to server", stop, timeout)
+    except BaseException:
+        pgconn.finish()
+        raise
+    return pgconn
 
 
 class ReplicationConnection:
-    """One libpq connection in replication mode."""
+    """One libpq connection in replication mode, in non-blocking mode.
 
-    def __init__(self, pgconn: pq.abc.PGconn) -> None:
+    ``stop`` is the supervisor's stop signal and ``timeout`` the receive timeout (0: none):
+    every wait for the server (connect, a command, a flush, a result) goes through
+    :func:`~receivewal.replication.waiting.drive` with both.
+    """
+
+    def __init__(self, pgconn: pq.abc.PGconn, stop: StopFlag | None = None,
+                 timeout: float = 0.0) -> None:
         self.pgconn = pgconn
+        self.stop = stop
+        self.timeout = timeout
         self.closed = False
+        pgconn.nonblocking = 1
 
     @classmethod
     def open(
-        cls, conninfo: str, prompt_password: Callable[[], str | None] | None = None
+        cls, conninfo: str, prompt_password: Callable[[], str | None] | None = None, *,
+        stop: StopFlag | None = None, timeout: float = 0.0,
     ) -> ReplicationConnection:
         """Connect; ask ``prompt_password`` once when the server wants a password we lack."""
-        pgconn = pq.PGconn.connect(conninfo.encode())
+        pgconn = _connect(conninfo, stop, timeout)
         if pgconn.status != pq.ConnStatus.OK and pgconn.needs_password and prompt_password:
             password = prompt_password()
             if password is not None:
                 pgconn.finish()
-                pgconn = pq.PGconn.connect(make_conninfo(conninfo, password=password).encode())
+                pgconn = _connect(make_conninfo(conninfo, password=password), stop, timeout)
         if pgconn.status != pq.ConnStatus.OK:
             message = one_line(pgconn.get_error_message())
             pgconn.finish()
             raise ConnectionLost(message or "could not connect to server")
-        return cls(pgconn)
+        return cls(pgconn, stop, timeout)
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -126,7 +212,7 @@ class ReplicationConnection:
         kind = WalRemovedError if "has already been removed" in message else ServerError
         return kind(f"{what}: {message}", sqlstate=(sqlstate or b"").decode())
 
-    def _rows(self, res: pq.abc.PGresult) -> list[tuple[str | None, ...]]:
+    def _rows(self, res: pq.abc.PGresult) -> list[Row]:
         rows = []
         for r in range(res.ntuples):
             row = []
@@ -136,31 +222,38 @@ class ReplicationConnection:
             rows.append(tuple(row))
         return rows
 
-    def query(self, sql: str) -> list[tuple[str | None, ...]]:
+    def _run(self, steps: Steps[T], what: str) -> T:
+        try:
+            return drive(steps, what, self.stop, self.timeout)
+        except psycopg.Error as exc:
+            raise ConnectionLost(f"{what}: {one_line(str(exc))}") from exc
+
+    def query(self, sql: str) -> list[Row]:
         """Run one command with the simple query protocol; return its rows."""
         command = sql.split(maxsplit=1)[0]
-        try:
-            res = self.pgconn.exec_(sql.encode())
-        except psycopg.Error as exc:
-            raise ConnectionLost(f"{command} failed: {one_line(str(exc))}") from exc
-        if res.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK):
+        res = self._run(_exec_steps(self.pgconn, sql.encode()), f"{command} failed")
+        if res is not None and res.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK):
             return self._rows(res)
         raise self._error(f"{command} failed", res)
 
     def start_copy_both(self, sql: str) -> None:
         """Send START_REPLICATION and expect the server to enter COPY BOTH."""
-        try:
-            res = self.pgconn.exec_(sql.encode())
-        except psycopg.Error as exc:
-            raise ConnectionLost(f"could not send replication command: {exc}") from exc
-        if res.status != ExecStatus.COPY_BOTH:
+        res = self._run(_exec_steps(self.pgconn, sql.encode()),
+                        "could not send replication command")
+        if res is None or res.status != ExecStatus.COPY_BOTH:
             raise self._error("could not start WAL streaming", res)
 
     # -- the COPY stream ---------------------------------------------------------------------
-    def read_copy(self, block: bool = False) -> bytes | memoryview | object | None:
-        """The next CopyData payload; None when none is buffered; COPY_DONE at its end."""
+    def read_copy(self) -> bytes | memoryview | object | None:
+        """The next CopyData payload; None when none has arrived; COPY_DONE at its end.
+
+        Never blocks: what the socket already holds is read first.
+        """
         try:
-            nbytes, data = self.pgconn.get_copy_data(0 if block else 1)
+            nbytes, data = self.pgconn.get_copy_data(1)
+            if nbytes == 0:
+                self.pgconn.consume_input()
+                nbytes, data = self.pgconn.get_copy_data(1)
         except psycopg.Error as exc:
             raise ConnectionLost(f"could not receive data from WAL stream: "
                                  f"{one_line(str(exc))}") from exc
@@ -170,34 +263,21 @@ class ReplicationConnection:
             return None
         return COPY_DONE
 
-    def consume_input(self) -> None:
-        """Read what the socket has into libpq's buffer."""
-        try:
-            self.pgconn.consume_input()
-        except psycopg.Error as exc:
-            raise ConnectionLost(f"could not receive data from WAL stream: "
-                                 f"{one_line(str(exc))}") from exc
+    def wait(self, timeout: float) -> None:
+        """Wait until the socket is readable, a stop signal arrives, or ``timeout`` passes."""
+        wait_readable(self.fileno(), self.stop, timeout)
 
     def send_copy(self, data: bytes) -> None:
         """Send one CopyData message and flush it."""
-        try:
-            self.pgconn.put_copy_data(data)
-            self.pgconn.flush()
-        except psycopg.Error as exc:
-            raise ConnectionLost(f"could not send feedback packet: {one_line(str(exc))}") from exc
+        self._run(_put_steps(self.pgconn, data), "could not send feedback packet")
 
     def end_copy(self) -> None:
         """Send CopyDone: we will send nothing more on this stream."""
-        try:
-            self.pgconn.put_copy_end()
-            self.pgconn.flush()
-        except psycopg.Error as exc:
-            raise ConnectionLost(f"could not send end-of-streaming message: "
-                                 f"{one_line(str(exc))}") from exc
+        self._run(_put_steps(self.pgconn, None), "could not send end-of-streaming message")
 
     def next_result(self) -> Result | None:
         """The next result after the COPY stream ended; None when there is no more."""
-        res = self.pgconn.get_result()
+        res = self._run(_result_steps(self.pgconn), "could not read the server's result")
         if res is None:
             return None
         if res.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK, ExecStatus.COPY_IN,

@@ -66,7 +66,8 @@ def parse_copy_data(data: bytes | memoryview) -> XLogData | PrimaryKeepalive:
     raise ProtocolError(f"unrecognized streaming header: {kind!r}")
 
 
-def build_xlogdata(wal_start: int, wal_end: int, send_time: int, payload: bytes) -> bytes:
+def build_xlogdata(wal_start: int, wal_end: int, send_time: int,
+                   payload: bytes | memoryview) -> bytes:
     """Encode an XLogData message (used by the relay and by tests)."""
     return XLOGDATA_HEADER.pack(b"w", wal_start, wal_end, send_time) + payload
 

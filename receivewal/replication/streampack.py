@@ -1,7 +1,7 @@
-"""pg_streampack: negotiation, and the compressed XLogData frame (pure, no IO).
+"""pg_streampack: the compressed XLogData frame codec (pure, no IO).
 
 The pg_streampack module compresses the XLogData frames a walsender sends when the client asks
-for it with ``-c pg_streampack.requested=<list>`` in its connection ``options``. A compressed
+for it (:mod:`receivewal.replication.negotiation`). A compressed
 frame is the plain one with the top bit of the sendTime field (byte 17) set, a big-endian
 uint32 inserted after the 25-byte header (top 2 bits: algorithm, 0 = zstd, 1 = lz4; low 30
 bits: length of the uncompressed WAL payload), and the compressed payload after that::
@@ -24,19 +24,24 @@ produces them exactly as the module's sender does (used by ``receivewal relay`` 
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import lz4.block
 import zstandard
 
-from receivewal.errors import ConfigurationError, StreampackError
+if sys.version_info >= (3, 14):
+    from compression.zstd import ZstdDecompressor, ZstdError
+else:  # the same module, backported: decompress() with an output limit (max_length)
+    from backports.zstd import ZstdDecompressor, ZstdError
+
+from receivewal.errors import ConfigurationError, ProtocolError, StreampackError
+from receivewal.replication.messages import XLOGDATA_HEADER, XLogData, build_xlogdata
 from receivewal.wal.lsn import format_lsn
 
 ALGORITHMS = ("zstd", "lz4")
 """The names pg_streampack knows, in the module's default order of preference."""
-
-GUC_NAME = "pg_streampack.requested"
 
 XLOGDATA_HEADER_SIZE = 25
 COMPRESSED_HEADER_SIZE = 29
@@ -54,130 +59,11 @@ block, 1 MiB with the largest block size), so anything above 16 MiB is a corrupt
 refused before memory is allocated for it.
 """
 
+_FLAGGED_HEADER = struct.Struct(">cQQQ")  # sendTime unsigned: its top bit is the flag
+_SEND_TIME_MASK = (1 << 63) - 1
 _ALGORITHM_IDS = {"zstd": 0, "lz4": 1}
 _ALGORITHM_NAMES = {0: "zstd", 1: "lz4"}
 _LZ4_MAX_RATIO = 255  # an LZ4 block cannot expand more than ~255x; a larger claim is corrupt
-_ZSTD_FEED = 16 * 1024  # feed zstd in slices so a corrupt body cannot balloon unchecked
-
-
-# -- negotiation ------------------------------------------------------------------------------
-
-
-def parse_compression_list(text: str) -> tuple[str, ...]:
-    """Parse ``--compression``: a comma list of ``zstd``/``lz4`` (any case), or ``none``.
-
-    Returns the algorithms in the order given (the order is the preference the server follows),
-    ``()`` for ``none``. The server refuses a connection whose request names an unknown
-    algorithm or one twice, so such a list is refused here, before connecting.
-    """
-    items = [item.strip().lower() for item in text.split(",")]
-    if items == ["none"]:
-        return ()
-    seen: list[str] = []
-    for item in items:
-        if not item:
-            raise ConfigurationError(
-                f"invalid compression list {text!r}: empty item (expected e.g. zstd,lz4 or none)"
-            )
-        if item == "none":
-            raise ConfigurationError(
-                f"invalid compression list {text!r}: none cannot be combined with algorithms"
-            )
-        if item not in ALGORITHMS:
-            raise ConfigurationError(
-                f"invalid compression list {text!r}: unknown algorithm {item!r} "
-                f"(known: {', '.join(ALGORITHMS)}, or none)"
-            )
-        if item in seen:
-            raise ConfigurationError(
-                f"invalid compression list {text!r}: {item} is named twice"
-            )
-        seen.append(item)
-    return tuple(seen)
-
-
-def split_options(options: str) -> list[str]:
-    """Split a libpq ``options`` value into words as the server does (backslash escapes)."""
-    words: list[str] = []
-    current: list[str] | None = None
-    chars = iter(options)
-    for char in chars:
-        if char.isspace():
-            if current is not None:
-                words.append("".join(current))
-                current = None
-            continue
-        if current is None:
-            current = []
-        if char == "\\":
-            current.append(next(chars, ""))
-        else:
-            current.append(char)
-    if current is not None:
-        words.append("".join(current))
-    return words
-
-
-def join_options(words: list[str]) -> str:
-    """Join words into a libpq ``options`` value, escaping backslashes and whitespace."""
-    escaped = []
-    for word in words:
-        out = []
-        for char in word:
-            if char == "\\" or char.isspace():
-                out.append("\\")
-            out.append(char)
-        escaped.append("".join(out))
-    return " ".join(escaped)
-
-
-def _setting_name(assignment: str) -> str:
-    return assignment.partition("=")[0].strip().lower().replace("-", "_")
-
-
-def take_streampack_option(options: str | None) -> tuple[str | None, str | None]:
-    """Remove every ``pg_streampack.requested`` setting from a libpq ``options`` value.
-
-    Returns ``(remaining options or None when nothing is left, the last requested value or
-    None)``. Understands the three spellings the server accepts: ``-c name=value``,
-    ``-cname=value`` and ``--name=value``.
-    """
-    if options is None:
-        return None, None
-    words = split_options(options)
-    kept: list[str] = []
-    requested: str | None = None
-    i = 0
-    while i < len(words):
-        word = words[i]
-        assignment: str | None = None
-        width = 1
-        if word == "-c" and i + 1 < len(words):
-            assignment, width = words[i + 1], 2
-        elif word.startswith(("-c", "--")):
-            assignment = word[2:]
-        if assignment is not None and "=" in assignment and (
-            _setting_name(assignment) == GUC_NAME
-        ):
-            requested = assignment.partition("=")[2]
-        else:
-            kept.extend(words[i : i + width])
-        i += width
-    return (join_options(kept) if kept else None), requested
-
-
-def with_streampack_option(options: str | None, algorithms: tuple[str, ...]) -> str | None:
-    """The libpq ``options`` value that asks the server for ``algorithms``.
-
-    Keeps whatever the user passed and replaces an earlier ``pg_streampack.requested``.
-    With no algorithms the options are returned unchanged (nothing is requested).
-    """
-    if not algorithms:
-        return options
-    remaining, _ = take_streampack_option(options)
-    words = split_options(remaining) if remaining else []
-    words += ["-c", f"{GUC_NAME}={','.join(algorithms)}"]
-    return join_options(words)
 
 
 # -- statistics -------------------------------------------------------------------------------
@@ -297,7 +183,7 @@ class StreampackDecoder:
             raise ConfigurationError(f"unknown pg_streampack algorithm(s): {', '.join(unknown)}")
         self.requested = requested
         self._algorithm: str | None = None
-        self._zstd: Any = None
+        self._zstd: ZstdDecompressor | None = None
         self._lz4_dict = b""
         self._failed: str | None = None
         self._counter = _Counter()
@@ -311,36 +197,61 @@ class StreampackDecoder:
         """A snapshot of this connection's statistics."""
         return self._counter.snapshot(self._algorithm)
 
+    def decode(self, message: bytes | memoryview) -> XLogData:
+        """Decode one XLogData CopyData payload, compressed or plain, in one pass.
+
+        The caller has seen the ``'w'`` byte; it is not checked again. The payload is a
+        memoryview: of ``message`` for a plain frame, of the decompressed bytes for a
+        compressed one (whose sendTime comes back with the flag bit cleared). Raises
+        :class:`StreampackError`, naming the frame's walStart, when a compressed frame cannot
+        be restored, and ProtocolError for a plain frame shorter than its header.
+        """
+        self._check_usable(message)
+        if len(message) > FLAG_OFFSET and message[FLAG_OFFSET] & FLAG_BIT:
+            return self._decode_compressed(message)
+        if len(message) < XLOGDATA_HEADER.size:
+            raise ProtocolError(f"XLogData message too short: {len(message)} bytes")
+        self._counter.plain(len(message))
+        _, start, end, send_time = XLOGDATA_HEADER.unpack_from(message)
+        return XLogData(start, end, send_time, memoryview(message)[XLOGDATA_HEADER.size:])
+
     def restore(self, frame: bytes | memoryview) -> bytes | memoryview:
-        """Return ``frame`` as a plain CopyData payload.
+        """Return ``frame`` as a plain CopyData payload (for the relay and tests).
 
         Anything but a flagged XLogData frame is returned as is (a short or malformed plain
         frame is for the message parser to refuse). A flagged frame is decompressed, checked
         and returned with the flag bit cleared. Raises :class:`StreampackError`, naming the
         frame's walStart, when the frame cannot be restored; nothing partial is returned.
         """
+        self._check_usable(frame)
+        if not is_compressed(frame):
+            if frame and frame[0] == 0x77:  # 'w'
+                self._counter.plain(len(frame))
+            return frame
+        xlog = self._decode_compressed(frame)
+        return build_xlogdata(xlog.wal_start, xlog.wal_end, xlog.send_time, xlog.payload)
+
+    def _check_usable(self, frame: bytes | memoryview) -> None:
         if self._failed is not None:
             raise StreampackError(
                 f"pg_streampack decoder unusable after an earlier failure ({self._failed}); "
                 f"frame at {_wal_start(frame)} refused"
             )
-        if not frame or frame[0] != 0x77:  # not 'w'
-            return frame
-        if not is_compressed(frame):
-            self._counter.plain(len(frame))
-            return frame
+
+    def _decode_compressed(self, frame: bytes | memoryview) -> XLogData:
         try:
-            restored, length = self._decompress(frame)
+            plaintext = self._decompress(frame)
         except StreampackError as exc:
             self._failed = str(exc)
             raise
-        self._counter.compressed(len(frame), length)
-        return restored
+        self._counter.compressed(len(frame), len(plaintext))
+        _, start, end, flagged_time = _FLAGGED_HEADER.unpack_from(frame)
+        return XLogData(start, end, flagged_time & _SEND_TIME_MASK, memoryview(plaintext))
 
     def _fail(self, frame: bytes | memoryview, what: str) -> StreampackError:
         return StreampackError(f"bad pg_streampack frame at {_wal_start(frame)}: {what}")
 
-    def _decompress(self, frame: bytes | memoryview) -> tuple[bytes, int]:
+    def _decompress(self, frame: bytes | memoryview) -> bytes:
         if len(frame) < COMPRESSED_HEADER_SIZE:
             raise self._fail(frame, f"truncated compressed frame of {len(frame)} bytes "
                                     f"(the header alone is {COMPRESSED_HEADER_SIZE})")
@@ -366,28 +277,23 @@ class StreampackDecoder:
         else:
             plaintext = self._lz4_decompress(frame, body, length)
         self._algorithm = algorithm
-        header = bytearray(frame[:XLOGDATA_HEADER_SIZE])
-        header[FLAG_OFFSET] &= ~FLAG_BIT & 0xFF
-        return bytes(header) + plaintext, length
+        return plaintext
 
     def _zstd_decompress(self, frame: bytes | memoryview, body: memoryview, length: int) -> bytes:
+        """Feed ``body`` to the connection's zstd stream, taking out at most ``length + 1``
+        bytes: a body that expands past its announced length is refused having cost no more
+        memory than the announcement (a bomb is never expanded)."""
         if self._zstd is None:
-            self._zstd = zstandard.ZstdDecompressor().decompressobj()
-        chunks: list[bytes] = []
-        produced = 0
+            self._zstd = ZstdDecompressor()
         try:
-            for offset in range(0, len(body), _ZSTD_FEED):
-                chunk = self._zstd.decompress(body[offset : offset + _ZSTD_FEED])
-                produced += len(chunk)
-                if produced > length:
-                    break
-                chunks.append(chunk)
-        except zstandard.ZstdError as exc:
+            plaintext = self._zstd.decompress(body, max_length=length + 1)
+        except (ZstdError, EOFError) as exc:
             raise self._fail(frame, f"zstd body does not decompress: {exc}") from exc
-        if produced != length:
-            raise self._fail(frame, f"zstd body yields {'more than ' if produced > length else ''}"
-                                    f"{produced} bytes, header announces {length}")
-        return b"".join(chunks)
+        if len(plaintext) != length:
+            more = "more than " if len(plaintext) > length else ""
+            raise self._fail(frame, f"zstd body yields {more}{len(plaintext)} bytes, header "
+                                    f"announces {length}")
+        return plaintext
 
     def _lz4_decompress(self, frame: bytes | memoryview, body: memoryview, length: int) -> bytes:
         if length > len(body) * _LZ4_MAX_RATIO + 16:

@@ -1,0 +1,188 @@
+"""Replication commands: IDENTIFY_SYSTEM, SHOW, the slot commands, TIMELINE_HISTORY, and the
+result set that ends a timeline, over any :class:`ReplicationLink`.
+
+Each function sends one command (or reads one result), checks the answer the way
+pg_receivewal does, and raises ServerError / ProtocolError with its words. The session calls
+them; it never builds a command string itself except START_REPLICATION.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from receivewal.errors import ConfigurationError, ConnectionLost, ProtocolError, ServerError
+from receivewal.replication.connection import ExecStatus, Result, Row
+from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn
+from receivewal.wal.names import history_file_name, parse_history_file_name
+from receivewal.wal.timeline import parse_history
+
+_UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+
+
+class ReplicationLink(Protocol):
+    """What the session and these commands need of a replication connection.
+
+    :class:`~receivewal.replication.connection.ReplicationConnection` is the real one; the
+    tests' scripted connection is another. Reads never block; :meth:`wait` is the only place
+    that waits (on the socket and the stop signal together).
+    """
+
+    @property
+    def server_version(self) -> int: ...
+
+    def describe(self) -> str: ...
+
+    def query(self, sql: str) -> list[Row]: ...
+
+    def start_copy_both(self, sql: str) -> None: ...
+
+    def read_copy(self) -> bytes | memoryview | object | None: ...
+
+    def wait(self, timeout: float) -> None: ...
+
+    def send_copy(self, data: bytes) -> None: ...
+
+    def end_copy(self) -> None: ...
+
+    def next_result(self) -> Result | None: ...
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What IDENTIFY_SYSTEM and a few SHOW commands told us about the server."""
+
+    system_identifier: str
+    timeline: int
+    xlogpos: int
+    segment_size: int
+    file_mode: int
+    version: int
+
+
+def parse_size(text: str) -> int:
+    """Parse a size as SHOW prints it ("16MB", "1GB") into bytes."""
+    number = text.rstrip("kMGTB")
+    unit = text[len(number):] or "B"
+    if not number.isdigit() or unit not in _UNITS:
+        raise ServerError(f"could not parse WAL segment size {text!r}")
+    return int(number) * _UNITS[unit]
+
+
+def identify_server(conn: ReplicationLink) -> ServerInfo:
+    """IDENTIFY_SYSTEM plus the settings the archive depends on."""
+    rows = conn.query("IDENTIFY_SYSTEM")
+    if len(rows) != 1 or len(rows[0]) < 4:
+        raise ServerError(f"could not identify system: got {len(rows)} rows, expected 1 row "
+                          "with 4 or more fields")
+    sysid, tli, xlogpos, dbname = rows[0][:4]
+    if dbname is not None:
+        raise ServerError("replication connection is unexpectedly database specific "
+                          f'(database "{dbname}"): physical streaming needs replication=true')
+    if sysid is None or tli is None or xlogpos is None:
+        raise ServerError("could not identify system: IDENTIFY_SYSTEM returned NULLs")
+    segsize_text = conn.query("SHOW wal_segment_size")[0][0] or ""
+    try:
+        segment_size = check_segment_size(parse_size(segsize_text))
+    except ConfigurationError as exc:
+        raise ServerError(f"server reports an unusable WAL segment size: {exc}") from exc
+    mode_text = conn.query("SHOW data_directory_mode")[0][0] or "0700"
+    group_readable = int(mode_text, 8) & 0o040
+    return ServerInfo(sysid, int(tli), parse_lsn(xlogpos), segment_size,
+                      0o640 if group_readable else 0o600, conn.server_version)
+
+
+def read_slot(conn: ReplicationLink, slot: str) -> tuple[int, int] | None:
+    """The slot's (restart_lsn, timeline), or None when it has not reserved WAL yet.
+
+    Raises ServerError when the slot does not exist or is not physical.
+    """
+    rows = conn.query(f"READ_REPLICATION_SLOT {slot}")
+    if not rows or rows[0][0] is None:
+        raise ServerError(f'replication slot "{slot}" does not exist')
+    slot_type, restart_lsn, restart_tli = rows[0][:3]
+    if slot_type != "physical":
+        raise ServerError(f'replication slot "{slot}" is a {slot_type} slot, not physical')
+    if restart_lsn is None or restart_tli is None:
+        return None
+    return parse_lsn(restart_lsn), int(restart_tli)
+
+
+def slot_exists(conn: ReplicationLink, slot: str) -> bool:
+    """Whether READ_REPLICATION_SLOT finds the slot (of any type)."""
+    rows = conn.query(f"READ_REPLICATION_SLOT {slot}")
+    return bool(rows) and rows[0][0] is not None
+
+
+def create_slot(conn: ReplicationLink, slot: str, *, reserve_wal: bool,
+                if_not_exists: bool) -> bool:
+    """CREATE_REPLICATION_SLOT ... PHYSICAL; False when it existed and that was allowed."""
+    command = f"CREATE_REPLICATION_SLOT {slot} PHYSICAL" + (" RESERVE_WAL" if reserve_wal else "")
+    try:
+        conn.query(command)
+    except ServerError as exc:
+        if if_not_exists and exc.sqlstate == "42710":  # duplicate_object
+            return False
+        raise
+    return True
+
+
+def drop_slot(conn: ReplicationLink, slot: str) -> None:
+    """DROP_REPLICATION_SLOT."""
+    conn.query(f"DROP_REPLICATION_SLOT {slot}")
+
+
+def timeline_history(conn: ReplicationLink, timeline: int) -> tuple[str, str]:
+    """TIMELINE_HISTORY: the history file's (name, content), both checked."""
+    name = history_file_name(timeline)
+    rows = conn.query(f"TIMELINE_HISTORY {timeline}")
+    if len(rows) != 1 or len(rows[0]) != 2:
+        raise ServerError(f"unexpected response to TIMELINE_HISTORY {timeline}")
+    server_name, content = rows[0]
+    if content is None or server_name is None or server_name != name \
+            or parse_history_file_name(server_name) != timeline:
+        raise ServerError(f'server reported unexpected history file name "{server_name}" '
+                          f"for timeline {timeline}")
+    parse_history(content, timeline)  # refuse to store garbage
+    return name, content
+
+
+def read_timeline_end(conn: ReplicationLink, timeline: int, position: int) -> tuple[int, int]:
+    """After the server's CopyDone: the (next timeline, its start LSN) it reports.
+
+    ``position`` is where the received WAL of ``timeline`` ends. Raises ConnectionLost when
+    the server ended the stream without a next timeline (a shutdown).
+    """
+    result = conn.next_result()
+    if result is not None and result.status in (ExecStatus.COPY_IN, ExecStatus.COPY_BOTH):
+        conn.end_copy()
+        result = conn.next_result()
+    if result is None or result.status == ExecStatus.COMMAND_OK:
+        raise ConnectionLost("replication stream was terminated by the server at "
+                             f"{format_lsn(position)} (server shut down?)")
+    next_tli, next_start = _next_timeline(result)
+    if next_tli <= timeline:
+        raise ProtocolError(f"server reported unexpected next timeline {next_tli}, "
+                            f"following timeline {timeline}")
+    if next_start > position:
+        raise ProtocolError(
+            f"server stopped streaming timeline {timeline} at {format_lsn(position)}, but "
+            f"reported next timeline {next_tli} to begin at {format_lsn(next_start)}"
+        )
+    final = conn.next_result()
+    if final is None or final.status != ExecStatus.COMMAND_OK:
+        raise ProtocolError("unexpected termination of replication stream after the end "
+                            "of a timeline")
+    while conn.next_result() is not None:
+        pass
+    return next_tli, next_start
+
+
+def _next_timeline(result: Result) -> tuple[int, int]:
+    if result.status != ExecStatus.TUPLES_OK or len(result.rows) != 1 or \
+            len(result.rows[0]) < 2:
+        raise ProtocolError("unexpected result set after end of timeline")
+    next_tli_text, next_start_text = result.rows[0][:2]
+    if next_tli_text is None or next_start_text is None:
+        raise ProtocolError("unexpected result set after end of timeline: NULL values")
+    return int(next_tli_text), parse_lsn(next_start_text)

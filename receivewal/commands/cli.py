@@ -21,7 +21,7 @@ LAZY_COMMANDS = {
     "status": "receivewal.commands.status:status_command",
     "relay": "receivewal.relay.server:relay_command",
     "verify": "receivewal.check.verify:verify_command",
-    "analyze": "receivewal.check.analyze:analyze_command",
+    "analyze": "receivewal.commands.analyze:analyze_command",
     "restore": "receivewal.commands.restore:restore_command",
 }
 

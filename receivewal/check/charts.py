@@ -103,8 +103,8 @@ def wal_over_time(path: Path, archives: list[str], clocks: Mapping[str, WalClock
     ax.set_ylabel(f"{unit} of WAL per {label}")
     ax.set_xlabel("time (UTC)")
     ax.set_title(f"WAL written per {label}")
-    if len(archives) > 1:
-        ax.legend(fontsize="small")
+    if len(archives) > 1:  # beside the plot, where it hides no line
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
@@ -114,8 +114,8 @@ def wal_by_rmgr(path: Path, archives: list[str],
     from matplotlib import ticker
 
     fig, axes = _figure(len(archives), 3.0)
-    divisor, unit = size_unit(max((v[1] + v[2] for per in rmgr.values() for v in per.values()),
-                                  default=0))
+    largest = max((v[1] + v[2] for per in rmgr.values() for v in per.values()), default=0)
+    divisor, unit = size_unit(largest)
     for ax, archive in zip(axes[:, 0], archives, strict=True):
         items = sorted(rmgr.get(archive, {}).items(),
                        key=lambda kv: -(kv[1][1] + kv[1][2]))[:TOP_RMGRS]
@@ -125,6 +125,7 @@ def wal_by_rmgr(path: Path, archives: list[str],
         ax.barh(names, [v[2] / divisor for _, v in items], left=records,
                 label="full-page images")
         ax.invert_yaxis()
+        ax.set_xlim(0, largest / divisor * 1.05 or 1)
         ax.xaxis.set_major_locator(ticker.MaxNLocator(steps=[1, 2, 2.5, 5, 10]))
         ax.set_xlabel(f"{unit} of WAL (the same scale for every archive)")
         ax.set_title(f"WAL per resource manager: {_short(archive)}")

@@ -159,7 +159,7 @@ def segment_map(path: Path, archives: list[str], placement: list[dict[str, Any]]
         ax.set_ylabel("timeline")
         ax.set_xlabel("segment number")
         ax.set_title(f"Segments on each timeline: {_short(archive)}")
-        ax.legend(loc="upper left", fontsize="small", ncols=3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return _save(fig, path)
 
 

@@ -108,10 +108,14 @@ def time_marks(data: bytes, start_lsn: int,
     """(LSN, Unix seconds) of the timestamped records among ``record_lsns`` (records that start
     in ``data``, a segment beginning at ``start_lsn``); records cut off by the end are skipped."""
     marks = []
+    size = len(data)
     for lsn in record_lsns:
         off = lsn - start_lsn
-        if not 0 <= off < len(data):
+        if not 0 <= off < size:
             continue
+        if off % XLOG_BLCKSZ <= XLOG_BLCKSZ - 24 and off + 24 <= size \
+                and data[off + 17] > RM_XACT_ID:  # xl_rmid, when the header is on one page
+            continue  # the common case, decided without building the header
         head = _record_bytes(data, off, 24)
         if head is None:
             continue

@@ -9,6 +9,11 @@ Parquet tables must agree with ``verify`` on the same directories.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ from receivewal.check.analyze import (
     scan_from_json,
     scan_to_json,
 )
+from receivewal.check.report import utc
 from receivewal.check.verify import rmgr_totals, verify_archive
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
@@ -39,11 +45,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, str]]:
     """Two archives from two servers; the second lacks one segment (its name is returned)."""
+    began = time.time()
     with two_server_archives(tmp_path_factory.mktemp("archives"), "receivewal-analyze-") as built:
+        BUILT[:] = [began, time.time()]
         yield built
 
 
 key = archive_key
+BUILT: list[float] = []  # when the archives' servers were started and stopped
 
 
 @pytest.fixture(scope="module")
@@ -99,17 +108,100 @@ def test_problems_and_archives_tables(spark: Any, result: AnalyzeResult,
     assert rows[key(alpha)]["system_identifier"] != rows[key(beta)]["system_identifier"]
 
 
-def test_report_has_charts_and_pages(result: AnalyzeResult) -> None:
-    """Four PNG charts plus Markdown and HTML pages that name both archives."""
+def section(md: str, title: str) -> str:
+    """The text of one ``## title`` section of the Markdown report."""
+    return md.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_report_summary_comes_first_and_tells_the_verdict(
+        result: AnalyzeResult, archives: tuple[Path, Path, str]) -> None:
+    """The summary is the first section: archives, time span, WAL volume in human units,
+    recoverable (naming the broken archive) and the problem count."""
+    md = (result.output / "report" / "report.md").read_text()
+    assert md.split("\n## ")[1].startswith("Summary\n")
+    summary = section(md, "Summary")
+    alpha_segments = len(list(archives[0].iterdir()))
+    beta_segments = len(list(archives[1].iterdir()))
+    assert "- **Archives:** 2\n" in summary
+    volume = (alpha_segments + beta_segments) * SEGMENT_SIZE / 1024 / 1024
+    assert f"- **WAL volume:** {volume:.1f} MB in {alpha_segments + beta_segments} segment files" \
+        in summary
+    assert "- **Recoverable:** NO: beta (1 of 2 yes)" in summary
+    assert "- **Problems:** 1 error(s), 0 warning(s)" in summary
+    first = min(c.span[0] for c in result.clocks.values() if c.span)
+    last = max(c.span[1] for c in result.clocks.values() if c.span)
+    assert f"- **Time span:** {utc(first)} to {utc(last)} (" in summary
+    assert BUILT[0] - 300 <= first <= last <= BUILT[1]
+
+
+def test_wal_per_hour_adds_up_to_the_archive(spark: Any, result: AnalyzeResult,
+                                             archives: tuple[Path, Path, str]) -> None:
+    """Bytes per hour (table and report) add up to the WAL the archive holds: every segment
+    of the intact archive, the segments of the other one."""
+    table = spark.read.parquet(result.tables["wal_per_hour"]).collect()
+    for archive in archives[:2]:
+        hours = [r["wal_bytes"] for r in table if r["archive"] == key(archive)]
+        files = len(list(archive.iterdir()))
+        assert hours
+        assert sum(hours) == pytest.approx(files * SEGMENT_SIZE, abs=len(hours))
+        assert result.clocks[key(archive)].wal_bytes == files * SEGMENT_SIZE
+    rows = {r["archive"]: r for r in spark.read.parquet(result.tables["archives"]).collect()}
+    assert rows[key(archives[0])]["wal_bytes"] == len(list(archives[0].iterdir())) * SEGMENT_SIZE
+    assert rows[key(archives[0])]["first_record_time"] is not None
+    md = (result.output / "report" / "report.md").read_text()
+    hourly = section(md, "WAL over time")
+    assert "| hour (UTC) | alpha | beta |" in hourly
+    assert " MB |" in hourly
+
+
+def test_report_tables_use_human_sizes_and_list_the_problem(result: AnalyzeResult) -> None:
+    """Sizes as ``1.2 MB`` and counts with separators; the missing segment is listed."""
+    md = (result.output / "report" / "report.md").read_text()
+    rmgr = section(md, "Resource managers: alpha")
+    assert "| resource manager | records | record bytes | full-page images | share |" in rmgr
+    heap = next(line for line in rmgr.splitlines() if line.startswith("| Heap |"))
+    records = heap.split(" | ")[1]
+    assert "," in records or int(records) < 1000
+    assert heap.split(" | ")[2].endswith(("MB", "kB"))
+    assert "missing_segment" in section(md, "Problems")
+    html = (result.output / "report" / "report.html").read_text()
+    assert "<p><b>Recoverable:</b> NO: beta (1 of 2 yes)</p>" in html
+
+
+def test_report_charts_for_many_archives(result: AnalyzeResult) -> None:
+    """Four PNG charts, the comparison among them since there are two archives; the pages
+    show them all."""
     pngs = [p for p in result.report_files if p.suffix == ".png"]
-    assert len(pngs) == 4
+    assert [p.name for p in pngs] == ["wal_over_time.png", "wal_by_rmgr.png", "segments.png",
+                                      "archives_compared.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
-    md = next(p for p in result.report_files if p.suffix == ".md").read_text()
-    assert "alpha" in md
-    assert "beta" in md
-    assert "missing_segment" in md
-    assert "<img src='compressibility.png'" in next(
-        p for p in result.report_files if p.suffix == ".html").read_text()
+    page = (result.output / "report" / "report.html").read_text()
+    assert all(f"<img src='{p.name}'" in page for p in pngs)
+
+
+def test_cli_on_one_archive_is_quiet_and_leaves_no_scratch(
+        archives: tuple[Path, Path, str], tmp_path: Path) -> None:
+    """``receivewal analyze`` on the intact archive: exit 0, the verdict and WAL volume on
+    stdout, no Spark WARN line on the console, its scratch directory removed; the report says
+    "No problems found." and draws no comparison for a single archive."""
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch_root)}
+    proc = subprocess.run([sys.executable, "-m", "receivewal", "analyze", "-o", "out",
+                           str(archives[0])], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr
+    files = len(list(archives[0].iterdir()))
+    assert f"{archives[0]}: {files} segments, {files}.0 MB of WAL, 0 error(s), recoverable" \
+        in proc.stdout
+    assert not re.search(r"\bWARN\b|log level", proc.stderr), proc.stderr
+    assert not list(scratch_root.glob("receivewal-spark-*"))
+    md = (tmp_path / "out" / "report" / "report.md").read_text()
+    assert "- **Problems:** No problems found." in section(md, "Summary")
+    assert section(md, "Problems").strip() == "No problems found."
+    assert "- **Recoverable:** yes, every archive" in md
+    assert sorted(p.name for p in (tmp_path / "out" / "report").glob("*.png")) == [
+        "segments.png", "wal_by_rmgr.png", "wal_over_time.png"]
 
 
 def test_scan_json_round_trip(archives: tuple[Path, Path, str]) -> None:

@@ -127,7 +127,8 @@ def test_remote_run_exits_1_and_names_each_archive(run: tuple[Any, Path],
     proc, out = run
     assert proc.returncode == 1, proc.stderr
     alpha_files = len(list(archives[0].iterdir()))
-    assert f"{archives[0]}: {alpha_files} segments, 0 error(s), recoverable" in proc.stdout
+    assert (f"{archives[0]}: {alpha_files} segments, {alpha_files}.0 MB of WAL, 0 error(s), "
+            "recoverable") in proc.stdout
     assert f"{key(archives[1])}: " in proc.stdout
     assert "NOT recoverable" in proc.stdout
     assert f"tables: {out / 'segments'}" in proc.stdout
@@ -165,11 +166,13 @@ def test_remote_tables_agree_with_verify(run: tuple[Any, Path],
 
 
 def test_remote_report_pages_and_charts(run: tuple[Any, Path]) -> None:
-    """The report is drawn on the client from the server's aggregates: four PNGs, two pages."""
+    """The report is drawn on the client from the server's aggregates: four PNGs, two pages
+    that start with the summary."""
     _, out = run
     assert all((out / "report" / f"{n}.png").read_bytes()[:4] == b"\x89PNG" for n in (
-        "wal_volume_per_rmgr", "fpi_share", "compressibility", "timeline_gaps"))
+        "wal_over_time", "wal_by_rmgr", "segments", "archives_compared"))
     md = (out / "report" / "report.md").read_text()
-    assert "alpha" in md
+    assert md.split("\n## ")[1].startswith("Summary\n")
+    assert "- **Recoverable:** NO: beta (1 of 2 yes)" in md
     assert "missing_segment" in md
-    assert "<img src='timeline_gaps.png'" in (out / "report" / "report.html").read_text()
+    assert "<img src='segments.png'" in (out / "report" / "report.html").read_text()

@@ -1,12 +1,14 @@
-"""``receivewal analyze``: the verify work as a PySpark job over many archives (one per server).
+"""The ``analyze`` job: the verify work as a PySpark job over many archives (one per server).
 
 The driver lists each archive (a local directory, or a Hadoop path listed through Spark's
 ``binaryFile`` source without reading contents), plans one task per segment with the same
 rules as ``verify``, and ships *file paths* to the executors. Each executor reads and scans its
-segments itself (a Python UDF calling :func:`receivewal.verify.scan_file`; Hadoop paths are
-opened with pyarrow's file systems), so no segment byte passes through the JVM. The driver
-then cross-checks each archive's per-segment summaries (a few hundred bytes per segment) and
-writes Parquet tables and a report.
+segments itself (a Python UDF calling :func:`receivewal.check.verify.scan_file`; Hadoop paths
+are opened with pyarrow's file systems), so no segment byte passes through the JVM; it also
+picks the timestamps out of commit and checkpoint records (:mod:`receivewal.check.walclock`).
+The driver then cross-checks each archive's per-segment summaries (a few hundred bytes per
+segment), spreads its WAL over the hours, and writes Parquet tables and a report
+(:mod:`receivewal.check.report`). The command line is :mod:`receivewal.commands.analyze`.
 
 With ``--remote sc://HOST:PORT`` the same job runs over Spark Connect: only the DataFrame API
 is used (no SparkContext or RDD), the UDF is shipped by reference, so the server's Python
@@ -21,9 +23,13 @@ the ``spark`` extra, so the CLI and ``verify`` work without it.
 # ruff: noqa: PLC0415 - pyspark, pyarrow and matplotlib are the optional spark extra: lazy
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import datetime
+import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -32,9 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-import click
-
-from receivewal.archive.files import Opener
+from receivewal.archive.files import Opener, read_wal_file
 from receivewal.check.crosscheck import (
     ArchiveReport,
     ScanTask,
@@ -43,16 +47,23 @@ from receivewal.check.crosscheck import (
     plan_scans,
 )
 from receivewal.check.verify import DEFAULT_SEGMENT_SIZE, classify, detect_segment_size, scan_file
-from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.check.walclock import WalClock, thin_marks, time_marks, wal_clock
+from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import SegmentFile, parse_history_file_name
 from receivewal.wal.reader import RmgrTotals, SegmentScan, WalProblem
 from receivewal.wal.rmgr import rmgr_name
 
-LOG4J2 = "rootLogger.level = error\nrootLogger.appenderRef.stderr.ref = console\n" \
-         "appender.console.type = Console\nappender.console.name = console\n" \
-         "appender.console.target = SYSTEM_ERR\nappender.console.layout.type = PatternLayout\n" \
-         "logger.repl.name = org.apache.spark.repl.Main\nlogger.repl.level = error\n"
+#: Error-level logs to stderr. The two named loggers are the ones Spark reads to set the
+#: console level of an interactive driver (the Scala shell's, and PySpark's gateway): when
+#: they differ from the root level Spark prints 'Setting default log level to "WARN"'.
+LOG4J2 = "\n".join([
+    "rootLogger.level = error", "rootLogger.appenderRef.stderr.ref = console",
+    "appender.console.type = Console", "appender.console.name = console",
+    "appender.console.target = SYSTEM_ERR", "appender.console.layout.type = PatternLayout",
+    "logger.repl.name = org.apache.spark.repl.Main", "logger.repl.level = error",
+    "logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer",
+    "logger.gateway.level = error", ""])
 
 TASK_SCHEMA = ("archive string, base string, file string, compression string, timeline long, "
                "segno long, partial boolean, followers string, file_bytes long, "
@@ -64,7 +75,8 @@ RESULT_SCHEMA = (
     "rmgr: array<struct<rmgr: string, rmgr_id: int, records: bigint, record_bytes: bigint, "
     "fpi_bytes: bigint>>, "
     "problems: array<struct<kind: string, file: string, lsn: bigint, detail: string, "
-    "severity: string>>>"
+    "severity: string>>, "
+    "marks: array<struct<lsn: bigint, time: double>>>"
 )
 
 
@@ -83,7 +95,9 @@ def make_session(remote: str | None = None, scratch: Path | None = None,
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: its conf applies
         return SparkSession.builder.getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this environment
-    scratch = scratch or Path(tempfile.mkdtemp(prefix="receivewal-spark-"))
+    if scratch is None:
+        scratch = Path(tempfile.mkdtemp(prefix="receivewal-spark-"))
+        atexit.register(shutil.rmtree, scratch, True)
     scratch.mkdir(parents=True, exist_ok=True)
     log_conf = scratch / "log4j2.properties"
     log_conf.write_text(LOG4J2)
@@ -158,14 +172,39 @@ def scan_from_json(text: str) -> SegmentScan:
     return SegmentScan(**data)
 
 
+class _KeepRaw:
+    """An opener that keeps the raw bytes of one file as it is read, so that the executor can
+    decode it a second time (for the record timestamps) without reading it twice."""
+
+    def __init__(self, path: str, inner: Opener | None) -> None:
+        self.path, self.inner, self.raw = path, inner or _open_local, b""
+
+    def __call__(self, path: str) -> BinaryIO:
+        if path != self.path:
+            return self.inner(path)
+        with self.inner(path) as fh:
+            self.raw = fh.read()
+        return io.BytesIO(self.raw)
+
+
+def marks_of(scan: SegmentScan, keep: _KeepRaw, compression: str) -> list[dict[str, Any]]:
+    """The segment's timestamped records (first and last of each second), as rows."""
+    if not scan.record_lsns or not keep.raw:
+        return []
+    data = read_wal_file(keep.path, compression, open_binary=lambda _: io.BytesIO(keep.raw))
+    return [{"lsn": lsn, "time": when}
+            for lsn, when in thin_marks(time_marks(data, scan.start_lsn, scan.record_lsns))]
+
+
 def scan_row(row: Any) -> dict[str, Any]:
     """Executor side: read and scan one segment named by a task row."""
     seg = SegmentFile(segno=row.segno, timeline=row.timeline, compression=row.compression,
                       partial=row.partial)
     task = ScanTask(row.file, seg, tuple(tuple(f) for f in json.loads(row.followers)))
     base = row.base
+    keep = _KeepRaw(base.rstrip("/") + "/" + row.file, opener_for(base))
     result = scan_file(task, base, row.segment_size, compressibility=row.compressibility,
-                       open_binary=opener_for(base), file_bytes=row.file_bytes)
+                       collect_lsns=True, open_binary=keep, file_bytes=row.file_bytes)
     scan = result.scan
     problems = [dataclasses.asdict(p) for p in (scan.problems if scan else result.problems)]
     return {
@@ -184,6 +223,7 @@ def scan_row(row: Any) -> dict[str, Any]:
                   "record_bytes": v.record_bytes, "fpi_bytes": v.fpi_bytes}
                  for k, v in sorted(scan.rmgr.items())] if scan else [],
         "problems": problems,
+        "marks": marks_of(scan, keep, row.compression) if scan else [],
     }
 
 
@@ -194,6 +234,7 @@ class AnalyzeResult:
 
     output: Path
     archives: dict[str, ArchiveReport]
+    clocks: dict[str, WalClock]
     seconds: float
     segments: int
     tables: dict[str, str]
@@ -239,8 +280,6 @@ def _open_local(path: str) -> BinaryIO:
 def run_analyze(spark: Any, roots: Iterable[str], output: Path, *,
                 compressibility: bool = True, report: bool = True) -> AnalyzeResult:
     """Scan every segment of every archive on Spark; write Parquet tables and a report."""
-    from pyspark.sql import functions as sf
-
     began = time.perf_counter()
     output = output.resolve()  # a Connect server resolves a relative path in its own directory
     output.mkdir(parents=True, exist_ok=True)
@@ -251,14 +290,39 @@ def run_analyze(spark: Any, roots: Iterable[str], output: Path, *,
                                                                        compressibility)
         rows += archive_rows
         plans[root] = (histories, segment_size, problems)
+    tables = {name: str(output / name) for name in ("segments", "segment_rmgr", "problems",
+                                                     "archives", "wal_per_hour")}
+    collected = _scan_all(spark, rows, tables)
+    reports, clocks = {}, {}
+    for root in roots:
+        histories, segment_size, naming = plans[root]
+        own = [r for r in collected if r["archive"] == root]
+        unreadable = [WalProblem(**p.asDict()) for r in own if r["scan_json"] is None
+                      for p in r["problems"]]
+        scans = [scan_from_json(r["scan_json"]) for r in own if r["scan_json"] is not None]
+        reports[root] = check_archive(segment_size, scans, histories,
+                                      extra_problems=naming + unreadable)
+        clocks[root] = wal_clock(scans, segment_size,
+                                 ((m["lsn"], m["time"]) for r in own for m in r["marks"]))
+    _write_archive_tables(spark, tables, reports, clocks)
+    report_files: list[Path] = []
+    if report:
+        from receivewal.check.report import write_report
+
+        report_files = write_report(spark, tables, reports, clocks, output / "report")
+    return AnalyzeResult(output, reports, clocks, time.perf_counter() - began, len(rows),
+                         tables, report_files)
+
+
+def _scan_all(spark: Any, rows: list[tuple[Any, ...]], tables: dict[str, str]) -> list[Any]:
+    """Run the scans; write the per-segment tables; collect what the cross-checks need."""
+    from pyspark.sql import functions as sf
+
     partitions = max(1, min(len(rows), _parallelism(spark) * 4))
     tasks = spark.createDataFrame(rows, TASK_SCHEMA).repartition(partitions)
     scan_udf = sf.udf(scan_row, RESULT_SCHEMA, useArrow=False)
     scanned = tasks.withColumn("r", scan_udf(sf.struct(*tasks.columns))).select(
         "archive", "file", "timeline", "segno", "partial", "compression", "r.*").persist()
-
-    tables = {name: str(output / name) for name in ("segments", "segment_rmgr", "problems",
-                                                     "archives")}
     scanned.select(
         "archive", "file", "timeline", "segno", "partial", "compression", "file_bytes",
         "data_bytes", "zstd_bytes", "lz4_bytes", "records", "record_bytes", "fpi_bytes",
@@ -268,78 +332,57 @@ def run_analyze(spark: Any, roots: Iterable[str], output: Path, *,
     scanned.select("archive", "file", "timeline", "segno", sf.explode("rmgr").alias("m")) \
         .select("archive", "file", "timeline", "segno", "m.*") \
         .write.mode("overwrite").parquet(tables["segment_rmgr"])
-
-    collected = scanned.select("archive", "file", "scan_json", "problems").collect()
+    collected = scanned.select("archive", "file", "scan_json", "problems", "marks").collect()
     scanned.unpersist()
-    reports = {}
-    for root in roots:
-        histories, segment_size, naming = plans[root]
-        own = [r for r in collected if r["archive"] == root]
-        unreadable = [WalProblem(**p.asDict()) for r in own if r["scan_json"] is None
-                      for p in r["problems"]]
-        scans = [scan_from_json(r["scan_json"]) for r in own if r["scan_json"] is not None]
-        reports[root] = check_archive(segment_size, scans, histories,
-                                      extra_problems=naming + unreadable)
+    return list(collected)
+
+
+def _write_archive_tables(spark: Any, tables: dict[str, str],
+                          reports: dict[str, ArchiveReport], clocks: dict[str, WalClock]) -> None:
+    """The problems, archives and wal_per_hour tables (made on the driver: they are small)."""
     problem_rows = [(root, p.kind, p.file, p.lsn, format_lsn(p.lsn), p.severity, p.detail)
                     for root, rep in reports.items() for p in rep.problems]
     spark.createDataFrame(problem_rows, "archive string, kind string, file string, lsn long, "
                           "lsn_text string, severity string, detail string") \
         .write.mode("overwrite").parquet(tables["problems"])
-    archive_rows = [(root, rep.recoverable, str(rep.system_identifier),
-                     rep.recovery.timeline if rep.recovery else None,
-                     format_lsn(rep.recovery.start_lsn) if rep.recovery else None,
-                     format_lsn(rep.recovery.end_lsn) if rep.recovery else None,
-                     rep.recovery.stop_reason if rep.recovery else "no segments",
-                     len(rep.scans), rep.segment_size) for root, rep in reports.items()]
+    archive_rows = []
+    for root, rep in reports.items():
+        rec, clock = rep.recovery, clocks[root]
+        archive_rows.append((
+            root, rep.recoverable, str(rep.system_identifier),
+            rec.timeline if rec else None, format_lsn(rec.start_lsn) if rec else None,
+            format_lsn(rec.end_lsn) if rec else None, rec.stop_reason if rec else "no segments",
+            len(rep.scans), rep.segment_size, clock.wal_bytes,
+            _utc(clock.span[0]) if clock.span else None,
+            _utc(clock.span[1]) if clock.span else None))
     spark.createDataFrame(archive_rows, "archive string, recoverable boolean, "
                           "system_identifier string, timeline long, start_lsn string, "
                           "end_lsn string, stop_reason string, segments long, "
-                          "segment_size long").write.mode("overwrite").parquet(tables["archives"])
-    report_files: list[Path] = []
-    if report:
-        from receivewal.check.report import write_report
+                          "segment_size long, wal_bytes long, first_record_time timestamp, "
+                          "last_record_time timestamp") \
+        .write.mode("overwrite").parquet(tables["archives"])
+    hour_rows = [(root, _utc(hour), n) for root, clock in clocks.items()
+                 for hour, n in clock.hourly.items()]
+    spark.createDataFrame(hour_rows, "archive string, hour timestamp, wal_bytes long") \
+        .write.mode("overwrite").parquet(tables["wal_per_hour"])
 
-        report_files = write_report(spark, tables, reports, output / "report")
-    return AnalyzeResult(output, reports, time.perf_counter() - began, len(rows), tables,
-                         report_files)
+
+def _utc(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC)
 
 
-@click.command("analyze")
-@click.argument("inputs", nargs=-1, required=True)
-@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("receivewal-analysis"), show_default=True,
-              help="Directory for the Parquet tables and the report.")
-@click.option("--remote", default=None, metavar="sc://HOST:PORT",
-              help="Run on a Spark Connect server instead of an embedded local session.")
-@click.option("--master", default="local[*]", show_default=True,
-              help="Master of the embedded session (ignored with --remote or spark-submit).")
-@click.option("--no-compressibility", is_flag=True,
-              help="Skip measuring each segment after zstd level 1 and lz4.")
-def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, master: str,
-                    no_compressibility: bool) -> None:
-    """Verify and analyse WAL archives (directories or Hadoop paths) as a Spark job."""
-    try:
-        import pyspark  # noqa: F401 - only to fail early with a clear message
-    except ImportError as exc:
-        raise click.ClickException("analyze needs the spark extra: "
-                                   "pip install 'receivewal[spark]'") from exc
-    spark = make_session(remote, master=master)
-    try:
-        result = run_analyze(spark, [str(Path(i).resolve()) if not is_uri(i) else i
-                                     for i in inputs], output,
-                             compressibility=not no_compressibility)
-    except (ArchiveError, ConfigurationError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        if remote:
-            spark.stop()  # releases the session on the Connect server
+def summary_lines(result: AnalyzeResult) -> list[str]:
+    """What ``analyze`` prints: a verdict per archive, then where the tables and report are."""
+    from receivewal.check.report import human_bytes
+
+    lines = []
     for root, rep in result.archives.items():
         errors = sum(p.severity == "error" for p in rep.problems)
         verdict = "recoverable" if rep.recoverable else "NOT recoverable"
-        click.echo(f"{root}: {len(rep.scans)} segments, {errors} error(s), {verdict}")
-    click.echo(f"tables: {', '.join(result.tables.values())}")
-    for path in result.report_files:
-        click.echo(f"report: {path}")
-    click.echo(f"{result.segments} segments in {result.seconds:.1f} s")
-    if not all(rep.recoverable for rep in result.archives.values()):
-        raise click.exceptions.Exit(1)
+        lines.append(f"{root}: {len(rep.scans)} segments, "
+                     f"{human_bytes(result.clocks[root].wal_bytes)} of WAL, "
+                     f"{errors} error(s), {verdict}")
+    lines.append(f"tables: {', '.join(result.tables.values())}")
+    lines += [f"report: {path}" for path in result.report_files if path.suffix != ".png"]
+    lines.append(f"{result.segments} segments in {result.seconds:.1f} s")
+    return lines

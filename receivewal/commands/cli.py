@@ -21,7 +21,7 @@ LAZY_COMMANDS = {
     "status": "receivewal.commands.status:status_command",
     "relay": "receivewal.commands.relay:relay_command",
     "verify": "receivewal.check.verify:verify_command",
-    "analyze": "receivewal.check.analyze:analyze_command",
+    "analyze": "receivewal.commands.analyze:analyze_command",
     "restore": "receivewal.commands.restore:restore_command",
 }
 
@@ -37,6 +37,18 @@ class LazyGroup(click.Group):
             module, attr = LAZY_COMMANDS[cmd_name].split(":")
             self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list with each command's whole first sentence (click would cut it
+        to the terminal width with "..."); long ones wrap."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=200)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-?", "--help"]})

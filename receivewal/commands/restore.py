@@ -112,7 +112,8 @@ def _write_chunks(out: BinaryIO, chunks: Iterable[bytes], limit: int) -> int:
 @click.argument("target", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("-D", "--directory", type=click.Path(path_type=Path, file_okay=False),
               envvar="RECEIVEWAL_DIRECTORY", required=True,
-              help="The archive directory (receivewal stream's -D).")
+              help="The archive directory (receivewal stream's -D; "
+              "env RECEIVEWAL_DIRECTORY).")
 @click.option("--partial", is_flag=True,
               help="Serve the newest .partial of a segment that has no complete file "
               "(recovery to the last byte received).")

@@ -71,7 +71,8 @@ def _env(name: str) -> str:
 
 @click.command("stream")
 @click.option("-D", "--directory", type=click.Path(path_type=Path, file_okay=True),
-              envvar=_env("DIRECTORY"), help="Receive WAL files into this directory.")
+              envvar=_env("DIRECTORY"),
+              help="Receive WAL files into this directory (it must exist).")
 @click.option("-d", "--dbname", envvar=_env("DBNAME"), help="Connection string or URI.")
 @click.option("-h", "--host", envvar=_env("HOST"), help="Database server host or socket dir.")
 @click.option("-p", "--port", envvar=_env("PORT"), help="Database server port.")
@@ -124,14 +125,21 @@ def _env(name: str) -> str:
               help="First pause before reconnecting; doubles up to --reconnect-delay-max.")
 @click.option("--reconnect-delay-max", type=click.FloatRange(min=0),
               default=_DEFAULTS.reconnect_delay_max,
-              show_default=True, envvar=_env("RECONNECT_DELAY_MAX"))
+              show_default=True, envvar=_env("RECONNECT_DELAY_MAX"),
+              help="Longest pause between reconnect attempts, in seconds.")
 @click.option("--metrics-address", envvar=_env("METRICS_ADDRESS"),
               help="Serve Prometheus metrics on HOST:PORT.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]),
               default=_DEFAULTS.log_format,
               envvar=_env("LOG_FORMAT"), help="auto: JSON unless stderr is a terminal.")
 def stream_command(**opts: Any) -> int:
-    """Stream WAL from a server into DIRECTORY, as pg_receivewal does."""
+    """Stream WAL from a server into DIRECTORY, as pg_receivewal does.
+
+    Every option can also come from the environment as RECEIVEWAL_<LONG_OPTION>, e.g.
+    RECEIVEWAL_DIRECTORY, RECEIVEWAL_DBNAME, RECEIVEWAL_SLOT, RECEIVEWAL_SYNCHRONOUS=1 (the
+    command line wins); libpq's PGHOST, PGPASSFILE... work as usual. Help is --help or -?:
+    -h is the host, as in pg_receivewal.
+    """
     options = StreamOptions(**opts)
     configure_logging(options.verbose, json=None if options.log_format == "auto"
                       else options.log_format == "json")

@@ -1,0 +1,65 @@
+"""``receivewal analyze``: the command line of the Spark job in :mod:`receivewal.check.analyze`.
+
+pyspark is imported only when the command runs (the ``spark`` extra), so ``--help`` and the
+rest of the CLI work without it. The embedded session's scratch directory is removed when the
+command ends.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import click
+
+from receivewal.errors import ArchiveError, ConfigurationError
+
+EXIT_CODES = """\b
+Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed."""
+
+
+@click.command("analyze", short_help="Verify and chart many WAL archives on Spark.",
+               epilog=EXIT_CODES)
+@click.argument("inputs", nargs=-1, required=True, metavar="DIR-OR-URI...")
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("receivewal-analysis"), show_default=True,
+              help="Directory for the Parquet tables and the report.")
+@click.option("--remote", default=None, metavar="sc://HOST:PORT",
+              help="Run on a Spark Connect server instead of an embedded local session.")
+@click.option("--master", default="local[*]", show_default=True,
+              help="Master of the embedded session (ignored with --remote or spark-submit).")
+@click.option("--no-compressibility", is_flag=True,
+              help="Skip measuring each segment after zstd level 1 and lz4.")
+def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, master: str,
+                    no_compressibility: bool) -> None:
+    """Verify and analyse WAL archives (directories or Hadoop URIs such as hdfs://, s3a://)
+    as a Spark job: Parquet tables and a report with charts.
+
+    Needs the spark extra: pip install 'receivewal[spark]' (pyspark, pyarrow, matplotlib;
+    Java for the embedded session).
+    """
+    try:
+        import pyspark  # noqa: F401, PLC0415 - only to fail early with a clear message
+    except ImportError as exc:
+        raise click.ClickException("analyze needs the spark extra: "
+                                   "pip install 'receivewal[spark]'") from exc
+    from receivewal.check import analyze  # noqa: PLC0415 - imports pyspark lazily itself
+
+    scratch = Path(tempfile.mkdtemp(prefix="receivewal-spark-"))
+    try:
+        spark = analyze.make_session(remote, scratch=scratch, master=master)
+        try:
+            result = analyze.run_analyze(
+                spark, [i if analyze.is_uri(i) else str(Path(i).resolve()) for i in inputs],
+                output, compressibility=not no_compressibility)
+        except (ArchiveError, ConfigurationError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        finally:
+            spark.stop()  # releases a Connect session on the server; ends a local one
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    for line in analyze.summary_lines(result):
+        click.echo(line)
+    if not all(rep.recoverable for rep in result.archives.values()):
+        raise click.exceptions.Exit(1)

@@ -58,6 +58,9 @@ def _env(name: str) -> str:
               "is received.")
 @click.option("-n", "--no-loop", is_flag=True, envvar=_env("NO_LOOP"),
               help="Exit 1 on connection loss instead of reconnecting.")
+@click.option("--wait-for-server", is_flag=True, envvar=_env("WAIT_FOR_SERVER"),
+              help="Keep trying the first connection (with the reconnect backoff) instead of "
+              "exiting 1 as pg_receivewal does; for services.")
 @click.option("-v", "--verbose", count=True, help="More log output (debug events).")
 @click.option("-Z", "--compress", default="none", show_default=True, envvar=_env("COMPRESS"),
               help="Compress segment files at rest: METHOD[:LEVEL] with METHOD gzip (.gz), "
@@ -122,6 +125,7 @@ def build_settings(opts: dict[str, object]) -> Settings:
         sync=not opts["no_sync"],
         endpos=endpos,
         no_loop=bool(opts["no_loop"]),
+        wait_for_server=bool(opts["wait_for_server"]),
         verbose=int(opts["verbose"]),  # type: ignore[call-overload]
         compression=compression,
         at_rest=at_rest,

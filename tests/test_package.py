@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.package import built_deb
 from support.servers import IS_ROOT, PgServer
 from support.streams import lsn_to_int, wait_for
 
@@ -47,13 +48,12 @@ def package_status() -> str:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def installed() -> Iterator[Path]:
     """Build the package, dpkg -i it; afterwards apt-get remove it, checking that it went."""
     if package_status().startswith("install ok"):
         pytest.fail("a receivewal package is already installed on this machine; this test "
                     "installs and removes its own (dpkg --purge receivewal first)")
-    out = tmp_path_factory.mktemp("deb")
-    deb = Path(run(str(ROOT / "scripts" / "build-deb"), str(out)).stdout.strip())
+    deb = built_deb()
     run("dpkg", "-i", str(deb))
     try:
         yield deb

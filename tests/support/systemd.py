@@ -23,7 +23,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-UNIFIED = Path("/sys/fs/cgroup/unified")
+# The cgroup2 hierarchy: the (empty) unified one beside cgroup v1's controllers, or the only one.
+UNIFIED = next((path for path in (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+                if (path / "cgroup.procs").exists() and (path / "cgroup.max.depth").exists()),
+               Path("/sys/fs/cgroup/unified"))
 SYSTEMD = Path("/lib/systemd/systemd")
 TARGET = "receivewal-test.target"
 

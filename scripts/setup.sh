@@ -21,6 +21,13 @@ command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)  # barman recover, in test
 if [ "$(id -u)" = 0 ] && ! { command -v ip && command -v tc; } >/dev/null 2>&1; then
   need_apt+=(iproute2)
 fi
+# As root (CI): the package test (tests/test_package.py) needs dpkg-deb and apt-get, the unit
+# test under a real systemd (tests/test_systemd_real.py) needs systemd, unshare and nsenter.
+if [ "$(id -u)" = 0 ]; then
+  command -v dpkg-deb >/dev/null 2>&1 || need_apt+=(dpkg)
+  [ -x /lib/systemd/systemd ] || need_apt+=(systemd)
+  command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -60,6 +60,7 @@ def test_unit_is_a_template_reading_its_instance_env_file(
     assert one(service, "EnvironmentFile") == "/etc/receivewal/%i.env"
     assert one(service, "ExecStart") == "/usr/bin/receivewal stream"
     assert "RECEIVEWAL_DIRECTORY=/var/lib/receivewal/%i" in service["Environment"]
+    assert "RECEIVEWAL_WAIT_FOR_SERVER=1" in service["Environment"]
     assert one(service, "ReadWritePaths") == "/var/lib/receivewal/%i"
     assert one(service, "StateDirectory") == "receivewal/%i"
     assert one(unit["Install"], "WantedBy") == "multi-user.target"
@@ -108,7 +109,7 @@ def test_env_example_documents_every_setting_the_unit_relies_on() -> None:
     for name in [
         "RECEIVEWAL_DIRECTORY", "RECEIVEWAL_DBNAME", "RECEIVEWAL_SLOT",
         "RECEIVEWAL_METRICS_ADDRESS", "RECEIVEWAL_COMPRESSION", "RECEIVEWAL_STATUS_INTERVAL",
-        "RECEIVEWAL_SYNCHRONOUS", "PGHOST", "PGUSER",
+        "RECEIVEWAL_SYNCHRONOUS", "RECEIVEWAL_WAIT_FOR_SERVER", "PGHOST", "PGUSER",
     ]:
         assert f"{name}=" in example, name
 

@@ -51,6 +51,7 @@ class StreamOptions:
     no_sync: bool = not Settings.sync
     endpos: str | None = None
     no_loop: bool = Settings.no_loop
+    wait_for_server: bool = Settings.wait_for_server
     verbose: int = 0
     compress: str = "none"
     compression: str = ",".join(Settings.compression)
@@ -102,6 +103,9 @@ def _env(name: str) -> str:
               "is received.")
 @click.option("-n", "--no-loop", is_flag=True, envvar=_env("NO_LOOP"),
               help="Exit 1 on connection loss instead of reconnecting.")
+@click.option("--wait-for-server", is_flag=True, envvar=_env("WAIT_FOR_SERVER"),
+              help="Keep trying the first connection (with the reconnect backoff) instead of "
+              "exiting 1 as pg_receivewal does; for services.")
 @click.option("-v", "--verbose", count=True, help="More log output (debug events).")
 @click.option("-Z", "--compress", default=_DEFAULTS.compress, show_default=True,
               envvar=_env("COMPRESS"),
@@ -178,6 +182,7 @@ def build_settings(opts: StreamOptions) -> Settings:
         sync=not opts.no_sync,
         endpos=endpos,
         no_loop=opts.no_loop,
+        wait_for_server=opts.wait_for_server,
         compression=compression,
         at_rest=at_rest,
         hot_standby_feedback=opts.hot_standby_feedback,

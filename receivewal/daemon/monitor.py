@@ -30,7 +30,8 @@ from typing import Protocol
 
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
-from receivewal.daemon.state import LastError, State, write_state
+from receivewal.daemon.state import LastError, State, read_state, write_state
+from receivewal.errors import ArchiveError
 from receivewal.logs import get_logger
 from receivewal.replication.connection import redacted
 from receivewal.wal.lsn import format_lsn
@@ -74,6 +75,9 @@ class Monitor:
     ``file_mode`` is the state file's mode. ``clock`` gives the time in seconds (the same clock
     the caller passes to :meth:`tick`). ``environ`` is where NOTIFY_SOCKET, WATCHDOG_USEC and
     WATCHDOG_PID are read from (default: the process environment; ``{}`` turns systemd off).
+    ``keeps_partials`` says that a restreamed ``.partial`` keeps the bytes already in it (plain
+    segments; a compressed one is rewritten from its start): then "flushed" does not go back
+    below what this or, per the state file, the last run flushed on the same timeline.
     Use :meth:`null` for a monitor with no side channel at all.
     """
 
@@ -86,6 +90,7 @@ class Monitor:
         *,
         environ: Mapping[str, str] | None = None,
         state_interval: float = 5.0,
+        keeps_partials: bool = True,
     ) -> None:
         env = os.environ if environ is None else environ
         self.directory = directory
@@ -103,6 +108,10 @@ class Monitor:
         self._last_contact: float | None = None
         self._wire_bytes = 0
         self._wal_bytes = 0
+        self._keeps_partials = keeps_partials
+        self._flush_floor: tuple[int, int] | None = None  # (timeline, lsn) durable in .partial
+        if keeps_partials and directory is not None:
+            self._flush_floor = _previous_flush(directory)
 
         self._notifier = Notifier.from_environment(env)
         self._watchdog = watchdog_interval(env, os.getpid())
@@ -176,7 +185,12 @@ class Monitor:
 
     def flushed(self, lsn: int) -> None:
         """WAL up to ``lsn`` is fsynced in the archive."""
+        floor = self._flush_floor
+        if floor is not None and floor[0] == self._state.timeline:
+            lsn = max(lsn, floor[1])
         self._flushed = lsn
+        if self._keeps_partials and self._state.timeline is not None:
+            self._flush_floor = (self._state.timeline, lsn)
         self.metrics.set_flushed(lsn)
 
     def keepalive(self, server_wal_end: int) -> None:
@@ -243,6 +257,12 @@ class Monitor:
         error = self._state.last_error
         reason = f" after {error.kind}: {error.message}" if error is not None else ""
         self._status(f"Reconnecting in {delay:.1f}s{reason}")
+        self._write_now()
+
+    def waiting_for_server(self, message: str) -> None:
+        """The first connection failed (``message``); the supervisor keeps trying."""
+        self._state = replace(self._state, phase="waiting")
+        self._status(f"Waiting for server: {redacted(message)}")
         self._write_now()
 
     def stopping(self) -> None:
@@ -339,3 +359,15 @@ class Monitor:
         if self._write_failure is not None:
             log.info("state_write_recovered", directory=str(self.directory))
             self._write_failure = None
+
+
+def _previous_flush(directory: Path) -> tuple[int, int] | None:
+    """(timeline, flushed LSN) from the state file a previous run left, if it says both."""
+    try:
+        previous = read_state(directory)
+    except ArchiveError as exc:
+        log.warning("state_unreadable", directory=str(directory), error=str(exc))
+        return None
+    if previous is None or previous.timeline is None or previous.flushed_lsn is None:
+        return None
+    return previous.timeline, previous.flushed_lsn

@@ -33,6 +33,7 @@ class Settings:
     sync: bool = True
     endpos: int | None = None
     no_loop: bool = False
+    wait_for_server: bool = False  # retry the first connection too (as a service)
     compression: tuple[str, ...] = ("zstd", "lz4")
     at_rest: CompressSpec = NO_COMPRESSION  # -Z/--compress: how segment files are compressed
     hot_standby_feedback: bool = True

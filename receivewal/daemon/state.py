@@ -46,7 +46,7 @@ class State:
     hostname: str
     started_at: float
     updated_at: float
-    phase: str = "starting"  # starting, streaming, reconnecting, stopping, stopped
+    phase: str = "starting"  # starting, waiting, streaming, reconnecting, stopping, stopped
     server: str | None = None
     system_identifier: str | None = None
     timeline: int | None = None

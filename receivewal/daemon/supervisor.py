@@ -2,7 +2,8 @@
 
 Only this loop decides whether an error ends the program or is retried. Exit codes follow
 pg_receivewal: 0 when stopped by a signal or at ``--endpos``, 1 on an error that retrying
-cannot fix, on any error with ``--no-loop``, and when the first connection fails.
+cannot fix, on any error with ``--no-loop``, and when the first connection fails (unless
+``--wait-for-server``: then the first connection is retried with backoff too).
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ class Supervisor:
             return 1
         try:
             monitor = self.monitor or Monitor(self.settings.directory,
-                                              self.settings.metrics_address)
+                                              self.settings.metrics_address,
+                                              keeps_partials=not self.settings.at_rest.method)
         except ReceivewalError as exc:
             self.log.error("failed", error=str(exc))
             return 1
@@ -177,7 +179,8 @@ class Supervisor:
         while True:
             streamed = False
             try:
-                conn = self.connect()
+                conn = self.connect() if connected_once or not self.settings.wait_for_server \
+                    else self._wait_for_server(monitor)
             except ReceivewalError as exc:
                 if not connected_once and not self.stop.requested:
                     self.log.error("failed", error=str(exc))
@@ -223,6 +226,32 @@ class Supervisor:
             if self.stop.requested:
                 self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
                 return 0
+
+    # -- --wait-for-server: the first connection is retried (as a service), not fatal ------
+    def _wait_for_server(self, monitor: Monitor) -> ReplicationConnection:
+        """Connect, retrying with backoff while the error is retryable, until a stop signal
+        (which re-raises the last error; the loop then exits 0 as for any stop).
+
+        pg_receivewal exits 1 when its first connection fails; under systemd that only makes
+        the unit loop on restarts, so with ``--wait-for-server`` it waits instead (STATUS
+        "Waiting for server: ...") and the unit's TimeoutStartSec bounds the wait for READY.
+        """
+        attempt = 0
+        while True:
+            try:
+                return self.connect()
+            except ReceivewalError as exc:
+                if not exc.retryable:
+                    raise
+                attempt += 1
+                delay = backoff_delay(attempt, self.settings.reconnect_delay,
+                                      self.settings.reconnect_delay_max)
+                self.log.warning("waiting_for_server", error=str(exc), attempt=attempt,
+                                 delay=round(delay, 2))
+                monitor.waiting_for_server(str(exc))
+                self.stop.sleep(delay, on_tick=lambda: monitor.tick(time.time()))
+                if self.stop.requested:
+                    raise
 
 
 def error_kind(error: ReceivewalError) -> str:

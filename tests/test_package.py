@@ -1,0 +1,137 @@
+"""The Debian package from scripts/build-deb: installed, used by a real recovery, removed.
+
+Installing a package changes the machine, so this runs only as root (as CI does) and only where
+dpkg and apt-get exist; it refuses to run over a receivewal package that is already installed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.package import built_deb
+from support.servers import IS_ROOT, PgServer
+from support.streams import lsn_to_int, wait_for
+
+ROOT = Path(__file__).parent.parent
+INSTALLED = ["/opt/receivewal", "/usr/bin/receivewal", "/usr/bin/pg_receivewal-streampack",
+             "/lib/systemd/system/receivewal@.service",
+             "/usr/share/doc/receivewal/receivewal.env.example"]
+
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.slow,
+    pytest.mark.skipif(not IS_ROOT, reason="installing a package needs root"),
+    pytest.mark.skipif(shutil.which("dpkg-deb") is None or shutil.which("apt-get") is None,
+                       reason="needs dpkg-deb and apt-get (a Debian system)"),
+]
+
+
+def run(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run a command, failing with its output when it exits non-zero."""
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout,
+                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    assert done.returncode == 0, f"{' '.join(argv)}: {done.stdout}{done.stderr}"
+    return done
+
+
+def package_status() -> str:
+    """dpkg's status of the receivewal package ("" when dpkg never heard of it)."""
+    return subprocess.run(["dpkg-query", "-W", "-f=${Status}", "receivewal"],
+                          capture_output=True, text=True, check=False).stdout
+
+
+@pytest.fixture(scope="module")
+def installed() -> Iterator[Path]:
+    """Build the package, dpkg -i it; afterwards apt-get remove it, checking that it went."""
+    if package_status().startswith("install ok"):
+        pytest.fail("a receivewal package is already installed on this machine; this test "
+                    "installs and removes its own (dpkg --purge receivewal first)")
+    deb = built_deb()
+    run("dpkg", "-i", str(deb))
+    try:
+        yield deb
+    finally:
+        run("apt-get", "remove", "-y", "receivewal")
+        assert not package_status().startswith("install ok")
+        run("dpkg", "--purge", "receivewal")
+    for path in INSTALLED:
+        assert not os.path.lexists(path), f"{path} left behind after apt-get remove"
+
+
+def as_postgres(*argv: str, env: dict[str, str] | None = None,
+                ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["runuser", "-u", "postgres", "--", *argv], capture_output=True,
+                          text=True, check=False, timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_package_installs_the_commands_unit_and_user(installed: Path) -> None:
+    """dpkg -i gives /usr/bin/receivewal (runnable by the postgres user, from the venv in
+    /opt/receivewal), the drop-in, the template unit, the example env file and the
+    `receivewal` system user."""
+    assert package_status() == "install ok installed"
+    for path in INSTALLED:
+        assert os.path.lexists(path), path
+    assert os.path.realpath("/usr/bin/receivewal") == "/opt/receivewal/bin/receivewal"
+    shebang = Path("/opt/receivewal/bin/receivewal").read_text().splitlines()[0]
+    assert shebang == "#!/opt/receivewal/bin/python3"
+    help_text = as_postgres("receivewal", "--help")
+    assert help_text.returncode == 0, help_text.stderr
+    assert "restore" in help_text.stdout
+    dropin = as_postgres("pg_receivewal-streampack", "--version")
+    assert dropin.returncode == 0, dropin.stderr
+    user = pwd.getpwnam("receivewal")
+    assert user.pw_uid < 1000  # a system user
+    assert user.pw_shell.endswith("nologin")
+    unit = Path("/lib/systemd/system/receivewal@.service").read_text()
+    assert unit == (ROOT / "systemd" / "receivewal@.service").read_text()
+
+
+def test_recovery_through_the_installed_restore_command(
+        installed: Path, pg: PgServer, archive_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An archive written by the installed `receivewal stream` (run as postgres) serves a real
+    archive recovery with restore_command = 'receivewal restore %f %p' run by the server as the
+    postgres user: the restored base backup has exactly the primary's rows."""
+    shutil.chown(archive_dir, "postgres", "postgres")
+    pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
+    log = tmp_path / "stream.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            ["/usr/bin/receivewal", "stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
+             "-s", "0.2"], stdout=subprocess.DEVNULL, stderr=err, cwd="/",
+            user="postgres", group="postgres", extra_groups=[])
+    try:
+        wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_replication WHERE state = "
+                                "'streaming'") == "1", what="streaming to start")
+        backup = pg.base_backup("restored")
+        pg.sql("CREATE TABLE accounts (id int PRIMARY KEY, balance numeric)")
+        pg.sql("INSERT INTO accounts SELECT g, g * 1.5 FROM generate_series(1, 30000) g")
+        end = lsn_to_int(pg.switch_wal())
+
+        def flushed() -> int:
+            text = pg.sql("SELECT flush_lsn FROM pg_stat_replication")
+            return lsn_to_int(text) if text else 0
+        wait_for(lambda: flushed() >= end, what="receivewal to flush the switch")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0, log.read_text()
+    expected = pg.sql("SELECT count(*), sum(balance) FROM accounts")
+    pg.stop("immediate")
+
+    # restore_command as the issue writes it: the directory comes from the environment the
+    # server was started with.
+    monkeypatch.setenv("RECEIVEWAL_DIRECTORY", str(archive_dir))
+    try:
+        backup.recover_from_archive("receivewal restore %f %p")
+        assert backup.sql("SELECT count(*), sum(balance) FROM accounts") == expected
+        assert "restored log file" in backup.logfile.read_text()
+    finally:
+        backup.stop("immediate")

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, cast
 
 import click
 
-from receivewal.archive.files import Opener
+from receivewal.archive.compression import Opener, open_local
 from receivewal.check.crosscheck import (
     ArchiveReport,
     ScanTask,
@@ -42,9 +42,9 @@ from receivewal.check.crosscheck import (
     choose_files,
     plan_scans,
 )
-from receivewal.check.verify import DEFAULT_SEGMENT_SIZE, classify, detect_segment_size, scan_file
+from receivewal.check.verify import classify, detect_segment_size, scan_file
 from receivewal.errors import ArchiveError, ConfigurationError
-from receivewal.wal.lsn import format_lsn
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
 from receivewal.wal.names import SegmentFile, parse_history_file_name
 from receivewal.wal.reader import RmgrTotals, SegmentScan, WalProblem
 from receivewal.wal.rmgr import rmgr_name
@@ -220,7 +220,7 @@ def plan_archive(spark: Any, root: str, compressibility: bool
     for name in history_names:
         tli = parse_history_file_name(name)
         if tli is not None:
-            with (opener or _open_local)(base + "/" + name) as fh:
+            with (opener or open_local)(base + "/" + name) as fh:
                 histories[tli] = fh.read().decode(errors="replace")
     return rows, histories, segment_size, problems
 
@@ -230,10 +230,6 @@ def _parallelism(spark: Any) -> int:
         return int(spark.sparkContext.defaultParallelism)
     except (AttributeError, NotImplementedError):  # Spark Connect sessions have no SparkContext
         return 16
-
-
-def _open_local(path: str) -> BinaryIO:
-    return open(path, "rb")
 
 
 def run_analyze(spark: Any, roots: Iterable[str], output: Path, *,

@@ -18,11 +18,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.archives import SEGMENT
 
-from receivewal.archive.compression import read_wal_file
+from receivewal.archive.compression import CompressSpec, new_compressor, read_wal_file
 from receivewal.check.verify import verify_archive
 from receivewal.daemon.state import STATE_FILE, decode_state
 from receivewal.errors import ArchiveError
-from receivewal.wal.names import parse_history_file_name, parse_segment_file_name
+from receivewal.wal.names import (
+    AtRest,
+    at_rest_of,
+    parse_history_file_name,
+    parse_segment_file_name,
+)
 from receivewal.wal.timeline import parse_history
 
 NAME = "000000010000000000000003"
@@ -178,3 +183,24 @@ def test_verify_reads_a_4gib_bomb_in_bounded_memory(tmp_path: Path) -> None:
     problems, rss = map(int, done.stdout.split())
     assert problems >= 1
     assert rss < 250_000, f"peak RSS {rss} kB"
+
+
+# -- the one table of at-rest formats ------------------------------------------------------------
+@pytest.mark.parametrize("fmt", list(AtRest))
+def test_each_format_is_named_written_and_read_through_the_table(tmp_path: Path,
+                                                                  fmt: AtRest) -> None:
+    """A file named with a format's suffix is parsed as that format, and what its writer
+    wrote its reader reads back, for every format the table lists."""
+    data = os.urandom(100_000)
+    for partial in (False, True):
+        name = NAME + fmt.suffix + (".partial" if partial else "")
+        parsed = parse_segment_file_name(name, SEGMENT)
+        assert parsed is not None
+        assert parsed.compression == fmt
+        assert at_rest_of(name) == fmt
+        body = data
+        if fmt:
+            compressor = new_compressor(CompressSpec(fmt.value))
+            body = compressor.begin() + compressor.compress(data) + compressor.finish()
+        (tmp_path / name).write_bytes(body)
+        assert read_wal_file(str(tmp_path / name), fmt, cap=SEGMENT) == data

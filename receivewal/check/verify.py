@@ -32,7 +32,12 @@ from receivewal.check.crosscheck import (
 )
 from receivewal.errors import ArchiveError, ConfigurationError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size, format_lsn, parse_lsn
-from receivewal.wal.names import SegmentFile, parse_history_file_name, parse_segment_file_name
+from receivewal.wal.names import (
+    SegmentFile,
+    at_rest_of,
+    parse_history_file_name,
+    parse_segment_file_name,
+)
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD
 from receivewal.wal.reader import (
     RmgrTotals,
@@ -146,10 +151,7 @@ def detect_segment_size(base: str, names: Iterable[str],
 
 def guess_compression(name: str) -> str:
     """The compression a segment-like file name says, before the segment size is known."""
-    for suffix, method in ((".gz", "gzip"), (".lz4", "lz4"), (".zst", "zstd")):
-        if suffix in name:
-            return method
-    return ""
+    return at_rest_of(name)
 
 
 def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int | None = None,

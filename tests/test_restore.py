@@ -117,7 +117,7 @@ def install_for_postgres(base: Path) -> str:
     site = Path(next(p for p in sys.path if p.endswith("site-packages")))
     shutil.copytree(Path(__file__).parent.parent / "receivewal", lib / "receivewal",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    for dep in ("lz4", "zstandard", "click"):
+    for dep in ("lz4", "zstandard", "click", "backports"):
         shutil.copytree(site / dep, lib / dep, ignore=shutil.ignore_patterns("__pycache__"))
     for path in [lib, *lib.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from receivewal.commands.cli import cli
-from receivewal.commands.status import CRITICAL, OK, evaluate
+from receivewal.daemon.health import CRITICAL, OK, evaluate
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.state import (
     LastError,

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.waldump import by_rmgr, parse_stats
 
-from receivewal.archive.files import read_wal_file
+from receivewal.archive.compression import read_wal_file
 from receivewal.check.verify import record_type_totals, rmgr_totals
 from receivewal.wal.names import parse_segment_file_name
 from receivewal.wal.reader import SegmentScan, SegmentScanner, fpi_bytes_of

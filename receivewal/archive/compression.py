@@ -1,4 +1,4 @@
-"""Compression at rest (``-Z/--compress``): the option's grammar and the stream codecs.
+"""At-rest formats: the ``-Z/--compress`` grammar, the table of codecs, reading archive files.
 
 The option reads as pg_receivewal 15 reads it: ``METHOD[:DETAIL]`` where METHOD is ``none``,
 ``gzip``, ``lz4`` or ``zstd`` and DETAIL is a bare level or ``level=N[,workers=N]``; a bare
@@ -8,22 +8,38 @@ Files are framed as pg_receivewal writes them: ``.gz`` is one gzip member (zlib'
 as ``gzdopen`` writes it), ``.lz4`` one LZ4 frame, and ``.zst`` (receivewal's addition) one
 zstd frame with a content checksum. A compressor never touches a file: it turns WAL into
 bytes, and :mod:`receivewal.archive` writes and fsyncs them.
+
+:data:`FORMATS` is the one table of formats (plain, gzip, lz4, zstd; the members of
+:class:`~receivewal.wal.names.AtRest`, which also give the suffixes): each row says how to
+write and how to read. Reading is streamed with an output cap: no file ever makes a reader hold
+more than the cap (the segment size) plus one byte, so a decompression bomb or an oversize file
+is a :class:`CorruptFile` naming it, never a memory blow-up. ``open_binary`` may be replaced
+(e.g. by a pyarrow file system's ``open_input_stream``) so that Spark executors read Hadoop
+paths themselves.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 import lz4.frame
 import zstandard
 
-from receivewal.errors import ConfigurationError
+from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.wal.lsn import MAX_SEGMENT_SIZE
+from receivewal.wal.names import PARTIAL_SUFFIX, AtRest
 
-METHODS = {"none": "", "gzip": "gzip", "lz4": "lz4", "zstd": "zstd"}
+if sys.version_info >= (3, 14):
+    from compression import zstd as bounded_zstd
+else:  # the same module, backported: a zstd decoder with an output limit (max_length)
+    from backports import zstd as bounded_zstd
+
+METHODS = {"none": "", **{fmt.value: fmt.value for fmt in AtRest if fmt}}
 # (min, max, default) levels, as PostgreSQL 15 validates them
 _LEVELS = {"gzip": (1, 9, -1), "lz4": (1, 12, 0), "zstd": (-131072, 22, 3)}
 _C_INTEGER = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")  # what strtol() consumes entirely
@@ -206,76 +222,165 @@ class ZstdCompressor:
         return self._z.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
 
 
-def new_compressor(spec: CompressSpec) -> Compressor:
-    """A fresh compressor for one file."""
-    if spec.method == "gzip":
-        return GzipCompressor(spec.level)
-    if spec.method == "lz4":
-        return Lz4Compressor(spec.level)
-    if spec.method == "zstd":
-        return ZstdCompressor(spec.level, spec.workers)
-    raise ConfigurationError(f"no compressor for method {spec.name!r}")
+# -- the table of at-rest formats ---------------------------------------------------------------
+class Decoder(Protocol):
+    """A decoder of one compressed stream, as bz2, lzma, lz4 and zstd decompressors are:
+    ``decompress`` returns at most ``max_length`` bytes and keeps the input it has not used."""
 
-
-# -- decompression -----------------------------------------------------------------------------
-class CorruptFile(ValueError):  # noqa: N818 - reads as what the caller is told
-    """A compressed file cannot be decoded."""
-
-
-def decompress_chunks(fh: BinaryIO, method: str, *, truncated_ok: bool = False,
-                      ) -> Iterator[bytes]:
-    """Decompressed content of a compressed file, chunk by chunk.
-
-    Concatenated gzip members, LZ4 frames and zstd frames are all read, as the command line
-    tools read them. A stream that stops before its end raises CorruptFile unless
-    ``truncated_ok`` (a ``.partial`` that a crash left unfinished is readable up to its last
-    flushed block).
-    """
-    if method == "":
-        while chunk := fh.read(_CHUNK):
-            yield chunk
-        return
-    decoder = _new_decoder(method)
-    complete = True  # nothing read yet: an empty file holds no data
-    try:
-        while chunk := fh.read(_CHUNK):
-            while chunk:
-                complete = False
-                out = decoder.decompress(chunk)
-                if out:
-                    yield out
-                if not decoder.eof:
-                    break
-                complete = True
-                chunk = decoder.unused_data
-                decoder = _new_decoder(method)
-    except (zlib.error, zstandard.ZstdError, RuntimeError) as exc:
-        raise CorruptFile(f"{method} data is damaged: {exc}") from exc
-    if not complete and not truncated_ok:
-        raise CorruptFile(f"{method} data ends before the end of its stream")
-
-
-class _Decoder(Protocol):
     @property
     def eof(self) -> bool: ...
 
     @property
+    def needs_input(self) -> bool: ...
+
+    @property
     def unused_data(self) -> bytes: ...
 
-    def decompress(self, data: bytes, /) -> bytes: ...
+    def decompress(self, data: bytes, max_length: int, /) -> bytes: ...
 
 
-def _new_decoder(method: str) -> _Decoder:
-    if method == "gzip":
-        return zlib.decompressobj(_GZIP_WBITS)
-    if method == "lz4":
-        decoder: _Decoder = lz4.frame.LZ4FrameDecompressor()
-        return decoder
-    if method == "zstd":
-        return zstandard.ZstdDecompressor().decompressobj()
-    raise ValueError(f"unknown compression method {method!r}")
+class GzipDecoder:
+    """zlib's decompressor (gzip or zlib header) in the :class:`Decoder` interface."""
+
+    def __init__(self) -> None:
+        self._z = zlib.decompressobj(_GZIP_WBITS + 16)  # 47: gzip or zlib header, detected
+        self.needs_input = True
+
+    @property
+    def eof(self) -> bool:
+        return self._z.eof
+
+    @property
+    def unused_data(self) -> bytes:
+        return self._z.unused_data
+
+    def decompress(self, data: bytes, max_length: int, /) -> bytes:
+        tail = self._z.unconsumed_tail
+        out = self._z.decompress(tail + data if tail else data, max_length)
+        self.needs_input = not self._z.unconsumed_tail and len(out) < max_length
+        return out
 
 
-def decompressed_size(fh: BinaryIO, method: str) -> int:
-    """How many bytes a complete compressed file decodes to (CorruptFile when it cannot)."""
-    return sum(len(chunk) for chunk in decompress_chunks(fh, method))
+@dataclass(frozen=True)
+class Codec:
+    """How one at-rest format is written and read (None: plain bytes, no codec)."""
+
+    fmt: AtRest
+    compressor: Callable[[CompressSpec], Compressor] | None
+    decoder: Callable[[], Decoder] | None
+
+
+FORMATS: dict[AtRest, Codec] = {
+    AtRest.PLAIN: Codec(AtRest.PLAIN, None, None),
+    AtRest.GZIP: Codec(AtRest.GZIP, lambda spec: GzipCompressor(spec.level), GzipDecoder),
+    AtRest.LZ4: Codec(AtRest.LZ4, lambda spec: Lz4Compressor(spec.level),
+                      lz4.frame.LZ4FrameDecompressor),
+    AtRest.ZSTD: Codec(AtRest.ZSTD, lambda spec: ZstdCompressor(spec.level, spec.workers),
+                       bounded_zstd.ZstdDecompressor),
+}
+assert set(FORMATS) == set(AtRest), "every at-rest format has a codec"
+
+
+def codec_of(method: str) -> Codec:
+    """The row of :data:`FORMATS` for a method name ("" for plain)."""
+    try:
+        return FORMATS[AtRest(method)]
+    except ValueError:
+        raise ArchiveError(f"unknown compression method {method!r}") from None
+
+
+def new_compressor(spec: CompressSpec) -> Compressor:
+    """A fresh compressor for one file."""
+    make = codec_of(spec.method).compressor
+    if make is None:
+        raise ConfigurationError(f"no compressor for method {spec.name!r}")
+    return make(spec)
+
+
+# -- reading -----------------------------------------------------------------------------------
+class CorruptFile(ArchiveError):  # noqa: N818 - reads as what the caller is told
+    """An archive file cannot be decoded, or holds more than it may (a segment's size)."""
+
+
+Opener = Callable[[str], BinaryIO]
+
+
+def open_local(path: str) -> BinaryIO:
+    """Open a local file for reading: the default ``open_binary``."""
+    return open(path, "rb")
+
+
+def decompress_chunks(fh: BinaryIO, method: str, *, truncated_ok: bool = False,
+                      cap: int | None = None) -> Iterator[bytes]:
+    """Decompressed content of an archive file, chunk by chunk (at most 1 MiB each).
+
+    Concatenated gzip members, LZ4 frames and zstd frames are all read, as the command line
+    tools read them. A stream that stops before its end raises CorruptFile unless
+    ``truncated_ok`` (a ``.partial`` that a crash left unfinished is readable up to its last
+    flushed block). With ``cap``, content beyond ``cap`` bytes raises CorruptFile after at
+    most ``cap + 1`` bytes were decoded.
+    """
+    total = 0
+    limit = None if cap is None else cap + 1
+    for chunk in _decode(fh, codec_of(method), limit, truncated_ok=truncated_ok):
+        total += len(chunk)
+        if cap is not None and total > cap:
+            raise CorruptFile(f"holds more than {cap} bytes")
+        yield chunk
+
+
+def _decode(fh: BinaryIO, codec: Codec, limit: int | None, *, truncated_ok: bool,
+            ) -> Iterator[bytes]:
+    """At most ``limit`` decoded bytes of ``fh`` (all of them when None)."""
+    room = sys.maxsize if limit is None else limit
+    if codec.decoder is None:
+        while room > 0 and (chunk := fh.read(min(_CHUNK, room))):
+            room -= len(chunk)
+            yield chunk
+        return
+    decoder, pending, complete = codec.decoder(), b"", True  # an empty file holds no data
+    try:
+        while room > 0:
+            if not pending and decoder.needs_input:
+                pending = fh.read(_CHUNK)
+                if not pending:
+                    break
+            complete = complete and not pending
+            out = decoder.decompress(pending, min(room, _CHUNK))
+            pending = b""
+            if out:
+                room -= len(out)
+                yield out
+            if decoder.eof:  # the next member or frame, if any, starts in the unused input
+                complete, pending, decoder = True, decoder.unused_data, codec.decoder()
+    except (zlib.error, RuntimeError, bounded_zstd.ZstdError, EOFError) as exc:
+        raise CorruptFile(f"{codec.fmt.value} data is damaged: {exc}") from exc
+    if room > 0 and not complete and not truncated_ok:
+        raise CorruptFile(f"{codec.fmt.value} data ends before the end of its stream")
+
+
+def decompressed_size(fh: BinaryIO, method: str, cap: int = MAX_SEGMENT_SIZE) -> int:
+    """How many bytes a complete archive file decodes to (CorruptFile when it cannot, or when
+    it holds more than ``cap``)."""
+    return sum(len(chunk) for chunk in decompress_chunks(fh, method, cap=cap))
+
+
+def read_wal_file(path: str, compression: str, limit: int | None = None,
+                  open_binary: Opener | None = None, *, cap: int = MAX_SEGMENT_SIZE) -> bytes:
+    """The decompressed bytes of an archive file, or only its first ``limit`` bytes.
+
+    A file holding more than ``cap`` bytes (pass the segment size) is a CorruptFile naming
+    it; so is a damaged stream, or one that ends early unless the file is a ``.partial``.
+    An unreadable file is an ArchiveError naming it.
+    """
+    opener = open_binary or open_local
+    try:
+        with opener(path) as raw:
+            if limit is not None:
+                return b"".join(_decode(raw, codec_of(compression), limit, truncated_ok=True))
+            return b"".join(decompress_chunks(
+                raw, compression, truncated_ok=path.endswith(PARTIAL_SUFFIX), cap=cap))
+    except CorruptFile as exc:
+        raise CorruptFile(f"cannot read {path}: {exc}") from exc
+    except OSError as exc:
+        raise ArchiveError(f"cannot read {path}: {exc}") from exc

@@ -129,8 +129,9 @@ class Archive:
             )
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ArchiveError(f'cannot read archive identity file "{path}": {exc}') from exc
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, OverflowError) as exc:
+            raise ArchiveError(f'cannot read archive identity file "{path}": '
+                               f"{str(exc)[:200]}") from exc
 
     def sniff_system_identifier(self, files: list[SegmentFile], segment_size: int) -> str | None:
         """The system identifier in the long page header of the newest complete plain segment."""

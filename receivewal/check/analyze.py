@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from receivewal.archive.files import Opener, read_wal_file
+from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.check.crosscheck import (
     ArchiveReport,
     ScanTask,
@@ -46,10 +46,10 @@ from receivewal.check.crosscheck import (
     choose_files,
     plan_scans,
 )
-from receivewal.check.verify import DEFAULT_SEGMENT_SIZE, classify, detect_segment_size, scan_file
+from receivewal.check.verify import classify, detect_segment_size, scan_file
 from receivewal.check.walclock import WalClock, thin_marks, time_marks, wal_clock
 from receivewal.errors import ArchiveError
-from receivewal.wal.lsn import format_lsn
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
 from receivewal.wal.names import SegmentFile, parse_history_file_name
 from receivewal.wal.reader import RmgrTotals, SegmentScan, WalProblem
 from receivewal.wal.rmgr import rmgr_name
@@ -177,7 +177,7 @@ class _KeepRaw:
     decode it a second time (for the record timestamps) without reading it twice."""
 
     def __init__(self, path: str, inner: Opener | None) -> None:
-        self.path, self.inner, self.raw = path, inner or _open_local, b""
+        self.path, self.inner, self.raw = path, inner or open_local, b""
 
     def __call__(self, path: str) -> BinaryIO:
         if path != self.path:
@@ -261,7 +261,7 @@ def plan_archive(spark: Any, root: str, compressibility: bool
     for name in history_names:
         tli = parse_history_file_name(name)
         if tli is not None:
-            with (opener or _open_local)(base + "/" + name) as fh:
+            with (opener or open_local)(base + "/" + name) as fh:
                 histories[tli] = fh.read().decode(errors="replace")
     return rows, histories, segment_size, problems
 
@@ -271,10 +271,6 @@ def _parallelism(spark: Any) -> int:
         return int(spark.sparkContext.defaultParallelism)
     except (AttributeError, NotImplementedError):  # Spark Connect sessions have no SparkContext
         return 16
-
-
-def _open_local(path: str) -> BinaryIO:
-    return open(path, "rb")
 
 
 def run_analyze(spark: Any, roots: Iterable[str], output: Path, *,

@@ -22,7 +22,7 @@ import click
 import lz4.frame
 import zstandard
 
-from receivewal.archive.files import Opener, read_wal_file
+from receivewal.archive.compression import Opener, read_wal_file
 from receivewal.check.crosscheck import (
     ArchiveReport,
     ScanTask,
@@ -31,8 +31,13 @@ from receivewal.check.crosscheck import (
     plan_scans,
 )
 from receivewal.errors import ArchiveError, ConfigurationError
-from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn
-from receivewal.wal.names import SegmentFile, parse_history_file_name, parse_segment_file_name
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size, format_lsn, parse_lsn
+from receivewal.wal.names import (
+    SegmentFile,
+    at_rest_of,
+    parse_history_file_name,
+    parse_segment_file_name,
+)
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD
 from receivewal.wal.reader import (
     RmgrTotals,
@@ -41,8 +46,6 @@ from receivewal.wal.reader import (
     WalProblem,
 )
 from receivewal.wal.rmgr import rmgr_name
-
-DEFAULT_SEGMENT_SIZE = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
     seg = task.segment
     join = _join(base)
     try:
-        data = read_wal_file(join(task.file), seg.compression, open_binary=open_binary)
+        data = read_wal_file(join(task.file), seg.compression, open_binary=open_binary,
+                             cap=segment_size)
     except ArchiveError as exc:
         problem = WalProblem("unreadable", task.file, seg.start_lsn(segment_size), str(exc))
         return FileResult(task, None, file_bytes or 0, problems=(problem,))
@@ -147,10 +151,7 @@ def detect_segment_size(base: str, names: Iterable[str],
 
 def guess_compression(name: str) -> str:
     """The compression a segment-like file name says, before the segment size is known."""
-    for suffix, method in ((".gz", "gzip"), (".lz4", "lz4"), (".zst", "zstd")):
-        if suffix in name:
-            return method
-    return ""
+    return at_rest_of(name)
 
 
 def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int | None = None,

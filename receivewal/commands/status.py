@@ -7,169 +7,20 @@ Works as a Nagios-style check: the first line is a one-line summary and the exit
   no contact with the server for longer than ``--max-age`` seconds;
 - 3 UNKNOWN: there is no state file, or it cannot be read.
 
-:func:`evaluate` is pure; the command reads the file and probes the pid.
+:mod:`receivewal.daemon.health` judges the state; this module is the command only.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
-from receivewal.daemon.state import State, read_state, state_path, state_to_dict
-from receivewal.errors import ArchiveError
-from receivewal.wal.lsn import format_lsn
-
-OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
-LABELS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """An exit code and the one-line summary that explains it."""
-
-    code: int
-    summary: str
-
-
-def _verdict(code: int, text: str) -> Verdict:
-    return Verdict(code, f"RECEIVEWAL {LABELS[code]} - {text}")
-
-
-def _lsn(lsn: int | None) -> str:
-    return "-" if lsn is None else format_lsn(lsn)
-
-
-def _ago(seconds: float) -> str:
-    return f"{max(seconds, 0):.0f}s ago"
-
-
-def evaluate(state: State, now: float, max_age: float, running: bool | None) -> Verdict:
-    """Judge ``state`` at ``now``; ``running`` says whether its pid is alive (None: unknown,
-    e.g. the state was written on another host)."""
-    where = f"timeline {state.timeline if state.timeline is not None else '-'} at " + _lsn(
-        state.flushed_lsn
-    )
-    if state.phase == "stopped":
-        return _verdict(
-            CRITICAL,
-            f"not running: stopped {_ago(now - state.updated_at)}, flushed {where}"
-            + _error_suffix(state),
-        )
-    if running is False:
-        return _verdict(
-            CRITICAL,
-            f"not running: pid {state.pid} is gone (last update {_ago(now - state.updated_at)})"
-            f", flushed {where}" + _error_suffix(state),
-        )
-    if state.last_contact is None:
-        age = now - state.started_at
-        if age > max_age:
-            return _verdict(
-                CRITICAL,
-                f"no contact with the server since start {_ago(age)} (max {max_age:g}s)"
-                + _error_suffix(state),
-            )
-        return _verdict(OK, f"{state.phase}, no server contact yet (started {_ago(age)})")
-    age = now - state.last_contact
-    if age > max_age:
-        return _verdict(
-            CRITICAL,
-            f"no contact with the server for {age:.0f}s (max {max_age:g}s), {state.phase} "
-            f"{where}" + _error_suffix(state),
-        )
-    return _verdict(OK, f"{state.phase} {where}, last contact {_ago(age)}")
-
-
-def _error_suffix(state: State) -> str:
-    error = state.last_error
-    return "" if error is None else f", last error {error.kind}: {error.message}"
-
-
-def pid_running(pid: int) -> bool:
-    """True when a process with ``pid`` exists (ours or another user's)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _size(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if value < 1024 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def _time(seconds: float | None, now: float) -> str:
-    if seconds is None:
-        return "-"
-    stamp = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"{stamp} ({_ago(now - seconds)})"
-
-
-def _ratio(wal: int, wire: int) -> str:
-    return f"{wal / wire:.2f}x" if wire else "-"
-
-
-def describe(state: State, now: float) -> list[str]:
-    """The state as ``key: value`` lines for people."""
-    lines = [
-        ("pid", f"{state.pid} on {state.hostname}"),
-        ("phase", state.phase),
-        ("started", _time(state.started_at, now)),
-        ("updated", _time(state.updated_at, now)),
-        ("server", state.server or "-"),
-        ("system identifier", state.system_identifier or "-"),
-        ("timeline", "-" if state.timeline is None else str(state.timeline)),
-        ("slot", "-" if state.slot is None else
-         f"{state.slot} (restart_lsn {_lsn(state.slot_restart_lsn)})"),
-        ("received", _lsn(state.received_lsn)),
-        ("written", _lsn(state.written_lsn)),
-        ("flushed", _lsn(state.flushed_lsn)),
-        ("server WAL end", _lsn(state.server_wal_end)),
-        ("last contact", _time(state.last_contact, now)),
-        ("compression", f"{state.compression or 'none'}: {_size(state.stream_wal_bytes)} WAL in "
-         f"{_size(state.stream_wire_bytes)} on the wire "
-         f"({_ratio(state.stream_wal_bytes, state.stream_wire_bytes)}) this connection"),
-        ("since start", f"{_size(state.wal_bytes)} WAL in {_size(state.wire_bytes)} on the "
-         f"wire ({_ratio(state.wal_bytes, state.wire_bytes)})"),
-        ("segments completed", f"{state.segments_completed} (last {state.last_segment or '-'})"),
-        ("reconnects", str(state.reconnects)),
-    ]
-    error = state.last_error
-    lines.append((
-        "last error",
-        "-" if error is None else f"{error.kind}: {error.message} ({_ago(now - error.at)})",
-    ))
-    width = max(len(key) for key, _ in lines)
-    return [f"{key + ':':<{width + 1}} {value}" for key, value in lines]
-
-
-def check(directory: Path, max_age: float, now: float) -> tuple[Verdict, State | None]:
-    """Read the state in ``directory`` and judge it (reads the file and probes the pid)."""
-    try:
-        state = read_state(directory)
-    except ArchiveError as exc:
-        return _verdict(UNKNOWN, f"cannot read state: {exc}"), None
-    if state is None:
-        return _verdict(
-            UNKNOWN, f"no state file {state_path(directory)}: the daemon never ran here"
-        ), None
-    running = pid_running(state.pid) if state.hostname == socket.gethostname() else None
-    return evaluate(state, now, max_age, running), state
+from receivewal.daemon.health import LABELS, check, describe
+from receivewal.daemon.state import state_to_dict
 
 
 @click.command("status")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+import typing
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ FORMAT_VERSION = 1
 
 _LSN_FIELDS = ("received_lsn", "written_lsn", "flushed_lsn", "server_wal_end", "slot_restart_lsn")
 _TIME_FIELDS = ("started_at", "updated_at", "last_contact")
+_MAX_PID = (1 << 31) - 1  # pid_t
+_MAX_TIMELINE = 0xFFFFFFFF
+_MAX_COUNT = 1 << 63
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,8 @@ def decode_state(data: bytes) -> State:
         # JSONDecodeError and UnicodeDecodeError are ValueErrors, a missing or unknown key in
         # State(**raw) is a TypeError, and parse_lsn raises the project's ConfigurationError.
         raise ArchiveError(f"invalid state file: {exc}") from exc
+    except RecursionError:  # json nested deeper than the interpreter's stack
+        raise ArchiveError("invalid state file: JSON nested too deeply") from None
 
 
 def _state_from_json(raw: Any) -> State:
@@ -131,9 +137,29 @@ def _state_from_json(raw: Any) -> State:
             kind=str(error["kind"]), message=str(error["message"]), at=_epoch(error["at"])
         )
     state = State(**raw)
-    if not isinstance(state.pid, int) or not isinstance(state.hostname, str):
-        raise TypeError("pid must be an integer and hostname a string")
+    _check_values(state)
     return state
+
+
+_KINDS = {int: "an integer", float: "a time", str: "a string", LastError: "an object",
+          type(None): "null"}
+
+
+def _check_values(state: State) -> None:
+    """TypeError or ValueError unless every field has its declared type and a possible value."""
+    hints = typing.get_type_hints(State)
+    for item in fields(State):
+        value = getattr(state, item.name)
+        allowed = typing.get_args(hints[item.name]) or (hints[item.name],)
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            kinds = " or ".join(_KINDS[kind] for kind in allowed)
+            raise TypeError(f"{item.name} must be {kinds}, not {repr(value)[:40]}")
+        if isinstance(value, int) and not 0 <= value < _MAX_COUNT:
+            raise ValueError(f"{item.name} {str(value)[:40]} is out of range")
+    if not 0 < state.pid <= _MAX_PID:
+        raise ValueError(f"pid {state.pid} is out of range")
+    if state.timeline is not None and not 0 < state.timeline <= _MAX_TIMELINE:
+        raise ValueError(f"timeline {state.timeline} is out of range")
 
 
 def read_state(directory: Path) -> State | None:

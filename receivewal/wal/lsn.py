@@ -10,6 +10,7 @@ LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
 
 MIN_SEGMENT_SIZE = 1 << 20
 MAX_SEGMENT_SIZE = 1 << 30
+DEFAULT_SEGMENT_SIZE = 16 << 20  # PostgreSQL's default wal_segment_size
 
 
 def parse_lsn(text: str) -> int:

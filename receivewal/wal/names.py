@@ -11,17 +11,50 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
 from receivewal.wal.lsn import segment_start
 
 PARTIAL_SUFFIX = ".partial"
-COMPRESSION_SUFFIXES = {"": "", "gzip": ".gz", "lz4": ".lz4", "zstd": ".zst"}
-_SUFFIX_TO_METHOD = {suffix: method for method, suffix in COMPRESSION_SUFFIXES.items()}
 
+
+class AtRest(StrEnum):
+    """The at-rest formats of an archive file: the value is ``-Z``'s method name ("" for
+    plain), ``suffix`` what the file name carries. This is the one list of formats: the name
+    parser below, and the codec table in :mod:`receivewal.archive.compression` (readers and
+    writers, keyed by these members), are built from it."""
+
+    PLAIN = ""
+    GZIP = "gzip"
+    LZ4 = "lz4"
+    ZSTD = "zstd"
+
+    @property
+    def suffix(self) -> str:
+        """The file name suffix of this format (``.gz``, ``.lz4``, ``.zst``; "" for plain)."""
+        return _SUFFIXES[self]
+
+
+_SUFFIXES = {AtRest.PLAIN: "", AtRest.GZIP: ".gz", AtRest.LZ4: ".lz4", AtRest.ZSTD: ".zst"}
+_BY_SUFFIX = {fmt.suffix: fmt for fmt in AtRest}
+#: method -> suffix, for callers that index by the method name
+COMPRESSION_SUFFIXES = {fmt.value: fmt.suffix for fmt in AtRest}
+
+_HEX8 = "([0-9A-F]{8})"
 _SEGMENT_RE = re.compile(
-    r"^([0-9A-F]{8})([0-9A-F]{8})([0-9A-F]{8})(\.gz|\.lz4|\.zst)?(\.partial)?$"
+    _HEX8 * 3
+    + "(" + "|".join(re.escape(fmt.suffix) for fmt in AtRest if fmt.suffix) + ")?"
+    + f"({re.escape(PARTIAL_SUFFIX)})?"
 )
-_HISTORY_RE = re.compile(r"^([0-9A-F]{8})\.history$")
+_HISTORY_RE = re.compile(r"([0-9A-F]{8})\.history")
+_OTHER_WAL_RE = re.compile(r"[0-9A-F]{24}\.[0-9A-F]{8}\.backup")
+
+
+def at_rest_of(name: str) -> AtRest:
+    """The at-rest format a file name says (by its suffix, before any ``.partial``)."""
+    stem = name.removesuffix(PARTIAL_SUFFIX)
+    dot = stem.rfind(".")
+    return _BY_SUFFIX.get(stem[dot:], AtRest.PLAIN) if dot >= 0 else AtRest.PLAIN
 
 
 def segments_per_xlogid(segment_size: int) -> int:
@@ -35,7 +68,7 @@ class SegmentFile:
 
     segno: int
     timeline: int
-    compression: str = ""  # "", "gzip", "lz4" or "zstd"
+    compression: str = AtRest.PLAIN  # an AtRest member: "", "gzip", "lz4" or "zstd"
     partial: bool = False
 
     def wal_name(self, segment_size: int) -> str:
@@ -44,7 +77,7 @@ class SegmentFile:
 
     def file_name(self, segment_size: int) -> str:
         """The name of this file as it stands in the archive."""
-        suffix = COMPRESSION_SUFFIXES[self.compression]
+        suffix = AtRest(self.compression).suffix
         return self.wal_name(segment_size) + suffix + (PARTIAL_SUFFIX if self.partial else "")
 
     def start_lsn(self, segment_size: int) -> int:
@@ -60,7 +93,7 @@ def wal_file_name(timeline: int, segno: int, segment_size: int) -> str:
 
 def parse_segment_file_name(name: str, segment_size: int) -> SegmentFile | None:
     """Parse an archive file name; None when the name is not a segment file's."""
-    match = _SEGMENT_RE.match(name)
+    match = _SEGMENT_RE.fullmatch(name)
     if match is None:
         return None
     timeline = int(match.group(1), 16)
@@ -71,7 +104,7 @@ def parse_segment_file_name(name: str, segment_size: int) -> SegmentFile | None:
     return SegmentFile(
         segno=log * per_id + seg,
         timeline=timeline,
-        compression=_SUFFIX_TO_METHOD[match.group(4) or ""],
+        compression=_BY_SUFFIX[match.group(4) or ""],
         partial=match.group(5) is not None,
     )
 
@@ -83,5 +116,16 @@ def history_file_name(timeline: int) -> str:
 
 def parse_history_file_name(name: str) -> int | None:
     """The timeline a history file name is for; None when it is not one."""
-    match = _HISTORY_RE.match(name)
+    match = _HISTORY_RE.fullmatch(name)
     return int(match.group(1), 16) if match else None
+
+
+def is_wal_file_name(name: str) -> bool:
+    """A bare segment name (``TTTTTTTTXXXXXXXXYYYYYYYY``), as PostgreSQL asks for one."""
+    match = _SEGMENT_RE.fullmatch(name)
+    return match is not None and match.group(4) is None and match.group(5) is None
+
+
+def is_other_wal_file_name(name: str) -> bool:
+    """A history or backup history file name, which an archive holds as it is."""
+    return parse_history_file_name(name) is not None or _OTHER_WAL_RE.fullmatch(name) is not None

@@ -7,10 +7,14 @@ starting with ``#`` are comments.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.wal.lsn import format_lsn, parse_lsn
+
+_TIMELINE_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits, as PostgreSQL's strtoul reads them
+MAX_TIMELINE = 0xFFFFFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +34,11 @@ def parse_history(text: str, timeline: int) -> list[TimelineSwitch]:
             continue
         fields = line.split(maxsplit=2)
         try:
-            parent = int(fields[0])
+            parent = _timeline_id(fields[0])
             switchpoint = parse_lsn(fields[1])
         except (ValueError, IndexError, ReceivewalError) as exc:
             raise ArchiveError(f"syntax error in history file of timeline {timeline}, "
-                               f"line {number}: {raw!r}") from exc
+                               f"line {number}: {raw[:100]!r}") from exc
         if entries and (parent <= entries[-1].timeline or
                         switchpoint < entries[-1].switchpoint):
             raise ArchiveError(f"invalid data in history file of timeline {timeline}, line "
@@ -44,6 +48,13 @@ def parse_history(text: str, timeline: int) -> list[TimelineSwitch]:
                                f"{number}: parent timeline {parent} is not older")
         entries.append(TimelineSwitch(parent, switchpoint))
     return entries
+
+
+def _timeline_id(text: str) -> int:
+    """A timeline ID in ASCII digits, 1 to 2^32-1; ValueError otherwise."""
+    if not _TIMELINE_ID.fullmatch(text) or not 1 <= int(text) <= MAX_TIMELINE:
+        raise ValueError(f"{text[:20]!r} is not a timeline ID")
+    return int(text)
 
 
 def timeline_of(lsn: int, history: list[TimelineSwitch], current: int) -> int:

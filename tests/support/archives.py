@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 from receivewal.archive.compression import decompress_chunks
-from receivewal.wal.names import parse_segment_file_name
+from receivewal.wal.names import AtRest, parse_segment_file_name
 from support.servers import PgServer
 
 SEGMENT = 16 << 20
-SUFFIX = {"gzip": ".gz", "lz4": ".lz4", "zstd": ".zst"}
+SUFFIX = {fmt.value: fmt.suffix for fmt in AtRest if fmt}  # compressed formats only
 
 
 def decoded(path: Path, *, truncated_ok: bool = False) -> bytes:

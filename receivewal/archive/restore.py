@@ -1,0 +1,189 @@
+"""Restoring one file from the archive for PostgreSQL's ``restore_command`` (``%f`` to ``%p``).
+
+The archive may hold the segment plain or compressed (any :class:`~receivewal.wal.names.AtRest`
+format); it is decoded into a new temporary file next to ``%p`` (created with O_CREAT|O_EXCL|
+O_NOFOLLOW, so never through a planted symlink), fsynced, renamed into place and the directory
+fsynced: recovery never sees half a file.
+
+Nothing the archive holds can make recovery end early by mistake: only a file the archive does
+not have is :class:`NotInArchive`. A file that is there but cannot be trusted (damaged, larger
+than a segment, a complete segment of the wrong size, a dangling symlink) or an archive whose
+identity file cannot be trusted raises the project's :class:`~receivewal.errors.ArchiveError`
+naming the file. Decoding is bounded by the segment size, so memory and the temporary file stay
+bounded whatever the file holds.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
+from receivewal.archive.directory import IDENTITY_FILE, Archive, fsync_path
+from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size
+from receivewal.wal.names import (
+    PARTIAL_SUFFIX,
+    AtRest,
+    is_other_wal_file_name,
+    is_wal_file_name,
+)
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, parse_long_header
+
+_MAX_TIMELINE = 0xFFFFFFFF
+_MAX_SYSTEM_IDENTIFIER = (1 << 64) - 1
+
+
+class NotInArchive(ReceivewalError):  # noqa: N818 - names the outcome, as recovery sees it
+    """The archive has no file of that name (recovery may end there)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An archive file that can serve the asked name."""
+
+    path: Path
+    fmt: AtRest
+    partial: bool
+    segment: bool  # a WAL segment (else a history or backup history file, served as it is)
+
+
+def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
+    """The archive files that can serve ``name``, best first: complete files (plain, then
+    compressed), then with ``partial`` the ``.partial`` forms, newest first."""
+    if is_other_wal_file_name(name):
+        return [Candidate(directory / name, AtRest.PLAIN, partial=False, segment=False)]
+    if not is_wal_file_name(name):
+        raise ConfigurationError(f"{name!r} is not a WAL segment or history file name")
+    found = [Candidate(directory / (name + fmt.suffix), fmt, partial=False, segment=True)
+             for fmt in AtRest]
+    if partial:
+        partials = [Candidate(directory / (name + fmt.suffix + PARTIAL_SUFFIX), fmt,
+                              partial=True, segment=True) for fmt in AtRest]
+        found += sorted((c for c in partials if c.path.exists()),
+                        key=lambda c: c.path.stat().st_mtime_ns, reverse=True)
+    return found
+
+
+def restore_file(directory: Path, name: str, target: str, *, partial: bool = False) -> Path:
+    """Restore ``name`` from the archive in ``directory`` to ``target``; return the source.
+
+    Raises NotInArchive when no form of the file exists, ConfigurationError for a bad name or
+    target, ArchiveError (CorruptFile for a damaged file) naming the file otherwise.
+    """
+    if not target:
+        raise ConfigurationError("the target file name (%p) is empty")
+    if not directory.is_dir():
+        raise ArchiveError(f'archive directory "{directory}" does not exist or is not a '
+                           "directory")
+    for candidate in candidates(directory, name, partial=partial):
+        try:
+            source = candidate.path.open("rb")
+        except FileNotFoundError:
+            if os.path.lexists(candidate.path):
+                raise ArchiveError(f'"{candidate.path}" is a dangling symlink') from None
+            continue
+        except OSError as exc:
+            raise ArchiveError(f'cannot open "{candidate.path}": {exc.strerror}') from exc
+        with source:
+            _restore_from(directory, candidate, source, Path(target))
+        return candidate.path
+    raise NotInArchive(f'"{name}" is not in the archive "{directory}"')
+
+
+def _restore_from(directory: Path, candidate: Candidate, source: BinaryIO, target: Path,
+                  ) -> None:
+    size = segment_size(directory, candidate)
+    chunks = decompress_chunks(source, candidate.fmt, truncated_ok=candidate.partial, cap=size)
+    if not candidate.segment:
+        expect = None
+    elif candidate.partial:
+        expect = (0, size)  # padded with zeros: where the received WAL ends
+    else:
+        expect = (size, size)
+    try:
+        _copy_atomically(chunks, target, expect)
+    except CorruptFile as exc:
+        raise CorruptFile(f'"{candidate.path}" {exc}') from exc
+
+
+def segment_size(directory: Path, candidate: Candidate) -> int:
+    """The archive's segment size: from its identity file (validated), else from the file's
+    own first page header, else PostgreSQL's default."""
+    recorded = _identity_segment_size(directory)
+    if recorded is not None:
+        return recorded
+    if candidate.segment:
+        head = read_wal_file(str(candidate.path), candidate.fmt, SIZE_OF_LONG_PHD)
+        header = parse_long_header(head)
+        if header is not None:
+            try:
+                return check_segment_size(header.segment_size)
+            except ConfigurationError:
+                pass  # not a plausible header: the size checks below judge the file
+    return DEFAULT_SEGMENT_SIZE
+
+
+def _identity_segment_size(directory: Path) -> int | None:
+    """The identity file's segment size after checking every value it holds."""
+    path = directory / IDENTITY_FILE
+    identity = Archive(directory).read_identity()
+    if identity is None:
+        return None
+    try:
+        check_segment_size(identity.segment_size)
+    except ConfigurationError as exc:
+        raise ArchiveError(f'archive identity file "{path}": {exc}') from exc
+    if not 0 < identity.timeline <= _MAX_TIMELINE:
+        raise ArchiveError(f'archive identity file "{path}": invalid timeline '
+                           f"{identity.timeline}")
+    sysid = identity.system_identifier
+    if not (sysid.isascii() and sysid.isdigit() and int(sysid) <= _MAX_SYSTEM_IDENTIFIER):
+        raise ArchiveError(f'archive identity file "{path}": invalid system identifier '
+                           f"{sysid[:40]!r}")
+    return identity.segment_size
+
+
+def _copy_atomically(chunks: Iterable[bytes], target: Path,
+                     expect: tuple[int, int] | None) -> None:
+    """Write ``chunks`` to a new temporary file, pad it to ``expect`` = (least, pad to)
+    bytes, fsync, rename to ``target``, fsync the directory. The temporary file is removed on
+    any error, SIGTERM (raised as an exception by the command) included."""
+    fd, tmp = _create_temporary(target)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            _write_padded(out, chunks, expect)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(target.parent)
+
+
+def _write_padded(out: BinaryIO, chunks: Iterable[bytes], expect: tuple[int, int] | None,
+                  ) -> None:
+    written = 0
+    for chunk in chunks:
+        written += out.write(chunk)
+    if expect is not None:
+        least, pad_to = expect
+        if written < least:
+            raise CorruptFile(f"holds {written} bytes, a segment has {least}")
+        out.truncate(pad_to)  # zeros past the received WAL of a .partial
+
+
+def _create_temporary(target: Path) -> tuple[int, Path]:
+    """A new file next to ``target``: never an existing file, never through a symlink."""
+    first = target.with_name(f".{target.name}.receivewal-restore-{os.getpid()}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(first, flags, 0o666), first  # the umask applies, as for a copy
+    except FileExistsError:  # a leftover, or something planted: leave it, take a fresh name
+        fd, name = tempfile.mkstemp(prefix=f"{first.name}-", dir=target.parent)
+        return fd, Path(name)

@@ -30,9 +30,23 @@ from support.streams import (
 
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.directory import Archive
-from receivewal.archive.writer import CRASH_ENV, PREALLOCATE_ENV, open_segment_writer
+from receivewal.archive.writer import (
+    CRASH_ENV,
+    PREALLOCATE_ENV,
+    open_segment_writer,
+    preallocate,
+)
 from receivewal.daemon.state import State, write_state
 from receivewal.errors import ArchiveError
+from receivewal.wal.pageheader import (
+    LONG_FIELDS,
+    SHORT_HEADER,
+    SIZE_OF_LONG_PHD,
+    SIZE_OF_SHORT_PHD,
+    XLOG_BLCKSZ,
+    XLOG_PAGE_MAGIC,
+    XLP_LONG_HEADER,
+)
 
 SEGMENT = 16 << 20
 KILLED = -9
@@ -118,6 +132,38 @@ def test_stray_file_named_like_a_newer_segment_does_not_skip_wal(pg: PgServer,
     assert names[-1] == "000000010000000000000012"
     assert_consecutive(names)
     assert slot_restart(pg) <= 0x13000000
+
+
+def proven_segment(segno: int, system_identifier: int = 7) -> bytes:
+    """A segment of zeros behind a long page header that proves it is segment ``segno``."""
+    header = bytearray(SIZE_OF_LONG_PHD)
+    SHORT_HEADER.pack_into(header, 0, XLOG_PAGE_MAGIC, XLP_LONG_HEADER, 1, segno * SEGMENT, 0)
+    LONG_FIELDS.pack_into(header, SIZE_OF_SHORT_PHD, system_identifier, SEGMENT, XLOG_BLCKSZ)
+    return bytes(header) + bytes(SEGMENT - SIZE_OF_LONG_PHD)
+
+
+def test_resume_point_needs_content_proof_and_no_hole(tmp_path: Path) -> None:
+    """Names are not trusted: a proven file beyond a hole, a file whose header belongs to
+    another segment or system, and random bytes are all passed over, each named."""
+    for segno in range(1, 5):
+        (tmp_path / f"00000001000000000000000{segno}").write_bytes(proven_segment(segno))
+    (tmp_path / "000000010000000000000009").write_bytes(proven_segment(9))  # beyond a hole
+    archive = Archive(tmp_path)
+    newest, rejected = archive.resume_point(SEGMENT, 7)
+    assert newest is not None
+    assert newest.segno == 4
+    assert rejected[0].startswith("000000010000000000000009: lies beyond a hole")
+    assert "000000010000000000000005 is missing" in rejected[0]
+    (tmp_path / "000000010000000000000004").write_bytes(proven_segment(3))  # wrong address
+    (tmp_path / "000000010000000000000003").write_bytes(os.urandom(SEGMENT))
+    newest, rejected = archive.resume_point(SEGMENT, 7)
+    assert newest is not None
+    assert newest.segno == 2
+    assert "page address 0/3000000, expected 0/4000000" in rejected[1]
+    assert "invalid magic number" in rejected[2]
+    newest, rejected = archive.resume_point(SEGMENT, 8)  # another system's archive
+    assert newest is None
+    assert "system identifier 7, expected 8" in rejected[-1]
 
 
 # -- 3. writing never follows a symlink -----------------------------------------------------------
@@ -227,6 +273,20 @@ def test_compressed_restart_keeps_durable_wal_at_every_step(pg: PgServer, archiv
 
 
 # -- 9. preallocation a crash cannot leave half done ----------------------------------------------
+@pytest.mark.parametrize("zeros", [False, True])
+def test_preallocate_reserves_the_whole_segment(tmp_path: Path, zeros: bool) -> None:
+    """The fallocate system call, or zeros in large blocks: a full-size, allocated file."""
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        preallocate(fd, SEGMENT, zeros=zeros)
+    finally:
+        os.close(fd)
+    assert path.stat().st_size == SEGMENT
+    assert path.stat().st_blocks * 512 >= SEGMENT
+    assert path.read_bytes() == bytes(SEGMENT)
+
+
 @pytest.mark.server
 def test_killed_during_preallocation_restart_works(pg: PgServer, archive_dir: Path) -> None:
     """SIGKILL while zero-filling a new segment (the fallback path): no short .partial is left,

@@ -20,8 +20,10 @@ from support.dropin import DROPIN
 from support.servers import PgServer
 from support.streams import (
     assert_identical_to_server,
+    log_events,
     lsn_to_int,
     receivewal,
+    slot_restart_lsn,
     start_receivewal,
     stop,
     wait_for,
@@ -36,6 +38,7 @@ from receivewal.archive.writer import (
     open_segment_writer,
     preallocate,
 )
+from receivewal.commands.pg_receivewal import PgReceivewalMessages
 from receivewal.daemon.state import State, write_state
 from receivewal.errors import ArchiveError
 from receivewal.wal.pageheader import (
@@ -52,15 +55,9 @@ SEGMENT = 16 << 20
 KILLED = -9
 
 
-def slot_restart(pg: PgServer, slot: str = "arch") -> int:
-    """The slot's restart_lsn."""
-    return lsn_to_int(pg.sql(f"SELECT restart_lsn FROM pg_replication_slots "
-                             f"WHERE slot_name = '{slot}'"))
-
-
-def log_events(stderr: str) -> list[dict[str, object]]:
-    """receivewal's JSON log lines."""
-    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+def slot_restart(pg: PgServer) -> int:
+    """The restart_lsn of the tests' slot."""
+    return slot_restart_lsn(pg, "arch")
 
 
 # -- 1. one writer per archive ------------------------------------------------------------------
@@ -305,3 +302,12 @@ def test_killed_during_preallocation_restart_works(pg: PgServer, archive_dir: Pa
     for name in wal_files(archive_dir):
         assert (archive_dir / name).stat().st_size == SEGMENT
     assert not [n for n in os.listdir(archive_dir) if n.endswith(".receivewal-tmp")]
+
+
+def test_dropin_says_which_segment_file_it_passed_over() -> None:
+    """The drop-in prints a rejected file as pg_receivewal words its warnings."""
+    line = PgReceivewalMessages(0).message("warning", {
+        "event": "segment_file_rejected", "file": "000000010000000000000011",
+        "reason": "invalid magic number 1234, expected D110"})
+    assert line == ('warning: segment file "000000010000000000000011" invalid magic number '
+                    "1234, expected D110, skipping")

@@ -226,7 +226,8 @@ def test_refuses_archive_of_another_cluster(pg: PgServer, archive_dir: Path,
                                             server_base: Path) -> None:
     """An archive made from one cluster is refused for another; no archive file is touched.
 
-    Only the daemon's own state file changes: it records the error for ``receivewal status``.
+    Only the daemon's own files change: the state file records the error for ``receivewal
+    status`` and the lock file names the process that held the archive.
     """
     pg.generate_wal(1)
     endpos = pg.mid_segment_lsn()
@@ -234,7 +235,7 @@ def test_refuses_archive_of_another_cluster(pg: PgServer, archive_dir: Path,
                       "-n").returncode == 0
     def archive_files() -> dict[str, int]:
         return {p.name: p.stat().st_mtime_ns for p in archive_dir.iterdir()
-                if p.name != ".receivewal-state.json"}
+                if p.name not in (".receivewal-state.json", ".receivewal.lock")}
 
     before = archive_files()
     other = PgServer(server_base, "other")

@@ -1,58 +1,103 @@
-"""The archive directory on disk: the only module that writes, fsyncs and renames files.
+"""The archive directory on disk: the only package that writes, fsyncs and renames files.
 
-A segment being received is ``<name>.partial``, preallocated to the full segment size. When its
-last byte arrives it is fsynced, renamed to ``<name>`` and the directory is fsynced, so a file
-without the suffix is always complete. History files and the archive's identity file are
-written to a temporary name, fsynced, renamed and the directory fsynced.
+This module holds the directory itself: the one-writer lock, the scan that decides where
+streaming resumes, the identity file, and durable writes of small files. The segment writers
+are in :mod:`receivewal.archive.writer`.
+
+Every file receivewal creates is first written under a fresh temporary name (a dotfile ending
+in ``.receivewal-tmp``, opened with ``O_CREAT|O_EXCL|O_NOFOLLOW``), fsynced, renamed into place
+and the directory fsynced; the lock holder removes temporaries a crash left behind. Nothing is
+ever written through a symbolic link.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
+import socket
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from receivewal.archive.compression import (
-    NO_COMPRESSION,
-    Compressor,
-    CompressSpec,
-    CorruptFile,
-    decompressed_size,
-    new_compressor,
-)
-from receivewal.archive.layout import check_continuity, plan_writes, resume_order
-from receivewal.errors import ArchiveError, DiskFullError
-from receivewal.wal.lsn import format_lsn
-from receivewal.wal.names import (
-    COMPRESSION_SUFFIXES,
-    PARTIAL_SUFFIX,
-    SegmentFile,
-    parse_segment_file_name,
-    wal_file_name,
-)
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, parse_long_header
+from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
+from receivewal.archive.layout import contiguous_end, resume_order
+from receivewal.errors import ArchiveError, DiskFullError, ReceivewalError
+from receivewal.wal.lsn import check_segment_size
+from receivewal.wal.names import SegmentFile, parse_segment_file_name, wal_file_name
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
 IDENTITY_FILE = ".receivewal-archive.json"
+LOCK_FILE = ".receivewal.lock"
+TEMP_SUFFIX = ".receivewal-tmp"
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+_MAX_TIMELINE = 0xFFFFFFFF
+_MAX_SYSTEM_IDENTIFIER = 0xFFFFFFFFFFFFFFFF
 
 
-def _os_error(exc: OSError, what: str) -> ArchiveError:
+def os_error(exc: OSError, what: str) -> ArchiveError:
     """Turn an OSError into the project's error, marking a full disk as retryable."""
     if exc.errno in _DISK_FULL:
         return DiskFullError(f"{what}: no space left on device ({exc.strerror})")
+    if exc.errno == errno.ELOOP:
+        return ArchiveError(f"{what}: it is a symbolic link, which receivewal never follows "
+                            "when writing")
     return ArchiveError(f"{what}: {exc.strerror or exc}")
 
 
 def fsync_path(path: Path) -> None:
     """fsync a file or a directory by path."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def temporary_name(name: str) -> str:
+    """The fixed temporary name under which ``name`` is prepared (a leftover is removed)."""
+    return f".{name}{TEMP_SUFFIX}"
+
+
+def create_exclusive(path: Path, mode: int) -> int:
+    """Open a new file for writing; never an existing file, never through a symlink."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    os.fchmod(fd, mode)  # O_CREAT's mode is filtered by the umask
+    return fd
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """os.write until every byte is written."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_file_durably(directory: Path, name: str, body: bytes, *, mode: int = 0o600,
+                       sync: bool = True) -> None:
+    """Write ``directory/name`` through a fresh temporary file: fsync, rename, fsync the dir.
+
+    The temporary file is created with ``O_EXCL|O_NOFOLLOW`` under a random name, so a symlink
+    or a file planted at any name is never written through. Raises OSError.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=TEMP_SUFFIX, dir=directory)
+    try:
+        os.fchmod(fd, mode)
+        write_all(fd, body)
+        if sync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, directory / name)
+    if sync:
+        fsync_path(directory)
 
 
 @dataclass(frozen=True)
@@ -64,26 +109,51 @@ class ArchiveIdentity:
     timeline: int
 
 
+def identity_from_json(data: object) -> ArchiveIdentity:
+    """Validate the identity file's values; ValueError or TypeError saying which is wrong."""
+    if not isinstance(data, dict):
+        raise TypeError("not a JSON object")
+    sysid, size, timeline = (data.get(key) for key in
+                             ("system_identifier", "wal_segment_size", "timeline"))
+    if not isinstance(sysid, str | int) or isinstance(sysid, bool) or not str(sysid).isdigit() \
+            or not 0 < int(sysid) <= _MAX_SYSTEM_IDENTIFIER:
+        raise ValueError(f"system_identifier {sysid!r} is not a database system identifier")
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise TypeError(f"wal_segment_size {size!r} is not an integer")
+    try:
+        check_segment_size(size)
+    except ReceivewalError as exc:
+        raise ValueError(f"wal_segment_size: {exc}") from exc
+    if not isinstance(timeline, int) or isinstance(timeline, bool) \
+            or not 0 < timeline <= _MAX_TIMELINE:
+        raise ValueError(f"timeline {timeline!r} is not a timeline")
+    return ArchiveIdentity(str(sysid), size, timeline)
+
+
 class Archive:
-    """An archive directory: scanning, identity, and durable writes of small files."""
+    """An archive directory: its lock, scanning, identity, and durable writes of small files."""
 
     def __init__(self, directory: Path, *, sync: bool = True, file_mode: int = 0o600) -> None:
         self.directory = directory
         self.sync = sync
         self.file_mode = file_mode
+        self._lock_fd: int | None = None
 
     # -- checks ------------------------------------------------------------------------------
-    def check_usable(self) -> None:
-        """Raise ArchiveError unless the directory exists and we can create files in it."""
+    def check_exists(self) -> None:
+        """Raise ArchiveError unless the directory exists."""
         if not self.directory.exists():
             raise ArchiveError(f'directory "{self.directory}" does not exist')
         if not self.directory.is_dir():
             raise ArchiveError(f'"{self.directory}" is not a directory')
-        probe = self.directory / f".receivewal-probe-{os.getpid()}"
+
+    def check_usable(self) -> None:
+        """Raise ArchiveError unless the directory exists and we can create files in it."""
+        self.check_exists()
         try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd, probe = tempfile.mkstemp(prefix=".receivewal-probe-", dir=self.directory)
             os.close(fd)
-            probe.unlink()
+            os.unlink(probe)
         except OSError as exc:
             raise ArchiveError(
                 f'directory "{self.directory}" is not writable: {exc.strerror or exc}'
@@ -94,6 +164,53 @@ class Archive:
         if self.sync:
             fsync_path(self.directory)
 
+    # -- the one-writer lock ------------------------------------------------------------------
+    def lock(self) -> list[str]:
+        """Become the archive's only writer for the life of the process (flock on LOCK_FILE).
+
+        Raises ArchiveError naming the holder when another process has it. Then removes the
+        temporary files a crashed writer left, and returns their names.
+        """
+        self.check_exists()
+        path = self.directory / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise os_error(exc, f'could not open lock file "{path}"') from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").split()
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise os_error(exc, f'could not lock "{path}"') from exc
+            pid, host = [*holder, "?", "?"][:2]
+            raise ArchiveError(f"archive {self.directory} is in use by pid {pid} on {host}"
+                               ) from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        self._lock_fd = fd
+        return self.remove_temporaries()
+
+    def unlock(self) -> None:
+        """Give the archive up (the lock file stays; its lock is what counts)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def remove_temporaries(self) -> list[str]:
+        """Remove temporary files a crash left behind; return their names."""
+        removed = [entry.name for entry in os.scandir(self.directory)
+                   if entry.name.startswith(".") and entry.name.endswith(TEMP_SUFFIX)]
+        for name in removed:
+            try:
+                (self.directory / name).unlink()
+            except OSError as exc:
+                raise os_error(exc, f'could not remove temporary file "{name}"') from exc
+        if removed:
+            self.fsync_directory()
+        return removed
+
     # -- scanning ----------------------------------------------------------------------------
     def segment_names(self, segment_size: int) -> list[SegmentFile]:
         """Every segment file in the directory, by name only (nothing is opened)."""
@@ -101,37 +218,68 @@ class Archive:
                 if (parsed := parse_segment_file_name(entry.name, segment_size)) is not None
                 and entry.is_file()]
 
-    def resume_point(self, segment_size: int) -> tuple[SegmentFile | None, list[str]]:
-        """The newest segment file that passes pg_receivewal's checks, and the ones that failed.
+    def resume_point(self, segment_size: int, system_identifier: int | None = None,
+                     ) -> tuple[SegmentFile | None, list[str]]:
+        """The newest segment file whose content proves it, and the files passed over.
 
-        Candidates are checked newest first, so only the files that matter are opened: a
-        complete plain file must have exactly the segment size, a complete compressed one must
-        decompress (or, for gzip, say in its trailer it decompresses) to exactly that size.
+        Only files in the run of consecutive segments that starts at the archive's oldest one
+        count: a file beyond a hole was not written by this receiver in order, and trusting it
+        would skip the missing WAL. Candidates are then checked newest first, so only the
+        files that matter are opened: the first page header (magic, timeline, page address
+        matching the name, segment size, system identifier) and, for a complete file, its size.
         """
+        files = self.segment_names(segment_size)
+        run_end = contiguous_end(f.segno for f in files)
         rejected: list[str] = []
-        for parsed in sorted(self.segment_names(segment_size), key=resume_order, reverse=True):
+        for parsed in sorted(files, key=resume_order, reverse=True):
             name = parsed.file_name(segment_size)
-            reason = _size_problem(self.directory / name, parsed, segment_size)
+            if parsed.segno > run_end:
+                missing = wal_file_name(parsed.timeline, run_end + 1, segment_size)
+                rejected.append(f"{name}: lies beyond a hole in the archive (segment {missing} "
+                                "is missing); it will be streamed again")
+                continue
+            reason = self._content_problem(parsed, segment_size, system_identifier)
             if reason is None:
                 return parsed, rejected
             rejected.append(f"{name}: {reason}")
         return None, rejected
+
+    def _content_problem(self, parsed: SegmentFile, segment_size: int,
+                         system_identifier: int | None) -> str | None:
+        """Why a segment file cannot be trusted as the resume point, or None."""
+        path = self.directory / parsed.file_name(segment_size)
+        try:
+            problem = _size_problem(path, parsed, segment_size)
+            if problem is not None:
+                return problem
+            first = _first_bytes(path, parsed, SIZE_OF_LONG_PHD)
+        except OSError as exc:
+            return f"cannot be read: {exc.strerror or exc}"
+        except CorruptFile as exc:
+            return str(exc)
+        if parsed.partial and (len(first) < SIZE_OF_LONG_PHD or not any(first)):
+            return None  # preallocated or restarted, nothing received yet: restreamed anyway
+        header = parse_long_header(first)
+        if header is None:
+            return "too short for a page header"
+        return first_page_problem(header, timeline=parsed.timeline,
+                                  page_address=parsed.start_lsn(segment_size),
+                                  segment_size=segment_size, system_identifier=system_identifier)
 
     # -- identity ----------------------------------------------------------------------------
     def read_identity(self) -> ArchiveIdentity | None:
         """The recorded identity, None when the archive has none yet."""
         path = self.directory / IDENTITY_FILE
         try:
-            data = json.loads(path.read_text())
-            return ArchiveIdentity(
-                str(data["system_identifier"]), int(data["wal_segment_size"]),
-                int(data["timeline"]),
-            )
+            return identity_from_json(json.loads(path.read_bytes()))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError, RecursionError, OverflowError) as exc:
-            raise ArchiveError(f'cannot read archive identity file "{path}": '
-                               f"{str(exc)[:200]}") from exc
+        except RecursionError:
+            raise ArchiveError(f'invalid archive identity file "{path}": nested too deeply'
+                               ) from None
+        except (OSError, ValueError, TypeError, OverflowError) as exc:
+            raise ArchiveError(f'invalid archive identity file "{path}": {str(exc)[:200]}'
+                               ) from exc
 
     def sniff_system_identifier(self, files: list[SegmentFile], segment_size: int) -> str | None:
         """The system identifier in the long page header of the newest complete plain segment."""
@@ -154,22 +302,26 @@ class Archive:
 
     # -- small files -------------------------------------------------------------------------
     def write_file_durably(self, name: str, body: bytes) -> None:
-        """Write ``name`` through a temporary file, fsync, rename, fsync the directory."""
-        final = self.directory / name
-        tmp = self.directory / f"{name}.tmp"
+        """Write ``name`` through a fresh temporary file, fsync, rename, fsync the directory."""
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
-            try:
-                os.fchmod(fd, self.file_mode)
-                os.write(fd, body)
-                if self.sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
+            write_file_durably(self.directory, name, body, mode=self.file_mode, sync=self.sync)
         except OSError as exc:
-            raise _os_error(exc, f'could not write file "{final}"') from exc
-        self.fsync_directory()
+            raise os_error(exc, f'could not write file "{self.directory / name}"') from exc
+
+
+def _first_bytes(path: Path, parsed: SegmentFile, count: int) -> bytes:
+    """Up to ``count`` decompressed bytes from the start of a segment file (never a symlink)."""
+    out = b""
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
+        try:
+            for chunk in decompress_chunks(fh, parsed.compression, truncated_ok=parsed.partial):
+                out += chunk
+                if len(out) >= count:
+                    break
+        except CorruptFile:
+            if not parsed.partial:
+                raise
+    return out[:count]
 
 
 def _size_problem(path: Path, parsed: SegmentFile, segment_size: int) -> str | None:
@@ -189,250 +341,7 @@ def _size_problem(path: Path, parsed: SegmentFile, segment_size: int) -> str | N
         return None if isize == expected else f"gzip trailer says {isize} bytes, should be " \
             f"{segment_size}"
     # LZ4 and zstd frames do not record the size: decompress, as pg_receivewal does for .lz4
-    try:
-        with path.open("rb") as fh:
-            size = decompressed_size(fh, parsed.compression)
-    except CorruptFile as exc:
-        return str(exc)
+    with path.open("rb") as fh:
+        size = decompressed_size(fh, parsed.compression)
     return None if size == segment_size else f"decompresses to {size} bytes, should be " \
         f"{segment_size}"
-
-
-class SegmentWriter:
-    """Writes WAL of one timeline into segment files, one open ``.partial`` at a time.
-
-    ``position`` is the LSN the next byte must have; ``flushed`` is the LSN up to which every
-    byte is fsynced (or, with ``sync`` off, written). Bytes are only ever written at
-    ``position``: anything else is a gap or an overlap and raises before touching the disk.
-    """
-
-    suffix = ""  # compression suffix of the files written
-
-    def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int) -> None:
-        self.archive = archive
-        self.segment_size = segment_size
-        self.timeline = timeline
-        self.position = start_lsn
-        self.flushed = start_lsn
-        self._fd: int | None = None
-        self._segno: int | None = None
-
-    @property
-    def open_segment_name(self) -> str | None:
-        """WAL file name of the segment currently open, if any."""
-        if self._segno is None:
-            return None
-        return wal_file_name(self.timeline, self._segno, self.segment_size)
-
-    def write(self, lsn: int, data: bytes | memoryview) -> list[str]:
-        """Append WAL at ``lsn``; return the names of segments this write completed."""
-        check_continuity(self.position, lsn)
-        completed: list[str] = []
-        view = memoryview(data)
-        for plan in plan_writes(lsn, len(view), self.segment_size):
-            fd = self._open(plan.segno)
-            chunk = view[plan.data_offset : plan.data_offset + plan.length]
-            self._pwrite(fd, chunk, plan.offset)
-            self.position += plan.length
-            if plan.offset + plan.length == self.segment_size:
-                completed.append(self._complete())
-        return completed
-
-    def flush(self) -> int:
-        """fsync the open segment; return the new flushed position."""
-        if self._fd is not None and self.archive.sync and self.flushed < self.position:
-            try:
-                os.fsync(self._fd)
-            except OSError as exc:
-                raise _os_error(exc, f'could not fsync file "{self._partial_path()}"') from exc
-        self.flushed = self.position
-        return self.flushed
-
-    def close(self) -> None:
-        """fsync and close the open segment, leaving it as ``.partial``."""
-        if self._fd is not None:
-            try:
-                self.flush()
-            finally:
-                os.close(self._fd)
-                self._fd = None
-                self._segno = None
-
-    # -- internals ---------------------------------------------------------------------------
-    def _partial_path(self) -> Path:
-        assert self._segno is not None
-        name = wal_file_name(self.timeline, self._segno, self.segment_size)
-        return self.archive.directory / (name + self.suffix + PARTIAL_SUFFIX)
-
-    def _open(self, segno: int) -> int:
-        if self._fd is not None and self._segno == segno:
-            return self._fd
-        if self._fd is not None:
-            raise ArchiveError(
-                f"internal error: segment {self.open_segment_name} still open at "
-                f"{format_lsn(self.position)}"
-            )
-        name = wal_file_name(self.timeline, segno, self.segment_size)
-        path = self.archive.directory / (name + self.suffix + PARTIAL_SUFFIX)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, self.archive.file_mode)
-        except OSError as exc:
-            raise _os_error(exc, f'could not open file "{path}"') from exc
-        try:
-            self._prepare(fd, path)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd, self._segno = fd, segno
-        return fd
-
-    def _prepare(self, fd: int, path: Path) -> None:
-        """Check a reopened ``.partial``, or preallocate a new one to the full segment size."""
-        size = os.fstat(fd).st_size
-        if size == self.segment_size:
-            return
-        if size != 0:
-            raise ArchiveError(
-                f'file "{path}" has {size} bytes, should be 0 or {self.segment_size}'
-            )
-        try:
-            os.fchmod(fd, self.archive.file_mode)
-            os.posix_fallocate(fd, 0, self.segment_size)
-            if self.archive.sync:
-                os.fsync(fd)
-                self.archive.fsync_directory()
-        except OSError as exc:
-            path.unlink(missing_ok=True)  # never leave a short .partial behind
-            raise _os_error(exc, f'could not preallocate file "{path}"') from exc
-
-    def _pwrite(self, fd: int, chunk: memoryview, offset: int) -> None:
-        done = 0
-        try:
-            while done < len(chunk):
-                done += os.pwrite(fd, chunk[done:], offset + done)
-        except OSError as exc:
-            raise _os_error(
-                exc,
-                f'could not write {len(chunk)} bytes at {format_lsn(self.position)} '
-                f'to "{self._partial_path()}"',
-            ) from exc
-
-    def _complete(self) -> str:
-        """fsync, close and rename the open segment; fsync the directory."""
-        assert self._fd is not None
-        assert self._segno is not None
-        partial = self._partial_path()
-        name = wal_file_name(self.timeline, self._segno, self.segment_size) + self.suffix
-        try:
-            if self.archive.sync:
-                os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
-            os.replace(partial, self.archive.directory / name)
-        except OSError as exc:
-            raise _os_error(exc, f'could not complete segment "{name}"') from exc
-        self._segno = None
-        self.archive.fsync_directory()
-        self.flushed = self.position
-        self._drop_superseded_partials(partial)
-        return name
-
-    def _drop_superseded_partials(self, completed: Path) -> None:
-        """Remove ``.partial`` files of the segment just completed left in another form (a
-        run with another -Z method): the complete file supersedes them."""
-        wal = completed.name[:24]
-        removed = False
-        for suffix in COMPRESSION_SUFFIXES.values():
-            stale = self.archive.directory / (wal + suffix + PARTIAL_SUFFIX)
-            if stale != completed and stale.exists():
-                try:
-                    stale.unlink()
-                except OSError as exc:
-                    raise _os_error(exc, f'could not remove superseded file "{stale}"') from exc
-                removed = True
-        if removed:
-            self.archive.fsync_directory()
-
-
-class CompressedSegmentWriter(SegmentWriter):
-    """Writes ``<name>.gz``, ``.lz4`` or ``.zst`` files, each ``.partial`` until complete.
-
-    As pg_receivewal does, a compressed file is not preallocated and cannot be appended to:
-    it is always written from its segment's first byte (a restart restreams the segment and
-    truncates the old ``.partial``). Before the flush position moves, the compressor's pending
-    output is flushed (a sync flush that keeps the stream open) and the file fsynced, so a
-    crash leaves a ``.partial`` that decodes up to the flushed position.
-    """
-
-    def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int,
-                 compress: CompressSpec) -> None:
-        super().__init__(archive, segment_size, timeline, start_lsn)
-        self.compress = compress
-        self.suffix = COMPRESSION_SUFFIXES[compress.method]
-        self._compressor: Compressor | None = None
-
-    def flush(self) -> int:
-        """Flush the compressor's pending output, fsync; return the new flushed position."""
-        if self._fd is not None and self._compressor is not None \
-                and self.flushed < self.position:
-            self._append(self._compressor.flush())
-        return super().flush()
-
-    def close(self) -> None:
-        """End the compressed stream and close, leaving the file as ``.partial``."""
-        if self._fd is not None and self._compressor is not None:
-            self._append(self._compressor.finish())
-            self._compressor = None
-        super().close()
-
-    def _prepare(self, fd: int, path: Path) -> None:
-        """Start (or truncate and restart) a compressed file at its segment's first byte."""
-        offset = self.position % self.segment_size
-        if offset != 0:
-            raise ArchiveError(
-                f'cannot append to compressed file "{path}" at {format_lsn(self.position)}: '
-                "a compressed segment is written from its start"
-            )
-        compressor = new_compressor(self.compress)
-        try:
-            os.ftruncate(fd, 0)
-            os.fchmod(fd, self.archive.file_mode)
-            _write_all(fd, compressor.begin())
-            if self.archive.sync:
-                os.fsync(fd)
-                self.archive.fsync_directory()
-        except OSError as exc:
-            raise _os_error(exc, f'could not start file "{path}"') from exc
-        self._compressor = compressor
-
-    def _pwrite(self, fd: int, chunk: memoryview, offset: int) -> None:
-        assert self._compressor is not None
-        self._append(self._compressor.compress(chunk))
-
-    def _complete(self) -> str:
-        assert self._compressor is not None
-        self._append(self._compressor.finish())
-        self._compressor = None
-        return super()._complete()
-
-    def _append(self, data: bytes) -> None:
-        assert self._fd is not None
-        try:
-            _write_all(self._fd, data)
-        except OSError as exc:
-            raise _os_error(exc, f'could not write to "{self._partial_path()}" at '
-                            f"{format_lsn(self.position)}") from exc
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def open_segment_writer(archive: Archive, segment_size: int, timeline: int, start_lsn: int,
-                        compress: CompressSpec = NO_COMPRESSION) -> SegmentWriter:
-    """A writer for plain segments, or for compressed ones when ``compress`` names a method."""
-    if compress.method:
-        return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress)
-    return SegmentWriter(archive, segment_size, timeline, start_lsn)

@@ -5,6 +5,7 @@ Nothing here touches a file; :mod:`receivewal.archive` carries the plans out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from receivewal.errors import ProtocolError
@@ -84,3 +85,15 @@ def choose_start(
         return StartPoint(round_down_to_segment(lsn, segment_size), timeline, "slot")
     lsn, timeline = server
     return StartPoint(round_down_to_segment(lsn, segment_size), timeline, "server")
+
+
+def contiguous_end(segnos: Iterable[int]) -> int:
+    """The last segment of the run of consecutive segment numbers that starts at the smallest
+    (-1 when there are none): files past it lie beyond a hole."""
+    present = set(segnos)
+    if not present:
+        return -1
+    end = min(present)
+    while end + 1 in present:
+        end += 1
+    return end

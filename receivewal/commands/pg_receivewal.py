@@ -289,9 +289,8 @@ class PgReceivewalMessages:
         if name == "reconnecting":
             delay = round(float(ev.get("delay", RECONNECT_SLEEP_TIME)))
             return f"disconnected; waiting {delay} seconds to try again"
-        if name == "segment_file_skipped":
-            file_name, _, reason = str(ev.get("reason")).partition(": ")
-            return f'warning: segment file "{file_name}" {reason}, skipping'
+        if name == "segment_file_rejected":
+            return f'warning: segment file "{ev.get("file")}" {ev.get("reason")}, skipping'
         if name == "streaming_started":
             return f"starting log streaming at {ev['start_lsn']} (timeline {ev['timeline']})" \
                 if verbose else None

@@ -16,13 +16,9 @@ from dataclasses import dataclass
 
 from structlog.typing import FilteringBoundLogger
 
-from receivewal.archive.directory import (
-    Archive,
-    ArchiveIdentity,
-    SegmentWriter,
-    open_segment_writer,
-)
+from receivewal.archive.directory import Archive, ArchiveIdentity
 from receivewal.archive.layout import StartPoint, choose_start
+from receivewal.archive.writer import SegmentWriter, open_segment_writer
 from receivewal.daemon.monitor import SessionMonitor
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
@@ -95,9 +91,11 @@ class Session:
         info = self.info = identify_server(self.conn)
         self.archive.file_mode = self.monitor.file_mode = info.file_mode
         self._check_identity(info)
-        newest, rejected = self.archive.resume_point(info.segment_size)
+        newest, rejected = self.archive.resume_point(info.segment_size,
+                                                     int(info.system_identifier))
         for reason in rejected:
-            self.log.warning("segment_file_skipped", reason=reason)
+            name, _, why = reason.partition(": ")
+            self.log.warning("segment_file_rejected", file=name, reason=why)
         slot_restart = None
         if self.settings.slot and info.version >= 150000:
             slot_restart = self._read_or_create_slot(self.settings.slot)

@@ -11,15 +11,14 @@ as PostgreSQL prints them (``0/5000000``), times as ISO 8601 in UTC.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from receivewal.archive.directory import write_file_durably
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.wal.lsn import format_lsn, parse_lsn
 
@@ -178,29 +177,9 @@ def read_state(directory: Path) -> State | None:
 
 
 def write_state(directory: Path, state: State, mode: int = 0o600) -> None:
-    """Atomically replace the state file: write a temporary file, fsync, rename, fsync dir.
+    """Atomically replace the state file (through :func:`write_file_durably`: a fresh temporary
+    file, fsync, rename, fsync of the directory; never through a symlink).
 
     Raises OSError; the caller decides how loud a failed write is.
     """
-    path = state_path(directory)
-    tmp = directory / f"{STATE_FILE}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        os.fchmod(fd, mode)  # O_CREAT's mode is filtered by the umask and ignored if it exists
-        data = encode_state(state)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_file_durably(directory, STATE_FILE, encode_state(state), mode=mode)

@@ -154,6 +154,8 @@ class Supervisor:
         assert self.settings.directory is not None
         archive = Archive(self.settings.directory, sync=self.settings.sync)
         try:
+            for name in archive.lock():  # one writer per archive, before touching anything
+                self.log.info("temporary_file_removed", file=name)
             archive.check_usable()
         except ReceivewalError as exc:
             self.log.error("failed", error=str(exc))
@@ -172,6 +174,7 @@ class Supervisor:
             monitor.stopping()
             monitor.close()
             self.stop.uninstall()
+            archive.unlock()
 
     def _loop(self, archive: Archive, monitor: Monitor) -> int:
         attempt = 0

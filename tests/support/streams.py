@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -64,8 +65,6 @@ def assert_identical_to_server(directory: Path, server: PgServer) -> list[str]:
         assert ours == theirs, f"segment {name} differs from the server's pg_wal file"
     return names
 
-
-
 def lsn_to_int(text: str) -> int:
     """Parse X/X."""
     hi, lo = text.split("/")
@@ -76,3 +75,14 @@ def pg_waldump(directory: Path, start: str, end: str) -> subprocess.CompletedPro
     """Run pg_waldump over the archive between two LSNs."""
     return subprocess.run([pg_bin("pg_waldump"), "-p", str(directory), "-s", start, "-e", end,
                            "-q"], capture_output=True, text=True, check=False)
+
+
+def slot_restart_lsn(server: PgServer, slot: str) -> int:
+    """A replication slot's restart_lsn."""
+    return lsn_to_int(server.sql("SELECT restart_lsn FROM pg_replication_slots "
+                                 f"WHERE slot_name = '{slot}'"))
+
+
+def log_events(stderr: str) -> list[dict[str, object]]:
+    """receivewal's JSON log lines."""
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]

@@ -1,0 +1,385 @@
+"""Segment writers: received WAL into ``.partial`` files, completed by an atomic rename.
+
+A plain segment being received is ``<name>.partial``, preallocated to the full segment size
+under a temporary name and renamed to ``.partial`` only once complete and fsynced, so a crash
+never leaves a ``.partial`` of the wrong size. When its last byte arrives it is fsynced, renamed
+to ``<name>`` and the directory fsynced: a file without the suffix is always complete.
+
+A compressed segment is written from its first byte into a temporary file; it replaces the
+``.partial`` a previous run left only once it holds at least as much WAL, fsynced. Old WAL is
+never removed before it is durable again. Nothing is ever opened through a symbolic link.
+
+Two environment variables serve the crash tests: ``RECEIVEWAL_CRASH_AT=<point>`` SIGKILLs the
+process at a named point, ``RECEIVEWAL_PREALLOCATE=zeros`` forces the zero-filling fallback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import stat
+from pathlib import Path
+
+from receivewal.archive.compression import (
+    NO_COMPRESSION,
+    Compressor,
+    CompressSpec,
+    CorruptFile,
+    decompress_chunks,
+    new_compressor,
+)
+from receivewal.archive.directory import (
+    Archive,
+    create_exclusive,
+    os_error,
+    temporary_name,
+    write_all,
+)
+from receivewal.archive.layout import check_continuity, plan_writes
+from receivewal.errors import ArchiveError
+from receivewal.wal.lsn import format_lsn
+from receivewal.wal.names import COMPRESSION_SUFFIXES, PARTIAL_SUFFIX, wal_file_name
+
+CRASH_ENV = "RECEIVEWAL_CRASH_AT"
+PREALLOCATE_ENV = "RECEIVEWAL_PREALLOCATE"
+_ZERO_BLOCK = 1 << 20
+_NOT_SUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS}
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+
+def crash_point(armed: str | None, name: str) -> None:
+    """SIGKILL this process when the crash tests armed point ``name``."""
+    if armed == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def preallocate(fd: int, size: int, *, zeros: bool = False, crash: str | None = None) -> None:
+    """Reserve ``size`` bytes: the fallocate system call, else zeros written in 1 MiB blocks.
+
+    ``os.posix_fallocate`` is not used: where the file system lacks fallocate, glibc emulates
+    it with one write per block (seconds per segment on FUSE or NFSv3).
+    """
+    if not zeros:
+        if _libc.fallocate(fd, 0, 0, size) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in _NOT_SUPPORTED:
+            raise OSError(err, os.strerror(err))
+    block = bytes(_ZERO_BLOCK)
+    for offset in range(0, size, _ZERO_BLOCK):
+        done = 0
+        piece = memoryview(block)[: min(_ZERO_BLOCK, size - offset)]
+        while done < len(piece):
+            done += os.pwrite(fd, piece[done:], offset + done)
+        crash_point(crash, "preallocating")
+
+
+def open_for_writing(path: Path) -> int | None:
+    """Open an existing regular file read-write, never through a symlink; None if missing."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise os_error(exc, f'could not open file "{path}"') from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ArchiveError(f'"{path}" is not a regular file')
+    return fd
+
+
+class SegmentWriter:
+    """Writes WAL of one timeline into segment files, one open ``.partial`` at a time.
+
+    ``position`` is the LSN the next byte must have; ``flushed`` is the LSN up to which every
+    byte is fsynced (or, with ``sync`` off, written). Bytes are only ever written at
+    ``position``: anything else is a gap or an overlap and raises before touching the disk.
+    """
+
+    suffix = ""  # compression suffix of the files written
+
+    def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int) -> None:
+        self.archive = archive
+        self.segment_size = segment_size
+        self.timeline = timeline
+        self.position = start_lsn
+        self.flushed = start_lsn
+        self._fd: int | None = None
+        self._segno: int | None = None
+        self._path: Path | None = None  # the file open now (a temporary name until promoted)
+        self._crash = os.environ.get(CRASH_ENV)
+        self._zeros = os.environ.get(PREALLOCATE_ENV) == "zeros"
+
+    @property
+    def open_segment_name(self) -> str | None:
+        """WAL file name of the segment currently open, if any."""
+        if self._segno is None:
+            return None
+        return wal_file_name(self.timeline, self._segno, self.segment_size)
+
+    def write(self, lsn: int, data: bytes | memoryview) -> list[str]:
+        """Append WAL at ``lsn``; return the names of segments this write completed."""
+        check_continuity(self.position, lsn)
+        completed: list[str] = []
+        view = memoryview(data)
+        for plan in plan_writes(lsn, len(view), self.segment_size):
+            fd = self._open(plan.segno)
+            chunk = view[plan.data_offset : plan.data_offset + plan.length]
+            self._pwrite(fd, chunk, plan.offset)
+            self.position += plan.length
+            if plan.offset + plan.length == self.segment_size:
+                completed.append(self._complete())
+        return completed
+
+    def flush(self) -> int:
+        """fsync the open segment; return the new flushed position."""
+        if self._fd is not None and self.flushed < self.position:
+            if self.archive.sync:
+                try:
+                    os.fsync(self._fd)
+                except OSError as exc:
+                    raise os_error(exc, f'could not fsync file "{self._path}"') from exc
+            self._synced()
+        self.flushed = self.position
+        return self.flushed
+
+    def close(self) -> None:
+        """fsync and close the open segment, leaving it as ``.partial``."""
+        if self._fd is not None:
+            try:
+                self.flush()
+            finally:
+                os.close(self._fd)
+                self._fd = None
+                self._segno = None
+
+    # -- internals ---------------------------------------------------------------------------
+    def _partial_path(self, segno: int) -> Path:
+        name = wal_file_name(self.timeline, segno, self.segment_size)
+        return self.archive.directory / (name + self.suffix + PARTIAL_SUFFIX)
+
+    def _synced(self) -> None:
+        """Called once the open file's bytes up to ``position`` are durable."""
+
+    def _open(self, segno: int) -> int:
+        if self._fd is not None and self._segno == segno:
+            return self._fd
+        if self._fd is not None:
+            raise ArchiveError(
+                f"internal error: segment {self.open_segment_name} still open at "
+                f"{format_lsn(self.position)}"
+            )
+        fd, self._path = self._start_file(self._partial_path(segno))
+        self._fd, self._segno = fd, segno
+        return fd
+
+    def _start_file(self, path: Path) -> tuple[int, Path]:
+        """Reopen a ``.partial`` of the full size, or create one preallocated."""
+        fd = open_for_writing(path)
+        if fd is None:
+            return self._create_preallocated(path), path
+        size = os.fstat(fd).st_size
+        if size != self.segment_size:
+            os.close(fd)
+            raise ArchiveError(
+                f'file "{path}" has {size} bytes, should be 0 or {self.segment_size}'
+            )
+        return fd, path
+
+    def _create_preallocated(self, path: Path) -> int:
+        """Preallocate under a temporary name; rename to ``.partial`` once complete, fsynced."""
+        tmp = path.with_name(temporary_name(path.name))
+        try:
+            tmp.unlink(missing_ok=True)
+            fd = create_exclusive(tmp, self.archive.file_mode)
+        except OSError as exc:
+            raise os_error(exc, f'could not create file "{tmp}"') from exc
+        try:
+            preallocate(fd, self.segment_size, zeros=self._zeros, crash=self._crash)
+            if self.archive.sync:
+                os.fsync(fd)
+            os.rename(tmp, path)
+        except OSError as exc:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise os_error(exc, f'could not preallocate file "{path}"') from exc
+        self.archive.fsync_directory()
+        return fd
+
+    def _pwrite(self, fd: int, chunk: memoryview, offset: int) -> None:
+        done = 0
+        try:
+            while done < len(chunk):
+                done += os.pwrite(fd, chunk[done:], offset + done)
+        except OSError as exc:
+            raise os_error(
+                exc,
+                f'could not write {len(chunk)} bytes at {format_lsn(self.position)} '
+                f'to "{self._path}"',
+            ) from exc
+
+    def _complete(self) -> str:
+        """fsync, close and rename the open segment; fsync the directory."""
+        assert self._fd is not None
+        assert self._segno is not None
+        assert self._path is not None
+        name = wal_file_name(self.timeline, self._segno, self.segment_size) + self.suffix
+        try:
+            if self.archive.sync:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+            os.replace(self._path, self.archive.directory / name)
+        except OSError as exc:
+            raise os_error(exc, f'could not complete segment "{name}"') from exc
+        self._segno = None
+        self.archive.fsync_directory()
+        self.flushed = self.position
+        self._drop_superseded_partials(name[:24])
+        return name
+
+    def _drop_superseded_partials(self, wal: str) -> None:
+        """Remove ``.partial`` files of the segment just completed, in any form (another -Z
+        method, or the old one a restream replaced): the complete file supersedes them."""
+        removed = False
+        for suffix in COMPRESSION_SUFFIXES.values():
+            stale = self.archive.directory / (wal + suffix + PARTIAL_SUFFIX)
+            try:
+                stale.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise os_error(exc, f'could not remove superseded file "{stale}"') from exc
+            removed = True
+        if removed:
+            self.archive.fsync_directory()
+
+
+def held_wal(path: Path, method: str) -> int:
+    """How many bytes of WAL a compressed ``.partial`` decodes to (0 when there is none)."""
+    fd = open_for_writing(path)  # refuses a symlink where the .partial should be
+    if fd is None:
+        return 0
+    held = 0
+    with open(fd, "rb") as fh:
+        try:
+            for chunk in decompress_chunks(fh, method, truncated_ok=True):
+                held += len(chunk)
+        except CorruptFile:
+            pass  # what decoded before the damage is what it holds
+    return held
+
+
+class CompressedSegmentWriter(SegmentWriter):
+    """Writes ``<name>.gz``, ``.lz4`` or ``.zst`` files, each ``.partial`` until complete.
+
+    As pg_receivewal does, a compressed file is not preallocated and cannot be appended to: it
+    is always written from its segment's first byte. The new file is written under a temporary
+    name and replaces the old ``.partial`` (if any) at the first fsync at which it holds at
+    least as much WAL. Before the flush position moves, the compressor's pending output is
+    flushed (a sync flush that keeps the stream open) and the file fsynced, so a crash leaves
+    a ``.partial`` that decodes up to the flushed position.
+    """
+
+    def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int,
+                 compress: CompressSpec) -> None:
+        super().__init__(archive, segment_size, timeline, start_lsn)
+        self.compress = compress
+        self.suffix = COMPRESSION_SUFFIXES[compress.method]
+        self._compressor: Compressor | None = None
+        self._old: tuple[Path, int] | None = None  # the .partial to replace, and its WAL bytes
+        self._written = False
+
+    def flush(self) -> int:
+        """Flush the compressor's pending output, fsync; return the new flushed position."""
+        if self._fd is not None and self._compressor is not None \
+                and self.flushed < self.position:
+            crash_point(self._crash, "first_flush")
+            self._append(self._compressor.flush())
+        return super().flush()
+
+    def close(self) -> None:
+        """End the compressed stream and close; the file stays (or becomes) ``.partial``.
+
+        A restreamed file still shorter than the old ``.partial`` is dropped: the old one holds
+        more WAL, and the next run restreams the segment again.
+        """
+        if self._fd is not None and self._compressor is not None:
+            self._append(self._compressor.finish())
+            self._compressor = None
+        super().close()
+        if self._old is not None and self._path is not None:
+            self._path.unlink(missing_ok=True)
+            self._old = None
+            self.archive.fsync_directory()
+
+    def _start_file(self, path: Path) -> tuple[int, Path]:
+        """Start a compressed file at its segment's first byte, under a temporary name."""
+        if self.position % self.segment_size != 0:
+            raise ArchiveError(
+                f'cannot append to compressed file "{path}" at {format_lsn(self.position)}: '
+                "a compressed segment is written from its start"
+            )
+        old = held_wal(path, self.compress.method)
+        self._old = (path, old)
+        tmp = path.with_name(temporary_name(path.name))
+        compressor = new_compressor(self.compress)
+        try:
+            tmp.unlink(missing_ok=True)
+            fd = create_exclusive(tmp, self.archive.file_mode)
+        except OSError as exc:
+            raise os_error(exc, f'could not create file "{tmp}"') from exc
+        try:
+            write_all(fd, compressor.begin())
+        except OSError as exc:
+            os.close(fd)
+            raise os_error(exc, f'could not start file "{tmp}"') from exc
+        self._compressor, self._written = compressor, False
+        crash_point(self._crash, "compressed_restart")
+        return fd, tmp
+
+    def _synced(self) -> None:
+        """Promote the temporary file to ``.partial`` once it holds as much WAL as the old."""
+        if self._old is None or self._path is None or self._segno is None:
+            return
+        partial, old = self._old
+        if self.position - self._segno * self.segment_size < old:
+            return
+        try:
+            os.replace(self._path, partial)
+        except OSError as exc:
+            raise os_error(exc, f'could not replace "{partial}"') from exc
+        self.archive.fsync_directory()
+        self._path, self._old = partial, None
+
+    def _pwrite(self, fd: int, chunk: memoryview, offset: int) -> None:
+        assert self._compressor is not None
+        self._append(self._compressor.compress(chunk))
+        if not self._written:
+            self._written = True
+            crash_point(self._crash, "first_write")
+
+    def _complete(self) -> str:
+        assert self._compressor is not None
+        self._append(self._compressor.finish())
+        self._compressor, self._old = None, None
+        return super()._complete()
+
+    def _append(self, data: bytes) -> None:
+        assert self._fd is not None
+        try:
+            write_all(self._fd, data)
+        except OSError as exc:
+            raise os_error(exc, f'could not write to "{self._path}" at '
+                            f"{format_lsn(self.position)}") from exc
+
+
+def open_segment_writer(archive: Archive, segment_size: int, timeline: int, start_lsn: int,
+                        compress: CompressSpec = NO_COMPRESSION) -> SegmentWriter:
+    """A writer for plain segments, or for compressed ones when ``compress`` names a method."""
+    if compress.method:
+        return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress)
+    return SegmentWriter(archive, segment_size, timeline, start_lsn)

@@ -342,6 +342,6 @@ def _size_problem(path: Path, parsed: SegmentFile, segment_size: int) -> str | N
             f"{segment_size}"
     # LZ4 and zstd frames do not record the size: decompress, as pg_receivewal does for .lz4
     with path.open("rb") as fh:
-        size = decompressed_size(fh, parsed.compression)
+        size = decompressed_size(fh, parsed.compression, cap=segment_size)
     return None if size == segment_size else f"decompresses to {size} bytes, should be " \
         f"{segment_size}"

@@ -174,16 +174,21 @@ def scan_from_json(text: str) -> SegmentScan:
 
 class _KeepRaw:
     """An opener that keeps the raw bytes of one file as it is read, so that the executor can
-    decode it a second time (for the record timestamps) without reading it twice."""
+    decode it a second time (for the record timestamps) without reading it twice.
 
-    def __init__(self, path: str, inner: Opener | None) -> None:
-        self.path, self.inner, self.raw = path, inner or open_local, b""
+    At most ``limit`` bytes are kept: a file larger than that is oversize for its segment size
+    in any format (compressed WAL is never twice the segment), so what is kept is enough for
+    the reader to report it as a problem, and memory stays bounded whatever the file's size.
+    """
+
+    def __init__(self, path: str, inner: Opener | None, limit: int) -> None:
+        self.path, self.inner, self.raw, self.limit = path, inner or open_local, b"", limit
 
     def __call__(self, path: str) -> BinaryIO:
         if path != self.path:
             return self.inner(path)
         with self.inner(path) as fh:
-            self.raw = fh.read()
+            self.raw = fh.read(self.limit)
         return io.BytesIO(self.raw)
 
 
@@ -202,7 +207,8 @@ def scan_row(row: Any) -> dict[str, Any]:
                       partial=row.partial)
     task = ScanTask(row.file, seg, tuple(tuple(f) for f in json.loads(row.followers)))
     base = row.base
-    keep = _KeepRaw(base.rstrip("/") + "/" + row.file, opener_for(base))
+    keep = _KeepRaw(base.rstrip("/") + "/" + row.file, opener_for(base),
+                    limit=2 * row.segment_size + 1)
     result = scan_file(task, base, row.segment_size, compressibility=row.compressibility,
                        collect_lsns=True, open_binary=keep, file_bytes=row.file_bytes)
     scan = result.scan

@@ -8,6 +8,8 @@ table-driven) equals the crc32c package's.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -115,3 +117,16 @@ def test_crc32c_equals_the_crc32c_package(crc_impl: str, native: ModuleType, dat
     assert native.crc32c(data, seed) == crc32c.crc32c(data, seed)
     big = os.urandom(1000) + data
     assert native.crc32c(memoryview(big)[3:]) == crc32c.crc32c(big[3:])
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_verify_says_which_scanner_runs(native: ModuleType, pure: bool) -> None:
+    """`receivewal verify` prints the scanner it ran; RECEIVEWAL_PURE_PYTHON=1 forces Python."""
+    env = {**os.environ, "RECEIVEWAL_PURE_PYTHON": "1" if pure else "0"}
+    done = subprocess.run([sys.executable, "-m", "receivewal", "verify", "-j", "1", str(DATA)],
+                          capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.splitlines()[1]
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    crc = "sse4.2" if native is not None and " sse4_2" in cpu else "software"
+    assert line == ("scanner: python" if pure else f"scanner: c (crc32c: {crc})")

@@ -469,6 +469,7 @@ static PyMethodDef scan_methods[] = {
 
 static struct PyModuleDef scan_module = {
     PyModuleDef_HEAD_INIT, "_scan", "The segment scanner's compiled hot loop.", -1, scan_methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC

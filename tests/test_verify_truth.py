@@ -162,6 +162,33 @@ def test_segment_far_beyond_the_archive_is_reported_without_listing_every_gap(
     assert 1 <= len(missing) <= 20
 
 
+def test_record_ending_in_a_cut_page_of_the_next_partial_is_read(tmp_path: Path) -> None:
+    """A record that crosses into a compressed .partial which ends a few bytes after it, in
+    the middle of a page: the record is finished from it, and the archive is recoverable."""
+    first, second = NAMES
+    data, nxt = fixture_bytes(first), fixture_bytes(second)
+    seg = parse_segment_file_name(first, SEG)
+    assert seg is not None
+    scanner = SegmentScanner(data, first, start_lsn=seg.start_lsn(SEG), segment_size=SEG,
+                             timeline=1, segno=seg.segno)
+    scanner.scan()
+    scanner.continue_record(nxt[:scanner.next_bytes_needed()], second)
+    whole = scanner.result()
+    cut = whole.end_lsn - (seg.start_lsn(SEG) + SEG) + 3  # 3 bytes into the next record
+    assert cut % XLOG_BLCKSZ
+    assert not whole.incomplete_tail
+    directory = tmp_path / "a"
+    directory.mkdir()
+    (directory / first).write_bytes(data)
+    (directory / f"{second}.zst.partial").write_bytes(
+        zstandard.ZstdCompressor().compress(nxt[:cut]))
+    report, _ = verify_archive(directory, jobs=1)
+    assert [p.describe() for p in report.problems] == []
+    assert report.recoverable
+    assert report.scans[0].valid_end == seg.start_lsn(SEG) + SEG
+    assert report.scans[0].records == whole.records
+
+
 @pytest.mark.server
 @pytest.mark.parametrize("method", ["gzip", "lz4", "zstd"])
 def test_compressed_partial_after_sigterm_verifies_recoverable(

@@ -148,14 +148,14 @@ def check_archive(segment_size: int, scans: Iterable[SegmentScan],
         recovery, path_problems = _recover(by_key, parsed.get(target, []), target,
                                            segment_size, start_lsn)
         problems += path_problems
-    problems += _unexplained_verdict(recovery, problems)
+    problems += _unexplained_verdict(recovery, problems, own, segment_size)
     unique = list({(p.kind, p.file, p.lsn): p for p in reversed(problems)}.values())[::-1]
     unique.sort(key=lambda p: (p.severity != "error", p.lsn, p.file))
     return ArchiveReport(segment_size, system_identifier, tuple(scans), tuple(unique), recovery)
 
 
-def _unexplained_verdict(recovery: Recovery | None,
-                         problems: list[WalProblem]) -> list[WalProblem]:
+def _unexplained_verdict(recovery: Recovery | None, problems: list[WalProblem],
+                         own: list[SegmentScan], segment_size: int) -> list[WalProblem]:
     """A problem that names why recovery stops when no error found so far says it: a NOT
     recoverable verdict always names at least one problem."""
     if any(p.severity == "error" for p in problems):
@@ -164,7 +164,9 @@ def _unexplained_verdict(recovery: Recovery | None,
         return [WalProblem("no_segments", "", 0, "the archive holds no segment file")]
     if recovery.complete:
         return []
-    return [WalProblem("recovery_stops", "", recovery.end_lsn, recovery.stop_reason)]
+    end = recovery.end_lsn
+    file = next((s.file for s in own if s.start_lsn <= end < s.start_lsn + segment_size), "")
+    return [WalProblem("recovery_stops", file, end, recovery.stop_reason)]
 
 
 def _check_histories(own: list[SegmentScan], parsed: Mapping[int, list[TimelineSwitch]],

@@ -91,20 +91,20 @@ def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int
     end = 0
     while pend.got < pend.tot_len:
         off = p * XLOG_BLCKSZ
-        if off + XLOG_BLCKSZ > len(data):
+        need = pend.tot_len - pend.got
+        hdr = SIZE_OF_LONG_PHD if off == 0 else SIZE_OF_SHORT_PHD
+        take = min(XLOG_BLCKSZ - hdr, need)
+        if off + hdr + take > len(data):  # (a compressed .partial may end inside a page)
             if len(data) >= segment_size:  # runs on into the segment after that
                 pend.next_start += segment_size
                 return ("more", 0, "")
             return ("missing", 0, "")
         magic, info, _tli, addr, rem = SHORT_HEADER.unpack_from(data, off)
-        need = pend.tot_len - pend.got
         if (magic != XLOG_PAGE_MAGIC or addr != pend.next_start + off
                 or not info & XLP_FIRST_IS_CONTRECORD or rem != need):
             return ("bad", 0, f"record continues into {file} at "
                     f"{format_lsn(pend.next_start + off)}, whose page header does not "
                     f"continue it (remaining length {rem}, expected {need})")
-        hdr = SIZE_OF_LONG_PHD if off == 0 else SIZE_OF_SHORT_PHD
-        take = min(XLOG_BLCKSZ - hdr, need)
         pend.parts.append(data[off + hdr:off + hdr + take])
         pend.got += take
         end = off + hdr + take

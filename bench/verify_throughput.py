@@ -106,12 +106,12 @@ def time_waldump(archive: Path, names: list[str]) -> tuple[float, int]:
     return best_cpu, records
 
 
-def time_verify(archive: Path, jobs: int, native: bool) -> float:
+def time_verify(archive: Path, jobs: int, native: bool, wall: bool = False) -> float:
     """Best seconds of verify_archive on one scanner path: CPU time of this process with one
-    worker, wall time with a pool."""
+    worker (unless ``wall``), wall time with a pool."""
     saved = accel.native
     accel.native = accel.load_native() if native else None
-    clock = time.process_time if jobs == 1 else time.perf_counter
+    clock = time.process_time if jobs == 1 and not wall else time.perf_counter
     best = float("inf")
     try:
         for _ in range(REPEATS):
@@ -155,6 +155,8 @@ def bench_archive(label: str, archive: Path) -> None:
         rows.append(("verify -j 1, C scanner (CPU)", time_verify(archive, 1, native=True)))
     rows.append(("verify -j 1, pure Python (CPU)", time_verify(archive, 1, native=False)))
     if accel.load_native() is not None:
+        rows.append(("verify -j 1, C scanner (wall)",
+                     time_verify(archive, 1, native=True, wall=True)))
         rows.append((f"verify -j {os.cpu_count()}, C scanner (wall)",
                      time_verify(archive, 0, native=True)))
     print(f"  {'what':<36} {'seconds':>8} {'MB/s':>8} {'x pg_waldump':>13}")

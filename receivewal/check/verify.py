@@ -45,6 +45,7 @@ from receivewal.wal.rmgr import rmgr_name
 
 DEFAULT_SEGMENT_SIZE = 16 << 20
 # The shape of a segment file name, whatever the segment size (see receivewal.wal.names).
+_AGREEING_HEADERS = 3
 _SEGMENT_LIKE = re.compile(r"^[0-9A-F]{24}(\.gz|\.lz4|\.zst)?(\.partial)?$")
 
 
@@ -159,7 +160,8 @@ def detect_segment_size(base: str, names: Iterable[str],
 
     A header votes only when its page address is where its file name puts the segment at the
     size it claims, so one damaged header does not decide for the archive: that file is then
-    reported by its scan (its page header names another size).
+    reported by its scan (its page header names another size). Reading stops once a few
+    headers agree.
     """
     last: ArchiveError | None = None
     sizes: Counter[int] = Counter()
@@ -175,6 +177,8 @@ def detect_segment_size(base: str, names: Iterable[str],
         seg = parse_segment_file_name(name, size)
         if seg is not None and seg.start_lsn(size) == address:
             sizes[size] += 1
+            if sizes[size] == _AGREEING_HEADERS:  # enough: analyze's driver reads remotely
+                break
     if sizes:
         return max(sizes.items(), key=lambda kv: (kv[1], kv[0] == DEFAULT_SEGMENT_SIZE))[0]
     if last is not None:

@@ -1,23 +1,27 @@
-"""Verify throughput (MB/s per core) next to ``pg_waldump --stats``, and the Spark job's time.
+"""Verify throughput (MB/s per core) next to ``pg_waldump --stats``, on both scanner paths.
 
 Usage (from the repository root)::
 
-    .venv/bin/python bench/verify_throughput.py [--segments 8] [--archive DIR] [--no-spark]
+    .venv/bin/python bench/verify_throughput.py [--segments 8] [--pgbench-seconds 20]
+        [--archive DIR] [--spark]
 
 Without ``--archive`` it starts a PostgreSQL 15 server (16 MiB segments, in a temporary
-directory), writes ``--segments`` segments of WAL (200-byte row inserts, as the test harness's
-``generate_wal`` does, then an index build and updates after a checkpoint for full-page
-images), and copies the completed segments into an archive. Then it times, on the same files:
+directory) and builds two archives of completed segments:
 
-* ``pg_waldump --stats`` (one process; CPU time from ``getrusage`` of the child);
-* the parser alone in this process (CPU time, files already in memory);
-* ``verify_archive`` with one worker, with ``--compressibility``, and with a pool of all cores;
-* ``analyze`` on an embedded ``local[*]`` Spark session: start-up, then the job.
+* dense: pgbench's TPC-B-like transactions (small records), ``--segments`` segments of them;
+* bulk load: ``--segments`` segments of 200-byte row inserts (as the tests' ``generate_wal``
+  does), then an index build and updates after a checkpoint (full-page images).
+
+On each, in one run: ``pg_waldump --stats`` (CPU time of the child, best of 3), then
+``verify_archive`` with one worker (CPU time of this process: read + decompress + parse) on
+the compiled scanner and on the pure-Python one (``receivewal.wal.accel``), and with a pool of
+all cores (wall time). The ratios are verify's MB/s per core over pg_waldump's.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import subprocess
@@ -28,33 +32,57 @@ from pathlib import Path
 from support.servers import PgServer, make_shared_dir, pg_bin
 
 from receivewal.check.verify import rmgr_totals, verify_archive
-from receivewal.wal.names import parse_segment_file_name
-from receivewal.wal.reader import SegmentScanner
+from receivewal.wal import accel
 
 ROOT = Path(__file__).resolve().parent.parent
 
 REPEATS = 3
 
 
-def build_archive(out: Path, segments: int) -> None:
-    """A server's completed segments after ``segments`` rounds of generated WAL."""
+def copy_completed(server: PgServer, out: Path) -> None:
+    """Copy the server's completed segments (after a switch) into ``out``."""
+    current = server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+    server.switch_wal()
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(server.pg_wal.iterdir()):
+        if len(path.name) == 24 and path.name < current:
+            shutil.copy(path, out / path.name)
+
+
+def build_archives(dense: Path, bulk: Path, segments: int, seconds: int) -> None:
+    """The pgbench archive and the bulk-load archive, from one server each."""
     base = make_shared_dir("receivewal-bench-")
-    server = PgServer(base, "bench")
     try:
+        server = PgServer(base, "bulk")
         server.init()
         server.start()
         server.generate_wal(max(1, segments - 2))
         server.sql("CHECKPOINT")
         server.sql("CREATE INDEX filler_id ON filler (id)")
         server.sql("UPDATE filler SET pad = 'u' WHERE id % 3 = 0")
-        current = server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
-        server.switch_wal()
-        out.mkdir(parents=True, exist_ok=True)
-        for path in sorted(server.pg_wal.iterdir()):
-            if len(path.name) == 24 and path.name < current:
-                shutil.copy(path, out / path.name)
-    finally:
+        copy_completed(server, bulk)
         server.stop("immediate")
+        server = PgServer(base, "dense")
+        server.init({"max_wal_size": "'4GB'", "checkpoint_timeout": "'30min'",
+                     "synchronous_commit": "off"})
+        server.start()
+        pgbench = [pg_bin("pgbench"), "-h", "127.0.0.1", "-p", str(server.port), "-U",
+                   "postgres", "postgres"]
+        subprocess.run([pgbench[0], "-i", "-q", "-s", "5", *pgbench[1:]], check=True,
+                       capture_output=True)
+        first = server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+        while True:  # TPC-B until the load has filled ``segments`` segments
+            subprocess.run([pgbench[0], "-T", str(seconds), "-c", "4", "-j", "2",
+                            *pgbench[1:]], check=True, capture_output=True)
+            now = server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+            if int(now[8:], 16) - int(first[8:], 16) >= segments:
+                break
+        copy_completed(server, dense)
+        for path in dense.iterdir():  # only the WAL of the TPC-B load, not of pgbench -i
+            if path.name < first:
+                path.unlink()
+        server.stop("immediate")
+    finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -78,28 +106,20 @@ def time_waldump(archive: Path, names: list[str]) -> tuple[float, int]:
     return best_cpu, records
 
 
-def time_parser(archive: Path, names: list[str]) -> float:
-    """Best CPU seconds of the parser alone over segments already in memory."""
-    data = {n: (archive / n).read_bytes() for n in names}
+def time_verify(archive: Path, jobs: int, native: bool, wall: bool = False) -> float:
+    """Best seconds of verify_archive on one scanner path: CPU time of this process with one
+    worker (unless ``wall``), wall time with a pool."""
+    saved = accel.native
+    accel.native = accel.load_native() if native else None
+    clock = time.process_time if jobs == 1 and not wall else time.perf_counter
     best = float("inf")
-    for _ in range(REPEATS):
-        began = time.process_time()
-        for name, raw in data.items():
-            seg = parse_segment_file_name(name, len(raw))
-            assert seg is not None
-            SegmentScanner(raw, name, start_lsn=seg.start_lsn(len(raw)), segment_size=len(raw),
-                           timeline=seg.timeline, segno=seg.segno).scan()
-        best = min(best, time.process_time() - began)
-    return best
-
-
-def time_verify(archive: Path, jobs: int, compressibility: bool = False) -> float:
-    """Best wall seconds of verify_archive."""
-    best = float("inf")
-    for _ in range(REPEATS):
-        began = time.perf_counter()
-        verify_archive(archive, jobs=jobs, compressibility=compressibility)
-        best = min(best, time.perf_counter() - began)
+    try:
+        for _ in range(REPEATS):
+            began = clock()
+            verify_archive(archive, jobs=jobs)
+            best = min(best, clock() - began)
+    finally:
+        accel.native = saved
     return best
 
 
@@ -120,47 +140,53 @@ def time_spark(archive: Path) -> tuple[float, float, float]:
     return started, jobs[0], jobs[1]
 
 
+def bench_archive(label: str, archive: Path) -> None:
+    """Time pg_waldump --stats and verify (both paths) on one archive; print the rows."""
+    names = sorted(p.name for p in archive.iterdir() if len(p.name) == 24)
+    mb = sum((archive / n).stat().st_size for n in names) / 1e6
+    report, _ = verify_archive(archive, jobs=1)
+    records = sum(c for c, _, _ in rmgr_totals(report.scans).values())
+    wd_cpu, wd_records = time_waldump(archive, names)
+    print(f"\n{label}: {len(names)} segments, {mb:.0f} MB, {records} records "
+          f"({mb * 1e6 / max(records, 1):.0f} bytes per record; pg_waldump counted "
+          f"{wd_records}), recoverable={report.recoverable}")
+    rows = [("pg_waldump --stats (CPU)", wd_cpu)]
+    if accel.load_native() is not None:
+        rows.append(("verify -j 1, C scanner (CPU)", time_verify(archive, 1, native=True)))
+    rows.append(("verify -j 1, pure Python (CPU)", time_verify(archive, 1, native=False)))
+    if accel.load_native() is not None:
+        rows.append(("verify -j 1, C scanner (wall)",
+                     time_verify(archive, 1, native=True, wall=True)))
+        rows.append((f"verify -j {os.cpu_count()}, C scanner (wall)",
+                     time_verify(archive, 0, native=True)))
+    print(f"  {'what':<36} {'seconds':>8} {'MB/s':>8} {'x pg_waldump':>13}")
+    for what, secs in rows:
+        print(f"  {what:<36} {secs:>8.3f} {mb / secs:>8.1f} {wd_cpu / secs:>13.2f}")
+
+
 def main() -> None:
-    """Build or take an archive, time everything, print one table."""
+    """Build or take the archives, time everything, print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--segments", type=int, default=8)
-    parser.add_argument("--archive", type=Path)
-    parser.add_argument("--no-spark", action="store_true")
+    parser.add_argument("--segments", type=int, default=8, help="segments per archive")
+    parser.add_argument("--pgbench-seconds", type=int, default=5,
+                        help="pgbench -T of each round, until --segments are full")
+    parser.add_argument("--archive", type=Path, help="time this archive instead")
+    parser.add_argument("--spark", action="store_true", help="also time analyze on Spark")
     args = parser.parse_args()
+    print(f"scanner: {accel.scanner_path()}; {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
-        archive = args.archive or Path(tmp) / "archive"
-        if args.archive is None:
-            build_archive(archive, args.segments)
-        names = sorted(p.name for p in archive.iterdir() if len(p.name) == 24)
-        mb = sum((archive / n).stat().st_size for n in names) / 1e6
-        report, _ = verify_archive(archive, jobs=1)
-        records = sum(c for c, _, _ in rmgr_totals(report.scans).values())
-        print(f"archive: {len(names)} segments, {mb:.0f} MB, {records} records "
-              f"({mb * 1e6 / max(records, 1):.0f} bytes per record), "
-              f"recoverable={report.recoverable}")
-        wd_cpu, wd_records = time_waldump(archive, names)
-        print(f"pg_waldump --stats counted {wd_records} records")
-        parse_cpu = time_parser(archive, names)
-        v1 = time_verify(archive, 1)
-        v1c = time_verify(archive, 1, compressibility=True)
-        vall = time_verify(archive, 0)
-        rows = [
-            ("pg_waldump --stats (1 process, CPU time)", wd_cpu, mb / wd_cpu),
-            ("parser alone, in memory (CPU time)", parse_cpu, mb / parse_cpu),
-            ("verify -j 1 (read + parse)", v1, mb / v1),
-            ("verify -j 1 --compressibility", v1c, mb / v1c),
-            ("verify, pool of all cores (wall)", vall, mb / vall),
-        ]
-        print(f"{'what':<44} {'seconds':>8} {'MB/s':>8}")
-        for what, secs, rate in rows:
-            print(f"{what:<44} {secs:>8.3f} {rate:>8.1f}")
-        print(f"verify per core / pg_waldump per core: {(mb / v1) / (mb / wd_cpu):.2f} "
-              f"(parser alone: {(mb / parse_cpu) / (mb / wd_cpu):.2f})")
-        if not args.no_spark:
-            started, first, second = time_spark(archive)
+        if args.archive is not None:
+            archives = [("archive", args.archive)]
+        else:
+            archives = [("dense (pgbench)", Path(tmp) / "dense"),
+                        ("bulk load", Path(tmp) / "bulk")]
+            build_archives(archives[0][1], archives[1][1], args.segments, args.pgbench_seconds)
+        for label, archive in archives:
+            bench_archive(label, archive)
+        if args.spark:
+            started, first, second = time_spark(archives[-1][1])
             print(f"spark local[*]: session start {started:.1f} s, analyze job {first:.1f} s "
-                  f"(first), {second:.1f} s (warm session), "
-                  f"{mb / second:.1f} MB/s incl. compressibility and Parquet")
+                  f"(first), {second:.1f} s (warm session)")
 
 
 if __name__ == "__main__":

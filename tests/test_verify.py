@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from support.scanner import scanner_path  # noqa: F401 - the fixture, used below
 from support.servers import make_shared_dir
 from support.sparkarchives import (
     SEGMENT_SIZE,
@@ -98,6 +99,7 @@ def fmt(lsn: int) -> str:
 
 
 # -- intact archives ---------------------------------------------------------------------------
+@pytest.mark.usefixtures("scanner_path")
 @pytest.mark.parametrize("timeline", [1, 2])
 def test_rmgr_statistics_equal_pg_waldump_stats(built: BuiltArchive, tmp_path: Path,
                                                 timeline: int) -> None:
@@ -120,6 +122,7 @@ def test_rmgr_statistics_equal_pg_waldump_stats(built: BuiltArchive, tmp_path: P
     assert {k: sorted(v) for k, v in sorted(ours.items())} == per_record
 
 
+@pytest.mark.usefixtures("scanner_path")
 def test_every_record_pg_waldump_lists_is_verified(built: BuiltArchive, tmp_path: Path) -> None:
     """The LSN of every record pg_waldump lists is a record the parser checked, and no more."""
     directory = subset(built, built.tl1, tmp_path / "tl1")
@@ -130,6 +133,7 @@ def test_every_record_pg_waldump_lists_is_verified(built: BuiltArchive, tmp_path
     assert checked == listed
 
 
+@pytest.mark.usefixtures("scanner_path")
 def test_whole_archive_is_recoverable_across_the_promotion(built: BuiltArchive) -> None:
     """Both timelines, the history file and the .partial files: exit 0, recovery to the end."""
     code, report = run_verify(built.plain)
@@ -142,6 +146,7 @@ def test_whole_archive_is_recoverable_across_the_promotion(built: BuiltArchive) 
     assert lsn_int(recovery["end_lsn"]) > lsn_int(built.switchpoint)
 
 
+@pytest.mark.usefixtures("scanner_path")
 def test_compressed_archive_gives_the_same_statistics(built: BuiltArchive, tmp_path: Path) -> None:
     """Plain, .gz, .lz4 and .zst segments (and compressed .partial) read the same."""
     renamed = compressed_copy(built.plain, tmp_path / "packed")
@@ -203,6 +208,7 @@ def scan_of(directory: Path, name: str) -> tuple[int, ...]:
     return next(r.scan.record_lsns for r in results if r.scan and r.scan.file == name)
 
 
+@pytest.mark.usefixtures("scanner_path")
 def test_flipped_bit_in_a_record_is_a_crc_mismatch(built: BuiltArchive, tmp_path: Path) -> None:
     """One bit flipped inside a record's data: crc_mismatch at that record's LSN."""
     directory = copy_archive(built, tmp_path)
@@ -237,6 +243,7 @@ def test_zeroed_tail_of_a_complete_segment(built: BuiltArchive, tmp_path: Path) 
     assert_fails_with(directory, "zeroed_tail", name, zero_lsn)
 
 
+@pytest.mark.usefixtures("scanner_path")
 def test_damage_in_a_record_that_crosses_segments(built: BuiltArchive, tmp_path: Path) -> None:
     """A byte of a record's tail in the next segment damaged: reported on the record's own
     segment, at the record's LSN, though its start lies in an intact file."""

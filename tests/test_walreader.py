@@ -17,6 +17,7 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.scanner import scanner_path  # noqa: F401 - the fixture, used below
 from support.waldump import by_rmgr, parse_stats
 
 from receivewal.archive.compression import read_wal_file
@@ -28,6 +29,9 @@ from receivewal.wal.rmgr import RMGR_NAMES, rmgr_id, rmgr_id_is_valid, rmgr_name
 DATA = Path(__file__).parent / "data" / "wal"
 SEG = 1 << 20
 NAMES = sorted(p.name.removesuffix(".zst") for p in DATA.glob("*.zst"))
+
+# Every test here runs on both scanner paths: the C extension and pure Python.
+pytestmark = pytest.mark.usefixtures("scanner_path")
 
 
 @pytest.fixture(scope="module")

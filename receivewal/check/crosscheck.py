@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
@@ -147,9 +148,25 @@ def check_archive(segment_size: int, scans: Iterable[SegmentScan],
         recovery, path_problems = _recover(by_key, parsed.get(target, []), target,
                                            segment_size, start_lsn)
         problems += path_problems
+    problems += _unexplained_verdict(recovery, problems, own, segment_size)
     unique = list({(p.kind, p.file, p.lsn): p for p in reversed(problems)}.values())[::-1]
     unique.sort(key=lambda p: (p.severity != "error", p.lsn, p.file))
     return ArchiveReport(segment_size, system_identifier, tuple(scans), tuple(unique), recovery)
+
+
+def _unexplained_verdict(recovery: Recovery | None, problems: list[WalProblem],
+                         own: list[SegmentScan], segment_size: int) -> list[WalProblem]:
+    """A problem that names why recovery stops when no error found so far says it: a NOT
+    recoverable verdict always names at least one problem."""
+    if any(p.severity == "error" for p in problems):
+        return []
+    if recovery is None:
+        return [WalProblem("no_segments", "", 0, "the archive holds no segment file")]
+    if recovery.complete:
+        return []
+    end = recovery.end_lsn
+    file = next((s.file for s in own if s.start_lsn <= end < s.start_lsn + segment_size), "")
+    return [WalProblem("recovery_stops", file, end, recovery.stop_reason)]
 
 
 def _check_histories(own: list[SegmentScan], parsed: Mapping[int, list[TimelineSwitch]],
@@ -222,19 +239,32 @@ def _check_partials(own: list[SegmentScan], parsed: Mapping[int, list[TimelineSw
     return problems
 
 
+_MISSING_LISTED = 10  # missing segments named one by one per gap; the rest are counted
+
+
 def _missing_per_timeline(by_key: Mapping[tuple[int, int], SegmentScan],
                           segment_size: int) -> list[WalProblem]:
+    """The segments missing between the first and the last of each timeline: the first few
+    of each gap by name, then one problem that counts the rest (a gap may be 2^44 long)."""
     problems = []
     segnos: dict[int, list[int]] = {}
     for tli, segno in by_key:
         segnos.setdefault(tli, []).append(segno)
     for tli, present in sorted(segnos.items()):
-        have = set(present)
-        for segno in range(min(present), max(present)):
-            if segno not in have:
+        ordered = sorted(present)
+        for low, high in pairwise(ordered):
+            gap = range(low + 1, high)
+            for segno in gap[:_MISSING_LISTED]:
                 problems.append(WalProblem(
                     "missing_segment", wal_file_name(tli, segno, segment_size),
                     segno * segment_size, f"segment missing on timeline {tli}"))
+            if len(gap) > _MISSING_LISTED:
+                first = gap[_MISSING_LISTED]
+                problems.append(WalProblem(
+                    "missing_segment", wal_file_name(tli, first, segment_size),
+                    first * segment_size, f"and {len(gap) - _MISSING_LISTED - 1} more "
+                    f"segments up to {wal_file_name(tli, high - 1, segment_size)} are missing "
+                    f"on timeline {tli}"))
     return problems
 
 

@@ -1,24 +1,23 @@
-"""``receivewal verify DIR``: scan every segment of one archive in a process pool and report.
+"""Verify an archive: scan every segment of one archive in a process pool and report.
 
 The IO edge of the archive checks: list the directory, read and decompress files, run
-:class:`~receivewal.walreader.SegmentScanner` on each segment (finishing a record that runs
+:class:`~receivewal.wal.reader.SegmentScanner` on each segment (finishing a record that runs
 into the next segment from that segment's first pages) and hand the scans to
-:func:`~receivewal.archivecheck.check_archive`. Exit code 0 only when the archive is
-recoverable end to end.
+:func:`~receivewal.check.crosscheck.check_archive`. The ``receivewal verify`` command is in
+:mod:`receivewal.commands.verify`; :func:`scan_file` is also analyze's per-segment task.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
-import click
 import lz4.frame
 import zstandard
 
@@ -31,10 +30,12 @@ from receivewal.check.crosscheck import (
     plan_scans,
 )
 from receivewal.errors import ArchiveError, ConfigurationError
-from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size, format_lsn, parse_lsn
+from receivewal.wal import accel
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size, format_lsn
 from receivewal.wal.names import (
     SegmentFile,
     at_rest_of,
+    looks_like_segment,
     parse_history_file_name,
     parse_segment_file_name,
 )
@@ -46,6 +47,8 @@ from receivewal.wal.reader import (
     WalProblem,
 )
 from receivewal.wal.rmgr import rmgr_name
+
+_AGREEING_HEADERS = 3
 
 
 @dataclass(frozen=True)
@@ -107,16 +110,28 @@ def _join(base: str) -> Any:
     return lambda name: base.rstrip("/") + "/" + name
 
 
-def segment_size_of(path: str, compression: str, open_binary: Opener | None = None) -> int:
-    """The segment size recorded in a segment's long page header."""
+@overload
+def segment_size_of(path: str, compression: str, open_binary: Opener | None = None, *,
+                    address: Literal[False] = False) -> int: ...
+
+
+@overload
+def segment_size_of(path: str, compression: str, open_binary: Opener | None = None, *,
+                    address: Literal[True]) -> tuple[int, int]: ...
+
+
+def segment_size_of(path: str, compression: str, open_binary: Opener | None = None, *,
+                    address: bool = False) -> int | tuple[int, int]:
+    """The segment size recorded in a segment's long page header (and its page address)."""
     head = read_wal_file(path, compression, SIZE_OF_LONG_PHD, open_binary)
     if len(head) < SIZE_OF_LONG_PHD:
         raise ArchiveError(f"{path} is too short to hold a WAL page header")
     size = int.from_bytes(head[32:36], "little")
     try:
-        return check_segment_size(size)
+        size = check_segment_size(size)
     except ConfigurationError as exc:
         raise ArchiveError(f"{path}: {exc}") from exc
+    return (size, int.from_bytes(head[8:16], "little")) if address else size
 
 
 def classify(names: Iterable[str], segment_size: int
@@ -132,18 +147,43 @@ def classify(names: Iterable[str], segment_size: int
     return segments, histories
 
 
+def misnamed(names: Iterable[str], segment_size: int) -> list[WalProblem]:
+    """A problem for each name shaped like a segment's that no segment of ``segment_size``
+    can have (timeline 0, or a segment number out of range)."""
+    return [WalProblem("bad_file_name", name, 0, "named like a WAL segment, but no segment of "
+                       f"{segment_size >> 20} MiB has this name (timeline 0 or segment number "
+                       "out of range)")
+            for name in names
+            if looks_like_segment(name) and parse_segment_file_name(name, segment_size) is None]
+
+
 def detect_segment_size(base: str, names: Iterable[str],
                         open_binary: Opener | None = None) -> int:
-    """The segment size in the long header of the first readable segment-named file."""
+    """The segment size that most segment-named files' long headers record.
+
+    A header votes only when its page address is where its file name puts the segment at the
+    size it claims, so one damaged header does not decide for the archive: that file is then
+    reported by its scan (its page header names another size). Reading stops once a few
+    headers agree.
+    """
     last: ArchiveError | None = None
+    sizes: Counter[int] = Counter()
     for name in names:
-        if parse_segment_file_name(name, DEFAULT_SEGMENT_SIZE) is None:
+        if not looks_like_segment(name):
             continue
         try:
-            return segment_size_of(base.rstrip("/") + "/" + name, guess_compression(name),
-                                   open_binary)
+            size, address = segment_size_of(base.rstrip("/") + "/" + name,
+                                            guess_compression(name), open_binary, address=True)
         except ArchiveError as exc:
             last = exc
+            continue
+        seg = parse_segment_file_name(name, size)
+        if seg is not None and seg.start_lsn(size) == address:
+            sizes[size] += 1
+            if sizes[size] == _AGREEING_HEADERS:  # enough: analyze's driver reads remotely
+                break
+    if sizes:
+        return max(sizes.items(), key=lambda kv: (kv[1], kv[0] == DEFAULT_SEGMENT_SIZE))[0]
     if last is not None:
         raise last
     return DEFAULT_SEGMENT_SIZE
@@ -160,11 +200,14 @@ def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int |
     """Scan and cross-check one archive directory."""
     if not directory.is_dir():
         raise ArchiveError(f"{directory} is not a directory")
-    names = sorted(p.name for p in directory.iterdir() if p.is_file())
+    # Not only regular files: a dangling symlink or a symlink loop under a segment's name is
+    # an unreadable segment, never a file that is not there.
+    names = sorted(p.name for p in directory.iterdir() if not p.is_dir())
     if segment_size is None:
         segment_size = detect_segment_size(str(directory), names)
     segments, history_names = classify(names, segment_size)
     chosen, problems = choose_files(segments)
+    problems += misnamed(names, segment_size)
     tasks = plan_scans(chosen)
     results = run_scans(tasks, str(directory), segment_size, jobs=jobs,
                         compressibility=compressibility, collect_lsns=collect_lsns)
@@ -222,6 +265,7 @@ def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, A
     by_file = {r.task.file: r for r in results}
     return {
         "recoverable": report.recoverable,
+        "scanner": accel.scanner_path(),
         "segment_size": report.segment_size,
         "system_identifier": report.system_identifier,
         "recovery": None if rec is None else {
@@ -251,7 +295,8 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
     total = sum(s.data_bytes for s in scans)
     lines = [f"archive {directory}: {len(scans)} segments of {report.segment_size >> 20} MiB "
              f"on timeline(s) {', '.join(map(str, timelines)) or '-'}, system identifier "
-             f"{report.system_identifier}"]
+             f"{report.system_identifier}",
+             f"scanner: {accel.scanner_path()}"]
     for tli in timelines:
         own = [s for s in scans if s.timeline == tli]
         lines.append(f"  timeline {tli}: {own[0].file} .. {own[-1].file} ({len(own)} files)")
@@ -280,33 +325,6 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
     lines.append("verdict: recoverable end to end" if report.recoverable
                  else "verdict: NOT recoverable end to end")
     return lines
-
-
-@click.command("verify")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Worker processes (default: one per CPU).")
-@click.option("--start", "start", default=None, metavar="LSN",
-              help="Check the WAL range recovery reaches from this LSN (default: the first "
-                   "segment's start).")
-@click.option("--compressibility", is_flag=True,
-              help="Also measure each segment's size after zstd level 1 and lz4.")
-def verify_command(directory: Path, as_json: bool, jobs: int | None, start: str | None,
-                   compressibility: bool) -> None:
-    """Check every page, record and CRC of a WAL archive; exit 0 only if it is recoverable."""
-    try:
-        start_lsn = parse_lsn(start) if start else None
-        report, results = verify_archive(directory, jobs=jobs, start_lsn=start_lsn,
-                                         compressibility=compressibility)
-    except (ArchiveError, ConfigurationError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    if as_json:
-        click.echo(json.dumps(report_json(report, results), indent=2))
-    else:
-        click.echo("\n".join(report_lines(report, str(directory), results)))
-    if not report.recoverable:
-        raise click.exceptions.Exit(1)
 
 
 def histories_of(directory: Path, names: Iterable[str]) -> Mapping[int, str]:

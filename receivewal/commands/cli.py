@@ -20,7 +20,7 @@ LAZY_COMMANDS = {
     "stream": "receivewal.commands.stream:stream_command",
     "status": "receivewal.commands.status:status_command",
     "relay": "receivewal.commands.relay:relay_command",
-    "verify": "receivewal.check.verify:verify_command",
+    "verify": "receivewal.commands.verify:verify_command",
     "analyze": "receivewal.commands.analyze:analyze_command",
     "restore": "receivewal.commands.restore:restore_command",
 }

@@ -47,6 +47,13 @@ _SEGMENT_RE = re.compile(
     + f"({re.escape(PARTIAL_SUFFIX)})?"
 )
 _HISTORY_RE = re.compile(r"([0-9A-F]{8})\.history")
+
+
+def looks_like_segment(name: str) -> bool:
+    """Whether ``name`` has the shape of a segment file name, whatever the segment size (the
+    segment number may still be impossible for a given size: see parse_segment_file_name)."""
+    return _SEGMENT_RE.fullmatch(name) is not None
+
 _OTHER_WAL_RE = re.compile(r"[0-9A-F]{24}\.[0-9A-F]{8}\.backup")
 
 

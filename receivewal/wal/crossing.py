@@ -1,0 +1,112 @@
+"""Records that cross pages and segments (pure): gathering their pieces.
+
+A record longer than what is left of its page continues on the next pages, after each page's
+short header, whose ``xlp_rem_len`` must say how much of it is still to come. When it runs
+past the end of the segment, it is a :class:`Pending` record that the first pages of the
+following segment finish (:func:`continue_pending`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from receivewal.wal.lsn import format_lsn
+from receivewal.wal.pageheader import (
+    SHORT_HEADER,
+    SIZE_OF_LONG_PHD,
+    SIZE_OF_SHORT_PHD,
+    XLOG_BLCKSZ,
+    XLOG_PAGE_MAGIC,
+    XLP_FIRST_IS_CONTRECORD,
+    XLP_FIRST_IS_OVERWRITE_CONTRECORD,
+)
+from receivewal.wal.pages import PageMap
+
+_PAGE_MASK = XLOG_BLCKSZ - 1
+
+# (kind, detail, severity) of a record that cannot be gathered; its LSN is the record's
+Refusal = tuple[str, str, str]
+
+
+@dataclass
+class Pending:
+    """A record that runs past the end of the data scanned so far."""
+
+    lsn: int
+    prev: int | None  # the start of the record before it, when known
+    tot_len: int
+    parts: list[bytes]
+    got: int
+    next_start: int  # LSN of the segment that must continue it
+
+
+def gather(data: bytes, pages: PageMap, pos: int, tot_len: int, *, start_lsn: int,
+           segment_size: int) -> tuple[bytes, int] | Pending | Refusal:
+    """The bytes of the record at ``pos`` and the offset where it ends, checking each
+    continuation header; a :class:`Pending` record when the data ends first."""
+    page_end = (pos | _PAGE_MASK) + 1
+    if tot_len <= page_end - pos:
+        return data[pos:pos + tot_len], pos + tot_len
+    parts = [data[pos:page_end]]
+    got = page_end - pos
+    p = page_end >> 13
+    end = page_end
+    while got < tot_len:
+        if p >= pages.n_pages:
+            return Pending(start_lsn + pos, None, tot_len, parts, got, start_lsn + segment_size)
+        if not pages.page_ok[p]:
+            return ("bad_record", "record continues into a damaged page", "error")
+        if pages.flags[p] & XLP_FIRST_IS_OVERWRITE_CONTRECORD:
+            return ("aborted_contrecord", "record was overwritten by XLOG_OVERWRITE_CONTRECORD",
+                    "warning")
+        if not pages.flags[p] & XLP_FIRST_IS_CONTRECORD or pages.rems[p] != tot_len - got:
+            return ("bad_record", f"invalid contrecord length {pages.rems[p]} at "
+                    f"{format_lsn(start_lsn + p * XLOG_BLCKSZ)}, expected {tot_len - got}",
+                    "error")
+        off = p * XLOG_BLCKSZ + SIZE_OF_SHORT_PHD
+        take = min(XLOG_BLCKSZ - SIZE_OF_SHORT_PHD, tot_len - got)
+        parts.append(data[off:off + take])
+        got += take
+        end = off + take
+        p += 1
+    return b"".join(parts), end
+
+
+def bytes_needed(pend: Pending, segment_size: int) -> int:
+    """How many bytes of the following segment finish ``pend``."""
+    need = pend.tot_len - pend.got
+    pages = (need + SIZE_OF_LONG_PHD) // (XLOG_BLCKSZ - SIZE_OF_SHORT_PHD) + 1
+    return min(pages * XLOG_BLCKSZ, segment_size)
+
+
+def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int
+                     ) -> tuple[str, int, str]:
+    """Add the pieces of ``pend`` that the first pages of ``data`` (segment ``file``) hold.
+
+    Returns ``("done", end, "")`` with the offset in ``data`` where the record ends,
+    ``("more", 0, "")`` when it runs on into the segment after that (``next_start`` moved on),
+    ``("missing", 0, "")`` when ``data`` ends first, or ``("bad", 0, detail)``.
+    """
+    p = 0
+    end = 0
+    while pend.got < pend.tot_len:
+        off = p * XLOG_BLCKSZ
+        need = pend.tot_len - pend.got
+        hdr = SIZE_OF_LONG_PHD if off == 0 else SIZE_OF_SHORT_PHD
+        take = min(XLOG_BLCKSZ - hdr, need)
+        if off + hdr + take > len(data):  # (a compressed .partial may end inside a page)
+            if len(data) >= segment_size:  # runs on into the segment after that
+                pend.next_start += segment_size
+                return ("more", 0, "")
+            return ("missing", 0, "")
+        magic, info, _tli, addr, rem = SHORT_HEADER.unpack_from(data, off)
+        if (magic != XLOG_PAGE_MAGIC or addr != pend.next_start + off
+                or not info & XLP_FIRST_IS_CONTRECORD or rem != need):
+            return ("bad", 0, f"record continues into {file} at "
+                    f"{format_lsn(pend.next_start + off)}, whose page header does not "
+                    f"continue it (remaining length {rem}, expected {need})")
+        pend.parts.append(data[off + hdr:off + hdr + take])
+        pend.got += take
+        end = off + hdr + take
+        p += 1
+    return ("done", end, "")

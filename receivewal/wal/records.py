@@ -1,0 +1,175 @@
+"""Records of one WAL segment (pure): what the scan finds, and the block-header decoding.
+
+The result types of a segment scan (:class:`SegmentScan`, :class:`WalProblem`,
+:class:`RmgrTotals`) and :func:`fpi_bytes_of`, which decodes a record's block references as
+PostgreSQL 15's DecodeXLogRecord does to count full-page-image bytes the way
+``pg_waldump --stats`` counts them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from receivewal.wal.lsn import format_lsn
+from receivewal.wal.pageheader import XLOG_BLCKSZ
+from receivewal.wal.pages import maxalign
+from receivewal.wal.rmgr import RM_XACT_ID
+
+__all__ = ["RmgrTotals", "SegmentScan", "WalProblem", "fpi_bytes_of", "group_totals", "maxalign",
+           "record_type"]
+
+SIZE_OF_XLOG_RECORD = 24
+_U32 = struct.Struct("<I").unpack_from
+_IMAGE = struct.Struct("<HHB").unpack_from  # bimg_len, hole_offset, bimg_info
+_BKPIMAGE_HAS_HOLE = 0x01
+_BKPIMAGE_COMPRESSED = 0x04 | 0x08 | 0x10  # pglz, lz4, zstd (PostgreSQL 15 flag values)
+
+
+def record_type(key: int) -> int:
+    """``rmid << 4 | xl_info >> 4`` reduced as pg_waldump --stats=record groups records:
+    for Transaction records only the three opcode bits count (the fourth is a flag)."""
+    return key & ~0x8 if key >> 4 == RM_XACT_ID else key
+
+
+@dataclass(frozen=True)
+class WalProblem:
+    """Something wrong in the archive, with the file and the LSN where it was found."""
+
+    kind: str
+    file: str
+    lsn: int
+    detail: str
+    severity: str = "error"  # "error" breaks recovery; "warning" does not
+
+    def describe(self) -> str:
+        """One line for people: file, LSN, kind and detail."""
+        return f"{self.severity}: {self.file} at {format_lsn(self.lsn)}: {self.kind}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class RmgrTotals:
+    """Statistics of one resource manager, as ``pg_waldump --stats`` sums them."""
+
+    records: int
+    record_bytes: int  # xl_tot_len minus full-page-image bytes
+    fpi_bytes: int
+
+
+@dataclass(frozen=True)
+class SegmentScan:
+    """What one segment holds and what is wrong with it."""
+
+    file: str
+    timeline: int
+    segno: int
+    start_lsn: int
+    partial: bool
+    data_bytes: int  # length after decompression
+    system_identifier: int | None
+    page_tlis: tuple[tuple[int, int], ...]  # (LSN of a page, its timeline) where it changes
+    rmgr: Mapping[int, RmgrTotals]
+    record_types: Mapping[int, RmgrTotals]  # by rmid << 4 | record type, see record_type()
+    first_record_lsn: int | None
+    first_record_prev: int | None
+    last_record_lsn: int | None
+    end_lsn: int  # where the record after the last one found would start
+    valid_end: int  # recovery can read this segment's WAL up to here
+    switched: bool  # an XLOG_SWITCH record ended the segment
+    incomplete_tail: bool  # the last record continues into WAL that was not available
+    record_lsns: tuple[int, ...]
+    problems: tuple[WalProblem, ...]
+
+    @property
+    def records(self) -> int:
+        """Records that start in this segment."""
+        return sum(t.records for t in self.rmgr.values())
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes of those records, full-page images excluded."""
+        return sum(t.record_bytes for t in self.rmgr.values())
+
+    @property
+    def fpi_bytes(self) -> int:
+        """Bytes of full-page images in those records."""
+        return sum(t.fpi_bytes for t in self.rmgr.values())
+
+
+def fpi_bytes_of(rec: bytes | memoryview, off: int, end: int) -> int:  # noqa: PLR0912, PLR0915 - one loop, as DecodeXLogRecord
+    """Full-page-image bytes of a record whose block headers are ``rec[off:end]``.
+
+    Decodes the block references like PostgreSQL's DecodeXLogRecord and returns -1 when they
+    are malformed (out-of-order block ids, lengths that do not add up to ``xl_tot_len``).
+    """
+    remaining = end - off
+    datatotal = 0
+    fpi = 0
+    max_block = -1
+    have_rel = False
+    try:
+        while remaining > datatotal:
+            bid = rec[off]
+            if bid == 255:  # XLR_BLOCK_ID_DATA_SHORT
+                datatotal += rec[off + 1]
+                remaining -= 2
+                break
+            if bid == 254:  # XLR_BLOCK_ID_DATA_LONG
+                datatotal += _U32(rec, off + 1)[0]
+                remaining -= 5
+                break
+            if bid == 253:  # XLR_BLOCK_ID_ORIGIN
+                off += 3
+                remaining -= 3
+                continue
+            if bid == 252:  # XLR_BLOCK_ID_TOPLEVEL_XID
+                off += 5
+                remaining -= 5
+                continue
+            if bid > 32 or bid <= max_block:
+                return -1
+            max_block = bid
+            fork_flags = rec[off + 1]
+            data_len = rec[off + 2] | rec[off + 3] << 8
+            off += 4
+            remaining -= 4
+            if (fork_flags & 0x20 == 0) != (data_len == 0):  # BKPBLOCK_HAS_DATA
+                return -1
+            datatotal += data_len
+            if fork_flags & 0x10:  # BKPBLOCK_HAS_IMAGE
+                bimg_len, _hole, bimg_info = _IMAGE(rec, off)
+                off += 5
+                remaining -= 5
+                if bimg_info & _BKPIMAGE_COMPRESSED and bimg_info & _BKPIMAGE_HAS_HOLE:
+                    off += 2
+                    remaining -= 2
+                if bimg_len == 0 or bimg_len > XLOG_BLCKSZ:
+                    return -1
+                datatotal += bimg_len
+                fpi += bimg_len
+            if fork_flags & 0x80:  # BKPBLOCK_SAME_REL
+                if not have_rel:
+                    return -1
+            else:
+                have_rel = True
+                off += 12
+                remaining -= 12
+            off += 4
+            remaining -= 4
+    except (IndexError, struct.error):
+        return -1
+    return fpi if remaining == datatotal else -1
+
+
+def group_totals(counts: Sequence[int], rec_bytes: Sequence[int], fpi_bytes: Sequence[int],
+                 group: Callable[[int], int]) -> dict[int, RmgrTotals]:
+    """Per-key sums (key: ``rmid << 4 | xl_info >> 4``) added up by ``group(key)``."""
+    acc: dict[int, list[int]] = {}
+    for key, n in enumerate(counts):
+        if n:
+            t = acc.setdefault(group(key), [0, 0, 0])
+            t[0] += n
+            t[1] += rec_bytes[key]
+            t[2] += fpi_bytes[key]
+    return {k: RmgrTotals(*v) for k, v in sorted(acc.items())}

@@ -1,0 +1,30 @@
+"""Run scanner tests on both paths: the compiled hot loop and the pure-Python fallback.
+
+Import :func:`scanner_path` into a test module (``from support.scanner import scanner_path``)
+and use it (autouse, or ``@pytest.mark.usefixtures("scanner_path")``): every test runs once
+with ``receivewal.wal._scan`` and once without it. The compiled run is skipped only when the
+extension is not built here (no compiler at install time); CI builds it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from receivewal.wal import accel
+
+
+@pytest.fixture(params=["c", "python"])
+def scanner_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+                 ) -> str:
+    """``"c"`` or ``"python"``: the scanner path this test runs on (also in forked workers,
+    and in child processes through RECEIVEWAL_PURE_PYTHON)."""
+    if request.param == "c":
+        native = accel.native or accel.load_native()
+        if native is None:
+            pytest.skip("the C extension receivewal.wal._scan is not built here")
+        monkeypatch.setattr(accel, "native", native)
+        monkeypatch.delenv("RECEIVEWAL_PURE_PYTHON", raising=False)
+    else:
+        monkeypatch.setattr(accel, "native", None)
+        monkeypatch.setenv("RECEIVEWAL_PURE_PYTHON", "1")
+    return str(request.param)

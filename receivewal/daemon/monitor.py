@@ -43,17 +43,20 @@ class SessionMonitor(Protocol):
     file_mode: int
 
     def connected(self, server: str, system_identifier: str, timeline: int,
-                  slot: str | None) -> None: ...
+                  slot: str | None, server_wal_end: int | None = None) -> None: ...
 
     def slot_state(self, slot: str | None, restart_lsn: int | None) -> None: ...
 
     def streaming_started(self, timeline: int, start_lsn: int) -> None: ...
 
-    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int) -> None: ...
+    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int,
+                 server_wal_end: int | None = None) -> None: ...
 
     def written(self, lsn: int) -> None: ...
 
     def flushed(self, lsn: int) -> None: ...
+
+    def flush_reported(self, lsn: int) -> None: ...
 
     def keepalive(self, server_wal_end: int) -> None: ...
 
@@ -61,7 +64,7 @@ class SessionMonitor(Protocol):
 
     def timeline_switched(self, timeline: int) -> None: ...
 
-    def compression(self, algorithm: str | None, wire_bytes: int, wal_bytes: int) -> None: ...
+    def compression(self, algorithm: str | None) -> None: ...
 
     def tick(self, now: float) -> None: ...
 
@@ -101,8 +104,10 @@ class Monitor:
         self._flushed: int | None = None
         self._server_wal_end: int | None = None
         self._last_contact: float | None = None
-        self._wire_bytes = 0
+        self._wire_bytes = 0  # since start
         self._wal_bytes = 0
+        self._conn_wire_bytes = 0  # on the current connection (the same batches)
+        self._conn_wal_bytes = 0
 
         self._notifier = Notifier.from_environment(env)
         self._watchdog = watchdog_interval(env, os.getpid())
@@ -129,13 +134,19 @@ class Monitor:
     # -- what the session reports ------------------------------------------------------------
 
     def connected(
-        self, server: str, system_identifier: str, timeline: int, slot: str | None
+        self, server: str, system_identifier: str, timeline: int, slot: str | None,
+        server_wal_end: int | None = None,
     ) -> None:
-        """Connected and identified the server (``server`` must not carry a password)."""
+        """Connected and identified the server (``server`` must not carry a password);
+        ``server_wal_end`` is IDENTIFY_SYSTEM's xlogpos, the server's WAL end at connect."""
         self._state = replace(
             self._state, phase="connected", server=redacted(server),
             system_identifier=system_identifier, timeline=timeline, slot=slot,
         )
+        self._conn_wire_bytes = self._conn_wal_bytes = 0
+        self._server_wal_end = None  # another server may end elsewhere: this one says
+        if server_wal_end is not None:
+            self._server_end(server_wal_end)
         self._last_contact = self._clock()
         self.metrics.contact()
         self.metrics.set_streaming(timeline, streaming=False)
@@ -159,12 +170,18 @@ class Monitor:
             self._status(status)
         self._write_now()
 
-    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int) -> None:
-        """A batch of messages arrived: WAL up to ``end_lsn``; bytes on the wire and of WAL."""
+    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int,
+                 server_wal_end: int | None = None) -> None:
+        """A batch of messages arrived: WAL up to ``end_lsn``; bytes on the wire and of WAL;
+        ``server_wal_end``: the walEnd of the batch's last XLogData (the server's WAL end)."""
         if self._received is None or end_lsn > self._received:
             self._received = end_lsn
         self._wire_bytes += wire_bytes
         self._wal_bytes += wal_bytes
+        self._conn_wire_bytes += wire_bytes
+        self._conn_wal_bytes += wal_bytes
+        if server_wal_end is not None:
+            self._server_end(server_wal_end)
         self._last_contact = self._clock()
         self.metrics.contact()
         self.metrics.set_received(end_lsn, wire_bytes, wal_bytes)
@@ -179,12 +196,21 @@ class Monitor:
         self._flushed = lsn
         self.metrics.set_flushed(lsn)
 
+    def flush_reported(self, lsn: int) -> None:
+        """A standby status update told the server that WAL up to ``lsn`` is flushed (0: no
+        flush position). The server sets a physical slot's restart_lsn to it, so that is what
+        the slot holds from now on: the state and the metric say so."""
+        slot = self._state.slot
+        if slot is None or lsn == 0:
+            return
+        self._state = replace(self._state, slot_restart_lsn=lsn)
+        self.metrics.set_slot(slot, lsn, active=self._state.phase == "streaming")
+
     def keepalive(self, server_wal_end: int) -> None:
         """A primary keepalive arrived, saying the server's WAL ends at ``server_wal_end``."""
-        self._server_wal_end = server_wal_end
+        self._server_end(server_wal_end)
         self._last_contact = self._clock()
         self.metrics.contact()
-        self.metrics.set_server_wal_end(server_wal_end)
 
     def segment_completed(self, name: str) -> None:
         """Segment ``name`` is complete and durable under its final name."""
@@ -206,16 +232,13 @@ class Monitor:
         if slot is not None:
             self.metrics.set_slot(slot, restart_lsn, active=self._state.phase == "streaming")
 
-    def compression(self, algorithm: str | None, wire_bytes: int, wal_bytes: int) -> None:
-        """The current stream's compression (None: none) and its totals so far (not increments).
+    def compression(self, algorithm: str | None) -> None:
+        """The current stream's compression, known from its first XLogData (None: plain).
 
-        The Prometheus byte counters come from :meth:`received`; these totals go to the state
-        file as the statistics of the current connection.
+        State, metric and log events all spell a plain stream ``none``; the state says null
+        only while no WAL has arrived yet. The byte counts come from :meth:`received` alone.
         """
-        self._state = replace(
-            self._state,
-            compression=algorithm, stream_wire_bytes=wire_bytes, stream_wal_bytes=wal_bytes,
-        )
+        self._state = replace(self._state, compression=algorithm or "none")
         self.metrics.set_compression(algorithm)
 
     def error(self, kind: str, message: str) -> None:
@@ -308,9 +331,18 @@ class Monitor:
             last_contact=self._last_contact,
             wire_bytes=self._wire_bytes,
             wal_bytes=self._wal_bytes,
+            stream_wire_bytes=self._conn_wire_bytes,
+            stream_wal_bytes=self._conn_wal_bytes,
         )
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _server_end(self, lsn: int) -> None:
+        """The server's WAL end only moves on within a connection: a keepalive carries the
+        sent position, which may be behind the walEnd of the XLogData before it."""
+        if self._server_wal_end is None or lsn > self._server_wal_end:
+            self._server_wal_end = lsn
+            self.metrics.set_server_wal_end(lsn)
 
     def _streaming_status(self) -> str:
         flushed = "nothing yet" if self._flushed is None else format_lsn(self._flushed)

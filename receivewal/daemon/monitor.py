@@ -6,6 +6,7 @@ The session calls a handful of cheap methods (``received``, ``flushed``, ``segme
 - systemd, through sd_notify (:mod:`receivewal.notify`): READY=1 once streaming has started,
   STATUS lines, WATCHDOG=1 pings, STOPPING=1;
 - Prometheus metrics (:mod:`receivewal.metrics`) when a metrics address is given;
+- the progress line on a terminal (:mod:`receivewal.daemon.progress`) with ``progress=True``;
 - the state file ``.receivewal-state.json`` (:mod:`receivewal.state`) that ``receivewal status``
   reads, rewritten from :meth:`Monitor.tick` at most every ``state_interval`` seconds and at
   once on the events that change what status should say (connected, streaming, timeline switch,
@@ -30,6 +31,7 @@ from typing import Protocol
 
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
+from receivewal.daemon.progress import ProgressLine, Sample
 from receivewal.daemon.state import LastError, State, write_state
 from receivewal.logs import get_logger
 from receivewal.replication.connection import redacted
@@ -77,6 +79,8 @@ class Monitor:
     ``file_mode`` is the state file's mode. ``clock`` gives the time in seconds (the same clock
     the caller passes to :meth:`tick`). ``environ`` is where NOTIFY_SOCKET, WATCHDOG_USEC and
     WATCHDOG_PID are read from (default: the process environment; ``{}`` turns systemd off).
+    ``progress``: keep a progress line on stderr while streaming, if stderr is a terminal (the
+    caller makes sure the logs there are not JSON).
     Use :meth:`null` for a monitor with no side channel at all.
     """
 
@@ -89,6 +93,7 @@ class Monitor:
         *,
         environ: Mapping[str, str] | None = None,
         state_interval: float = 5.0,
+        progress: bool = False,
     ) -> None:
         env = os.environ if environ is None else environ
         self.directory = directory
@@ -117,6 +122,7 @@ class Monitor:
         self._last_write: float | None = None
         self._write_failure: str | None = None
 
+        self._progress = ProgressLine.for_terminal() if progress else None
         self.metrics = Metrics(clock)
         self.metrics_address: Address | None = None
         if metrics_address is not None:
@@ -291,6 +297,8 @@ class Monitor:
             self._last_ping = now
         if self._state.phase == "streaming":
             self._status(self._streaming_status())
+        if self._progress is not None:
+            self._show_progress(now)
         if self.directory is not None and (
             self._last_write is None
             or now - self._last_write >= self.state_interval
@@ -307,6 +315,8 @@ class Monitor:
             self._write_now()
         self.metrics.close()
         self._notifier.close()
+        if self._progress is not None:
+            self._progress.close()
 
     def __enter__(self) -> Monitor:
         return self
@@ -336,6 +346,14 @@ class Monitor:
         )
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _show_progress(self, now: float) -> None:
+        assert self._progress is not None
+        if self._state.phase != "streaming":
+            self._progress.clear()  # the log says what happens instead
+            return
+        self._progress.update(now, Sample(now, self._received, self._server_wal_end,
+                                          self._wire_bytes, self._wal_bytes))
 
     def _server_end(self, lsn: int) -> None:
         """The server's WAL end only moves on within a connection: a keepalive carries the

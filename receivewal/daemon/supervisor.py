@@ -159,7 +159,8 @@ class Supervisor:
             return 1
         try:
             monitor = self.monitor or Monitor(self.settings.directory,
-                                              self.settings.metrics_address)
+                                              self.settings.metrics_address,
+                                              progress=self.settings.progress)
         except ReceivewalError as exc:
             self.log.error("failed", error=str(exc))
             return 1

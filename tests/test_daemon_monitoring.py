@@ -247,7 +247,7 @@ def test_status_and_metrics_are_live_while_pgbench_writes(
         assert " at -" not in first["summary"]
         assert first["state"]["server_wal_end"] is not None, first
 
-        bench = run_pgbench(pg, seconds=8)
+        bench = run_pgbench(pg, seconds=120)  # stopped once the checks are done
         try:
             def moved() -> bool:
                 state = json.loads(status(archive_dir).stdout)["state"]
@@ -261,6 +261,7 @@ def test_status_and_metrics_are_live_while_pgbench_writes(
                 pg.sql("SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'rw'"))
             assert bench.poll() is None, "pgbench ended before the checks: the load is too short"
         finally:
+            bench.terminate()
             bench.wait(timeout=60)
         state = during["state"]
         received = lsn_to_int(state["received_lsn"])

@@ -284,6 +284,11 @@ def test_status_and_metrics_are_live_while_pgbench_writes(
         assert f"flushed {state['flushed_lsn']}" in summary, summary
     finally:
         assert stop(proc, signal.SIGTERM) == 0, log.read_text()
+    assert_plain_stream_spelled_none(log, archive_dir)
+
+
+def assert_plain_stream_spelled_none(log: Path, archive_dir: Path) -> None:
+    """No server_silent probe happened; log events and state spell a plain stream "none"."""
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert not [e for e in events if e["event"] == "server_silent"]
     spellings = {e["algorithm"] for e in events

@@ -17,8 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.servers import PgServer, free_port
-from support.streams import PARTIAL, start_receivewal, stop, wait_for, wal_files
+from support.servers import PgServer, free_port, pg_bin
+from support.streams import (
+    PARTIAL,
+    lsn_to_int,
+    start_receivewal,
+    stop,
+    wait_for,
+    wal_files,
+)
 
 pytestmark = pytest.mark.server
 
@@ -148,7 +155,7 @@ def test_daemon_notifies_systemd_serves_metrics_and_reports_status(
         running = status(archive_dir)
         assert running.returncode == 0, running.stdout
         document = json.loads(running.stdout)
-        assert document["summary"].startswith("RECEIVEWAL OK - streaming timeline 1 at ")
+        assert document["summary"].startswith("RECEIVEWAL OK - streaming timeline 1, received ")
         assert document["state"]["pid"] == proc.pid
         assert document["state"]["slot"] == "rw1"
         assert document["state"]["segments_completed"] >= 1
@@ -193,3 +200,98 @@ def test_watchdog_pings_go_on_while_the_server_is_down(
         assert max(gaps) < 2.0, gaps
     finally:
         assert stop(proc, signal.SIGTERM) == 0
+
+
+def scrape_labelled(port: int, name: str) -> dict[str, float]:
+    """Samples of the labelled metric ``name``, by their label text (``slot="rw"``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) + 1:].rsplit(" ", 1)
+            samples[labels.rstrip("}")] = float(value)
+    return samples
+
+
+def run_pgbench(pg: PgServer, seconds: int) -> subprocess.Popen[bytes]:
+    """pgbench's TPC-B-like load on ``pg`` for ``seconds`` (initialised first), in the
+    background."""
+    common = ["-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres"]
+    subprocess.run([pg_bin("pgbench"), "-i", "-q", "-s", "2", *common, "postgres"],
+                   check=True, capture_output=True)
+    return subprocess.Popen([pg_bin("pgbench"), "-n", "-c", "2", "-T", str(seconds), *common,
+                             "postgres"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_status_and_metrics_are_live_while_pgbench_writes(
+    pg: PgServer, archive_dir: Path, tmp_path: Path
+) -> None:
+    """Under a pgbench load, before any server_silent probe: the server's WAL end is known
+    (from XLogData's walEnd) and lag is measured against it; the slot's restart_lsn follows
+    the flush position we report; the per-connection and since-start counters are one;
+    the summary says received and flushed; the compression is spelled one way in the logs."""
+    pg.sql("SELECT pg_create_physical_replication_slot('rw', true)")
+    initial_restart = lsn_to_int(
+        pg.sql("SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'rw'"))
+    port = free_port()
+    log = tmp_path / "log"
+    env = {"RECEIVEWAL_STATUS_INTERVAL": "1", "RECEIVEWAL_METRICS_ADDRESS": f"127.0.0.1:{port}",
+           "RECEIVEWAL_RECEIVE_TIMEOUT": "600"}  # server_silent only after 300 s of silence
+    proc = start_receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "rw",
+                            env=env, stderr_path=log)
+    try:
+        wait_for(lambda: '"phase": "streaming"' in status(archive_dir).stdout, what="streaming")
+        first = json.loads(status(archive_dir).stdout)
+        assert first["summary"].startswith("RECEIVEWAL OK - streaming timeline 1, received 0/")
+        assert " at -" not in first["summary"]
+        assert first["state"]["server_wal_end"] is not None, first
+
+        bench = run_pgbench(pg, seconds=120)  # stopped once the checks are done
+        try:
+            def moved() -> bool:
+                state = json.loads(status(archive_dir).stdout)["state"]
+                return (state["slot_restart_lsn"] is not None
+                        and lsn_to_int(state["slot_restart_lsn"]) > initial_restart + (4 << 20))
+            wait_for(moved, timeout=60, what="the slot's restart_lsn in the state to move")
+            during = json.loads(status(archive_dir).stdout)
+            metrics = scrape(port)
+            slot_metric = scrape_labelled(port, "receivewal_slot_restart_lsn")['slot="rw"']
+            server_restart = lsn_to_int(
+                pg.sql("SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'rw'"))
+            assert bench.poll() is None, "pgbench ended before the checks: the load is too short"
+        finally:
+            bench.terminate()
+            bench.wait(timeout=60)
+        state = during["state"]
+        received = lsn_to_int(state["received_lsn"])
+        server_end = lsn_to_int(state["server_wal_end"])
+        assert server_end >= received > initial_restart + (4 << 20)
+        assert metrics["receivewal_server_wal_end_lsn"] >= metrics["receivewal_received_lsn"]
+        assert metrics["receivewal_lag_bytes"] == (
+            metrics["receivewal_server_wal_end_lsn"] - metrics["receivewal_flushed_lsn"])
+        # The slot: what we reported as flushed, which the server then holds (it only moves on).
+        reported = lsn_to_int(state["slot_restart_lsn"])
+        assert initial_restart < reported <= server_restart
+        assert initial_restart < slot_metric <= server_restart
+        # One source for the byte counters: no reconnect, so this connection == since start.
+        assert state["reconnects"] == 0
+        assert state["stream_wal_bytes"] == state["wal_bytes"] > 4 << 20
+        assert state["stream_wire_bytes"] == state["wire_bytes"] > 4 << 20
+        assert metrics["receivewal_wal_bytes_total"] >= state["wal_bytes"]
+        summary = during["summary"]
+        assert f"received {state['received_lsn']}" in summary, summary
+        assert f"flushed {state['flushed_lsn']}" in summary, summary
+    finally:
+        assert stop(proc, signal.SIGTERM) == 0, log.read_text()
+    assert_plain_stream_spelled_none(log, archive_dir)
+
+
+def assert_plain_stream_spelled_none(log: Path, archive_dir: Path) -> None:
+    """No server_silent probe happened; log events and state spell a plain stream "none"."""
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert not [e for e in events if e["event"] == "server_silent"]
+    spellings = {e["algorithm"] for e in events
+                 if e["event"] in ("stream_compression", "compression_summary")}
+    assert spellings == {"none"}, spellings
+    assert json.loads(status(archive_dir).stdout)["state"]["compression"] == "none"

@@ -81,7 +81,7 @@ def test_scraped_metrics_show_every_value_fed_to_the_monitor() -> None:
 
         monitor.connected("host=db1", "7300000000000000001", 1, "slot1")
         monitor.streaming_started(1, parse_lsn("0/5000000"))
-        monitor.compression("zstd", 4000, 16000)
+        monitor.compression("zstd")
         monitor.received(parse_lsn("0/5002000"), wire_bytes=1000, wal_bytes=8192)
         monitor.received(parse_lsn("0/5004000"), wire_bytes=3000, wal_bytes=8192)
         monitor.written(parse_lsn("0/5004000"))

@@ -244,7 +244,7 @@ def test_state_file_follows_the_session_and_is_rewritten_on_tick(tmp_path: Path)
     monitor.written(parse_lsn("0/5100000"))
     monitor.flushed(parse_lsn("0/5080000"))
     monitor.keepalive(parse_lsn("0/5200000"))
-    monitor.compression("zstd", 300, 1000)
+    monitor.compression("zstd")
     monitor.segment_completed("000000010000000000000005")
     monitor.slot_state("slot1", parse_lsn("0/5000000"))
     monitor.tick(clock.now)  # within state_interval of the last write: not rewritten yet
@@ -321,4 +321,82 @@ def test_null_monitor_has_no_side_channels_but_keeps_state(
     assert systemd.pending() == []
     assert monitor.metrics_address is None
     assert monitor.snapshot().flushed_lsn == parse_lsn("0/1000000")
+    monitor.close()
+
+
+def test_server_wal_end_is_known_at_connect_and_follows_the_xlogdata_batches() -> None:
+    """IDENTIFY_SYSTEM's position, then every batch's walEnd: under load, with no keepalive at
+    all, the server's WAL end (and so the lag) is live. A keepalive's lower walEnd (the
+    server's sent position) never moves it back."""
+    monitor = Monitor.null()
+    monitor.connected("host=db1", "1", 1, None, server_wal_end=parse_lsn("0/7000000"))
+    assert monitor.snapshot().server_wal_end == parse_lsn("0/7000000")
+    monitor.streaming_started(1, parse_lsn("0/5000000"))
+    monitor.received(parse_lsn("0/5100000"), 300, 1000, server_wal_end=parse_lsn("0/7200000"))
+    monitor.flushed(parse_lsn("0/5000000"))
+    assert monitor.snapshot().server_wal_end == parse_lsn("0/7200000")
+    assert monitor.metrics._lag() == parse_lsn("0/7200000") - parse_lsn("0/5000000")
+    monitor.keepalive(parse_lsn("0/5100000"))
+    assert monitor.snapshot().server_wal_end == parse_lsn("0/7200000")
+    monitor.close()
+
+
+def test_slot_restart_lsn_is_the_flush_position_last_reported_to_the_server() -> None:
+    """A physical slot's restart_lsn becomes the flush position of our status update; a flush
+    not reported (a segment completed between updates) or a zero flush does not move it."""
+    monitor = Monitor.null()
+    monitor.connected("host=db1", "1", 1, "slot1")
+    monitor.slot_state("slot1", parse_lsn("0/1500718"))
+    monitor.streaming_started(1, parse_lsn("0/1000000"))
+    monitor.flushed(parse_lsn("0/3000000"))
+    assert monitor.snapshot().slot_restart_lsn == parse_lsn("0/1500718")
+    monitor.flush_reported(parse_lsn("0/3000000"))
+    assert monitor.snapshot().slot_restart_lsn == parse_lsn("0/3000000")
+    assert monitor.metrics._slots["slot1"][0] == parse_lsn("0/3000000")
+    monitor.flush_reported(0)
+    assert monitor.snapshot().slot_restart_lsn == parse_lsn("0/3000000")
+    monitor.close()
+
+
+def test_no_slot_no_restart_lsn_from_a_reported_flush() -> None:
+    """--synchronous without a slot reports flush positions, but there is no slot to move."""
+    monitor = Monitor.null()
+    monitor.connected("host=db1", "1", 1, None)
+    monitor.flush_reported(parse_lsn("0/3000000"))
+    assert monitor.snapshot().slot_restart_lsn is None
+    assert monitor.metrics._slots == {}
+    monitor.close()
+
+
+def test_connection_and_since_start_byte_counters_have_one_source() -> None:
+    """Both come from the same batches: equal until a reconnect, then this connection's restart
+    from zero while the totals go on."""
+    monitor = Monitor.null()
+    monitor.connected("host=db1", "1", 1, None)
+    monitor.streaming_started(1, 0)
+    monitor.received(parse_lsn("0/100000"), 300, 1000)
+    monitor.received(parse_lsn("0/200000"), 200, 1000)
+    state = monitor.snapshot()
+    assert (state.stream_wire_bytes, state.stream_wal_bytes) == (500, 2000)
+    assert (state.wire_bytes, state.wal_bytes) == (500, 2000)
+    monitor.disconnected("gone")
+    monitor.reconnecting(1.0)
+    monitor.connected("host=db1", "1", 1, None)
+    monitor.received(parse_lsn("0/300000"), 100, 1000)
+    state = monitor.snapshot()
+    assert (state.stream_wire_bytes, state.stream_wal_bytes) == (100, 1000)
+    assert (state.wire_bytes, state.wal_bytes) == (600, 3000)
+    monitor.close()
+
+
+def test_an_uncompressed_stream_is_spelled_none_everywhere() -> None:
+    """The state says "none", as the log events and the metric do; null only before any WAL."""
+    monitor = Monitor.null()
+    monitor.connected("host=db1", "1", 1, None)
+    assert monitor.snapshot().compression is None
+    monitor.compression(None)
+    assert monitor.snapshot().compression == "none"
+    assert monitor.metrics._algorithm == "none"
+    monitor.compression("zstd")
+    assert monitor.snapshot().compression == "zstd"
     monitor.close()

@@ -30,6 +30,7 @@ from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import parse_lsn
 
 NOW = 1_700_000_000.0
+WHERE = "timeline 1, received 0/5001000, flushed 0/5000000"  # streaming_state()'s position
 
 
 def streaming_state(**changes: object) -> State:
@@ -122,7 +123,7 @@ def test_evaluate_ok_summary_names_timeline_position_and_contact_age() -> None:
     verdict = evaluate(streaming_state(), NOW, 60, running=True)
     assert verdict.code == OK
     assert verdict.summary == (
-        "RECEIVEWAL OK - streaming timeline 1 at 0/5000000, last contact 2s ago"
+        f"RECEIVEWAL OK - streaming {WHERE}, last contact 2s ago"
     )
 
 
@@ -137,7 +138,7 @@ def test_evaluate_critical_cases() -> None:
     assert dead.code == CRITICAL
     assert dead.summary.startswith(f"RECEIVEWAL CRITICAL - not running: pid {os.getpid()} is gone")
     assert dead.summary.endswith(
-        "flushed timeline 1 at 0/5000000, last error ConnectionLost: server closed the connection"
+        f"{WHERE}, last error ConnectionLost: server closed the connection"
     )
     stopped = evaluate(streaming_state(phase="stopped"), NOW, 60, running=False)
     assert stopped.summary.startswith("RECEIVEWAL CRITICAL - not running: stopped 1s ago")
@@ -176,7 +177,7 @@ def test_status_running_exits_0_and_prints_the_state(tmp_path: Path) -> None:
     code, output = status(tmp_path)
     assert code == 0
     lines = output.splitlines()
-    assert lines[0] == "RECEIVEWAL OK - streaming timeline 1 at 0/5000000, last contact 2s ago"
+    assert lines[0] == f"RECEIVEWAL OK - streaming {WHERE}, last contact 2s ago"
     assert "flushed:            0/5000000" in lines
     assert "server:             host=db1 port=5432 user=rep" in lines
     assert "slot:               slot1 (restart_lsn 0/4000000)" in lines
@@ -195,7 +196,7 @@ def test_status_json_carries_the_verdict_and_the_state(tmp_path: Path) -> None:
     document = json.loads(output)
     assert document["status"] == "OK"
     assert document["code"] == 0
-    assert document["summary"].startswith("RECEIVEWAL OK - streaming timeline 1 at 0/5000000")
+    assert document["summary"].startswith(f"RECEIVEWAL OK - streaming {WHERE}")
     assert document["state"]["flushed_lsn"] == "0/5000000"
     assert document["state"]["pid"] == os.getpid()
     assert document["state"]["last_error"]["kind"] == "ConnectionLost"
@@ -249,7 +250,8 @@ def test_status_reads_what_a_live_monitor_writes(tmp_path: Path) -> None:
     code, output = status(tmp_path)
     assert code == 0
     assert output.startswith(
-        "RECEIVEWAL OK - streaming timeline 1 at 0/5000100, last contact 0s ago"
+        "RECEIVEWAL OK - streaming timeline 1, received 0/5000100, flushed 0/5000100, "
+        "last contact 0s ago"
     )
     monitor.close()
     code, output = status(tmp_path)
@@ -271,3 +273,12 @@ def test_status_exit_codes_reach_the_shell(tmp_path: Path) -> None:
     env = {**os.environ, "RECEIVEWAL_DIRECTORY": str(tmp_path)}
     from_env = subprocess.run(run[:4], capture_output=True, text=True, check=False, env=env)
     assert from_env.returncode == 2
+
+
+def test_summary_right_after_start_says_received_and_that_nothing_is_flushed_yet() -> None:
+    """Right after START_REPLICATION nothing is flushed: the summary says where streaming
+    stands (received) and says so, rather than ``at -``."""
+    state = streaming_state(flushed_lsn=None, received_lsn=parse_lsn("0/3000000"))
+    verdict = evaluate(state, NOW, 60, running=True)
+    assert verdict.summary == ("RECEIVEWAL OK - streaming timeline 1, received 0/3000000, "
+                               "nothing flushed yet, last contact 2s ago")

@@ -8,7 +8,8 @@ argv and no secret ever appears in one.
 from __future__ import annotations
 
 import getpass
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ class StreamOptions:
     reconnect_delay_max: float = Settings.reconnect_delay_max
     metrics_address: str | None = None
     log_format: str = "auto"
+    progress: bool = False
 
 
 _DEFAULTS = StreamOptions()
@@ -136,6 +138,10 @@ def _env(name: str) -> str:
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]),
               default=_DEFAULTS.log_format,
               envvar=_env("LOG_FORMAT"), help="auto: JSON unless stderr is a terminal.")
+@click.option("--progress", is_flag=True, envvar=_env("PROGRESS"),
+              help="Keep a progress line on the terminal (also with -v): received LSN, "
+              "server WAL end, MB/s, compression ratio, ETA. Never with JSON logs or off a "
+              "terminal.")
 def stream_command(**opts: Any) -> int:
     """Stream WAL from a server into DIRECTORY, as pg_receivewal does.
 
@@ -145,14 +151,20 @@ def stream_command(**opts: Any) -> int:
     -h is the host, as in pg_receivewal.
     """
     options = StreamOptions(**opts)
-    configure_logging(options.verbose, json=None if options.log_format == "auto"
-                      else options.log_format == "json")
+    if options.verbose:  # -v asks for the progress line too (the drop-in's -v does not)
+        options = replace(options, progress=True)
+    configure_logging(options.verbose, json=_json_logs(options))
     try:
         settings = build_settings(options)
     except ReceivewalError as exc:
         raise click.UsageError(str(exc)) from exc
     prompt = None if options.no_password else prompt_password
     return Supervisor(settings, prompt=prompt).run()
+
+
+def _json_logs(opts: StreamOptions) -> bool:
+    """--log-format, with auto meaning JSON unless stderr is a terminal."""
+    return opts.log_format == "json" or (opts.log_format == "auto" and not sys.stderr.isatty())
 
 
 def build_settings(opts: StreamOptions) -> Settings:
@@ -190,4 +202,5 @@ def build_settings(opts: StreamOptions) -> Settings:
         reconnect_delay=float(opts.reconnect_delay),
         reconnect_delay_max=float(opts.reconnect_delay_max),
         metrics_address=opts.metrics_address,
+        progress=opts.progress and sys.stderr.isatty() and not _json_logs(opts),
     ).validate()

@@ -55,20 +55,21 @@ def _ago(seconds: float) -> str:
 def evaluate(state: State, now: float, max_age: float, running: bool | None) -> Verdict:
     """Judge ``state`` at ``now``; ``running`` says whether its pid is alive (None: unknown,
     e.g. the state was written on another host)."""
-    where = f"timeline {state.timeline if state.timeline is not None else '-'} at " + _lsn(
-        state.flushed_lsn
-    )
+    flushed = "nothing flushed yet" if state.flushed_lsn is None else \
+        f"flushed {format_lsn(state.flushed_lsn)}"
+    where = (f"timeline {state.timeline if state.timeline is not None else '-'}, "
+             f"received {_lsn(state.received_lsn)}, {flushed}")
     if state.phase == "stopped":
         return _verdict(
             CRITICAL,
-            f"not running: stopped {_ago(now - state.updated_at)}, flushed {where}"
+            f"not running: stopped {_ago(now - state.updated_at)}, {where}"
             + _error_suffix(state),
         )
     if running is False:
         return _verdict(
             CRITICAL,
             f"not running: pid {state.pid} is gone (last update {_ago(now - state.updated_at)})"
-            f", flushed {where}" + _error_suffix(state),
+            f", {where}" + _error_suffix(state),
         )
     if state.last_contact is None:
         age = now - state.started_at

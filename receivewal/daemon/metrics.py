@@ -148,7 +148,8 @@ class Metrics:
                     "End of the WAL fsynced in the archive (LSN); reported to the server",
                     self._flushed)
         yield gauge("server_wal_end_lsn",
-                    "The server's WAL end, from its keepalives and messages (LSN)",
+                    "The server's WAL end: IDENTIFY_SYSTEM's, then the walEnd of every "
+                    "XLogData and keepalive (LSN)",
                     self._server_wal_end)
         yield gauge("lag_bytes", "Bytes between the server's WAL end and the flushed LSN",
                     self._lag())
@@ -183,7 +184,9 @@ class Metrics:
         yield errors
         slots = self._slots
         restart = gauge_family(f"{PREFIX}_slot_restart_lsn",
-                               "restart_lsn of the replication slot (LSN)", labels=("slot",))
+                               "restart_lsn of the replication slot (LSN): read at connect, "
+                               "then the flush position last reported to the server",
+                               labels=("slot",))
         active = gauge_family(f"{PREFIX}_slot_active",
                               "1 while this daemon streams through the slot, else 0",
                               labels=("slot",))

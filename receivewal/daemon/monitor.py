@@ -6,6 +6,7 @@ The session calls a handful of cheap methods (``received``, ``flushed``, ``segme
 - systemd, through sd_notify (:mod:`receivewal.notify`): READY=1 once streaming has started,
   STATUS lines, WATCHDOG=1 pings, STOPPING=1;
 - Prometheus metrics (:mod:`receivewal.metrics`) when a metrics address is given;
+- the progress line on a terminal (:mod:`receivewal.daemon.progress`) with ``progress=True``;
 - the state file ``.receivewal-state.json`` (:mod:`receivewal.state`) that ``receivewal status``
   reads, rewritten from :meth:`Monitor.tick` at most every ``state_interval`` seconds and at
   once on the events that change what status should say (connected, streaming, timeline switch,
@@ -30,6 +31,7 @@ from typing import Protocol
 
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
+from receivewal.daemon.progress import ProgressLine, Sample
 from receivewal.daemon.state import LastError, State, read_state, write_state
 from receivewal.errors import ArchiveError
 from receivewal.logs import get_logger
@@ -44,17 +46,20 @@ class SessionMonitor(Protocol):
     file_mode: int
 
     def connected(self, server: str, system_identifier: str, timeline: int,
-                  slot: str | None) -> None: ...
+                  slot: str | None, server_wal_end: int | None = None) -> None: ...
 
     def slot_state(self, slot: str | None, restart_lsn: int | None) -> None: ...
 
     def streaming_started(self, timeline: int, start_lsn: int) -> None: ...
 
-    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int) -> None: ...
+    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int,
+                 server_wal_end: int | None = None) -> None: ...
 
     def written(self, lsn: int) -> None: ...
 
     def flushed(self, lsn: int) -> None: ...
+
+    def flush_reported(self, lsn: int) -> None: ...
 
     def keepalive(self, server_wal_end: int) -> None: ...
 
@@ -62,7 +67,7 @@ class SessionMonitor(Protocol):
 
     def timeline_switched(self, timeline: int) -> None: ...
 
-    def compression(self, algorithm: str | None, wire_bytes: int, wal_bytes: int) -> None: ...
+    def compression(self, algorithm: str | None) -> None: ...
 
     def tick(self, now: float) -> None: ...
 
@@ -78,6 +83,8 @@ class Monitor:
     ``keeps_partials`` says that a restreamed ``.partial`` keeps the bytes already in it (plain
     segments; a compressed one is rewritten from its start): then "flushed" does not go back
     below what this or, per the state file, the last run flushed on the same timeline.
+    ``progress``: keep a progress line on stderr while streaming, if stderr is a terminal (the
+    caller makes sure the logs there are not JSON).
     Use :meth:`null` for a monitor with no side channel at all.
     """
 
@@ -91,6 +98,7 @@ class Monitor:
         environ: Mapping[str, str] | None = None,
         state_interval: float = 5.0,
         keeps_partials: bool = True,
+        progress: bool = False,
     ) -> None:
         env = os.environ if environ is None else environ
         self.directory = directory
@@ -106,12 +114,14 @@ class Monitor:
         self._flushed: int | None = None
         self._server_wal_end: int | None = None
         self._last_contact: float | None = None
-        self._wire_bytes = 0
+        self._wire_bytes = 0  # since start
         self._wal_bytes = 0
         self._keeps_partials = keeps_partials
         self._flush_floor: tuple[int, int] | None = None  # (timeline, lsn) durable in .partial
         if keeps_partials and directory is not None:
             self._flush_floor = _previous_flush(directory)
+        self._conn_wire_bytes = 0  # on the current connection (the same batches)
+        self._conn_wal_bytes = 0
 
         self._notifier = Notifier.from_environment(env)
         self._watchdog = watchdog_interval(env, os.getpid())
@@ -121,6 +131,7 @@ class Monitor:
         self._last_write: float | None = None
         self._write_failure: str | None = None
 
+        self._progress = ProgressLine.for_terminal() if progress else None
         self.metrics = Metrics(clock)
         self.metrics_address: Address | None = None
         if metrics_address is not None:
@@ -138,13 +149,19 @@ class Monitor:
     # -- what the session reports ------------------------------------------------------------
 
     def connected(
-        self, server: str, system_identifier: str, timeline: int, slot: str | None
+        self, server: str, system_identifier: str, timeline: int, slot: str | None,
+        server_wal_end: int | None = None,
     ) -> None:
-        """Connected and identified the server (``server`` must not carry a password)."""
+        """Connected and identified the server (``server`` must not carry a password);
+        ``server_wal_end`` is IDENTIFY_SYSTEM's xlogpos, the server's WAL end at connect."""
         self._state = replace(
             self._state, phase="connected", server=redacted(server),
             system_identifier=system_identifier, timeline=timeline, slot=slot,
         )
+        self._conn_wire_bytes = self._conn_wal_bytes = 0
+        self._server_wal_end = None  # another server may end elsewhere: this one says
+        if server_wal_end is not None:
+            self._server_end(server_wal_end)
         self._last_contact = self._clock()
         self.metrics.contact()
         self.metrics.set_streaming(timeline, streaming=False)
@@ -168,12 +185,18 @@ class Monitor:
             self._status(status)
         self._write_now()
 
-    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int) -> None:
-        """A batch of messages arrived: WAL up to ``end_lsn``; bytes on the wire and of WAL."""
+    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int,
+                 server_wal_end: int | None = None) -> None:
+        """A batch of messages arrived: WAL up to ``end_lsn``; bytes on the wire and of WAL;
+        ``server_wal_end``: the walEnd of the batch's last XLogData (the server's WAL end)."""
         if self._received is None or end_lsn > self._received:
             self._received = end_lsn
         self._wire_bytes += wire_bytes
         self._wal_bytes += wal_bytes
+        self._conn_wire_bytes += wire_bytes
+        self._conn_wal_bytes += wal_bytes
+        if server_wal_end is not None:
+            self._server_end(server_wal_end)
         self._last_contact = self._clock()
         self.metrics.contact()
         self.metrics.set_received(end_lsn, wire_bytes, wal_bytes)
@@ -193,12 +216,21 @@ class Monitor:
             self._flush_floor = (self._state.timeline, lsn)
         self.metrics.set_flushed(lsn)
 
+    def flush_reported(self, lsn: int) -> None:
+        """A standby status update told the server that WAL up to ``lsn`` is flushed (0: no
+        flush position). The server sets a physical slot's restart_lsn to it, so that is what
+        the slot holds from now on: the state and the metric say so."""
+        slot = self._state.slot
+        if slot is None or lsn == 0:
+            return
+        self._state = replace(self._state, slot_restart_lsn=lsn)
+        self.metrics.set_slot(slot, lsn, active=self._state.phase == "streaming")
+
     def keepalive(self, server_wal_end: int) -> None:
         """A primary keepalive arrived, saying the server's WAL ends at ``server_wal_end``."""
-        self._server_wal_end = server_wal_end
+        self._server_end(server_wal_end)
         self._last_contact = self._clock()
         self.metrics.contact()
-        self.metrics.set_server_wal_end(server_wal_end)
 
     def segment_completed(self, name: str) -> None:
         """Segment ``name`` is complete and durable under its final name."""
@@ -220,16 +252,13 @@ class Monitor:
         if slot is not None:
             self.metrics.set_slot(slot, restart_lsn, active=self._state.phase == "streaming")
 
-    def compression(self, algorithm: str | None, wire_bytes: int, wal_bytes: int) -> None:
-        """The current stream's compression (None: none) and its totals so far (not increments).
+    def compression(self, algorithm: str | None) -> None:
+        """The current stream's compression, known from its first XLogData (None: plain).
 
-        The Prometheus byte counters come from :meth:`received`; these totals go to the state
-        file as the statistics of the current connection.
+        State, metric and log events all spell a plain stream ``none``; the state says null
+        only while no WAL has arrived yet. The byte counts come from :meth:`received` alone.
         """
-        self._state = replace(
-            self._state,
-            compression=algorithm, stream_wire_bytes=wire_bytes, stream_wal_bytes=wal_bytes,
-        )
+        self._state = replace(self._state, compression=algorithm or "none")
         self.metrics.set_compression(algorithm)
 
     def error(self, kind: str, message: str) -> None:
@@ -288,6 +317,8 @@ class Monitor:
             self._last_ping = now
         if self._state.phase == "streaming":
             self._status(self._streaming_status())
+        if self._progress is not None:
+            self._show_progress(now)
         if self.directory is not None and (
             self._last_write is None
             or now - self._last_write >= self.state_interval
@@ -304,6 +335,8 @@ class Monitor:
             self._write_now()
         self.metrics.close()
         self._notifier.close()
+        if self._progress is not None:
+            self._progress.close()
 
     def __enter__(self) -> Monitor:
         return self
@@ -328,9 +361,26 @@ class Monitor:
             last_contact=self._last_contact,
             wire_bytes=self._wire_bytes,
             wal_bytes=self._wal_bytes,
+            stream_wire_bytes=self._conn_wire_bytes,
+            stream_wal_bytes=self._conn_wal_bytes,
         )
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _show_progress(self, now: float) -> None:
+        assert self._progress is not None
+        if self._state.phase != "streaming":
+            self._progress.clear()  # the log says what happens instead
+            return
+        self._progress.update(now, Sample(now, self._received, self._server_wal_end,
+                                          self._wire_bytes, self._wal_bytes))
+
+    def _server_end(self, lsn: int) -> None:
+        """The server's WAL end only moves on within a connection: a keepalive carries the
+        sent position, which may be behind the walEnd of the XLogData before it."""
+        if self._server_wal_end is None or lsn > self._server_wal_end:
+            self._server_wal_end = lsn
+            self.metrics.set_server_wal_end(lsn)
 
     def _streaming_status(self) -> str:
         flushed = "nothing yet" if self._flushed is None else format_lsn(self._flushed)

@@ -83,6 +83,7 @@ class Session:
         self.pinged = False
         self.first_frame = True
         self.pending_wire = self.pending_wal = 0
+        self.server_wal_end: int | None = None  # walEnd of the last XLogData, for the monitor
         self.reported_algorithm: str | None = None
 
     # -- setup -------------------------------------------------------------------------------
@@ -110,7 +111,7 @@ class Session:
             history = parse_history(self._fetch_history(info.timeline), info.timeline)
             check_follows(start.timeline, start.lsn, history, info.timeline)
         self.monitor.connected(self.conn.describe(), info.system_identifier, info.timeline,
-                               self.settings.slot)
+                               self.settings.slot, server_wal_end=info.xlogpos)
         return start
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
@@ -261,7 +262,8 @@ class Session:
     def _tick(self, writer: SegmentWriter) -> None:
         """Hand the monitor what arrived since the last tick, then let it do its periodic work."""
         if self.pending_wire:
-            self.monitor.received(writer.position, self.pending_wire, self.pending_wal)
+            self.monitor.received(writer.position, self.pending_wire, self.pending_wal,
+                                  self.server_wal_end)
             self.monitor.written(writer.position)
             self.pending_wire = self.pending_wal = 0
         self.monitor.tick(time.time())
@@ -272,13 +274,14 @@ class Session:
         self.reported_algorithm = self.decoder.algorithm
         self.log.info("stream_compression", algorithm=self.decoder.algorithm or "none",
                       requested=",".join(self.settings.compression) or "none")
+        self.monitor.compression(self.decoder.algorithm)
 
     def log_compression_summary(self) -> None:
         """The receiver-side counterpart of the module's shutdown statistics."""
         stats = self.decoder.stats()
-        if stats.frames:
-            self.log.info("compression_summary", **stats.as_dict())
-            self.monitor.compression(stats.algorithm, stats.wire_bytes, stats.wal_bytes)
+        if stats.frames:  # the algorithm spelled as stream_compression spells it
+            self.log.info("compression_summary",
+                          **{**stats.as_dict(), "algorithm": stats.algorithm or "none"})
 
     def _check_liveness(self, writer: SegmentWriter, now: float) -> None:
         """Like wal_receiver_timeout: ping at half the timeout, give up at the full one."""
@@ -301,15 +304,14 @@ class Session:
         completed = writer.write(xlog.wal_start, xlog.payload)
         self.pending_wire += len(message)
         self.pending_wal += len(xlog.payload)
+        self.server_wal_end = xlog.wal_end
         for name in completed:
             self.log.info("segment_completed", segment=name, timeline=writer.timeline,
                           lsn=format_lsn(writer.position))
             self._tick(writer)
             self.monitor.segment_completed(name)
             self.monitor.flushed(writer.flushed)
-            stats = self.decoder.stats()
-            self.monitor.compression(stats.algorithm, stats.wire_bytes, stats.wal_bytes)
-            self.log.debug("compression_stats", **stats.as_dict())
+            self.log.debug("compression_stats", **self.decoder.stats().as_dict())
 
     def _process_keepalive(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
         keepalive = parse_copy_data(message)
@@ -327,12 +329,14 @@ class Session:
         now = postgres_time(time.time())
         self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
                                                        reply_requested))
+        self.monitor.flush_reported(flush)
         if self.settings.hot_standby_feedback:
             self.conn.send_copy(build_hot_standby_feedback(now))
         self.log.debug("status_sent", write=format_lsn(writer.position), flush=format_lsn(flush))
 
     def _finish(self, writer: SegmentWriter) -> None:
         """Stop on our side: fsync, report, end the copy, and let the server finish."""
+        self._tick(writer)  # the monitor's counters get the last batch too
         writer.flush()
         self.send_status(writer)
         self.conn.end_copy()

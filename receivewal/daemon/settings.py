@@ -41,6 +41,7 @@ class Settings:
     reconnect_delay_max: float = 60.0
     receive_timeout: float = 60.0
     metrics_address: str | None = None
+    progress: bool = False  # a progress line on stderr (only set when it is a console terminal)
 
     @property
     def report_flush(self) -> bool:

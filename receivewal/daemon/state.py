@@ -54,13 +54,13 @@ class State:
     system_identifier: str | None = None
     timeline: int | None = None
     slot: str | None = None
-    slot_restart_lsn: int | None = None
+    slot_restart_lsn: int | None = None  # read at connect, then the flush we last reported
     received_lsn: int | None = None
     written_lsn: int | None = None
     flushed_lsn: int | None = None
-    server_wal_end: int | None = None
+    server_wal_end: int | None = None  # IDENTIFY_SYSTEM's, then XLogData's walEnd
     last_contact: float | None = None
-    compression: str | None = None  # algorithm of the current stream; None: uncompressed
+    compression: str | None = None  # the current stream's: zstd, lz4, none; None: no WAL yet
     stream_wire_bytes: int = 0  # bytes on the wire / of WAL on the current connection
     stream_wal_bytes: int = 0
     wire_bytes: int = 0  # the same since the daemon started

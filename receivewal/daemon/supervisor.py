@@ -163,7 +163,8 @@ class Supervisor:
         try:
             monitor = self.monitor or Monitor(self.settings.directory,
                                               self.settings.metrics_address,
-                                              keeps_partials=not self.settings.at_rest.method)
+                                              keeps_partials=not self.settings.at_rest.method,
+                                              progress=self.settings.progress)
         except ReceivewalError as exc:
             self.log.error("failed", error=str(exc))
             return 1

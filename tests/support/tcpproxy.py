@@ -6,13 +6,16 @@ import contextlib
 import select
 import socket
 import threading
+import time
 
 
 class TcpProxy:
-    """Forwards connections from a local port to ``upstream_port`` on 127.0.0.1."""
+    """Forwards connections from a local port to ``upstream_port`` on 127.0.0.1, at most
+    ``bytes_per_second`` per connection and direction when given (a slow link)."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, bytes_per_second: float | None = None) -> None:
         self.upstream_port = upstream_port
+        self.bytes_per_second = bytes_per_second
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
@@ -56,6 +59,8 @@ class TcpProxy:
                     if not data:
                         return
                     peers[sock].sendall(data)
+                    if self.bytes_per_second:
+                        time.sleep(len(data) / self.bytes_per_second)
         except OSError:
             return
         finally:

@@ -176,6 +176,9 @@ class Archive:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise ArchiveError(f'directory "{self.directory}" is not writable: could not '
+                                   f"create its lock file {LOCK_FILE} ({exc.strerror})") from exc
             raise os_error(exc, f'could not open lock file "{path}"') from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -26,6 +26,7 @@ from support.archives import (
     complete_files,
     decoded,
     partial_files,
+    proven_segment,
     segno,
 )
 from support.dropin import PG_RECEIVEWAL
@@ -44,15 +45,6 @@ from receivewal.archive.directory import Archive
 from receivewal.archive.layout import resume_order
 from receivewal.errors import ConfigurationError
 from receivewal.wal.names import SegmentFile
-from receivewal.wal.pageheader import (
-    LONG_FIELDS,
-    SHORT_HEADER,
-    SIZE_OF_LONG_PHD,
-    SIZE_OF_SHORT_PHD,
-    XLOG_BLCKSZ,
-    XLOG_PAGE_MAGIC,
-    XLP_LONG_HEADER,
-)
 
 METHODS = ["gzip", "lz4", "zstd"]
 
@@ -155,12 +147,6 @@ def test_gzip_files_are_what_gzip_module_and_tool_read() -> None:
 
 
 # -- the start-position scan -------------------------------------------------------------------
-def _segment(segno: int) -> bytes:
-    """A segment of zeros behind a long page header that proves it is segment ``segno``."""
-    header = bytearray(SIZE_OF_LONG_PHD)
-    SHORT_HEADER.pack_into(header, 0, XLOG_PAGE_MAGIC, XLP_LONG_HEADER, 1, segno * SEGMENT, 0)
-    LONG_FIELDS.pack_into(header, SIZE_OF_SHORT_PHD, 7, SEGMENT, XLOG_BLCKSZ)
-    return bytes(header) + bytes(SEGMENT - len(header))
 
 
 def _write(directory: Path, name: str, method: str, data: bytes, *, finish: bool = True) -> None:
@@ -173,11 +159,12 @@ def test_scan_recognises_every_compressed_form_and_checks_complete_files(tmp_pat
     """.gz/.lz4/.zst and their .partial forms are found; a complete file must decode to a
     whole segment, a .partial may hold nothing yet (it is restreamed)."""
     short = bytes(1000)
-    _write(tmp_path, "000000010000000000000001.gz", "gzip", _segment(1))
-    _write(tmp_path, "000000010000000000000002.lz4", "lz4", _segment(2))
-    _write(tmp_path, "000000010000000000000003.zst", "zstd", _segment(3))
+    _write(tmp_path, "000000010000000000000001.gz", "gzip", proven_segment(1))
+    _write(tmp_path, "000000010000000000000002.lz4", "lz4", proven_segment(2))
+    _write(tmp_path, "000000010000000000000003.zst", "zstd", proven_segment(3))
     _write(tmp_path, "000000010000000000000004.lz4", "lz4", short)      # too short
-    _write(tmp_path, "000000010000000000000005.zst", "zstd", _segment(5), finish=False)  # no end
+    _write(tmp_path, "000000010000000000000005.zst", "zstd", proven_segment(5),
+           finish=False)  # no end
     _write(tmp_path, "000000010000000000000006.gz", "gzip", short)     # trailer says 1000
     archive = Archive(tmp_path)
     newest, rejected = archive.resume_point(SEGMENT)
@@ -369,7 +356,7 @@ def test_flush_reported_with_compression_is_durable_in_the_file(
 
 
 @pytest.mark.server
-def test_changing_method_leaves_one_form_per_segment(pg: PgServer, archive_dir: Path) -> None:
+def test_changing_method_leaves_one_form_perproven_segment(pg: PgServer, archive_dir: Path) -> None:
     """A .gz.partial left by a -Z gzip run is restreamed as .lz4 by a -Z lz4 run, and removed
     once the .lz4 is complete: never two forms of a segment, never a stale .partial."""
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")

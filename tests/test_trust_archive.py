@@ -15,7 +15,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.archives import assert_consecutive, decoded, partial_files, segment_files
+from support.archives import (
+    assert_consecutive,
+    decoded,
+    partial_files,
+    proven_segment,
+    segment_files,
+)
 from support.dropin import DROPIN
 from support.servers import PgServer
 from support.streams import (
@@ -41,15 +47,6 @@ from receivewal.archive.writer import (
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
 from receivewal.daemon.state import State, write_state
 from receivewal.errors import ArchiveError
-from receivewal.wal.pageheader import (
-    LONG_FIELDS,
-    SHORT_HEADER,
-    SIZE_OF_LONG_PHD,
-    SIZE_OF_SHORT_PHD,
-    XLOG_BLCKSZ,
-    XLOG_PAGE_MAGIC,
-    XLP_LONG_HEADER,
-)
 
 SEGMENT = 16 << 20
 KILLED = -9
@@ -131,12 +128,6 @@ def test_stray_file_named_like_a_newer_segment_does_not_skip_wal(pg: PgServer,
     assert slot_restart(pg) <= 0x13000000
 
 
-def proven_segment(segno: int, system_identifier: int = 7) -> bytes:
-    """A segment of zeros behind a long page header that proves it is segment ``segno``."""
-    header = bytearray(SIZE_OF_LONG_PHD)
-    SHORT_HEADER.pack_into(header, 0, XLOG_PAGE_MAGIC, XLP_LONG_HEADER, 1, segno * SEGMENT, 0)
-    LONG_FIELDS.pack_into(header, SIZE_OF_SHORT_PHD, system_identifier, SEGMENT, XLOG_BLCKSZ)
-    return bytes(header) + bytes(SEGMENT - SIZE_OF_LONG_PHD)
 
 
 def test_resume_point_needs_content_proof_and_no_hole(tmp_path: Path) -> None:

@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
-from support.archives import SEGMENT
+from support.archives import SEGMENT, zstd_bomb
 from support.memory import PEAK_RSS_KB
 
 from receivewal.archive.compression import CompressSpec, new_compressor, read_wal_file
@@ -145,13 +144,6 @@ def test_name_parsers_never_raise(name: str) -> None:
 
 
 # -- segment files for verify: bounded by the segment size ---------------------------------------
-def zstd_bomb(path: Path, zeros: int) -> None:
-    compressor = zstandard.ZstdCompressor(level=1).compressobj()
-    block = bytes(1 << 20)
-    with path.open("wb") as out:
-        for _ in range(zeros >> 20):
-            out.write(compressor.compress(block))
-        out.write(compressor.flush())
 
 
 @pytest.mark.parametrize("suffix", ["", ".zst"])

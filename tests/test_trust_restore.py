@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-import zstandard
-from support.archives import SEGMENT
+from support.archives import SEGMENT, zstd_bomb
 from support.memory import PEAK_RSS_KB
 
 from receivewal.commands.cli import main
@@ -58,14 +57,6 @@ def assert_nothing_at(target: Path) -> None:
     assert [n for n in os.listdir(target.parent) if target.name in n] == []
 
 
-def zstd_bomb(path: Path, zeros: int) -> None:
-    """A small .zst file that decodes to ``zeros`` zero bytes."""
-    compressor = zstandard.ZstdCompressor(level=1).compressobj()
-    block = bytes(1 << 20)
-    with path.open("wb") as out:
-        for _ in range(zeros >> 20):
-            out.write(compressor.compress(block))
-        out.write(compressor.flush())
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import zstandard
+
 from receivewal.archive.compression import decompress_chunks
 from receivewal.wal.names import AtRest, parse_segment_file_name
 from receivewal.wal.pageheader import (
@@ -91,3 +93,13 @@ def proven_segment(segno: int, system_identifier: int = 7) -> bytes:
     SHORT_HEADER.pack_into(header, 0, XLOG_PAGE_MAGIC, XLP_LONG_HEADER, 1, segno * SEGMENT, 0)
     LONG_FIELDS.pack_into(header, SIZE_OF_SHORT_PHD, system_identifier, SEGMENT, XLOG_BLCKSZ)
     return bytes(header) + bytes(SEGMENT - SIZE_OF_LONG_PHD)
+
+
+def zstd_bomb(path: Path, zeros: int) -> None:
+    """A small .zst file that decodes to ``zeros`` zero bytes (a decompression bomb)."""
+    compressor = zstandard.ZstdCompressor(level=1).compressobj()
+    block = bytes(1 << 20)
+    with path.open("wb") as out:
+        for _ in range(zeros >> 20):
+            out.write(compressor.compress(block))
+        out.write(compressor.flush())

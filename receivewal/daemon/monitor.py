@@ -27,50 +27,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
 
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.progress import ProgressLine, Sample
-from receivewal.daemon.state import LastError, State, read_state, write_state
-from receivewal.errors import ArchiveError
+from receivewal.daemon.state import LastError, State, previous_flush, write_state
 from receivewal.logs import get_logger
 from receivewal.replication.connection import redacted
 from receivewal.wal.lsn import format_lsn
 
 log = get_logger(component="monitor")
-
-class SessionMonitor(Protocol):
-    """What the streaming session reports to: :class:`Monitor` is the one implementation."""
-
-    file_mode: int
-
-    def connected(self, server: str, system_identifier: str, timeline: int,
-                  slot: str | None, server_wal_end: int | None = None) -> None: ...
-
-    def slot_state(self, slot: str | None, restart_lsn: int | None) -> None: ...
-
-    def streaming_started(self, timeline: int, start_lsn: int) -> None: ...
-
-    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int,
-                 server_wal_end: int | None = None) -> None: ...
-
-    def written(self, lsn: int) -> None: ...
-
-    def flushed(self, lsn: int) -> None: ...
-
-    def flush_reported(self, lsn: int) -> None: ...
-
-    def keepalive(self, server_wal_end: int) -> None: ...
-
-    def segment_completed(self, name: str) -> None: ...
-
-    def timeline_switched(self, timeline: int) -> None: ...
-
-    def compression(self, algorithm: str | None) -> None: ...
-
-    def tick(self, now: float) -> None: ...
-
 
 class Monitor:
     """Receives the session's progress reports and keeps systemd, metrics and state in step.
@@ -119,7 +85,7 @@ class Monitor:
         self._keeps_partials = keeps_partials
         self._flush_floor: tuple[int, int] | None = None  # (timeline, lsn) durable in .partial
         if keeps_partials and directory is not None:
-            self._flush_floor = _previous_flush(directory)
+            self._flush_floor = previous_flush(directory)
         self._conn_wire_bytes = 0  # on the current connection (the same batches)
         self._conn_wal_bytes = 0
 
@@ -409,15 +375,3 @@ class Monitor:
         if self._write_failure is not None:
             log.info("state_write_recovered", directory=str(self.directory))
             self._write_failure = None
-
-
-def _previous_flush(directory: Path) -> tuple[int, int] | None:
-    """(timeline, flushed LSN) from the state file a previous run left, if it says both."""
-    try:
-        previous = read_state(directory)
-    except ArchiveError as exc:
-        log.warning("state_unreadable", directory=str(directory), error=str(exc))
-        return None
-    if previous is None or previous.timeline is None or previous.flushed_lsn is None:
-        return None
-    return previous.timeline, previous.flushed_lsn

@@ -19,7 +19,7 @@ from structlog.typing import FilteringBoundLogger
 from receivewal.archive.directory import Archive, ArchiveIdentity
 from receivewal.archive.layout import StartPoint, choose_start
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
-from receivewal.daemon.monitor import SessionMonitor
+from receivewal.daemon.events import SessionMonitor
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
     ArchiveError,

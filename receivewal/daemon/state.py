@@ -20,6 +20,7 @@ from typing import Any
 
 from receivewal.archive.directory import write_file_durably
 from receivewal.errors import ArchiveError, ReceivewalError
+from receivewal.logs import get_logger
 from receivewal.wal.lsn import format_lsn, parse_lsn
 
 STATE_FILE = ".receivewal-state.json"
@@ -183,3 +184,16 @@ def write_state(directory: Path, state: State, mode: int = 0o600) -> None:
     Raises OSError; the caller decides how loud a failed write is.
     """
     write_file_durably(directory, STATE_FILE, encode_state(state), mode=mode)
+
+
+def previous_flush(directory: Path) -> tuple[int, int] | None:
+    """(timeline, flushed LSN) from the state file a previous run left, if it says both."""
+    try:
+        previous = read_state(directory)
+    except ArchiveError as exc:
+        get_logger(component="state").warning("state_unreadable", directory=str(directory),
+                                               error=str(exc))
+        return None
+    if previous is None or previous.timeline is None or previous.flushed_lsn is None:
+        return None
+    return previous.timeline, previous.flushed_lsn

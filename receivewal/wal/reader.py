@@ -160,6 +160,12 @@ class SegmentScanner:
                 return
 
     def _walk(self, pos: int) -> None:  # noqa: PLR0912, PLR0915 - the hot loop stays in one piece
+        """Walk the records from ``pos`` to the end of the segment's valid pages.
+
+        The scanner's documented hot loop (over 60 lines on purpose): it runs once per record,
+        so it keeps its state in locals and makes no calls on the common path; it hands a run
+        of pages to the C scanner when that is built and takes over where C stops.
+        """
         buf = self.data
         start = self.start_lsn
         end_data = self.n_pages * XLOG_BLCKSZ

@@ -1,0 +1,39 @@
+"""What a streaming session reports, as a Protocol: the session depends on this, not on the
+monitor that implements it (:class:`receivewal.daemon.monitor.Monitor`), so tests can hand it a
+scripted observer and mypy checks both against the same list."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class SessionMonitor(Protocol):
+    """What the streaming session reports to: :class:`Monitor` is the one implementation."""
+
+    file_mode: int
+
+    def connected(self, server: str, system_identifier: str, timeline: int,
+                  slot: str | None, server_wal_end: int | None = None) -> None: ...
+
+    def slot_state(self, slot: str | None, restart_lsn: int | None) -> None: ...
+
+    def streaming_started(self, timeline: int, start_lsn: int) -> None: ...
+
+    def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int,
+                 server_wal_end: int | None = None) -> None: ...
+
+    def written(self, lsn: int) -> None: ...
+
+    def flushed(self, lsn: int) -> None: ...
+
+    def flush_reported(self, lsn: int) -> None: ...
+
+    def keepalive(self, server_wal_end: int) -> None: ...
+
+    def segment_completed(self, name: str) -> None: ...
+
+    def timeline_switched(self, timeline: int) -> None: ...
+
+    def compression(self, algorithm: str | None) -> None: ...
+
+    def tick(self, now: float) -> None: ...

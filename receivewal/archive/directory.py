@@ -24,6 +24,7 @@ from receivewal.archive.compression import (
     new_compressor,
 )
 from receivewal.archive.layout import check_continuity, plan_writes, resume_order
+from receivewal.archive.syncer import WRITE_BEHIND_BYTES, SegmentSyncer
 from receivewal.errors import ArchiveError, DiskFullError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import (
@@ -215,6 +216,9 @@ class SegmentWriter:
         self.flushed = start_lsn
         self._fd: int | None = None
         self._segno: int | None = None
+        # overlapped durability (archive/syncer.py): fsync + rename in the background
+        self.syncer = SegmentSyncer(start_lsn) if archive.sync else None
+        self._behind = 0  # offset in the open segment up to which writeback was started
 
     @property
     def open_segment_name(self) -> str | None:
@@ -226,6 +230,8 @@ class SegmentWriter:
     def write(self, lsn: int, data: bytes | memoryview) -> list[str]:
         """Append WAL at ``lsn``; return the names of segments this write completed."""
         check_continuity(self.position, lsn)
+        if self.syncer is not None:
+            self.syncer.check()
         completed: list[str] = []
         view = memoryview(data)
         for plan in plan_writes(lsn, len(view), self.segment_size):
@@ -237,8 +243,18 @@ class SegmentWriter:
                 completed.append(self._complete())
         return completed
 
-    def flush(self) -> int:
-        """fsync the open segment; return the new flushed position."""
+    def flush(self, wait: bool = False) -> int:
+        """fsync the open segment; return the new flushed position.
+
+        While a completed segment is still being fsynced in the background, the flushed
+        position is what the syncer has finished: the receiving goes on (unless ``wait``).
+        """
+        if self.syncer is not None:
+            if self.syncer.completing and not wait:
+                self.syncer.check()
+                self.flushed = max(self.flushed, self.syncer.synced)
+                return self.flushed
+            self.syncer.drain()
         if self._fd is not None and self.archive.sync and self.flushed < self.position:
             try:
                 os.fsync(self._fd)
@@ -249,13 +265,17 @@ class SegmentWriter:
 
     def close(self) -> None:
         """fsync and close the open segment, leaving it as ``.partial``."""
-        if self._fd is not None:
-            try:
-                self.flush()
-            finally:
-                os.close(self._fd)
-                self._fd = None
-                self._segno = None
+        try:
+            if self._fd is not None:
+                try:
+                    self.flush(wait=True)
+                finally:
+                    os.close(self._fd)
+                    self._fd = None
+                    self._segno = None
+        finally:
+            if self.syncer is not None:
+                self.syncer.close()  # stop its thread, even after a failure
 
     # -- internals ---------------------------------------------------------------------------
     def _partial_path(self) -> Path:
@@ -297,7 +317,10 @@ class SegmentWriter:
         try:
             os.fchmod(fd, self.archive.file_mode)
             os.posix_fallocate(fd, 0, self.segment_size)
-            if self.archive.sync:
+            if self.syncer is not None:
+                self.syncer.submit(self.position, lambda: self._fsync_new(fd, path))
+                self._behind = 0
+            elif self.archive.sync:
                 os.fsync(fd)
                 self.archive.fsync_directory()
         except OSError as exc:
@@ -309,6 +332,10 @@ class SegmentWriter:
         try:
             while done < len(chunk):
                 done += os.pwrite(fd, chunk[done:], offset + done)
+            end = offset + done
+            if self.syncer is not None and end - self._behind >= WRITE_BEHIND_BYTES:
+                self.syncer.write_behind(fd, self._behind, end - self._behind)
+                self._behind = end
         except OSError as exc:
             raise _os_error(
                 exc,
@@ -317,24 +344,39 @@ class SegmentWriter:
             ) from exc
 
     def _complete(self) -> str:
-        """fsync, close and rename the open segment; fsync the directory."""
+        """fsync, close and rename the open segment; fsync the directory. With a syncer,
+        this is handed to its thread and ``flushed`` moves once it is done."""
         assert self._fd is not None
         assert self._segno is not None
         partial = self._partial_path()
         name = wal_file_name(self.timeline, self._segno, self.segment_size) + self.suffix
+        fd, self._fd, self._segno = self._fd, None, None
+        if self.syncer is not None:
+            self.syncer.submit(self.position, lambda: self._finish_file(fd, partial, name),
+                               segment=name)
+            return name
+        self._finish_file(fd, partial, name)
+        self.flushed = self.position
+        return name
+
+    def _finish_file(self, fd: int, partial: Path, name: str) -> None:
         try:
             if self.archive.sync:
-                os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+                os.fsync(fd)
+            os.close(fd)
             os.replace(partial, self.archive.directory / name)
         except OSError as exc:
             raise _os_error(exc, f'could not complete segment "{name}"') from exc
-        self._segno = None
         self.archive.fsync_directory()
-        self.flushed = self.position
         self._drop_superseded_partials(partial)
-        return name
+
+    def _fsync_new(self, fd: int, path: Path) -> None:
+        """Make a new preallocated ``.partial`` and its directory entry durable."""
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise _os_error(exc, f'could not fsync file "{path}"') from exc
+        self.archive.fsync_directory()
 
     def _drop_superseded_partials(self, completed: Path) -> None:
         """Remove ``.partial`` files of the segment just completed left in another form (a
@@ -370,12 +412,12 @@ class CompressedSegmentWriter(SegmentWriter):
         self.suffix = COMPRESSION_SUFFIXES[compress.method]
         self._compressor: Compressor | None = None
 
-    def flush(self) -> int:
+    def flush(self, wait: bool = False) -> int:
         """Flush the compressor's pending output, fsync; return the new flushed position."""
         if self._fd is not None and self._compressor is not None \
                 and self.flushed < self.position:
             self._append(self._compressor.flush())
-        return super().flush()
+        return super().flush(wait)
 
     def close(self) -> None:
         """End the compressed stream and close, leaving the file as ``.partial``."""

@@ -23,6 +23,7 @@ from receivewal.archive.directory import (
     open_segment_writer,
 )
 from receivewal.archive.layout import StartPoint, choose_start
+from receivewal.archive.syncer import restart_point
 from receivewal.daemon.monitor import SessionMonitor
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
@@ -98,6 +99,7 @@ class Session:
         newest, rejected = self.archive.resume_point(info.segment_size)
         for reason in rejected:
             self.log.warning("segment_file_skipped", reason=reason)
+        newest = restart_point(newest, self.archive.segment_names(info.segment_size))
         slot_restart = None
         if self.settings.slot and info.version >= 150000:
             slot_restart = self._read_or_create_slot(self.settings.slot)
@@ -324,7 +326,7 @@ class Session:
         """Send ``r`` (and ``h`` unless disabled); fsync first when flush is reported."""
         flush = 0
         if self.settings.report_flush:
-            flush = writer.flush()
+            flush = writer.flush(wait=self.settings.synchronous)
             self.monitor.flushed(flush)
         now = postgres_time(time.time())
         self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
@@ -335,7 +337,7 @@ class Session:
 
     def _finish(self, writer: SegmentWriter) -> None:
         """Stop on our side: fsync, report, end the copy, and let the server finish."""
-        writer.flush()
+        writer.flush(wait=True)
         self.send_status(writer)
         self.conn.end_copy()
         deadline = self.clock() + STOP_DRAIN_SECONDS

@@ -89,6 +89,8 @@ class Session:
         self.first_frame = True
         self.pending_wire = self.pending_wal = 0
         self.reported_algorithm: str | None = None
+        self.announced = False  # monitor.connected() said (after the first START, so that
+        # the state file's fsynced write does not delay START_REPLICATION)
 
     # -- setup -------------------------------------------------------------------------------
     def prepare(self) -> StartPoint:
@@ -101,7 +103,9 @@ class Session:
             self.log.warning("segment_file_skipped", reason=reason)
         newest = restart_point(newest, self.archive.segment_names(info.segment_size))
         slot_restart = None
-        if self.settings.slot and info.version >= 150000:
+        # as pg_receivewal: the slot's position only matters when the archive has none
+        if self.settings.slot and info.version >= 150000 \
+                and (newest is None or self.settings.create_slot_if_missing):
             slot_restart = self._read_or_create_slot(self.settings.slot)
             self.monitor.slot_state(self.settings.slot,
                                     slot_restart[0] if slot_restart else None)
@@ -113,8 +117,6 @@ class Session:
         if start.timeline < info.timeline:
             history = parse_history(self._fetch_history(info.timeline), info.timeline)
             check_follows(start.timeline, start.lsn, history, info.timeline)
-        self.monitor.connected(self.conn.describe(), info.system_identifier, info.timeline,
-                               self.settings.slot)
         return start
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
@@ -190,6 +192,10 @@ class Session:
                 f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"
             )
             self.last_received, self.pinged = self.clock(), False
+            if not self.announced:
+                self.monitor.connected(self.conn.describe(), self.info.system_identifier,
+                                       self.info.timeline, self.settings.slot)
+                self.announced = True
             self.log.info("streaming_started", timeline=timeline, start_lsn=format_lsn(lsn),
                           slot=self.settings.slot)
             self.monitor.streaming_started(timeline, lsn)

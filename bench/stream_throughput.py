@@ -6,7 +6,10 @@ It starts a private PostgreSQL, creates one slot per run (all reserving WAL at t
 writes at least ``--gb`` GB of WAL, then lets each tool catch up from its own slot into an empty
 directory up to the same end LSN, alternating the tools, in ``--no-sync`` and default
 durability. For every run it measures wall time, CPU time (user + system of the process) and
-peak RSS with wait4(), and prints MB/s, CPU seconds per GB and peak RSS per tool, and the ratios.
+peak RSS with wait4(), and the start-up: the time until the tool says it started streaming
+(receivewal's ``streaming_started`` event, pg_receivewal -v's "starting log streaming"). It
+prints MB/s over the whole run and in steady state (WAL bytes / (wall - start-up)), CPU seconds
+per GB, peak RSS and start-up per tool, and the ratios.
 """
 
 from __future__ import annotations
@@ -18,29 +21,45 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from support.servers import pg_bin, running_server
 
 RECEIVEWAL = [sys.executable, "-m", "receivewal", "stream", "--log-format", "json"]
+STREAMING = (b"streaming_started", b"starting log streaming")  # receivewal, pg_receivewal -v
+
+Sample = tuple[float, float, int, float]  # wall s, CPU s, peak RSS KiB, start-up s
 
 
-def run_one(argv: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds, peak RSS KiB) of one process run to completion."""
+def run_one(argv: list[str]) -> Sample:
+    """(wall s, CPU s, peak RSS KiB, start-up s) of one process run to completion."""
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    started: list[float] = []
+    lines: list[bytes] = []
+
+    def watch() -> None:  # timestamp the line that says streaming started
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if not started and any(mark in line for mark in STREAMING):
+                started.append(time.monotonic() - start)
+            lines.append(line)
+
+    reader = threading.Thread(target=watch)
+    reader.start()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - start
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{argv[0]} failed: {err[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+    reader.join()
+    if os.waitstatus_to_exitcode(status) != 0 or not started:
+        raise RuntimeError(f"{argv[0]} failed: {b''.join(lines)[-2000:].decode()}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, started[0]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gb", type=float, default=1.0, help="GB of WAL to generate")
+    parser.add_argument("--gb", type=float, default=2.0, help="GB of WAL to generate")
     parser.add_argument("--runs", type=int, default=3, help="runs per tool and durability")
     args = parser.parse_args()
     modes = [("--no-sync", ["--no-sync"]), ("default", [])]
@@ -66,7 +85,7 @@ def main() -> None:
         wal_bytes = int(pg.sql(f"SELECT '{end_lsn}'::pg_lsn - "
                                f"(SELECT min(restart_lsn) FROM pg_replication_slots)"))
         print(f"WAL to stream per run: {wal_bytes / 1e6:.0f} MB (up to {end_lsn})\n", flush=True)
-        results: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+        results: dict[tuple[str, str], list[Sample]] = {}
         scratch = Path(tempfile.mkdtemp(prefix="receivewal-bench-"))
         try:
             for i in range(args.runs):
@@ -78,32 +97,44 @@ def main() -> None:
                         common = ["-D", str(target_dir), "-d", pg.dsn, "-S", slot,
                                   "-E", end_lsn, "-n", *flags]
                         argv = [*RECEIVEWAL, *common, "--compression", "none"] \
-                            if tool == "receivewal" else [pg_bin("pg_receivewal"), *common]
+                            if tool == "receivewal" else [pg_bin("pg_receivewal"), "-v", *common]
                         sample = run_one(argv)
                         results.setdefault((tool, mode), []).append(sample)
                         shutil.rmtree(target_dir)
                         print(f"  run {i + 1} {mode:9} {tool:13} {wal_bytes / 1e6 / sample[0]:7.1f}"
-                              f" MB/s  cpu {sample[1]:5.2f}s  rss {sample[2] / 1024:5.1f} MB",
-                              flush=True)
+                              f" MB/s  cpu {sample[1]:5.2f}s  rss {sample[2] / 1024:5.1f} MB"
+                              f"  start-up {sample[3]:.3f}s", flush=True)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+    print_summary(results, wal_bytes, args.runs)
+
+
+def print_summary(results: dict[tuple[str, str], list[Sample]], wal_bytes: int,
+                  runs: int) -> None:
+    """The table (markdown) and the ratios of receivewal to pg_receivewal."""
+    modes, tools = ("--no-sync", "default"), ("receivewal", "pg_receivewal")
     gb = wal_bytes / 1e9
-    print(f"\n| durability | tool | MB/s (median of {args.runs}) | CPU s per GB | peak RSS MB |")
-    print("|---|---|---:|---:|---:|")
-    summary: dict[tuple[str, str], tuple[float, float, float]] = {}
-    for mode, _ in modes:
+    print(f"\nmedians of {runs} runs of {wal_bytes / 1e6:.0f} MB (peak RSS: the largest)")
+    print("| durability | tool | MB/s | steady MB/s | CPU s per GB | peak RSS MB | start-up s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    summary: dict[tuple[str, str], tuple[float, float, float, float, float]] = {}
+    for mode in modes:
         for tool in tools:
-            runs = results[(tool, mode)]
-            mbs = statistics.median(wal_bytes / 1e6 / r[0] for r in runs)
-            cpu = statistics.median(r[1] for r in runs) / gb
-            rss = max(r[2] for r in runs) / 1024
-            summary[(tool, mode)] = (mbs, cpu, rss)
-            print(f"| {mode} | {tool} | {mbs:.1f} | {cpu:.2f} | {rss:.1f} |")
+            samples = results[(tool, mode)]
+            mbs = statistics.median(wal_bytes / 1e6 / r[0] for r in samples)
+            steady = statistics.median(wal_bytes / 1e6 / (r[0] - r[3]) for r in samples)
+            cpu = statistics.median(r[1] for r in samples) / gb
+            rss = max(r[2] for r in samples) / 1024
+            startup = statistics.median(r[3] for r in samples)
+            summary[(tool, mode)] = (mbs, steady, cpu, rss, startup)
+            print(f"| {mode} | {tool} | {mbs:.1f} | {steady:.1f} | {cpu:.2f} | {rss:.1f} | "
+                  f"{startup:.3f} |")
     print()
-    for mode, _ in modes:
+    for mode in modes:
         ours, theirs = summary[("receivewal", mode)], summary[("pg_receivewal", mode)]
-        print(f"{mode}: receivewal/pg_receivewal throughput {ours[0] / theirs[0]:.2f}x, "
-              f"CPU per GB {ours[1] / theirs[1]:.2f}x, peak RSS {ours[2]:.1f} MB")
+        print(f"{mode}: receivewal/pg_receivewal throughput {ours[0] / theirs[0]:.2f}x "
+              f"(steady state {ours[1] / theirs[1]:.2f}x), CPU per GB {ours[2] / theirs[2]:.2f}x, "
+              f"peak RSS {ours[3]:.1f} MB, start-up {ours[4]:.3f} s vs {theirs[4]:.3f} s")
 
 
 if __name__ == "__main__":

@@ -38,12 +38,8 @@ from support.streams import (
 
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.directory import Archive
-from receivewal.archive.writer import (
-    CRASH_ENV,
-    PREALLOCATE_ENV,
-    open_segment_writer,
-    preallocate,
-)
+from receivewal.archive.files import CRASH_ENV, PREALLOCATE_ENV, preallocate
+from receivewal.archive.writer import open_segment_writer
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
 from receivewal.daemon.state import State, write_state
 from receivewal.errors import ArchiveError

@@ -9,25 +9,19 @@ A compressed segment is written from its first byte into a temporary file; it re
 ``.partial`` a previous run left only once it holds at least as much WAL, fsynced. Old WAL is
 never removed before it is durable again. Nothing is ever opened through a symbolic link.
 
-Two environment variables serve the crash tests: ``RECEIVEWAL_CRASH_AT=<point>`` SIGKILLs the
-process at a named point, ``RECEIVEWAL_PREALLOCATE=zeros`` forces the zero-filling fallback.
+The file primitives they use (preallocation, opening without following links, the crash
+tests' kill points) are in :mod:`receivewal.archive.files`.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
-import signal
-import stat
 from pathlib import Path
 
 from receivewal.archive.compression import (
     NO_COMPRESSION,
     Compressor,
     CompressSpec,
-    CorruptFile,
-    decompress_chunks,
     new_compressor,
 )
 from receivewal.archive.directory import (
@@ -37,58 +31,19 @@ from receivewal.archive.directory import (
     temporary_name,
     write_all,
 )
+from receivewal.archive.files import (
+    CRASH_ENV,
+    PREALLOCATE_ENV,
+    crash_point,
+    held_wal,
+    open_for_writing,
+    preallocate,
+)
 from receivewal.archive.layout import check_continuity, plan_writes
+from receivewal.archive.syncer import WRITE_BEHIND_BYTES, SegmentSyncer
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import COMPRESSION_SUFFIXES, PARTIAL_SUFFIX, wal_file_name
-
-CRASH_ENV = "RECEIVEWAL_CRASH_AT"
-PREALLOCATE_ENV = "RECEIVEWAL_PREALLOCATE"
-_ZERO_BLOCK = 1 << 20
-_NOT_SUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS}
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-
-
-def crash_point(armed: str | None, name: str) -> None:
-    """SIGKILL this process when the crash tests armed point ``name``."""
-    if armed == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def preallocate(fd: int, size: int, *, zeros: bool = False, crash: str | None = None) -> None:
-    """Reserve ``size`` bytes: the fallocate system call, else zeros written in 1 MiB blocks.
-
-    ``os.posix_fallocate`` is not used: where the file system lacks fallocate, glibc emulates
-    it with one write per block (seconds per segment on FUSE or NFSv3).
-    """
-    if not zeros:
-        if _libc.fallocate(fd, 0, 0, size) == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in _NOT_SUPPORTED:
-            raise OSError(err, os.strerror(err))
-    block = bytes(_ZERO_BLOCK)
-    for offset in range(0, size, _ZERO_BLOCK):
-        done = 0
-        piece = memoryview(block)[: min(_ZERO_BLOCK, size - offset)]
-        while done < len(piece):
-            done += os.pwrite(fd, piece[done:], offset + done)
-        crash_point(crash, "preallocating")
-
-
-def open_for_writing(path: Path) -> int | None:
-    """Open an existing regular file read-write, never through a symlink; None if missing."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise os_error(exc, f'could not open file "{path}"') from exc
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ArchiveError(f'"{path}" is not a regular file')
-    return fd
 
 
 class SegmentWriter:
@@ -112,6 +67,10 @@ class SegmentWriter:
         self._path: Path | None = None  # the file open now (a temporary name until promoted)
         self._crash = os.environ.get(CRASH_ENV)
         self._zeros = os.environ.get(PREALLOCATE_ENV) == "zeros"
+        # overlapped durability (archive/syncer.py): a completed segment is fsynced and renamed
+        # in the background while the next one is received
+        self.syncer = SegmentSyncer(start_lsn) if archive.sync else None
+        self._behind = 0  # offset in the open segment up to which writeback was started
 
     @property
     def open_segment_name(self) -> str | None:
@@ -123,6 +82,8 @@ class SegmentWriter:
     def write(self, lsn: int, data: bytes | memoryview) -> list[str]:
         """Append WAL at ``lsn``; return the names of segments this write completed."""
         check_continuity(self.position, lsn)
+        if self.syncer is not None:
+            self.syncer.check()
         completed: list[str] = []
         view = memoryview(data)
         for plan in plan_writes(lsn, len(view), self.segment_size):
@@ -134,8 +95,18 @@ class SegmentWriter:
                 completed.append(self._complete())
         return completed
 
-    def flush(self) -> int:
-        """fsync the open segment; return the new flushed position."""
+    def flush(self, wait: bool = False) -> int:
+        """fsync the open segment; return the new flushed position.
+
+        While a completed segment is still being fsynced in the background, the flushed
+        position is what the syncer has finished, and receiving goes on (unless ``wait``).
+        """
+        if self.syncer is not None:
+            if self.syncer.completing and not wait:
+                self.syncer.check()
+                self.flushed = max(self.flushed, self.syncer.synced)
+                return self.flushed
+            self.syncer.drain()
         if self._fd is not None and self.flushed < self.position:
             if self.archive.sync:
                 try:
@@ -147,14 +118,19 @@ class SegmentWriter:
         return self.flushed
 
     def close(self) -> None:
-        """fsync and close the open segment, leaving it as ``.partial``."""
-        if self._fd is not None:
-            try:
-                self.flush()
-            finally:
-                os.close(self._fd)
-                self._fd = None
-                self._segno = None
+        """fsync and close the open segment, leaving it as ``.partial``; finish the syncer's
+        queue (completed segments renamed) and stop its thread, even after a failure."""
+        try:
+            if self._fd is not None:
+                try:
+                    self.flush(wait=True)
+                finally:
+                    os.close(self._fd)
+                    self._fd = None
+                    self._segno = None
+        finally:
+            if self.syncer is not None:
+                self.syncer.close()
 
     # -- internals ---------------------------------------------------------------------------
     def _partial_path(self, segno: int) -> Path:
@@ -173,7 +149,7 @@ class SegmentWriter:
                 f"{format_lsn(self.position)}"
             )
         fd, self._path = self._start_file(self._partial_path(segno))
-        self._fd, self._segno = fd, segno
+        self._fd, self._segno, self._behind = fd, segno, 0
         return fd
 
     def _start_file(self, path: Path) -> tuple[int, Path]:
@@ -214,6 +190,10 @@ class SegmentWriter:
         try:
             while done < len(chunk):
                 done += os.pwrite(fd, chunk[done:], offset + done)
+            end = offset + done
+            if self.syncer is not None and end - self._behind >= WRITE_BEHIND_BYTES:
+                self.syncer.write_behind(fd, self._behind, end - self._behind)
+                self._behind = end
         except OSError as exc:
             raise os_error(
                 exc,
@@ -222,24 +202,37 @@ class SegmentWriter:
             ) from exc
 
     def _complete(self) -> str:
-        """fsync, close and rename the open segment; fsync the directory."""
+        """fsync, close and rename the open segment; fsync the directory. With a syncer this
+        is its job, in order after everything before it, and ``flushed`` moves once it is
+        done (see :meth:`flush`)."""
         assert self._fd is not None
         assert self._segno is not None
         assert self._path is not None
         name = wal_file_name(self.timeline, self._segno, self.segment_size) + self.suffix
+        fd, path = self._fd, self._path
+        self._fd, self._segno = None, None
+        if self.syncer is not None:
+            self.syncer.submit(self.position, lambda: self._finish_file(fd, path, name),
+                               segment=name)
+            return name
+        self._finish_file(fd, path, name)
+        self.flushed = self.position
+        return name
+
+    def _finish_file(self, fd: int, path: Path, name: str) -> None:
+        """fsync and close ``fd``, rename ``path`` to ``name``, fsync the directory, drop the
+        segment's ``.partial`` files in other forms."""
         try:
-            if self.archive.sync:
-                os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
-            os.replace(self._path, self.archive.directory / name)
+            try:
+                if self.archive.sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(path, self.archive.directory / name)
         except OSError as exc:
             raise os_error(exc, f'could not complete segment "{name}"') from exc
-        self._segno = None
         self.archive.fsync_directory()
-        self.flushed = self.position
         self._drop_superseded_partials(name[:24])
-        return name
 
     def _drop_superseded_partials(self, wal: str) -> None:
         """Remove ``.partial`` files of the segment just completed, in any form (another -Z
@@ -256,21 +249,6 @@ class SegmentWriter:
             removed = True
         if removed:
             self.archive.fsync_directory()
-
-
-def held_wal(path: Path, method: str) -> int:
-    """How many bytes of WAL a compressed ``.partial`` decodes to (0 when there is none)."""
-    fd = open_for_writing(path)  # refuses a symlink where the .partial should be
-    if fd is None:
-        return 0
-    held = 0
-    with open(fd, "rb") as fh:
-        try:
-            for chunk in decompress_chunks(fh, method, truncated_ok=True):
-                held += len(chunk)
-        except CorruptFile:
-            pass  # what decoded before the damage is what it holds
-    return held
 
 
 class CompressedSegmentWriter(SegmentWriter):
@@ -293,13 +271,13 @@ class CompressedSegmentWriter(SegmentWriter):
         self._old: tuple[Path, int] | None = None  # the .partial to replace, and its WAL bytes
         self._written = False
 
-    def flush(self) -> int:
+    def flush(self, wait: bool = False) -> int:
         """Flush the compressor's pending output, fsync; return the new flushed position."""
         if self._fd is not None and self._compressor is not None \
                 and self.flushed < self.position:
             crash_point(self._crash, "first_flush")
             self._append(self._compressor.flush())
-        return super().flush()
+        return super().flush(wait)
 
     def close(self) -> None:
         """End the compressed stream and close; the file stays (or becomes) ``.partial``.

@@ -18,6 +18,7 @@ from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import Archive, ArchiveIdentity
 from receivewal.archive.layout import StartPoint, choose_start
+from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
 from receivewal.daemon.events import SessionMonitor
 from receivewal.daemon.settings import Settings
@@ -85,6 +86,8 @@ class Session:
         self.pending_wire = self.pending_wal = 0
         self.server_wal_end: int | None = None  # walEnd of the last XLogData, for the monitor
         self.reported_algorithm: str | None = None
+        self.announced = False  # monitor.connected() said (after the first START, so that
+        # the state file's fsynced write does not delay START_REPLICATION)
 
     # -- setup -------------------------------------------------------------------------------
     def prepare(self) -> StartPoint:
@@ -97,8 +100,11 @@ class Session:
         for reason in rejected:
             name, _, why = reason.partition(": ")
             self.log.warning("segment_file_rejected", file=name, reason=why)
+        newest = restart_point(newest, self.archive.segment_names(info.segment_size))
         slot_restart = None
-        if self.settings.slot and info.version >= 150000:
+        # as pg_receivewal: the slot's position only matters when the archive has none
+        if self.settings.slot and info.version >= 150000 \
+                and (newest is None or self.settings.create_slot_if_missing):
             slot_restart = self._read_or_create_slot(self.settings.slot)
             self.monitor.slot_state(self.settings.slot,
                                     slot_restart[0] if slot_restart else None)
@@ -110,8 +116,6 @@ class Session:
         if start.timeline < info.timeline:
             history = parse_history(self._fetch_history(info.timeline), info.timeline)
             check_follows(start.timeline, start.lsn, history, info.timeline)
-        self.monitor.connected(self.conn.describe(), info.system_identifier, info.timeline,
-                               self.settings.slot, server_wal_end=info.xlogpos)
         return start
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
@@ -187,6 +191,11 @@ class Session:
                 f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"
             )
             self.last_received, self.pinged = self.clock(), False
+            if not self.announced:
+                self.monitor.connected(self.conn.describe(), self.info.system_identifier,
+                                       self.info.timeline, self.settings.slot,
+                                       server_wal_end=self.info.xlogpos)
+                self.announced = True
             self.log.info("streaming_started", timeline=timeline, start_lsn=format_lsn(lsn),
                           slot=self.settings.slot)
             self.monitor.streaming_started(timeline, lsn)
@@ -324,7 +333,7 @@ class Session:
         """Send ``r`` (and ``h`` unless disabled); fsync first when flush is reported."""
         flush = 0
         if self.settings.report_flush:
-            flush = writer.flush()
+            flush = writer.flush(wait=self.settings.synchronous)
             self.monitor.flushed(flush)
         now = postgres_time(time.time())
         self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
@@ -337,7 +346,7 @@ class Session:
     def _finish(self, writer: SegmentWriter) -> None:
         """Stop on our side: fsync, report, end the copy, and let the server finish."""
         self._tick(writer)  # the monitor's counters get the last batch too
-        writer.flush()
+        writer.flush(wait=True)
         self.send_status(writer)
         self.conn.end_copy()
         deadline = self.clock() + STOP_DRAIN_SECONDS

@@ -1,0 +1,110 @@
+"""Overlapped durability: segments are fsynced and renamed in the background, and a flush
+position is reported only once that is done."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from support.archives import assert_consecutive
+from support.servers import PgServer
+from support.streams import (
+    PARTIAL,
+    assert_identical_to_server,
+    lsn_to_int,
+    receivewal,
+    start_receivewal,
+    wait_for,
+    wal_files,
+)
+
+from receivewal.archive.syncer import PAUSE_ENV, SegmentSyncer, restart_point
+from receivewal.errors import ArchiveError
+from receivewal.wal.names import SegmentFile
+
+SEG = 16 << 20
+
+
+def test_restart_point_goes_back_over_consecutive_partials() -> None:
+    """Two consecutive .partial files of one timeline: restream from the older one."""
+    files = [SegmentFile(3, 1), SegmentFile(4, 1, partial=True), SegmentFile(5, 1, partial=True)]
+    assert restart_point(files[2], files) == files[1]
+
+
+def test_restart_point_keeps_a_lone_partial_and_complete_files() -> None:
+    """A single .partial, a complete newest file, a partial of another timeline, a partial
+    superseded by its complete file: nothing to go back over."""
+    alone = [SegmentFile(3, 1), SegmentFile(4, 1, partial=True)]
+    assert restart_point(alone[1], alone) == alone[1]
+    complete = [SegmentFile(4, 1, partial=True), SegmentFile(5, 1)]
+    assert restart_point(complete[1], complete) == complete[1]
+    switched = [SegmentFile(4, 1, partial=True), SegmentFile(5, 2, partial=True)]
+    assert restart_point(switched[1], switched) == switched[1]
+    superseded = [SegmentFile(4, 1), SegmentFile(4, 1, "gzip", partial=True),
+                  SegmentFile(5, 1, partial=True)]
+    assert restart_point(superseded[2], superseded) == superseded[2]
+    assert restart_point(None, []) is None
+
+
+def test_syncer_runs_jobs_in_order_and_raises_a_failure_in_the_caller() -> None:
+    """synced moves only as jobs finish, in order; a failed job's error reaches the caller
+    and nothing submitted after it runs."""
+    ran: list[int] = []
+    syncer = SegmentSyncer(100)
+    syncer.submit(200, lambda: ran.append(1), segment="a")
+    syncer.submit(300, lambda: ran.append(2), segment="b")
+    assert syncer.drain() == 300
+    assert ran == [1, 2]
+    assert not syncer.completing
+
+    def fail() -> None:
+        raise ArchiveError('could not complete segment "x": Input/output error')
+
+    syncer.submit(400, fail, segment="c")
+    syncer.submit(500, lambda: ran.append(3))
+    with pytest.raises(ArchiveError, match="Input/output error"):
+        syncer.close()
+    assert ran == [1, 2]
+    assert syncer.synced == 300
+
+
+@pytest.mark.server
+def test_sigkill_during_background_fsync_reports_nothing_false_and_loses_nothing(
+        pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
+    """The syncer holds a completed segment before its fsync; meanwhile write moves past it
+    but flush (and the slot's restart_lsn) stay before its end. SIGKILL there: the
+    next run restreams it, completes it, and the archive equals the server's WAL."""
+    pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
+    marker = tmp_path / "paused"
+    proc = start_receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
+                            "-s", "0.2", env={PAUSE_ENV: str(marker)},
+                            stderr_path=tmp_path / "log")
+    try:
+        wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_replication") == "1",
+                 what="replication connection")
+        pg.generate_wal(2)
+        wait_for(lambda: marker.exists() and marker.read_text() != "", what="syncer paused")
+        paused = marker.read_text()
+        seg_start = (int(paused[8:16], 16) * 256 + int(paused[16:24], 16)) * SEG
+        wait_for(lambda: lsn_to_int(pg.sql("SELECT write_lsn FROM pg_stat_replication"))
+                 > seg_start + SEG, what="write reported past the paused segment")
+        flush = lsn_to_int(pg.sql("SELECT flush_lsn FROM pg_stat_replication"))
+        restart = lsn_to_int(pg.sql(
+            "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'arch'"))
+        # a status may have fsynced part of it before it completed, never all of it
+        assert flush < seg_start + SEG, "flush reported for a segment not yet fsynced"
+        assert restart <= flush
+        assert paused + PARTIAL in wal_files(archive_dir)  # never renamed before its fsync
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    endpos = pg.mid_segment_lsn()
+    done = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
+                      "-E", endpos, "-n")
+    assert done.returncode == 0, done.stderr
+    names = assert_identical_to_server(archive_dir, pg)
+    assert paused in names
+    assert_consecutive(names)
+    assert [n for n in wal_files(archive_dir) if n.endswith(PARTIAL)] == \
+        [wal_files(archive_dir)[-1]]

@@ -175,6 +175,12 @@ class SegmentWriter:
             raise os_error(exc, f'could not create file "{tmp}"') from exc
         try:
             preallocate(fd, self.segment_size, zeros=self._zeros, crash=self._crash)
+            if self.syncer is not None:
+                # fsync and rename in the background, in order with the completions: nothing in
+                # this segment is reported flushed before its .partial is durable (a crash
+                # before that leaves only the temporary file, removed at the next start)
+                self.syncer.submit(self.position, lambda: self._promote(fd, tmp, path))
+                return fd
             if self.archive.sync:
                 os.fsync(fd)
             os.rename(tmp, path)
@@ -184,6 +190,16 @@ class SegmentWriter:
             raise os_error(exc, f'could not preallocate file "{path}"') from exc
         self.archive.fsync_directory()
         return fd
+
+    def _promote(self, fd: int, tmp: Path, path: Path) -> None:
+        """The syncer's job for a new segment: make the preallocated file durable, then give it
+        its ``.partial`` name and make that durable."""
+        try:
+            os.fsync(fd)
+            os.rename(tmp, path)
+        except OSError as exc:
+            raise os_error(exc, f'could not preallocate file "{path}"') from exc
+        self.archive.fsync_directory()
 
     def _pwrite(self, fd: int, chunk: memoryview, offset: int) -> None:
         done = 0

@@ -165,14 +165,19 @@ class SegmentWriter:
             )
         return fd, path
 
-    def _create_preallocated(self, path: Path) -> int:
-        """Preallocate under a temporary name; rename to ``.partial`` once complete, fsynced."""
+    def _create_temporary(self, path: Path) -> tuple[int, Path]:
+        """A new empty file under ``path``'s temporary name (a leftover one is replaced), never
+        through a symbolic link; return its descriptor and path."""
         tmp = path.with_name(temporary_name(path.name))
         try:
             tmp.unlink(missing_ok=True)
-            fd = create_exclusive(tmp, self.archive.file_mode)
+            return create_exclusive(tmp, self.archive.file_mode), tmp
         except OSError as exc:
             raise os_error(exc, f'could not create file "{tmp}"') from exc
+
+    def _create_preallocated(self, path: Path) -> int:
+        """Preallocate under a temporary name; rename to ``.partial`` once complete, fsynced."""
+        fd, tmp = self._create_temporary(path)
         try:
             preallocate(fd, self.segment_size, zeros=self._zeros, crash=self._crash)
             if self.syncer is not None:
@@ -319,13 +324,8 @@ class CompressedSegmentWriter(SegmentWriter):
             )
         old = held_wal(path, self.compress.method)
         self._old = (path, old)
-        tmp = path.with_name(temporary_name(path.name))
         compressor = new_compressor(self.compress)
-        try:
-            tmp.unlink(missing_ok=True)
-            fd = create_exclusive(tmp, self.archive.file_mode)
-        except OSError as exc:
-            raise os_error(exc, f'could not create file "{tmp}"') from exc
+        fd, tmp = self._create_temporary(path)
         try:
             write_all(fd, compressor.begin())
         except OSError as exc:

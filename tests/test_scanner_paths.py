@@ -19,10 +19,10 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.scanner import scan_segment
 
 from receivewal.wal import accel
-from receivewal.wal.names import parse_segment_file_name
-from receivewal.wal.reader import SegmentScan, SegmentScanner
+from receivewal.wal.reader import SegmentScan
 
 DATA = Path(__file__).parent / "data" / "wal"
 SEG = 1 << 20
@@ -46,15 +46,7 @@ def scan_on(path: ModuleType | None, data: bytes, name: str, nxt: bytes | None,
     saved = accel.native
     accel.native = path
     try:
-        seg = parse_segment_file_name(name, SEG)
-        assert seg is not None
-        scanner = SegmentScanner(data, name, start_lsn=seg.start_lsn(SEG), segment_size=SEG,
-                                 timeline=seg.timeline, segno=seg.segno, partial=partial,
-                                 collect_lsns=True)
-        scanner.scan()
-        if nxt is not None and scanner.next_bytes_needed():
-            scanner.continue_record(nxt[:scanner.next_bytes_needed()], "next")
-        return scanner.result()
+        return scan_segment(data, name, SEG, nxt, partial=partial, collect=True)
     finally:
         accel.native = saved
 

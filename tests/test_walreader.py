@@ -17,13 +17,13 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.scanner import scanner_path  # noqa: F401 - the fixture, used below
+from support.scanner import scan_segment, scanner_path  # noqa: F401 - scanner_path: a fixture
 from support.waldump import by_rmgr, parse_stats
 
 from receivewal.archive.compression import read_wal_file
 from receivewal.check.verify import record_type_totals, rmgr_totals
 from receivewal.wal.names import parse_segment_file_name
-from receivewal.wal.reader import SegmentScan, SegmentScanner, fpi_bytes_of
+from receivewal.wal.reader import SegmentScan, fpi_bytes_of
 from receivewal.wal.rmgr import RMGR_NAMES, rmgr_id, rmgr_id_is_valid, rmgr_name
 
 DATA = Path(__file__).parent / "data" / "wal"
@@ -44,15 +44,7 @@ def segments() -> dict[str, bytes]:
 def scan(data: bytes, name: str, nxt: bytes | None = None, *, partial: bool = False,
          collect: bool = False) -> SegmentScan:
     """Scan one segment, finishing its last record from ``nxt`` when given."""
-    seg = parse_segment_file_name(name, SEG)
-    assert seg is not None
-    scanner = SegmentScanner(data, name, start_lsn=seg.start_lsn(SEG), segment_size=SEG,
-                             timeline=seg.timeline, segno=seg.segno, partial=partial,
-                             collect_lsns=collect)
-    scanner.scan()
-    if nxt is not None and scanner.next_bytes_needed():
-        scanner.continue_record(nxt[:scanner.next_bytes_needed()], "next")
-    return scanner.result()
+    return scan_segment(data, name, SEG, nxt, partial=partial, collect=collect)
 
 
 def scan_pair(segments: dict[str, bytes]) -> list[SegmentScan]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 
 from receivewal.wal import accel
+from receivewal.wal.names import parse_segment_file_name
+from receivewal.wal.reader import SegmentScan, SegmentScanner
 
 
 @pytest.fixture(params=["c", "python"])
@@ -28,3 +30,17 @@ def scanner_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(accel, "native", None)
         monkeypatch.setenv("RECEIVEWAL_PURE_PYTHON", "1")
     return str(request.param)
+
+
+def scan_segment(data: bytes, name: str, segment_size: int, nxt: bytes | None = None, *,
+                 partial: bool = False, collect: bool = False) -> SegmentScan:
+    """Scan one segment named ``name``, finishing its last record from ``nxt`` when given."""
+    seg = parse_segment_file_name(name, segment_size)
+    assert seg is not None
+    scanner = SegmentScanner(data, name, start_lsn=seg.start_lsn(segment_size),
+                             segment_size=segment_size, timeline=seg.timeline, segno=seg.segno,
+                             partial=partial, collect_lsns=collect)
+    scanner.scan()
+    if nxt is not None and scanner.next_bytes_needed():
+        scanner.continue_record(nxt[:scanner.next_bytes_needed()], "next")
+    return scanner.result()

@@ -1,0 +1,58 @@
+"""Every benchmark in bench/ still runs: one tiny round of each, through its own set-up path.
+
+The benchmarks start their own servers, relays and namespaces; a change to the product that
+breaks one of them (an option renamed, a relay that refuses the bench's listener) fails here
+instead of rotting until someone runs it by hand. The figures they print are not checked: only
+that the run finishes, verifies its archives where it does, and prints its table.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IS_ROOT = os.geteuid() == 0
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+def run_bench(script: str, *args: str) -> str:
+    """Run ``bench/<script>`` as the README quotes it; its output (the run must exit 0)."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT,
+                          capture_output=True, text=True, check=False, timeout=240)
+    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_stream_throughput_bench_runs() -> None:
+    out = run_bench("stream_throughput.py", "--gb", "0.04", "--runs", "1")
+    assert "pg_receivewal" in out
+    assert "receivewal" in out.replace("pg_receivewal", "")
+
+
+def test_relay_throughput_bench_runs() -> None:
+    out = run_bench("relay_throughput.py", "--scale", "1", "--seconds", "1", "--rounds", "1")
+    assert "zstd" in out
+    assert "lz4" in out
+
+
+def test_verify_throughput_bench_runs() -> None:
+    out = run_bench("verify_throughput.py", "--segments", "1", "--pgbench-seconds", "1")
+    assert "pg_waldump" in out
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="network namespaces and tc need root")
+@pytest.mark.skipif(shutil.which("tc") is None, reason="needs tc (iproute2)")
+def test_slow_link_bench_runs_through_the_relay() -> None:
+    """The relay on the shaped link starts (a non-loopback listener needs its TLS and allow
+    options set by the bench) and both receivers' archives equal the server's pg_wal."""
+    out = run_bench("slow_link.py", "--rates", "100", "--scale", "1", "--transactions", "50",
+                    "--modes", "pg_receivewal,receivewal zstd")
+    assert out.count("archive identical") == 2
+    assert "receivewal zstd" in out.splitlines()[-1]

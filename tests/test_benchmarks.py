@@ -56,3 +56,11 @@ def test_slow_link_bench_runs_through_the_relay() -> None:
                     "--modes", "pg_receivewal,receivewal zstd")
     assert out.count("archive identical") == 2
     assert "receivewal zstd" in out.splitlines()[-1]
+
+
+def test_recovery_bench_runs() -> None:
+    """cp and receivewal restore (plain and zstd archives) each recover the base backup to the
+    primary's data."""
+    out = run_bench("recovery.py", "--segments", "1", "--rounds", "1")
+    assert out.count("data equal") == 3
+    assert "vs cp" in out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.archives import SEGMENT, complete_files, decoded, partial_files
+from support.postgres_user import install_for_postgres, readable_by_postgres
 from support.servers import PgServer
 from support.streams import lsn_to_int, start_receivewal, wait_for
 
@@ -104,32 +104,6 @@ def test_partial_only_when_asked_newest_first_padded(tmp_path: Path, segment: by
 
 
 # -- a real recovery ---------------------------------------------------------------------------
-def install_for_postgres(base: Path) -> str:
-    """The restore helper runnable by the postgres user: the package and its compiled
-    dependencies copied where that user can read them, run by the system python3 (as a
-    system-wide installation would be). Returns the command prefix."""
-    system = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
-                            capture_output=True, text=True, check=True).stdout.strip()
-    if system != str(tuple(sys.version_info[:2])):
-        pytest.fail(f"/usr/bin/python3 is {system}, the test environment's Python is "
-                    f"{sys.version_info[:2]}: the copied compiled modules need the same version")
-    lib = base / "pylib"
-    site = Path(next(p for p in sys.path if p.endswith("site-packages")))
-    shutil.copytree(Path(__file__).parent.parent / "receivewal", lib / "receivewal",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for dep in ("lz4", "zstandard", "click", "backports"):
-        shutil.copytree(site / dep, lib / dep, ignore=shutil.ignore_patterns("__pycache__"))
-    for path in [lib, *lib.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return f"PYTHONPATH={lib} /usr/bin/python3 -m receivewal restore"
-
-
-def readable_by_postgres(archive: Path) -> None:
-    archive.chmod(0o755)
-    for path in archive.iterdir():
-        path.chmod(0o644)
-
-
 @pytest.mark.server
 def test_base_backup_recovers_to_the_last_received_byte_through_restore(
         pg: PgServer, archive_dir: Path, server_base: Path, tmp_path: Path) -> None:

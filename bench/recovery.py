@@ -1,0 +1,148 @@
+"""Point-in-time recovery of a base backup: ``cp`` against ``receivewal restore`` as PostgreSQL's
+restore_command, on the same WAL. Run by hand (not in CI)::
+
+    .venv/bin/python bench/recovery.py [--segments 48] [--rounds 2] [--modes cp,plain,zstd]
+
+It starts a private PostgreSQL 15, takes a base backup, writes ``--segments`` segments of
+pgbench WAL after it and archives them twice with ``receivewal stream --endpos``: plain and
+``-Z zstd``. Then it recovers a fresh copy of the backup ``--rounds`` times per mode, the modes
+alternating, with:
+
+- ``cp``: ``cp ARCHIVE/%f %p`` on the plain archive (the baseline);
+- ``plain`` / ``zstd``: ``receivewal restore -D ARCHIVE %f %p`` on each archive.
+
+Each recovery is timed from ``pg_ctl start`` to the end of recovery (the server leaves recovery
+when the archive has no next file), and the recovered server must hold the primary's rows.
+Printed: seconds per run, the best per mode, the ratio to ``cp`` and the extra cost per
+restore_command call. Run as root (the server runs as ``postgres``, which reads a copy of the
+package through the system python3, as a system-wide installation would) or as the server
+user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from support.postgres_user import install_for_postgres, readable_by_postgres
+from support.servers import IS_ROOT, PgServer, make_shared_dir, pg_bin
+
+from receivewal.wal.lsn import format_lsn, parse_lsn
+
+SEGMENT = 16 << 20
+MODES = ("cp", "plain", "zstd")
+CHECK = "SELECT count(*), sum(delta) FROM pgbench_history"
+
+
+@dataclass(frozen=True)
+class Run:
+    mode: str
+    seconds: float
+    restored: int  # files PostgreSQL restored from the archive
+
+
+def make_wal(server: PgServer, segments: int) -> tuple[PgServer, int]:
+    """A base backup, then at least ``segments`` segments of pgbench WAL after it; the backup
+    and the end LSN (a segment boundary, after a switch)."""
+    subprocess.run([pg_bin("pgbench"), "-i", "-q", "-s", "5", "-h", "127.0.0.1", "-p",
+                    str(server.port), "-U", "postgres", "postgres"], check=True,
+                   capture_output=True)
+    for slot in ("plain", "zstd"):
+        server.sql(f"SELECT pg_create_physical_replication_slot('{slot}', true)")
+    backup = server.base_backup("backup")
+    start = parse_lsn(server.current_lsn())
+    while parse_lsn(server.current_lsn()) - start < segments * SEGMENT:
+        subprocess.run([pg_bin("pgbench"), "-n", "-c", "2", "-t", "2000", "-h", "127.0.0.1",
+                        "-p", str(server.port), "-U", "postgres", "postgres"], check=True,
+                       capture_output=True)
+    end = parse_lsn(server.switch_wal())
+    return backup, (end + SEGMENT - 1) // SEGMENT * SEGMENT
+
+
+def archive(server: PgServer, directory: Path, slot: str, end: int, *method: str) -> None:
+    """``receivewal stream`` from the slot into ``directory`` up to ``end``."""
+    directory.mkdir()
+    subprocess.run([sys.executable, "-m", "receivewal", "stream", "-D", str(directory),
+                    "-d", server.dsn, "-S", slot, "--endpos", format_lsn(end), "-n",
+                    "--log-format", "json", *method],
+                   check=True, capture_output=True, timeout=600)
+    readable_by_postgres(directory)
+
+
+def recover(backup: PgServer, base: Path, name: str, command: str, expected: str) -> Run:
+    """Recover a fresh copy of the backup with ``command``; time start to promotion."""
+    server = PgServer(base, name)
+    shutil.copytree(backup.datadir, server.datadir, symlinks=True)
+    if IS_ROOT:
+        subprocess.run(["chown", "-R", "postgres:postgres", str(server.datadir)], check=True)
+    try:
+        began = time.monotonic()
+        server.recover_from_archive(command, timeout=600)
+        seconds = time.monotonic() - began
+        got = server.sql(CHECK)
+        if got != expected:
+            raise AssertionError(f"{name}: recovered {got}, the primary has {expected}")
+        restored = server.logfile.read_text().count("from archive")
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(server.datadir, ignore_errors=True)
+    return Run(name.split("-", maxsplit=1)[0], seconds, restored)
+
+
+def report(runs: list[Run]) -> None:
+    best = {mode: min(r.seconds for r in runs if r.mode == mode)
+            for mode in dict.fromkeys(r.mode for r in runs)}
+    calls = max(r.restored for r in runs)
+    print(f"\n{'mode':<6} {'runs s':<24} {'best s':>7} {'vs cp':>6} {'ms/call extra':>13}")
+    for mode, seconds in best.items():
+        each = " ".join(f"{r.seconds:.2f}" for r in runs if r.mode == mode)
+        ratio = seconds / best["cp"] if "cp" in best else float("nan")
+        extra = (seconds - best["cp"]) / calls * 1000 if "cp" in best else float("nan")
+        print(f"{mode:<6} {each:<24} {seconds:>7.2f} {ratio:>5.2f}x {extra:>13.1f}")
+    print(f"({calls} files restored per recovery)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--segments", type=int, default=48, help="segments of WAL to replay")
+    parser.add_argument("--rounds", type=int, default=2, help="recoveries per mode")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",")]
+    if set(modes) - set(MODES):
+        parser.error(f"unknown modes {sorted(set(modes) - set(MODES))}; known: {MODES}")
+    base = make_shared_dir("receivewal-recovery-")
+    server = PgServer(base)
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, base, ignore_errors=True)
+        server.init({"max_wal_size": "'4GB'", "checkpoint_timeout": "'30min'",
+                     "wal_keep_size": "'4GB'"})
+        stack.callback(server.stop, "immediate")
+        server.start_or_fail()
+        backup, end = make_wal(server, args.segments)
+        archive(server, base / "plain", "plain", end)
+        archive(server, base / "zstd", "zstd", end, "-Z", "zstd")
+        expected = server.sql(CHECK)
+        server.stop()
+        print(f"{args.segments}+ segments of pgbench WAL up to {format_lsn(end)}", flush=True)
+        restore = install_for_postgres(base)
+        commands = {"cp": f'cp "{base / "plain"}/%f" "%p"',
+                    "plain": f"{restore} -D {base / 'plain'} %f %p",
+                    "zstd": f"{restore} -D {base / 'zstd'} %f %p"}
+        runs = []
+        for i in range(args.rounds):
+            for mode in modes:
+                runs.append(recover(backup, base, f"{mode}-{i}", commands[mode], expected))
+                print(f"  {mode} round {i + 1}: {runs[-1].seconds:.2f} s, "
+                      f"{runs[-1].restored} files restored, data equal", flush=True)
+    report(runs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""What a test or benchmark needs to let PostgreSQL (the postgres user) run
+``receivewal restore`` as its restore_command and read an archive made by root."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def install_for_postgres(base: Path) -> str:
+    """The restore helper runnable by the postgres user: the package and its compiled
+    dependencies copied where that user can read them, run by the system python3 (as a
+    system-wide installation would be). Returns the command prefix."""
+    system = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    if system != str(tuple(sys.version_info[:2])):
+        raise AssertionError(f"/usr/bin/python3 is {system}, the test environment's Python is "
+                             f"{sys.version_info[:2]}: the copied compiled modules need the "
+                             "same version")
+    lib = base / "pylib"
+    site = Path(next(p for p in sys.path if p.endswith("site-packages")))
+    package = Path(__file__).resolve().parent.parent.parent / "receivewal"
+    shutil.copytree(package, lib / "receivewal", ignore=shutil.ignore_patterns("__pycache__"))
+    for dep in ("lz4", "zstandard", "click", "backports"):
+        shutil.copytree(site / dep, lib / dep, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [lib, *lib.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return f"PYTHONPATH={lib} /usr/bin/python3 -m receivewal restore"
+
+
+def readable_by_postgres(archive: Path) -> None:
+    """Let the server user read the archive (its directory and files)."""
+    archive.chmod(0o755)
+    for path in archive.iterdir():
+        path.chmod(0o644)

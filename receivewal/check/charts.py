@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from receivewal.check.crosscheck import ArchiveReport
+from receivewal.check.sizes import size_unit
 from receivewal.check.walclock import WalClock, wal_per_bucket
 
 #: Bucket widths for WAL over time (seconds, label), the finest that gives at most MAX_BUCKETS.
@@ -21,17 +22,6 @@ BUCKETS = ((1, "second"), (10, "10 seconds"), (60, "minute"), (600, "10 minutes"
            (3600, "hour"), (86400, "day"))
 MAX_BUCKETS = 120
 TOP_RMGRS = 10
-
-
-def size_unit(largest: float) -> tuple[int, str]:
-    """The divisor and name of the unit that shows ``largest`` bytes as 1-1023 (1 MB =
-    1024 kB, as the report's tables), so that axes get round ticks in that unit."""
-    from receivewal.check.report import UNITS
-
-    unit = 0
-    while largest >= 1024 ** (unit + 1) and unit < len(UNITS) - 1:
-        unit += 1
-    return 1024 ** unit, UNITS[unit]
 
 
 def _short(archive: str) -> str:

@@ -85,10 +85,9 @@ def wal_over_time(path: Path, archives: list[str], clocks: Mapping[str, WalClock
     last = max(max(v) for v in series.values() if v) + width
     ax.set_xlim(datetime.datetime.fromtimestamp(first - width, datetime.UTC),  # a bucket of
                 datetime.datetime.fromtimestamp(last + width, datetime.UTC))  # room each side
-    locator = dates.AutoDateLocator()  # type: ignore[no-untyped-call]
+    locator = dates.AutoDateLocator()
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(
-        dates.ConciseDateFormatter(locator, tz=datetime.UTC))  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator, tz=datetime.UTC))
     ax.set_ylim(bottom=0)
     ax.set_ylabel(f"{unit} of WAL per {label}")
     ax.set_xlabel("time (UTC)")

@@ -1,7 +1,7 @@
 """``analyze`` under ``spark-submit`` on a real Spark standalone cluster: a master and two
 one-core workers started from pip's pyspark (``bin/spark-class``), all on 127.0.0.1.
 
-The job file is the one the README shows. The executors must really run on both workers
+The job file is the one docs/verify.md shows. The executors must really run on both workers
 (each worker lists a finished executor of the application, and that executor's log shows
 finished tasks), and the Parquet tables must equal ``verify`` on the same directories.
 The archives use 1 MiB segments to keep the run near a minute; everything is torn down.
@@ -34,7 +34,7 @@ from receivewal.check.verify import rmgr_totals, verify_archive
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
 
 SPARK_HOME = Path(pyspark.__file__).parent
-README = Path(__file__).parent.parent / "README.md"
+VERIFY_DOC = Path(__file__).parent.parent / "docs" / "verify.md"
 START_TIMEOUT = 180.0
 key = archive_key
 
@@ -123,9 +123,9 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, P
         yield built
 
 
-def readme_job_file() -> str:
-    """The analyze job file as the README shows it (the commented line after 'job file')."""
-    lines = README.read_text().splitlines()
+def documented_job_file() -> str:
+    """The analyze job file as docs/verify.md shows it (the commented line after 'job file')."""
+    lines = VERIFY_DOC.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if "the job file is" in line)
     return lines[start + 1].strip().removeprefix("#").strip() + "\n"
 
@@ -134,11 +134,11 @@ def readme_job_file() -> str:
 def submitted(cluster: Cluster, archives: tuple[Path, Path, str],
               tmp_path_factory: pytest.TempPathFactory
               ) -> tuple[subprocess.CompletedProcess[str], Path, str]:
-    """``spark-submit --master spark://...`` of the README's job over both archives:
+    """``spark-submit --master spark://...`` of the documented job over both archives:
     the finished process, the output directory and the application id."""
     wait_for_workers(cluster, 2)
     cwd = tmp_path_factory.mktemp("submit")
-    (cwd / "analyze_job.py").write_text(readme_job_file())
+    (cwd / "analyze_job.py").write_text(documented_job_file())
     (cwd / "log4j2.properties").write_text(LOG4J2)
     conf = {
         "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",

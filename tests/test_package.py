@@ -71,6 +71,17 @@ def as_postgres(*argv: str, env: dict[str, str] | None = None,
                           text=True, check=False, timeout=60, env={**os.environ, **(env or {})})
 
 
+def test_package_ships_the_readme_and_every_docs_page() -> None:
+    """/usr/share/doc/receivewal holds README.md and docs/ beside it, so that the README's
+    relative links (docs/faults.md, ...) and the unit's Documentation= lines resolve there."""
+    listing = run("dpkg-deb", "--contents", str(built_deb())).stdout
+    shipped = {line.split()[-1].removeprefix(".") for line in listing.splitlines()}
+    wanted = {"/usr/share/doc/receivewal/README.md"} | {
+        f"/usr/share/doc/receivewal/docs/{page.name}" for page in (ROOT / "docs").glob("*.md")}
+    assert len(wanted) > 5
+    assert wanted - shipped == set()
+
+
 def test_package_installs_the_commands_unit_and_user(installed: Path) -> None:
     """dpkg -i gives /usr/bin/receivewal (runnable by the postgres user, from the venv in
     /opt/receivewal), the drop-in, the template unit, the example env file and the

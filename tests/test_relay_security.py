@@ -167,7 +167,7 @@ def test_scram_and_md5_log_in_through_tls(secure: SecureSetup, case: str, user: 
 def test_channel_binding_cannot_span_two_tls_sessions(secure: SecureSetup) -> None:
     """Case (b) with libpq's default channel_binding=prefer: the client, on TLS, says it could
     bind; the server, on its own TLS session, offered SCRAM-SHA-256-PLUS and refuses. This is
-    the message the README quotes; with channel_binding=require libpq refuses itself."""
+    the message docs/relay.md quotes; with channel_binding=require libpq refuses itself."""
     with running_relay(secure.server.port, extra=case_options(secure, "b")) as relay:
         conn, error = login(relay.port, "rep_scram", SCRAM_PASSWORD, client_tls(secure))
         assert conn is None

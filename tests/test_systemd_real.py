@@ -141,7 +141,7 @@ def test_streams_under_the_hardening_and_logs_json(rig: Rig) -> None:
     assert rig.show("NRestarts")["NRestarts"] == "0"
     rating = rig.system.run("systemd-analyze", "security", "--no-pager", UNIT).stdout
     exposure = rating.rsplit("Overall exposure level for ", 1)[1].split(": ", 1)[1].split()[0]
-    assert float(exposure) <= 1.2, rating[-300:]  # as the README says
+    assert float(exposure) <= 1.2, rating[-300:]  # as docs/operations.md says
 
 
 def test_stop_fsyncs_the_partial_and_exits_0(rig: Rig) -> None:

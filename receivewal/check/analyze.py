@@ -375,7 +375,7 @@ def _utc(seconds: float) -> datetime.datetime:
 
 def summary_lines(result: AnalyzeResult) -> list[str]:
     """What ``analyze`` prints: a verdict per archive, then where the tables and report are."""
-    from receivewal.check.report import human_bytes
+    from receivewal.check.sizes import human_bytes
 
     lines = []
     for root, rep in result.archives.items():

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from receivewal.check.crosscheck import ArchiveReport
+from receivewal.check.sizes import size_unit
 from receivewal.check.walclock import WalClock, wal_per_bucket
 
 #: Bucket widths for WAL over time (seconds, label), the finest that gives at most MAX_BUCKETS.
@@ -21,17 +22,6 @@ BUCKETS = ((1, "second"), (10, "10 seconds"), (60, "minute"), (600, "10 minutes"
            (3600, "hour"), (86400, "day"))
 MAX_BUCKETS = 120
 TOP_RMGRS = 10
-
-
-def size_unit(largest: float) -> tuple[int, str]:
-    """The divisor and name of the unit that shows ``largest`` bytes as 1-1023 (1 MB =
-    1024 kB, as the report's tables), so that axes get round ticks in that unit."""
-    from receivewal.check.report import UNITS
-
-    unit = 0
-    while largest >= 1024 ** (unit + 1) and unit < len(UNITS) - 1:
-        unit += 1
-    return 1024 ** unit, UNITS[unit]
 
 
 def _short(archive: str) -> str:
@@ -95,10 +85,9 @@ def wal_over_time(path: Path, archives: list[str], clocks: Mapping[str, WalClock
     last = max(max(v) for v in series.values() if v) + width
     ax.set_xlim(datetime.datetime.fromtimestamp(first - width, datetime.UTC),  # a bucket of
                 datetime.datetime.fromtimestamp(last + width, datetime.UTC))  # room each side
-    locator = dates.AutoDateLocator()  # type: ignore[no-untyped-call]
+    locator = dates.AutoDateLocator()
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(
-        dates.ConciseDateFormatter(locator, tz=datetime.UTC))  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator, tz=datetime.UTC))
     ax.set_ylim(bottom=0)
     ax.set_ylabel(f"{unit} of WAL per {label}")
     ax.set_xlabel("time (UTC)")

@@ -17,25 +17,14 @@ from typing import Any
 
 from receivewal.check import charts
 from receivewal.check.crosscheck import ArchiveReport
+from receivewal.check.sizes import human_bytes
 from receivewal.check.walclock import HOUR, WalClock
 from receivewal.wal.lsn import format_lsn
 
 MAX_PROBLEMS_LISTED = 50
 MAX_HOURS_LISTED = 72
-UNITS = ("bytes", "kB", "MB", "GB", "TB", "PB")
 
 Table = list[list[str]]
-
-
-def human_bytes(n: float | None) -> str:
-    """``1.2 GB``-style size (1024-based, as pg_size_pretty); ``-`` for unknown."""
-    if n is None:
-        return "-"
-    value, unit = float(n), 0
-    while abs(value) >= 1024 and unit < len(UNITS) - 1:
-        value /= 1024
-        unit += 1
-    return f"{int(value):,} bytes" if unit == 0 else f"{value:,.1f} {UNITS[unit]}"
 
 
 def utc(seconds: float) -> str:

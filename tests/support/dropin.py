@@ -1,4 +1,5 @@
-"""The drop-in installed as ``pg_receivewal`` in a directory of its own, as the README says."""
+"""The drop-in installed as ``pg_receivewal`` in a directory of its own, as
+docs/pg_receivewal.md says."""
 
 from __future__ import annotations
 

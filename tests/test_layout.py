@@ -1,0 +1,81 @@
+"""The package's structure, read from its own source: which module imports which."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent / "receivewal"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that ``path`` imports anywhere (also inside functions):
+    ``from a.b import c`` counts as ``a.b.c`` when that is a module, else as ``a.b``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if name in modules else node.module)
+    return found & modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(path) for path in paths}
+    return {module_name(path): imported_modules(path, modules) - {module_name(path)}
+            for path in paths}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of two or more modules that import each other in a loop (Tarjan's strongly
+    connected components), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_is_read_from_the_source() -> None:
+    """The graph knows the package's modules and a lazy import inside a function
+    (check/analyze imports check/report only when it writes the report)."""
+    graph = import_graph()
+    assert "receivewal.check.report" in graph["receivewal.check.analyze"]
+    assert "receivewal.wal.lsn" in graph["receivewal.check.report"]
+
+
+def test_no_two_modules_import_each_other_in_a_circle() -> None:
+    """No module of receivewal imports, directly or through others, a module that imports it
+    back, counting the imports made lazily inside functions too."""
+    assert circles(import_graph()) == []

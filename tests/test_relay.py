@@ -65,6 +65,7 @@ class RelayProcess:
     """A ``receivewal relay`` process; its JSON log events once it has stopped."""
 
     port: int
+    pid: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def named(self, event: str) -> list[dict[str, Any]]:
@@ -87,6 +88,7 @@ def running_relay(upstream_port: int, offered: tuple[str, ...] = ("zstd", "lz4")
          "--upstream", f"127.0.0.1:{upstream_port}", "--compression",
          ",".join(offered) or "none", "--min-size", str(min_size), *extra],
         stderr=subprocess.PIPE, text=True)
+    relay.pid = proc.pid
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -209,12 +211,13 @@ def wal_file(server: PgServer, timeline: int, segno: int) -> bytes:
     return path.read_bytes()
 
 
-def stream_one_segment(server: PgServer, port: int, requested: str | None) -> Receiver:
+def stream_one_segment(server: PgServer, port: int, requested: str | None,
+                       extra: str = "") -> Receiver:
     """Stream from the start of the current segment until it is complete; check the bytes."""
     assert server.sql("SHOW wal_segment_size") == "16MB"
     start = parse_lsn(server.current_lsn()) // SEG * SEG
     server.generate_wal(1)
-    conn = connect(port, requested)
+    conn = connect(port, requested, extra=extra)
     try:
         (system, timeline, _, _), = command(conn, "IDENTIFY_SYSTEM")
         assert system == server.sql("SELECT system_identifier FROM pg_control_system()")

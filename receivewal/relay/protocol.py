@@ -20,6 +20,7 @@ SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
 CANCEL_REQUEST = 80877102
 MAX_STARTUP_PACKET = 10_000  # the server's own limit
+PROTOCOL_OPTION_PREFIX = b"_pq_."
 
 _REPLICATION_FALSE = {"false", "off", "no", "0"}
 
@@ -34,6 +35,30 @@ class StartupDecision:
     requested: tuple[str, ...]
     algorithm: str | None
     """The algorithm chosen for this connection, None for plain."""
+    negotiation: bytes = b""
+    """The NegotiateProtocolVersion to send the client first (empty when it asked for 3.0
+    without protocol options): the relay speaks 3.0 on both legs, whatever the client asked."""
+    unrecognized: tuple[str, ...] = ()
+    """The client's ``_pq_`` protocol options, taken out of the packet."""
+
+
+def format_version(code: int) -> str:
+    """A startup packet's version word as ``major.minor``."""
+    return f"{code >> 16}.{code & 0xFFFF}"
+
+
+def unsupported_protocol(code: int) -> str | None:
+    """The server's own refusal of a startup packet that is not protocol 3 (None for 3.x)."""
+    if code >> 16 == PROTOCOL_3 >> 16:
+        return None
+    return (f"unsupported frontend protocol {format_version(code)}: server supports "
+            f"{format_version(PROTOCOL_3)} to {format_version(PROTOCOL_3)}")
+
+
+def build_negotiate_protocol_version(unrecognized: tuple[str, ...]) -> bytes:
+    """NegotiateProtocolVersion as a 3.0 server sends it: 3.0, then the options it ignored."""
+    names = b"".join(name.encode("utf-8", "surrogateescape") + b"\x00" for name in unrecognized)
+    return b"v" + struct.pack(">III", 12 + len(names), PROTOCOL_3, len(unrecognized)) + names
 
 
 def parse_startup_parameters(body: bytes) -> list[tuple[bytes, bytes]]:
@@ -90,14 +115,20 @@ def _without_streampack_option(
     return out, request
 
 
-def decide_startup(body: bytes, offered: tuple[str, ...]) -> StartupDecision:
+def decide_startup(body: bytes, offered: tuple[str, ...],
+                   version: int = PROTOCOL_3) -> StartupDecision:
     """Take the streampack request out of a startup packet and choose the algorithm.
 
-    Every other byte of the packet is forwarded as the client sent it. Raises
-    ConfigurationError with the server's message when the request is invalid.
+    ``body`` follows the version word ``version`` (any 3.x). The packet goes upstream as
+    protocol 3.0 without ``_pq_`` options; when the client asked for more, the decision
+    carries the NegotiateProtocolVersion to answer it with. Every other byte of the packet is
+    forwarded as the client sent it. Raises ConfigurationError with the server's message when
+    the request is invalid.
     """
     pairs = parse_startup_parameters(body)
-    kept, request = _without_streampack_option(pairs)
+    options = [name for name, _ in pairs if name.startswith(PROTOCOL_OPTION_PREFIX)]
+    kept, request = _without_streampack_option(
+        [(name, value) for name, value in pairs if name not in options])
     requested: tuple[str, ...] = ()
     if request is not None:
         try:
@@ -109,13 +140,17 @@ def decide_startup(body: bytes, offered: tuple[str, ...]) -> StartupDecision:
     replication_value = dict(pairs).get(b"replication", b"false").decode("latin-1")
     replication = replication_value.lower() not in _REPLICATION_FALSE
     algorithm = next((name for name in requested if name in offered), None)
-    packet = (pack_startup_packet(kept) if request is not None
+    packet = (pack_startup_packet(kept) if request is not None or options
               else struct.pack(">II", 8 + len(body), PROTOCOL_3) + body)
+    unrecognized = tuple(name.decode("utf-8", "surrogateescape") for name in options)
     return StartupDecision(
         packet=packet,
         replication=replication,
         requested=requested,
         algorithm=algorithm if replication else None,
+        negotiation=(build_negotiate_protocol_version(unrecognized)
+                     if version != PROTOCOL_3 or unrecognized else b""),
+        unrecognized=unrecognized,
     )
 
 

@@ -18,7 +18,10 @@ connections receivers would make to it. For each client it:
    the first algorithm of the client's list that the relay offers (the client's order wins, as
    with the module). A list the module would refuse (unknown or repeated names) is refused with
    the server's own message, ``invalid value for parameter "pg_streampack.requested"``;
-3. forwards the startup packet byte for byte, minus that option, and then the authentication
+3. forwards the startup packet byte for byte, minus that option, as protocol 3.0: a client that
+   asked for a later 3.x or sent ``_pq_`` options is answered NegotiateProtocolVersion (3.0,
+   the options ignored) as a 3.0 server would, and any other protocol is refused, so every
+   client takes the same TLS and compression path; then it forwards the authentication
    exchange unchanged in both directions, except that SCRAM-SHA-256-PLUS is taken out of the
    mechanisms the server offers (channel binding cannot span the relay's two TLS sessions);
 4. passes every message through, except that the XLogData CopyData frames the upstream sends in

@@ -24,13 +24,15 @@ from typing import Any
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.logs import get_logger
 from receivewal.relay.protocol import (
+    CANCEL_REQUEST,
     GSSENC_REQUEST,
     MAX_STARTUP_PACKET,
-    PROTOCOL_3,
     SSL_REQUEST,
     BackendStream,
     build_error_response,
     decide_startup,
+    format_version,
+    unsupported_protocol,
 )
 from receivewal.relay.settings import RelaySettings
 from receivewal.replication.streampack import StreampackEncoder
@@ -188,17 +190,21 @@ class RelaySession:
         return reader, writer
 
     async def _run(self) -> None:
-        packet = self.client.packet
-        if self.client.code != PROTOCOL_3:
-            # A CancelRequest (or a protocol the upstream refuses itself): forward it as is, in
-            # plaintext like libpq's cancel, and pass back whatever comes.
-            self.log.debug("relay_forwarding_special_packet", code=self.client.code)
+        packet, code = self.client.packet, self.client.code
+        if code == CANCEL_REQUEST:
+            # Forwarded as is, in plaintext like libpq's cancel; whatever comes passes back.
+            self.log.debug("relay_forwarding_cancel_request")
             reader, writer = await self._connect_upstream(tls=False)
             writer.write(packet)
             await self._pump(reader, writer, BackendStream(None, authenticating=False))
             return
+        unsupported = unsupported_protocol(code)
+        if unsupported is not None:  # never passed through: no way around the TLS path
+            self.log.warning("relay_startup_refused", reason=unsupported)
+            await refuse(self.client.writer, unsupported, "0A000")
+            return
         try:
-            decision = decide_startup(packet[8:], self.settings.offered)
+            decision = decide_startup(packet[8:], self.settings.offered, code)
         except ConfigurationError as exc:
             self.log.warning("relay_startup_refused", reason=str(exc))
             await refuse(self.client.writer, str(exc), "22023")
@@ -219,6 +225,10 @@ class RelaySession:
                       requested=",".join(decision.requested) or None,
                       compression=decision.algorithm, client_tls=self.client.tls,
                       upstream_tls=writer.get_extra_info("sslcontext") is not None)
+        if decision.negotiation:
+            self.log.info("relay_protocol_downgraded", requested=format_version(code),
+                          options=",".join(decision.unrecognized) or None)
+            self.client.writer.write(decision.negotiation)
         writer.write(decision.packet)
         await self._pump(reader, writer, BackendStream(encoder))
 

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 from receivewal.errors import ConfigurationError
 from receivewal.replication.negotiation import parse_compression_list, take_streampack_option
-from receivewal.replication.streampack import StreampackEncoder, StreampackStats
+from receivewal.replication.streampack import (
+    MAX_RESTORED_PAYLOAD,
+    XLOGDATA_HEADER_SIZE,
+    StreampackEncoder,
+    StreampackStats,
+)
 
 PROTOCOL_3 = 196608
 SSL_REQUEST = 80877103
@@ -176,6 +181,13 @@ def strip_channel_binding(message: bytes) -> bytes:
     return b"R" + struct.pack(">I", 4 + len(body)) + body
 
 
+HELD_AUTHENTICATION = 64 * 1024
+"""Largest Authentication message held whole to filter it (a SASL offer is a few bytes)."""
+HELD_XLOGDATA = XLOGDATA_HEADER_SIZE + MAX_RESTORED_PAYLOAD
+"""Largest XLogData held whole to compress it. A larger one (no walsender sends it; the decoder
+would refuse it compressed) passes plain, as frames the encoder leaves plain do."""
+
+
 class BackendStream:
     """Reframes the upstream's byte stream into messages and compresses XLogData (pure).
 
@@ -183,8 +195,10 @@ class BackendStream:
     authentication ends, AuthenticationSASL messages lose their channel-binding mechanisms
     (:func:`strip_channel_binding`). Only ``d`` (CopyData) messages starting with ``w``
     received between CopyBothResponse (``W``) and the end of that COPY are compressed; every
-    other byte passes unchanged. ``authenticating=False`` for a connection that never
-    authenticates (a forwarded CancelRequest).
+    other byte passes unchanged, and as it arrives: only the messages to change are held
+    whole (bounded by :data:`HELD_AUTHENTICATION` and :data:`HELD_XLOGDATA`), so a huge row
+    costs no memory. ``authenticating=False`` for a connection that never authenticates (a
+    forwarded CancelRequest).
     """
 
     def __init__(self, encoder: StreampackEncoder | None, authenticating: bool = True) -> None:
@@ -192,6 +206,8 @@ class BackendStream:
         self.authenticating = authenticating
         self.copy_both = False
         self._buffer = bytearray()
+        self._passing = 0
+        """Bytes of the current message still to pass through unchanged."""
 
     def feed(self, data: bytes) -> bytes:
         """Bytes received from the upstream in, bytes for the client out (the hot loop)."""
@@ -201,18 +217,28 @@ class BackendStream:
         buf += data
         out: list[bytes] = []
         pos = 0
-        encoder = self.encoder
-        while len(buf) - pos >= 5:
+        while pos < len(buf):
+            if self._passing:
+                size = min(self._passing, len(buf) - pos)
+                out.append(bytes(buf[pos : pos + size]))
+                self._passing -= size
+                pos += size
+                continue
+            if len(buf) - pos < 5:
+                break
             kind = buf[pos]
             end = pos + 1 + int.from_bytes(buf[pos + 1 : pos + 5], "big")
+            copy_data = kind == 0x64 and end > pos + 5
+            if copy_data and len(buf) - pos < 6:
+                break  # the byte that says whether it is XLogData is still to come
+            if not self._holds(kind, end - pos, buf[pos + 5] if copy_data else 0):
+                self._passing = end - pos
+                self._other(kind)
+                continue
             if end > len(buf):
                 break
-            if (kind == 0x64 and self.copy_both and encoder is not None and end > pos + 5
-                    and buf[pos + 5] == 0x77):
-                frame = encoder.encode(bytes(buf[pos + 5 : end]))
-                out.append(b"d" + struct.pack(">I", 4 + len(frame)) + frame)
-            else:
-                out.append(self._other(kind, bytes(buf[pos:end])))
+            message = bytes(buf[pos:end])
+            out.append(self._compress(message) if kind == 0x64 else self._authentication(message))
             pos = end
         del buf[:pos]
         if self.encoder is None and not self.authenticating:  # nothing left to look at
@@ -220,17 +246,30 @@ class BackendStream:
             buf.clear()
         return b"".join(out)
 
-    def _other(self, kind: int, message: bytes) -> bytes:
-        if kind == 0x52 and self.authenticating:  # Authentication*
-            if int.from_bytes(message[5:9], "big") == AUTH_OK:
-                self.authenticating = False
-            return strip_channel_binding(message)
+    def _holds(self, kind: int, size: int, first: int) -> bool:
+        """Whether a message is held whole: Authentication to filter, XLogData to compress."""
+        if kind == 0x52:
+            return self.authenticating and size <= HELD_AUTHENTICATION
+        return (kind == 0x64 and self.copy_both and self.encoder is not None
+                and 5 < size <= 5 + HELD_XLOGDATA and first == 0x77)
+
+    def _compress(self, message: bytes) -> bytes:
+        if self.encoder is None:  # not held then (_holds)
+            return message
+        frame = self.encoder.encode(message[5:])
+        return b"d" + struct.pack(">I", 4 + len(frame)) + frame
+
+    def _authentication(self, message: bytes) -> bytes:
+        if int.from_bytes(message[5:9], "big") == AUTH_OK:
+            self.authenticating = False
+        return strip_channel_binding(message)
+
+    def _other(self, kind: int) -> None:
         if kind == 0x57:  # CopyBothResponse
             self.copy_both = True
         elif kind in b"cCEZ":  # CopyDone, CommandComplete, ErrorResponse, ReadyForQuery
             self.copy_both = False
             self.authenticating = self.authenticating and kind != 0x45
-        return message
 
     def stats(self) -> StreampackStats | None:
         """The encoder's statistics (None for a plain connection)."""

@@ -8,3 +8,9 @@ from __future__ import annotations
 #: reports pytest's own size. VmHWM belongs to the new address space.
 PEAK_RSS_KB = ("next(int(line.split()[1]) for line in open('/proc/self/status') "
                "if line.startswith('VmHWM:'))")
+
+
+def peak_rss_kb(pid: int) -> int:
+    """The peak resident memory (VmHWM) of the running process ``pid``, in kB."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))

@@ -3,15 +3,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from psycopg import pq
+from support.certs import TestCA
 from support.memory import peak_rss_kb
-from support.servers import PgServer
+from support.servers import PgServer, free_port, running_server
 from test_relay import running_relay
 
-from receivewal.relay.protocol import BackendStream, build_startup_packet
+from receivewal.errors import ConfigurationError
+from receivewal.relay.protocol import (
+    MAX_STARTUP_PACKET,
+    SSL_REQUEST,
+    BackendStream,
+    build_startup_packet,
+)
+from receivewal.relay.settings import ClientAccess, build_relay_settings
 from receivewal.replication.streampack import StreampackEncoder
 
 MB = 1024 * 1024
@@ -95,3 +108,119 @@ def test_messages_that_are_not_compressed_pass_as_their_bytes_arrive() -> None:
             assert stream.feed(piece) == piece
         assert stream.feed(pieces[-1]) == pieces[-1]
         assert stream.feed(b"c\x00\x00\x00\x04") == b"c\x00\x00\x00\x04"
+
+
+# -- hostile clients ---------------------------------------------------------------------------
+
+ALLOWED, OUTSIDE = "127.0.0.1", "127.0.0.2"
+STARTUP_TIMEOUT = "2"  # seconds; the default is longer
+
+
+def test_a_client_outside_the_allow_list_is_refused_before_it_sends_anything() -> None:
+    """The refusal comes at once, without the relay reading a byte: a host outside --allow
+    cannot hold the relay busy by sending its startup packet slowly or never."""
+    with running_relay(free_port(), extra=("--allow", f"{ALLOWED}/32")) as relay, \
+            socket.create_connection(("127.0.0.1", relay.port), timeout=30,
+                                     source_address=(OUTSIDE, 0)) as sock:
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    assert reply[:1] == b"E"
+    assert f"{OUTSIDE} is not in the relay's --allow list".encode() in reply
+
+
+def hostile(kind: str, source: str, port: int) -> socket.socket:
+    """A connection that will never complete a start-up, in one of four ways."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30,
+                                    source_address=(source, 0))
+    with contextlib.suppress(OSError):  # a refused one may be closed already
+        if kind == "bad_length":  # claims the largest packet, sends a few bytes of it
+            sock.sendall(struct.pack(">II", MAX_STARTUP_PACKET, 196608) + b"user\x00")
+        elif kind in ("silent_after_ssl_request", "silent_mid_handshake"):
+            sock.sendall(struct.pack(">II", 8, SSL_REQUEST))
+            if kind == "silent_mid_handshake" and sock.recv(1) == b"S":
+                sock.sendall(b"\x16\x03\x01\x02\x00\x01")  # a ClientHello record, cut short
+    return sock
+
+
+def slowloris(socks: list[socket.socket], stop: threading.Event) -> None:
+    """Send a startup packet one byte at a time, forever, on every socket still open."""
+    packet = build_startup_packet({"user": "postgres", "database": "postgres"}) * 100
+    for byte in packet:
+        if stop.wait(0.2):
+            return
+        for sock in list(socks):
+            try:
+                sock.send(bytes([byte]))
+            except OSError:
+                socks.remove(sock)
+
+
+def legitimate(port: int, sslmode: str) -> str:
+    """Connect through the relay and run a query; "" when served, else the error."""
+    conn = pq.PGconn.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres "
+                             f"sslmode={sslmode} connect_timeout=120".encode())
+    try:
+        if conn.status != pq.ConnStatus.OK:
+            return conn.get_error_message()
+        res = conn.exec_(b"SELECT 6 * 7")
+        return "" if res.get_value(0, 0) == b"42" else conn.get_error_message()
+    finally:
+        conn.finish()
+
+
+def closed_by_relay(sock: socket.socket) -> bool:
+    """Whether the relay ended this connection (EOF or reset) instead of waiting on it."""
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_hostile_clients_do_not_keep_legitimate_ones_out(tmp_path: Path) -> None:
+    """40 hostile connections (bad length, silent after SSLRequest, silent in the TLS
+    handshake, slowloris; half from an allowed address, half from outside --allow) and then 50
+    legitimate clients at once (TLS and plaintext): every legitimate one is served, and the
+    relay ends every hostile connection (at the start-up deadline for the allowed ones)."""
+    pair = TestCA.create(tmp_path).issue("relay", "127.0.0.1", ip="127.0.0.1")
+    kinds = ("bad_length", "silent_after_ssl_request", "silent_mid_handshake", "slowloris")
+    with running_server({"max_connections": "80"}) as server, running_relay(
+        server.port, extra=("--allow", f"{ALLOWED}/32", "--tls-cert", str(pair.cert),
+                            "--tls-key", str(pair.key), "--startup-timeout", STARTUP_TIMEOUT),
+    ) as relay:
+        plan = [(kind, source) for kind in kinds for source in (ALLOWED, OUTSIDE)
+                for _ in range(5)]
+        stop = threading.Event()
+        with ThreadPoolExecutor(max_workers=len(plan) + 50) as pool:  # all at once
+            opening = [pool.submit(hostile, kind, source, relay.port) for kind, source in plan]
+            serving = [pool.submit(legitimate, relay.port, mode)
+                       for mode in ["require", "disable"] * 25]
+            attackers = [(kind, future.result()) for (kind, _), future in zip(
+                plan, opening, strict=True)]
+            loris = pool.submit(slowloris, [sock for kind, sock in attackers
+                                            if kind == "slowloris"], stop)
+            try:
+                errors = [future.result() for future in serving]
+                ended = [closed_by_relay(sock) for _, sock in attackers]
+            finally:
+                stop.set()
+                loris.result()
+                for _, sock in attackers:
+                    sock.close()
+    assert [e for e in errors if e] == []
+    assert all(ended), [kind for (kind, _), done in zip(attackers, ended, strict=True)
+                        if not done]
+    assert relay.named("relay_startup_timeout")
+
+
+@pytest.mark.parametrize("seconds", [0, -1, 601])
+def test_the_startup_timeout_is_checked(seconds: float) -> None:
+    with pytest.raises(ConfigurationError, match="--startup-timeout must be more than 0"):
+        build_relay_settings("127.0.0.1:0", "127.0.0.1:5432",
+                             access=ClientAccess(startup_timeout=seconds))

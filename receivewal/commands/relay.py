@@ -12,6 +12,7 @@ from receivewal.relay.server import Relay
 from receivewal.relay.settings import (
     CLIENT_TLS_MODES,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_STARTUP_TIMEOUT,
     UPSTREAM_SSLMODES,
     ClientAccess,
     build_relay_settings,
@@ -35,6 +36,9 @@ PEM = click.Path(exists=True, dir_okay=False)
               help="Client networks let in, others refused (repeatable) [default: loopback only].")
 @click.option("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
               show_default=True, help="Clients served at once; more get 'too many connections'.")
+@click.option("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT,
+              show_default=True, metavar="SECONDS",
+              help="Time a client has to send its startup packet (TLS handshake included).")
 @click.option("--upstream-sslmode", type=click.Choice(UPSTREAM_SSLMODES), default="prefer",
               show_default=True,
               help="TLS toward the upstream (libpq's sslmode); with TLS, clients need "
@@ -50,7 +54,7 @@ PEM = click.Path(exists=True, dir_okay=False)
 @click.option("-v", "--verbose", count=True, help="More log output (debug events).")
 def relay_command(*, listen: str, upstream: str, tls_cert: str | None, tls_key: str | None,
                   tls_ca: str | None, client_tls: str | None, allow: tuple[str, ...],
-                  max_connections: int, upstream_sslmode: str,
+                  max_connections: int, startup_timeout: float, upstream_sslmode: str,
                   upstream_sslrootcert: str | None, compression: str, min_size: int,
                   zstd_level: int, verbose: int) -> int:
     """Relay a primary to receivers, compressing its WAL stream with pg_streampack.
@@ -59,7 +63,8 @@ def relay_command(*, listen: str, upstream: str, tls_cert: str | None, tls_key: 
     """
     configure_logging(verbose)
     access = ClientAccess(client_tls=client_tls, tls_cert=tls_cert, tls_key=tls_key,
-                          tls_ca=tls_ca, allow=allow, max_connections=max_connections)
+                          tls_ca=tls_ca, allow=allow, max_connections=max_connections,
+                          startup_timeout=startup_timeout)
     try:
         settings = build_relay_settings(
             listen, upstream, compression=compression, min_size=min_size,

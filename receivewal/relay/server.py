@@ -3,9 +3,12 @@
 The relay sits next to the primary (a managed service, an old server) and accepts the
 connections receivers would make to it. For each client it:
 
-0. admits it or not: a client outside ``--allow`` (default: loopback only), a plaintext client
-   when TLS is required, and every client past ``--max-connections`` get a FATAL
-   ErrorResponse naming the reason, and nothing reaches the upstream;
+0. admits it or not: a client outside ``--allow`` (default: loopback only) gets a FATAL
+   ErrorResponse as soon as it is accepted, before anything it sends is read; a plaintext
+   client when TLS is required and every client past ``--max-connections`` get theirs after the
+   encryption negotiation; nothing of theirs reaches the upstream. Every client has
+   ``--startup-timeout`` seconds from its connection to its startup packet (TLS handshake
+   included), and each connection is a task of its own, so a silent or slow one delays nobody;
 1. reads the startup packet. An SSLRequest is answered ``S`` and TLS follows when the relay
    has a certificate (``--tls-cert``/``--tls-key``; client certificates checked against
    ``--tls-ca``), ``N`` otherwise; GSSENCRequest is answered ``N``. Plaintext is refused
@@ -47,9 +50,10 @@ import asyncio
 import contextlib
 import signal
 import socket
+from collections.abc import Coroutine
 from typing import Any
 
-from receivewal.relay.protocol import CANCEL_REQUEST
+from receivewal.relay.protocol import CANCEL_REQUEST, build_error_response
 from receivewal.relay.session import (
     Client,
     ClientGone,
@@ -66,8 +70,7 @@ from receivewal.relay.settings import (
     upstream_ssl_context,
 )
 
-STARTUP_TIMEOUT = 60.0
-REFUSAL_TIMEOUT = 10.0
+LINGER = 2.0  # seconds a refused outsider's bytes are discarded before the close
 ACCEPT_BACKOFF = 0.5  # seconds without accepting after accept() failed (out of descriptors)
 
 
@@ -85,8 +88,8 @@ class Relay:
         self.ssl_context = upstream_ssl_context(settings.upstream_sslmode,
                                                 settings.upstream_sslrootcert)
         self.client_ssl = client_ssl_context(settings)
-        self._listener = socket.create_server(
-            (settings.listen_host, settings.listen_port), backlog=64,
+        self._listener = socket.create_server(  # a full backlog would delay every client
+            (settings.listen_host, settings.listen_port), backlog=socket.SOMAXCONN,
             family=socket.AF_INET6 if ":" in settings.listen_host else socket.AF_INET,
         )
         self._listener.setblocking(False)
@@ -127,7 +130,7 @@ class Relay:
             upstream_sslmode=settings.upstream_sslmode, client_tls=settings.client_tls,
             client_certificates=settings.tls_ca is not None,
             allow=",".join(str(n) for n in settings.allow),
-            max_connections=settings.max_connections,
+            max_connections=settings.max_connections, startup_timeout=settings.startup_timeout,
             offered=",".join(settings.offered) or None,
             min_size=settings.min_size, zstd_level=settings.zstd_level)
         accepting = asyncio.create_task(self._accept_forever())
@@ -154,34 +157,58 @@ class Relay:
                 await asyncio.sleep(ACCEPT_BACKOFF)
                 continue
             sock.setblocking(False)
-            host = str(peer[0])
-            reason = self._refusal(host)
-            tasks = self._sessions if reason is None else self._refusing
-            if reason is not None and len(self._refusing) >= self.settings.max_connections:
+            host, client = str(peer[0]), f"{peer[0]}:{peer[1]}"
+            allowed = is_allowed(host, self.settings.allow)
+            if allowed and len(self._sessions) < self.settings.max_connections:
+                self._start(self._sessions, self._handle(sock, client, None))
+            elif len(self._refusing) >= self.settings.max_connections:
                 sock.close()  # too many refusals in flight already: no answer
-                continue
-            task = asyncio.create_task(self._handle(sock, f"{host}:{peer[1]}", reason))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            elif not allowed:
+                self._start(self._refusing, self._refuse_outsider(sock, host, client))
+            else:
+                self._start(self._refusing, self._handle(sock, client, (
+                    f"receivewal relay: too many connections (--max-connections "
+                    f"{self.settings.max_connections})", "53300")))
 
-    def _refusal(self, host: str) -> tuple[str, str] | None:
-        """Why a client from ``host`` is refused (message, SQLSTATE), or None."""
-        if not is_allowed(host, self.settings.allow):
-            return (f"receivewal relay: connection from {host} refused: {host} is not in "
-                    "the relay's --allow list", "28000")
-        if len(self._sessions) >= self.settings.max_connections:
-            return (f"receivewal relay: too many connections (--max-connections "
-                    f"{self.settings.max_connections})", "53300")
-        return None
+    @staticmethod
+    def _start(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, None]) -> None:
+        """Run one connection's work as a task of its own: nothing a client does (a slow
+        handshake, silence) holds the accept loop."""
+        task = asyncio.create_task(work)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _refuse_outsider(self, sock: socket.socket, host: str, client: str) -> None:
+        """Refuse a client outside ``--allow`` before reading anything from it: the FATAL goes
+        out at once; what the client sends meanwhile is discarded unread for a moment, so that
+        the close does not reset the connection before the client has read the answer."""
+        loop = asyncio.get_running_loop()
+        message = (f"receivewal relay: connection from {host} refused: {host} is not in the "
+                   "relay's --allow list")
+        relay_log().warning("relay_client_refused", client=client, reason=message)
+        try:
+            await loop.sock_sendall(sock, build_error_response(message, "28000"))
+            sock.shutdown(socket.SHUT_WR)
+            async with asyncio.timeout(min(LINGER, self.settings.startup_timeout)):
+                while await loop.sock_recv(sock, 4096):
+                    pass
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            sock.close()
 
     async def _handle(self, sock: socket.socket, peer: str,
                       reason: tuple[str, str] | None) -> None:
         log = relay_log().bind(client=peer)
-        timeout = STARTUP_TIMEOUT if reason is None else REFUSAL_TIMEOUT
+        timeout = self.settings.startup_timeout
         try:
             client = await asyncio.wait_for(negotiate(sock, self.client_ssl), timeout)
-        except (OSError, ClientGone, asyncio.IncompleteReadError, TimeoutError) as exc:
-            log.debug("relay_negotiation_failed", error=str(exc) or type(exc).__name__)
+        except TimeoutError:
+            log.warning("relay_startup_timeout", timeout=timeout)
+            sock.close()
+            return
+        except (OSError, ClientGone, asyncio.IncompleteReadError) as exc:
+            log.info("relay_startup_failed", error=str(exc) or type(exc).__name__)
             sock.close()
             return
         if reason is None:
@@ -191,9 +218,9 @@ class Relay:
             return
         log.warning("relay_client_refused", reason=reason[0], client_tls=client.tls)
         try:
-            await refuse(client.writer, *reason)
-        except OSError as exc:
-            log.debug("relay_connection_error", error=str(exc))
+            await asyncio.wait_for(refuse(client.writer, *reason), timeout)
+        except (OSError, TimeoutError) as exc:
+            log.debug("relay_connection_error", error=str(exc) or type(exc).__name__)
         finally:
             await close_writer(client.writer)
 

@@ -22,6 +22,8 @@ CLIENT_TLS_MODES = ("disable", "prefer", "require")
 LOOPBACK_NETWORKS: tuple[IPNetwork, ...] = (
     ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 DEFAULT_MAX_CONNECTIONS = 100
+DEFAULT_STARTUP_TIMEOUT = 10.0
+MAX_STARTUP_TIMEOUT = 600.0  # as authentication_timeout's own limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,8 @@ class RelaySettings:
     """CA certificates that client certificates must chain to (mutual TLS), or None."""
     allow: tuple[IPNetwork, ...] = LOOPBACK_NETWORKS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    """Seconds a client has from connecting to its startup packet (TLS handshake included)."""
 
 
 def is_loopback_host(host: str) -> bool:
@@ -161,6 +165,7 @@ class ClientAccess:
     tls_ca: str | None = None
     allow: tuple[str, ...] = ()
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
 
 
 def build_relay_settings(listen: str, upstream: str, *, compression: str = "zstd,lz4",
@@ -178,6 +183,9 @@ def build_relay_settings(listen: str, upstream: str, *, compression: str = "zstd
     upstream_ssl_context(upstream_sslmode, upstream_sslrootcert)  # validates the TLS settings
     if access.max_connections < 1:
         raise ConfigurationError("--max-connections must be at least 1")
+    if not 0 < access.startup_timeout <= MAX_STARTUP_TIMEOUT:
+        raise ConfigurationError(f"--startup-timeout must be more than 0 and at most "
+                                 f"{MAX_STARTUP_TIMEOUT:g} seconds")
     if access.tls_ca and not access.tls_cert:
         raise ConfigurationError("--tls-ca needs --tls-cert and --tls-key")
     settings = RelaySettings(
@@ -185,6 +193,7 @@ def build_relay_settings(listen: str, upstream: str, *, compression: str = "zstd
         upstream_sslmode, upstream_sslrootcert,
         client_tls=client_tls_mode(access.client_tls, listen_host, bool(access.tls_cert)),
         tls_cert=access.tls_cert, tls_key=access.tls_key, tls_ca=access.tls_ca,
-        allow=parse_allow(access.allow), max_connections=access.max_connections)
+        allow=parse_allow(access.allow), max_connections=access.max_connections,
+        startup_timeout=access.startup_timeout)
     client_ssl_context(settings)  # validates the certificate files
     return settings

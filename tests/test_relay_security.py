@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +28,10 @@ from support.streams import (
     stop,
     wait_for,
 )
+from support.wire import CapturingUpstream, raw_startup
 from test_relay import command, running_relay
 
-from receivewal.relay.protocol import SSL_REQUEST, build_error_response, build_startup_packet
+from receivewal.relay.protocol import SSL_REQUEST, build_startup_packet
 
 SEG = 16 * 1024 * 1024
 SCRAM_PASSWORD = "scram secret"  # noqa: S105 - a test role's password
@@ -248,49 +247,6 @@ def test_a_non_loopback_listener_without_a_certificate_does_not_start() -> None:
     assert out.returncode == 1
     assert "not a loopback address" in out.stderr
     assert "--client-tls disable" in out.stderr
-
-
-class CapturingUpstream:
-    """A listener standing in for the upstream: records what each connection sends first and
-    answers with a FATAL ErrorResponse."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.sock.getsockname()[1])
-        self.received: list[bytes] = []
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                while True:  # an SSLRequest first when the relay prefers TLS: answer N
-                    header = conn.recv(4, socket.MSG_WAITALL)
-                    (length,) = struct.unpack(">I", header)
-                    packet = header + conn.recv(length - 4, socket.MSG_WAITALL)
-                    if packet != struct.pack(">II", 8, SSL_REQUEST):
-                        break
-                    conn.sendall(b"N")
-                self.received.append(packet)
-                conn.sendall(build_error_response("upstream"))
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def raw_startup(port: int, packet: bytes, source: str = "127.0.0.1") -> bytes:
-    """Send a startup packet from ``source``; everything the relay answered."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30,
-                                  source_address=(source, 0)) as sock:
-        sock.sendall(packet)
-        reply = b""
-        while chunk := sock.recv(4096):
-            reply += chunk
-        return reply
 
 
 def test_startup_parameters_reach_the_upstream_byte_for_byte() -> None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import struct
 
 import pytest
+from psycopg import pq
 from support.servers import PgServer
+from support.streams import wait_for
+from support.wire import CapturingUpstream, raw_startup
 from test_relay import connect, running_relay, stream_one_segment
-from test_relay_security import CapturingUpstream, SecureSetup, raw_startup, secure
+from test_relay_security import SecureSetup, secure
 
-from receivewal.relay.protocol import build_startup_packet
+from receivewal.relay.protocol import CANCEL_REQUEST, build_startup_packet
 
 __all__ = ["secure"]  # the module's fixture, used here too
 
@@ -112,3 +115,44 @@ def test_an_unsupported_major_version_is_refused_before_the_upstream(
         assert relay.named("relay_startup_refused")
     finally:
         upstream.close()
+
+
+@pytest.mark.parametrize("sslmode", ["prefer", "require"])
+def test_a_cancel_request_goes_upstream_as_the_sslmode_says(sslmode: str) -> None:
+    """A CancelRequest is forwarded after an SSLRequest like every other connection, never
+    straight in plaintext: with ``prefer`` it goes on after the stand-in's N, with
+    ``require`` it is not sent at all."""
+    upstream = CapturingUpstream()
+    try:
+        cancel = struct.pack(">IIII", 16, CANCEL_REQUEST, 1234, 5678)
+        with running_relay(upstream.port, extra=("--upstream-sslmode", sslmode)) as relay:
+            raw_startup(relay.port, cancel)
+        if sslmode == "prefer":
+            assert upstream.received == [cancel]
+            assert upstream.ssl_requests == [1]
+        else:
+            assert upstream.received == []
+            (unreachable,) = relay.named("relay_upstream_unreachable")
+            assert "does not support SSL" in unreachable["error"]
+    finally:
+        upstream.close()
+
+
+@pytest.mark.server
+def test_a_query_is_cancelled_through_a_verify_full_relay(secure: SecureSetup) -> None:
+    """The cancel reaches the real server over the relay's TLS upstream leg and works."""
+    with running_relay(secure.server.port, extra=verify_full_upstream(secure)) as relay:
+        conn = connect(relay.port, None, replication=None,
+                       extra=f"sslmode=disable {PROTOCOL_3_2}")
+        try:
+            conn.send_query(b"SELECT pg_sleep(60)")
+            wait_for(lambda: "pg_sleep" in secure.server.sql(
+                "SELECT string_agg(query, ' ') FROM pg_stat_activity WHERE state = 'active'"),
+                what="the query to run")
+            conn.get_cancel().cancel()
+            res = conn.get_result()
+            assert res is not None
+            assert res.status == pq.ExecStatus.FATAL_ERROR
+            assert "canceling statement due to user request" in conn.get_error_message()
+        finally:
+            conn.finish()

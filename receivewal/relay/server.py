@@ -15,8 +15,8 @@ connections receivers would make to it. For each client it:
    (``--client-tls require``) by default unless ``--listen`` is a loopback address. Toward
    the upstream it does TLS as libpq's ``sslmode`` says (``--upstream-sslmode``, default
    ``prefer``; ``verify-ca``/``verify-full`` check the certificate against
-   ``--upstream-sslrootcert``). A CancelRequest is forwarded to the upstream unchanged, in
-   plaintext as libpq sends it (the server accepts cancels in plaintext too);
+   ``--upstream-sslrootcert``). A CancelRequest is forwarded to the upstream unchanged, over
+   that same TLS (the server accepts cancels after an SSLRequest as well);
 2. takes ``-c pg_streampack.requested=LIST`` out of the ``options`` startup parameter and picks
    the first algorithm of the client's list that the relay offers (the client's order wins, as
    with the module). A list the module would refuse (unknown or repeated names) is refused with

@@ -169,12 +169,24 @@ class RelaySession:
             self.log.info("relay_client_disconnected",
                           **({"streampack": stats.as_dict()} if stats else {}))
 
-    async def _connect_upstream(self, tls: bool) -> tuple[asyncio.StreamReader,
-                                                           asyncio.StreamWriter]:
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The upstream connection; None when there is none (the client has been told)."""
+        try:
+            return await self._connect_upstream()
+        except (OSError, UpstreamError, asyncio.IncompleteReadError) as exc:
+            reason = str(exc) or type(exc).__name__
+            self.log.warning("relay_upstream_unreachable", error=reason)
+            await refuse(self.client.writer,
+                         f"receivewal relay could not connect to the upstream server: {reason}",
+                         "08006")
+            return None
+
+    async def _connect_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the upstream with TLS as ``--upstream-sslmode`` says."""
         host, port = self.settings.upstream_host, self.settings.upstream_port
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 30)
         self.upstream_writer = writer
-        if not tls or self.ssl_context is None:
+        if self.ssl_context is None:
             return reader, writer
         writer.write(struct.pack(">II", 8, SSL_REQUEST))
         await writer.drain()
@@ -192,11 +204,12 @@ class RelaySession:
     async def _run(self) -> None:
         packet, code = self.client.packet, self.client.code
         if code == CANCEL_REQUEST:
-            # Forwarded as is, in plaintext like libpq's cancel; whatever comes passes back.
+            # Forwarded as is, with the TLS every upstream connection has (a cancel key is a
+            # secret too); whatever comes back passes back.
             self.log.debug("relay_forwarding_cancel_request")
-            reader, writer = await self._connect_upstream(tls=False)
-            writer.write(packet)
-            await self._pump(reader, writer, BackendStream(None, authenticating=False))
+            if (upstream := await self._open_upstream()) is not None:
+                upstream[1].write(packet)
+                await self._pump(*upstream, BackendStream(None, authenticating=False))
             return
         unsupported = unsupported_protocol(code)
         if unsupported is not None:  # never passed through: no way around the TLS path
@@ -209,15 +222,9 @@ class RelaySession:
             self.log.warning("relay_startup_refused", reason=str(exc))
             await refuse(self.client.writer, str(exc), "22023")
             return
-        try:
-            reader, writer = await self._connect_upstream(tls=True)
-        except (OSError, UpstreamError, asyncio.IncompleteReadError) as exc:
-            reason = str(exc) or type(exc).__name__
-            self.log.warning("relay_upstream_unreachable", error=reason)
-            await refuse(self.client.writer,
-                         f"receivewal relay could not connect to the upstream server: {reason}",
-                         "08006")
+        if (upstream := await self._open_upstream()) is None:
             return
+        reader, writer = upstream
         encoder = (StreampackEncoder(decision.algorithm, self.settings.min_size,
                                      self.settings.zstd_level)
                    if decision.algorithm else None)

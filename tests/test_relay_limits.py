@@ -25,7 +25,8 @@ from receivewal.relay.protocol import (
     build_startup_packet,
 )
 from receivewal.relay.settings import ClientAccess, build_relay_settings
-from receivewal.replication.streampack import StreampackEncoder
+from receivewal.replication.messages import build_xlogdata
+from receivewal.replication.streampack import StreampackDecoder, StreampackEncoder, is_compressed
 
 MB = 1024 * 1024
 HUGE_VALUE = 200_000_000  # one DataRow of 200 MB
@@ -224,3 +225,20 @@ def test_the_startup_timeout_is_checked(seconds: float) -> None:
     with pytest.raises(ConfigurationError, match="--startup-timeout must be more than 0"):
         build_relay_settings("127.0.0.1:0", "127.0.0.1:5432",
                              access=ClientAccess(startup_timeout=seconds))
+
+
+def test_an_xlogdata_larger_than_the_decoder_accepts_passes_plain_in_pieces() -> None:
+    """A 20 MiB XLogData frame (no walsender sends one; compressed, the decoder would refuse
+    it) is forwarded plain as it arrives, and the frames after it are compressed and restore."""
+    stream = BackendStream(StreampackEncoder("zstd"), authenticating=False)
+    stream.feed(b"W" + struct.pack(">I", 7) + b"\x00\x00\x00")
+    huge = build_xlogdata(0, 20 * MB, 0, bytes(20 * MB))
+    message = b"d" + struct.pack(">I", 4 + len(huge)) + huge
+    pieces = [message[i : i + MB] for i in range(0, len(message), MB)]
+    assert [stream.feed(piece) for piece in pieces] == pieces
+    small = build_xlogdata(20 * MB, 20 * MB + 1000, 0, b"y" * 1000)
+    out = stream.feed(b"d" + struct.pack(">I", 4 + len(small)) + small)
+    decoder = StreampackDecoder(("zstd",))
+    assert decoder.restore(huge) == huge
+    assert is_compressed(out[5:])
+    assert decoder.restore(out[5:]) == small

@@ -1,0 +1,208 @@
+"""Records that span many segments, up to PostgreSQL's own limit (issue 18 item 10).
+
+A real PostgreSQL 15 server with 1 MiB segments writes an 80 MB logical message (one record
+over some 77 segments) and a second one of several segments that ends exactly at a segment
+boundary. The archive of its completed segments must be recoverable for ``verify`` on both
+scanner paths (which must give the same scans) and for ``analyze``'s tables; a byte changed
+inside the huge record is a CRC mismatch; and verify's memory is bounded by segments, not by
+the record (a record is checked piece by piece, never held whole).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from support.memory import PEAK_RSS_KB
+from support.scanner import scanner_path  # noqa: F401 - the fixture, used below
+from support.servers import PgServer, make_shared_dir
+from support.sparkarchives import INITDB_ARGS, SEGMENT_SIZE, copy_completed_segments, lsn_int
+
+from receivewal.check.verify import rmgr_totals, verify_archive
+from receivewal.wal import accel
+from receivewal.wal.lsn import format_lsn
+from receivewal.wal.names import wal_file_name
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, SIZE_OF_SHORT_PHD, XLOG_BLCKSZ
+from receivewal.wal.reader import SegmentScan
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+SEG = SEGMENT_SIZE
+HUGE = 80_000_000  # bytes of the big message: a record over some 77 segments of 1 MiB
+PREFIX = "huge"
+# XLogRecord, XLR_BLOCK_ID_DATA_LONG and its length, xl_logical_message, the prefix and its NUL
+MESSAGE_OVERHEAD = 24 + 5 + 24 + len(PREFIX) + 1
+
+
+@dataclass(frozen=True)
+class HugeArchive:
+    """The archive and where its two big records are."""
+
+    path: Path
+    huge_lsn: int  # the 80 MB record starts here
+    boundary_lsn: int  # the record that ends at a segment boundary starts here...
+    boundary_end: int  # ...and ends here, a multiple of the segment size
+
+
+def payload_between(start: int, end: int) -> int:
+    """Record bytes that fit from ``start`` to ``end``: the distance minus the page headers of
+    the pages that begin in between (long ones at segment starts)."""
+    page = (start // XLOG_BLCKSZ + 1) * XLOG_BLCKSZ
+    headers = sum(SIZE_OF_LONG_PHD if p % SEG == 0 else SIZE_OF_SHORT_PHD
+                  for p in range(page, end, XLOG_BLCKSZ))
+    return end - start - headers
+
+
+def emit_to_segment_boundary(server: PgServer, segments: int) -> tuple[int, int]:
+    """A logical message that starts at the insert position and ends exactly where a segment
+    ends, ``segments`` segments on: (start, end). Retried if another record slips in between."""
+    for _ in range(3):
+        start = lsn_int(server.sql("SELECT pg_current_wal_insert_lsn()"))
+        end = (start // SEG + segments) * SEG
+        size = payload_between(start, end) - MESSAGE_OVERHEAD
+        got = lsn_int(server.sql(
+            f"SELECT pg_logical_emit_message(false, '{PREFIX}', repeat('b', {size}))"))
+        if got == end:
+            return start, end
+    pytest.fail(f"the message did not end at a segment boundary (ended at {format_lsn(got)})")
+
+
+@pytest.fixture(scope="module")
+def huge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HugeArchive]:
+    """The archive of a 1 MiB-segment server that wrote the two big messages, then a little."""
+    base = make_shared_dir("receivewal-huge-")
+    server = PgServer(base, "huge")
+    try:
+        server.init({"autovacuum": "off"}, initdb_args=INITDB_ARGS)
+        server.start()
+        server.sql("CREATE TABLE around (x int)")
+        server.sql("INSERT INTO around SELECT generate_series(1, 5000)")
+        huge_lsn = lsn_int(server.sql("SELECT pg_current_wal_insert_lsn()"))
+        server.sql(f"SELECT pg_logical_emit_message(false, '{PREFIX}', repeat('a', {HUGE}))")
+        boundary_lsn, boundary_end = emit_to_segment_boundary(server, 5)
+        server.sql("INSERT INTO around SELECT generate_series(1, 5000)")
+        server.switch_wal()  # the segment after the boundary is complete...
+        server.sql("INSERT INTO around VALUES (0)")  # ...and the current one begins after it
+        out = tmp_path_factory.mktemp("huge") / "archive"
+        out.mkdir()
+        copy_completed_segments(server, out)
+        yield HugeArchive(out, huge_lsn, boundary_lsn, boundary_end)
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def scan_at(report_scans: tuple[SegmentScan, ...], lsn: int) -> SegmentScan:
+    """The scan of the segment holding ``lsn``."""
+    return next(s for s in report_scans if s.start_lsn <= lsn < s.start_lsn + SEG)
+
+
+@pytest.mark.usefixtures("scanner_path")
+def test_verify_accepts_records_spanning_many_segments(huge: HugeArchive) -> None:
+    """An 80 MB record and one that ends at a segment boundary: recoverable end to end, both
+    counted in the segment where they start, with their whole length."""
+    report, _ = verify_archive(huge.path, jobs=1)
+    assert report.recoverable, [p.describe() for p in report.problems]
+    assert not report.problems
+    messages, record_bytes, _ = rmgr_totals(report.scans)["LogicalMessage"]
+    assert messages == 2
+    assert record_bytes > HUGE + 4 * SEG
+    start = scan_at(report.scans, huge.huge_lsn)
+    assert start.last_record_lsn == huge.huge_lsn
+    assert start.valid_end == start.start_lsn + SEG
+    ending = scan_at(report.scans, huge.boundary_end - 1)
+    assert ending.records == 0
+    assert not ending.problems
+    after = scan_at(report.scans, huge.boundary_end)
+    assert after.first_record_prev == huge.boundary_lsn
+
+
+def test_both_scanner_paths_scan_the_huge_archive_the_same(
+        huge: HugeArchive, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled and the pure-Python scanner give equal scans of every segment."""
+    native = accel.native or accel.load_native()
+    if native is None:
+        pytest.skip("the C extension receivewal.wal._scan is not built here")
+
+    def scans_on(path: ModuleType | None) -> tuple[SegmentScan, ...]:
+        monkeypatch.setattr(accel, "native", path)
+        report, _ = verify_archive(huge.path, jobs=1, collect_lsns=True)
+        return report.scans
+
+    compiled = scans_on(native)
+    assert compiled == scans_on(None)
+    assert sum(s.records for s in compiled) > 10_000
+
+
+@pytest.mark.usefixtures("scanner_path")
+def test_a_changed_byte_inside_the_huge_record_is_a_crc_mismatch(
+        huge: HugeArchive, tmp_path: Path) -> None:
+    """One byte of the message's data, 40 MB into the record (a segment it fills), changed:
+    the record's CRC no longer matches, and the archive is not recoverable."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(huge.path, damaged)
+    page = (huge.huge_lsn + 40_000_000) // XLOG_BLCKSZ * XLOG_BLCKSZ
+    segno, offset = divmod(page + 100, SEG)
+    name = wal_file_name(1, segno, SEG)
+    with (damaged / name).open("r+b") as fh:
+        fh.seek(offset)
+        old = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([old[0] ^ 0x01]))
+    report, _ = verify_archive(damaged, jobs=1)
+    assert not report.recoverable
+    crc = [p for p in report.problems if p.kind == "crc_mismatch"]
+    assert [p.lsn for p in crc] == [huge.huge_lsn], [p.describe() for p in report.problems]
+    assert report.recovery is not None
+    assert report.recovery.end_lsn == huge.huge_lsn
+
+
+@pytest.mark.usefixtures("scanner_path")
+def test_verify_memory_is_bounded_by_segments_not_by_the_record(huge: HugeArchive) -> None:
+    """verify of the archive with the 80 MB record peaks far below the record's size."""
+    code = ("import sys\nfrom pathlib import Path\n"
+            "from receivewal.check.verify import verify_archive\n"
+            "report, _ = verify_archive(Path(sys.argv[1]), jobs=1)\n"
+            f"print(int(report.recoverable), {PEAK_RSS_KB})\n")
+    done = subprocess.run([sys.executable, "-c", code, str(huge.path)], capture_output=True,
+                          text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr
+    recoverable, rss = map(int, done.stdout.split())
+    assert recoverable == 1
+    assert rss < 60_000, f"peak RSS {rss} kB for an {HUGE}-byte record"
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """An embedded Spark session (two cores: the machine is shared)."""
+    from receivewal.check.analyze import make_session  # noqa: PLC0415 - the spark extra
+
+    session = make_session(scratch=tmp_path_factory.mktemp("spark"), master="local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.mark.spark
+def test_analyze_tables_accept_the_huge_records(spark: Any, huge: HugeArchive,
+                                                tmp_path: Path) -> None:
+    """analyze says recoverable, and its segment_rmgr table counts both big records with the
+    bytes verify counts."""
+    from receivewal.check.analyze import run_analyze  # noqa: PLC0415 - the spark extra
+
+    result = run_analyze(spark, [str(huge.path)], tmp_path / "analysis", report=False)
+    archives = spark.read.parquet(result.tables["archives"]).collect()
+    assert [(r["archive"], r["recoverable"]) for r in archives] == [(str(huge.path), True)]
+    problems = spark.read.parquet(result.tables["problems"]).collect()
+    assert problems == []
+    rmgr = spark.read.parquet(result.tables["segment_rmgr"])
+    rows = rmgr.where(rmgr.rmgr == "LogicalMessage").collect()
+    report, _ = verify_archive(huge.path, jobs=1)
+    assert (sum(r["records"] for r in rows), sum(r["record_bytes"] for r in rows),
+            0) == rmgr_totals(report.scans)["LogicalMessage"]

@@ -11,6 +11,7 @@ begun by then).
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -116,7 +117,7 @@ def plan_scans(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]], *,
     """A scan task per chosen file, with the files that follow it without a gap (same
     timeline first), as many as the longest record can run into."""
     limit = followers_needed(segment_size)
-    ahead = _runs_ahead(chosen)
+    ahead = _runs_ahead(chosen, limit)
     tasks = []
     for (tli, segno), (name, seg) in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         followers = []
@@ -131,17 +132,21 @@ def plan_scans(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]], *,
     return tasks
 
 
-def _runs_ahead(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]]
+def _runs_ahead(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]], limit: int
                 ) -> dict[tuple[int, int], tuple[SegmentFile, int]]:
     """For a segment of timeline ``t``, the file that continues it at segment number ``n``
     (t's own, else that of the first later timeline that has one), and the last segment
-    number of the run from ``n`` on whose files share that file's timeline and format."""
+    number of the run from ``n`` on whose files share that file's timeline and format; for
+    the ``n`` that follow t's own segments by at most ``limit``."""
     timelines = sorted({tli for tli, _ in chosen})
-    segnos = sorted({segno for _, segno in chosen}, reverse=True)
+    segnos = sorted({segno for _, segno in chosen})
     ahead: dict[tuple[int, int], tuple[SegmentFile, int]] = {}
     for t in timelines:
+        own = [segno for tli, segno in chosen if tli == t]
         candidates = [c for c in timelines if c >= t]
-        for n in segnos:
+        low = bisect.bisect_right(segnos, min(own))
+        high = bisect.bisect_right(segnos, max(own) + limit)
+        for n in reversed(segnos[low:high]):
             pick = next((chosen[(c, n)][1] for c in candidates if (c, n) in chosen), None)
             if pick is None:
                 continue

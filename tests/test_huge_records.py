@@ -23,7 +23,13 @@ import pytest
 from support.memory import PEAK_RSS_KB
 from support.scanner import scanner_path  # noqa: F401 - the fixture, used below
 from support.servers import PgServer, make_shared_dir
-from support.sparkarchives import INITDB_ARGS, SEGMENT_SIZE, copy_completed_segments, lsn_int
+from support.sparkarchives import (
+    INITDB_ARGS,
+    SEGMENT_SIZE,
+    compressed_copy,
+    copy_completed_segments,
+    lsn_int,
+)
 
 from receivewal.check.verify import rmgr_totals, verify_archive
 from receivewal.wal import accel
@@ -122,6 +128,18 @@ def test_verify_accepts_records_spanning_many_segments(huge: HugeArchive) -> Non
     assert not ending.problems
     after = scan_at(report.scans, huge.boundary_end)
     assert after.first_record_prev == huge.boundary_lsn
+
+
+@pytest.mark.usefixtures("scanner_path")
+def test_verify_finishes_the_huge_record_from_compressed_files(huge: HugeArchive,
+                                                               tmp_path: Path) -> None:
+    """The same archive with its files in turn plain, .gz, .lz4 and .zst: the record runs
+    through files of every format and is accepted, with the same statistics."""
+    compressed_copy(huge.path, tmp_path / "mixed")
+    report, _ = verify_archive(tmp_path / "mixed", jobs=1)
+    assert report.recoverable, [p.describe() for p in report.problems]
+    plain, _ = verify_archive(huge.path, jobs=1)
+    assert rmgr_totals(report.scans) == rmgr_totals(plain.scans)
 
 
 def test_both_scanner_paths_scan_the_huge_archive_the_same(

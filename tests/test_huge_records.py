@@ -30,6 +30,7 @@ from support.sparkarchives import (
     copy_completed_segments,
     lsn_int,
 )
+from support.waldump import parse_record_lsns, parse_stats, waldump_output
 
 from receivewal.check.verify import rmgr_totals, verify_archive
 from receivewal.wal import accel
@@ -52,6 +53,7 @@ class HugeArchive:
     """The archive and where its two big records are."""
 
     path: Path
+    names: list[str]  # the segment files, in order
     huge_lsn: int  # the 80 MB record starts here
     boundary_lsn: int  # the record that ends at a segment boundary starts here...
     boundary_end: int  # ...and ends here, a multiple of the segment size
@@ -66,9 +68,10 @@ def payload_between(start: int, end: int) -> int:
     return end - start - headers
 
 
-def emit_to_segment_boundary(server: PgServer, segments: int) -> tuple[int, int]:
+def emit_to_segment_boundary(server: PgServer, segments: int) -> int:
     """A logical message that starts at the insert position and ends exactly where a segment
-    ends, ``segments`` segments on: (start, end). Retried if another record slips in between."""
+    ends, ``segments`` segments on; that end. Retried if another record slipped in between
+    (the function returns where the record it wrote ends)."""
     for _ in range(3):
         start = lsn_int(server.sql("SELECT pg_current_wal_insert_lsn()"))
         end = (start // SEG + segments) * SEG
@@ -76,7 +79,7 @@ def emit_to_segment_boundary(server: PgServer, segments: int) -> tuple[int, int]
         got = lsn_int(server.sql(
             f"SELECT pg_logical_emit_message(false, '{PREFIX}', repeat('b', {size}))"))
         if got == end:
-            return start, end
+            return end
     pytest.fail(f"the message did not end at a segment boundary (ended at {format_lsn(got)})")
 
 
@@ -90,16 +93,18 @@ def huge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HugeArchive]:
         server.start()
         server.sql("CREATE TABLE around (x int)")
         server.sql("INSERT INTO around SELECT generate_series(1, 5000)")
-        huge_lsn = lsn_int(server.sql("SELECT pg_current_wal_insert_lsn()"))
         server.sql(f"SELECT pg_logical_emit_message(false, '{PREFIX}', repeat('a', {HUGE}))")
-        boundary_lsn, boundary_end = emit_to_segment_boundary(server, 5)
+        boundary_end = emit_to_segment_boundary(server, 5)
         server.sql("INSERT INTO around SELECT generate_series(1, 5000)")
         server.switch_wal()  # the segment after the boundary is complete...
         server.sql("INSERT INTO around VALUES (0)")  # ...and the current one begins after it
         out = tmp_path_factory.mktemp("huge") / "archive"
         out.mkdir()
-        copy_completed_segments(server, out)
-        yield HugeArchive(out, huge_lsn, boundary_lsn, boundary_end)
+        names = copy_completed_segments(server, out)
+        # Where the two messages start, as PostgreSQL's own pg_waldump reads them.
+        huge_lsn, boundary_lsn = parse_record_lsns(
+            waldump_output(out, names[0], names[-1], "-r", "LogicalMessage"))
+        yield HugeArchive(out, names, huge_lsn, boundary_lsn, boundary_end)
     finally:
         server.stop("immediate")
         shutil.rmtree(base, ignore_errors=True)
@@ -113,10 +118,13 @@ def scan_at(report_scans: tuple[SegmentScan, ...], lsn: int) -> SegmentScan:
 @pytest.mark.usefixtures("scanner_path")
 def test_verify_accepts_records_spanning_many_segments(huge: HugeArchive) -> None:
     """An 80 MB record and one that ends at a segment boundary: recoverable end to end, both
-    counted in the segment where they start, with their whole length."""
+    counted in the segment where they start, with their whole length: the statistics equal
+    pg_waldump --stats on the same files."""
     report, _ = verify_archive(huge.path, jobs=1)
     assert report.recoverable, [p.describe() for p in report.problems]
     assert not report.problems
+    assert rmgr_totals(report.scans) == parse_stats(
+        waldump_output(huge.path, huge.names[0], huge.names[-1], "--stats"))
     messages, record_bytes, _ = rmgr_totals(report.scans)["LogicalMessage"]
     assert messages == 2
     assert record_bytes > HUGE + 4 * SEG

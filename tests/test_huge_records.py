@@ -24,6 +24,7 @@ from support.memory import PEAK_RSS_KB
 from support.scanner import scanner_path  # noqa: F401 - the fixture, used below
 from support.servers import PgServer, make_shared_dir
 from support.sparkarchives import (
+    COMPRESSORS,
     INITDB_ARGS,
     SEGMENT_SIZE,
     compressed_copy,
@@ -148,6 +149,56 @@ def test_verify_finishes_the_huge_record_from_compressed_files(huge: HugeArchive
     assert report.recoverable, [p.describe() for p in report.problems]
     plain, _ = verify_archive(huge.path, jobs=1)
     assert rmgr_totals(report.scans) == rmgr_totals(plain.scans)
+
+
+def cut_archive(huge: HugeArchive, into: Path, last: int, keep: int, suffix: str) -> str:
+    """The archive's segments up to the huge record's segment + ``last``, that one as a
+    ``.partial`` holding its first ``keep`` bytes (zero-padded when plain, as streaming
+    leaves it; cut short when compressed, as ``-Z`` leaves it); the .partial's name."""
+    into.mkdir()
+    first = huge.huge_lsn // SEG
+    for name in huge.names:
+        segno = int(name[8:16], 16) * 4096 + int(name[16:24], 16)
+        if segno < first + last:
+            shutil.copy(huge.path / name, into / name)
+        elif segno == first + last:
+            data = (huge.path / name).read_bytes()[:keep]
+            body = COMPRESSORS[suffix](data) if suffix else data + bytes(SEG - keep)
+            (into / (name + suffix + ".partial")).write_bytes(body)
+            return name + suffix + ".partial"
+    raise AssertionError("the archive is shorter than asked")
+
+
+@pytest.mark.usefixtures("scanner_path")
+@pytest.mark.parametrize("suffix", ["", ".zst"])
+def test_a_huge_record_still_being_streamed_ends_the_archive(huge: HugeArchive, tmp_path: Path,
+                                                            suffix: str) -> None:
+    """The archive as it stands while the 80 MB record streams: its newest segment, 10
+    segments on, is a .partial that ends inside the record. Recoverable up to the record's
+    start, the end of the archive; nothing is damaged."""
+    cut_archive(huge, tmp_path / "cut", 10, 40 * XLOG_BLCKSZ, suffix)
+    report, _ = verify_archive(tmp_path / "cut", jobs=1)
+    assert report.recoverable, [p.describe() for p in report.problems]
+    assert not report.problems
+    assert report.recovery is not None
+    assert report.recovery.end_lsn == huge.huge_lsn
+
+
+@pytest.mark.usefixtures("scanner_path")
+def test_a_segment_missing_inside_the_huge_record_is_named(huge: HugeArchive,
+                                                           tmp_path: Path) -> None:
+    """A segment the record runs through, 20 segments on, deleted: recovery stops at the
+    record, saying that it continues into that missing segment."""
+    damaged = tmp_path / "gap"
+    shutil.copytree(huge.path, damaged)
+    missing = wal_file_name(1, huge.huge_lsn // SEG + 20, SEG)
+    (damaged / missing).unlink()
+    report, _ = verify_archive(damaged, jobs=1)
+    assert not report.recoverable
+    assert report.recovery is not None
+    assert report.recovery.end_lsn == huge.huge_lsn
+    assert report.recovery.stop_reason == (f"the record at {format_lsn(huge.huge_lsn)} "
+                                           f"continues into {missing}, which is missing")
 
 
 def test_both_scanner_paths_scan_the_huge_archive_the_same(

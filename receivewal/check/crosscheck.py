@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import NamedTuple
@@ -49,12 +49,12 @@ class ScanTask:
 
 
 def follower_files(runs: Iterable[FollowerRun], segment_size: int
-                   ) -> Iterator[tuple[str, str]]:
-    """(file name, compression) of each follower the runs list, in order."""
+                   ) -> Iterator[tuple[str, SegmentFile]]:
+    """The file name and the parsed name of each follower the runs list, in order."""
     for tli, segno, length, compression, partial in runs:
         for n in range(segno, segno + length):
             seg = SegmentFile(n, tli, compression, partial)
-            yield seg.file_name(segment_size), compression
+            yield seg.file_name(segment_size), seg
 
 
 def followers_needed(segment_size: int) -> int:
@@ -372,12 +372,28 @@ def _recover(by_key: Mapping[tuple[int, int], SegmentScan], history: list[Timeli
         reach = scan.valid_end
         if scan.valid_end < (segno + 1) * segment_size:
             broken = any(p.severity == "error" for p in scan.problems)
-            nxt = wal_file_name(tli_for(segno + 1), segno + 1, segment_size)
-            if not broken and scan.incomplete_tail and by_key.get((tli_for(segno + 1),
-                                                                    segno + 1)) is None:
-                reason = (f"the record at {format_lsn(reach)} continues into {nxt}, "
-                          "which is missing") if segno != last else ""
+            if not broken and scan.incomplete_tail:
+                reason = _unfinished_record(by_key, tli_for, segno=segno, last=last,
+                                            lsn=reach, segment_size=segment_size)
             elif segno != last or broken:
                 reason = f"WAL in {scan.file} is unreadable from {format_lsn(reach)}"
             break
     return Recovery(target, start, max(reach, start), archive_end, reason), problems
+
+
+def _unfinished_record(by_key: Mapping[tuple[int, int], SegmentScan],
+                       tli_for: Callable[[int], int], *, segno: int, last: int, lsn: int,
+                       segment_size: int) -> str:
+    """Why recovery stops at the unfinished record at ``lsn`` in segment ``segno``: the first
+    segment after it that is missing or damaged; "" when all that follows is there and sound,
+    so that the archive's WAL ends inside the record (a record still being streamed)."""
+    for n in range(segno + 1, last + 1):
+        tli = tli_for(n)
+        follower = by_key.get((tli, n))
+        if follower is None:
+            return (f"the record at {format_lsn(lsn)} continues into "
+                    f"{wal_file_name(tli, n, segment_size)}, which is missing")
+        if any(p.severity == "error" for p in follower.problems):
+            return (f"the record at {format_lsn(lsn)} continues into {follower.file}, "
+                    "which is damaged")
+    return ""

@@ -88,15 +88,15 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
                              segment_size=segment_size, timeline=seg.timeline, segno=seg.segno,
                              partial=seg.partial, collect_lsns=collect_lsns)
     scanner.scan()
-    for name, compression in follower_files(task.followers, segment_size):
+    for name, follower in follower_files(task.followers, segment_size):
         need = scanner.next_bytes_needed()
         if not need:
             break
         try:
-            head = read_wal_file(join(name), compression, need, open_binary)
+            head = read_wal_file(join(name), follower.compression, need, open_binary)
         except ArchiveError:
             break
-        scanner.continue_record(head, name)
+        scanner.continue_record(head, name, partial=follower.partial)
     scan = scanner.result()
     zstd_bytes = lz4_bytes = None
     if compressibility:

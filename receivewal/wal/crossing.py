@@ -104,13 +104,14 @@ def bytes_needed(pend: Pending, segment_size: int) -> int:
     return min(pages * XLOG_BLCKSZ, segment_size)
 
 
-def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int
-                     ) -> tuple[str, int, str]:
+def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int,
+                     partial: bool = False) -> tuple[str, int, str]:
     """Add the pieces of ``pend`` that the first pages of ``data`` (segment ``file``) hold.
 
     Returns ``("done", end, "")`` with the offset in ``data`` where the record ends,
     ``("more", 0, "")`` when it runs on into the segment after that (``next_start`` moved on),
-    ``("missing", 0, "")`` when ``data`` ends first, or ``("bad", 0, detail)``.
+    ``("missing", 0, "")`` when ``data`` ends first (in a ``partial`` file, also where its
+    zero padding begins), or ``("bad", 0, detail)``.
     """
     p = 0
     end = 0
@@ -123,6 +124,8 @@ def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int
             if len(data) >= segment_size:  # runs on into the segment after that
                 pend.next_start += segment_size
                 return ("more", 0, "")
+            return ("missing", 0, "")
+        if partial and not any(data[off:off + hdr]):  # the .partial's WAL ends before here
             return ("missing", 0, "")
         magic, info, _tli, addr, rem = SHORT_HEADER.unpack_from(data, off)
         if (magic != XLOG_PAGE_MAGIC or addr != pend.next_start + off

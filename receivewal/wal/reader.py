@@ -8,9 +8,8 @@ page header (:mod:`receivewal.wal.pages`) and walks every record that starts in 
 block headers, to count full-page-image bytes as ``pg_waldump --stats`` counts them.
 
 A record that runs past the end of the segment is left pending (:mod:`.crossing`); the caller
-hands over each following segment it runs into (:meth:`SegmentScanner.continue_record`), up
-to PostgreSQL's longest record, CRC-checked piece by piece. Records are counted in the segment
-where they start. Nothing here opens a file.
+hands over each segment it runs into (:meth:`SegmentScanner.continue_record`), however many.
+Records are counted in the segment where they start. Nothing here opens a file.
 
 The hot loop has two implementations with the same results: the compiled one in
 ``receivewal/wal/_scan.c`` walks every record it can accept without a finding, and stops where
@@ -350,12 +349,13 @@ class SegmentScanner:
         """LSN of the segment that continues the pending record, if there is one."""
         return None if self.pending is None else self.pending.next_start
 
-    def continue_record(self, data: bytes, file: str) -> None:
-        """Finish the pending record from the first pages of the segment that follows."""
+    def continue_record(self, data: bytes, file: str, *, partial: bool = False) -> None:
+        """Finish the pending record from the next segment's first pages (``partial``: WAL
+        may end in them)."""
         pend = self.pending
         if pend is None:
             return
-        state, end, detail = continue_pending(pend, data, file, self.segment_size)
+        state, end, detail = continue_pending(pend, data, file, self.segment_size, partial)
         if state == "more":
             return
         if state == "missing":

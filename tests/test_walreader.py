@@ -237,3 +237,20 @@ def test_garbage_segment_only_raises_problems(garbage: bytes) -> None:
     """Arbitrary bytes as a segment: problems, never an exception."""
     s = scan(garbage, NAMES[0])
     assert s.problems
+
+
+@pytest.mark.parametrize(("tot_len", "too_long"), [(0x3FFFDFFF, False), (0x3FFFE000, True)])
+def test_record_length_limit_is_postgresql_15s(segments: dict[str, bytes], tot_len: int,
+                                               too_long: bool) -> None:
+    """An xl_tot_len up to PostgreSQL 15's limit (its xlogreader allocates the length rounded
+    up past the next page boundary, at most MaxAllocSize: 1 GiB - 8 KiB - 1) is read as a
+    record that runs on (here into pages that do not continue it); one byte more is refused
+    as "too long", as recovery refuses it."""
+    first = NAMES[0]
+    intact = scan(segments[first], first, collect=True)
+    lsn = intact.record_lsns[len(intact.record_lsns) // 2]
+    data = bytearray(segments[first])
+    struct.pack_into("<I", data, lsn - intact.start_lsn, tot_len)
+    details = [p.detail for p in scan(bytes(data), first).problems if p.lsn == lsn]
+    assert details
+    assert any("too long" in d for d in details) == too_long, details

@@ -41,6 +41,7 @@ from typing import Any, BinaryIO, cast
 from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.check.crosscheck import (
     ArchiveReport,
+    FollowerRun,
     ScanTask,
     check_archive,
     choose_files,
@@ -205,7 +206,7 @@ def scan_row(row: Any) -> dict[str, Any]:
     """Executor side: read and scan one segment named by a task row."""
     seg = SegmentFile(segno=row.segno, timeline=row.timeline, compression=row.compression,
                       partial=row.partial)
-    task = ScanTask(row.file, seg, tuple(tuple(f) for f in json.loads(row.followers)))
+    task = ScanTask(row.file, seg, tuple(FollowerRun(*f) for f in json.loads(row.followers)))
     base = row.base
     keep = _KeepRaw(base.rstrip("/") + "/" + row.file, opener_for(base),
                     limit=2 * row.segment_size + 1)
@@ -262,7 +263,7 @@ def plan_archive(spark: Any, root: str, compressibility: bool
     chosen, problems = choose_files(segments)
     rows = [(root, base, t.file, t.segment.compression, t.segment.timeline, t.segment.segno,
              t.segment.partial, json.dumps(t.followers), sizes[t.file], segment_size,
-             compressibility) for t in plan_scans(chosen)]
+             compressibility) for t in plan_scans(chosen, segment_size=segment_size)]
     histories = {}
     for name in history_names:
         tli = parse_history_file_name(name)

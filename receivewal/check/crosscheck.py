@@ -11,17 +11,32 @@ begun by then).
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import NamedTuple
 
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
-from receivewal.wal.pageheader import XLOG_BLCKSZ
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, SIZE_OF_SHORT_PHD, XLOG_BLCKSZ
 from receivewal.wal.reader import SegmentScan, WalProblem
+from receivewal.wal.records import MAX_RECORD_LENGTH
 from receivewal.wal.timeline import TimelineSwitch, parse_history
+
+
+class FollowerRun(NamedTuple):
+    """``length`` files that may continue a segment's last record, segment numbers ``segno``
+    on, of one timeline and one at-rest format: a task lists its followers as a few runs,
+    not as the thousand names a record of 1 GB can run through."""
+
+    timeline: int
+    segno: int
+    length: int
+    compression: str
+    partial: bool
 
 
 @dataclass(frozen=True)
@@ -30,7 +45,23 @@ class ScanTask:
 
     file: str
     segment: SegmentFile
-    followers: tuple[tuple[str, str], ...]  # (file name, compression) of segno+1, +2, ...
+    followers: tuple[FollowerRun, ...]  # the files of segno+1, +2, ... in runs
+
+
+def follower_files(runs: Iterable[FollowerRun], segment_size: int
+                   ) -> Iterator[tuple[str, SegmentFile]]:
+    """The file name and the parsed name of each follower the runs list, in order."""
+    for tli, segno, length, compression, partial in runs:
+        for n in range(segno, segno + length):
+            seg = SegmentFile(n, tli, compression, partial)
+            yield seg.file_name(segment_size), seg
+
+
+def followers_needed(segment_size: int) -> int:
+    """How many segments after its own the longest record recovery reads can run into."""
+    usable = (segment_size - segment_size // XLOG_BLCKSZ * SIZE_OF_SHORT_PHD
+              - (SIZE_OF_LONG_PHD - SIZE_OF_SHORT_PHD))
+    return MAX_RECORD_LENGTH // usable + 1
 
 
 @dataclass(frozen=True)
@@ -81,23 +112,50 @@ def choose_files(segments: Iterable[tuple[str, SegmentFile]]
     return chosen, problems
 
 
-def plan_scans(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]],
-               max_followers: int = 3) -> list[ScanTask]:
-    """A scan task per chosen file, with the files that follow it (same timeline first)."""
-    timelines = sorted({tli for tli, _ in chosen})
+def plan_scans(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]], *,
+               segment_size: int) -> list[ScanTask]:
+    """A scan task per chosen file, with the files that follow it without a gap (same
+    timeline first), as many as the longest record can run into."""
+    limit = followers_needed(segment_size)
+    ahead = _runs_ahead(chosen, limit)
     tasks = []
     for (tli, segno), (name, seg) in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         followers = []
-        for step in range(1, max_followers + 1):
-            for cand in [tli] + [t for t in timelines if t > tli]:
-                hit = chosen.get((cand, segno + step))
-                if hit is not None:
-                    followers.append((hit[0], hit[1].compression))
-                    break
-            else:
-                break
+        n, left = segno + 1, limit
+        while left and (tli, n) in ahead:
+            first, last = ahead[(tli, n)]
+            count = min(last - n + 1, left)
+            followers.append(FollowerRun(first.timeline, n, count, first.compression,
+                                         first.partial))
+            n, left = n + count, left - count
         tasks.append(ScanTask(name, seg, tuple(followers)))
     return tasks
+
+
+def _runs_ahead(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]], limit: int
+                ) -> dict[tuple[int, int], tuple[SegmentFile, int]]:
+    """For a segment of timeline ``t``, the file that continues it at segment number ``n``
+    (t's own, else that of the first later timeline that has one), and the last segment
+    number of the run from ``n`` on whose files share that file's timeline and format; for
+    the ``n`` that follow t's own segments by at most ``limit``."""
+    timelines = sorted({tli for tli, _ in chosen})
+    segnos = sorted({segno for _, segno in chosen})
+    ahead: dict[tuple[int, int], tuple[SegmentFile, int]] = {}
+    for t in timelines:
+        own = [segno for tli, segno in chosen if tli == t]
+        candidates = [c for c in timelines if c >= t]
+        low = bisect.bisect_right(segnos, min(own))
+        high = bisect.bisect_right(segnos, max(own) + limit)
+        for n in reversed(segnos[low:high]):
+            pick = next((chosen[(c, n)][1] for c in candidates if (c, n) in chosen), None)
+            if pick is None:
+                continue
+            nxt = ahead.get((t, n + 1))
+            same = nxt is not None and (nxt[0].timeline, nxt[0].compression,
+                                        nxt[0].partial) == (pick.timeline, pick.compression,
+                                                            pick.partial)
+            ahead[(t, n)] = (pick, nxt[1] if nxt is not None and same else n)
+    return ahead
 
 
 def _begin_of(tli: int, history: list[TimelineSwitch], target: int) -> int:
@@ -314,12 +372,28 @@ def _recover(by_key: Mapping[tuple[int, int], SegmentScan], history: list[Timeli
         reach = scan.valid_end
         if scan.valid_end < (segno + 1) * segment_size:
             broken = any(p.severity == "error" for p in scan.problems)
-            nxt = wal_file_name(tli_for(segno + 1), segno + 1, segment_size)
-            if not broken and scan.incomplete_tail and by_key.get((tli_for(segno + 1),
-                                                                    segno + 1)) is None:
-                reason = (f"the record at {format_lsn(reach)} continues into {nxt}, "
-                          "which is missing") if segno != last else ""
+            if not broken and scan.incomplete_tail:
+                reason = _unfinished_record(by_key, tli_for, segno=segno, last=last,
+                                            lsn=reach, segment_size=segment_size)
             elif segno != last or broken:
                 reason = f"WAL in {scan.file} is unreadable from {format_lsn(reach)}"
             break
     return Recovery(target, start, max(reach, start), archive_end, reason), problems
+
+
+def _unfinished_record(by_key: Mapping[tuple[int, int], SegmentScan],
+                       tli_for: Callable[[int], int], *, segno: int, last: int, lsn: int,
+                       segment_size: int) -> str:
+    """Why recovery stops at the unfinished record at ``lsn`` in segment ``segno``: the first
+    segment after it that is missing or damaged; "" when all that follows is there and sound,
+    so that the archive's WAL ends inside the record (a record still being streamed)."""
+    for n in range(segno + 1, last + 1):
+        tli = tli_for(n)
+        follower = by_key.get((tli, n))
+        if follower is None:
+            return (f"the record at {format_lsn(lsn)} continues into "
+                    f"{wal_file_name(tli, n, segment_size)}, which is missing")
+        if any(p.severity == "error" for p in follower.problems):
+            return (f"the record at {format_lsn(lsn)} continues into {follower.file}, "
+                    "which is damaged")
+    return ""

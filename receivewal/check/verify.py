@@ -27,6 +27,7 @@ from receivewal.check.crosscheck import (
     ScanTask,
     check_archive,
     choose_files,
+    follower_files,
     plan_scans,
 )
 from receivewal.errors import ArchiveError, ConfigurationError
@@ -87,15 +88,15 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
                              segment_size=segment_size, timeline=seg.timeline, segno=seg.segno,
                              partial=seg.partial, collect_lsns=collect_lsns)
     scanner.scan()
-    for name, compression in task.followers:
+    for name, follower in follower_files(task.followers, segment_size):
         need = scanner.next_bytes_needed()
         if not need:
             break
         try:
-            head = read_wal_file(join(name), compression, need, open_binary)
+            head = read_wal_file(join(name), follower.compression, need, open_binary)
         except ArchiveError:
             break
-        scanner.continue_record(head, name)
+        scanner.continue_record(head, name, partial=follower.partial)
     scan = scanner.result()
     zstd_bytes = lz4_bytes = None
     if compressibility:
@@ -208,7 +209,7 @@ def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int |
     segments, history_names = classify(names, segment_size)
     chosen, problems = choose_files(segments)
     problems += misnamed(names, segment_size)
-    tasks = plan_scans(chosen)
+    tasks = plan_scans(chosen, segment_size=segment_size)
     results = run_scans(tasks, str(directory), segment_size, jobs=jobs,
                         compressibility=compressibility, collect_lsns=collect_lsns)
     histories = histories_of(directory, history_names)

@@ -40,7 +40,7 @@
 #define XLP_LONG_HEADER 0x0002
 #define XLP_FIRST_IS_OVERWRITE_CONTRECORD 0x0008
 #define XLP_ALL_FLAGS 0x000F
-#define MAX_RECORD_LENGTH 0x3FFFFFFFu
+#define MAX_RECORD_LENGTH 0x3FFFDFFFu /* as records.py: the longest record PostgreSQL 15 reads */
 #define NKEYS 4096
 
 /* ---------------------------------------------------------------- CRC-32C */

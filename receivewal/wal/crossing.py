@@ -3,12 +3,19 @@
 A record longer than what is left of its page continues on the next pages, after each page's
 short header, whose ``xlp_rem_len`` must say how much of it is still to come. When it runs
 past the end of the segment, it is a :class:`Pending` record that the first pages of the
-following segment finish (:func:`continue_pending`).
+following segment finish (:func:`continue_pending`), however many segments it spans.
+
+A record is never held whole beyond its first segment: :class:`Pending` keeps the bytes that
+lie in the segment where it starts (and at least the first page's worth, where the header
+and block headers are) and runs the CRC-32C over the rest piece by piece, so a record of
+PostgreSQL's maximum length (about 1 GB) costs a segment's worth of memory, not its length.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import crc32c
 
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.pageheader import (
@@ -21,6 +28,7 @@ from receivewal.wal.pageheader import (
     XLP_FIRST_IS_OVERWRITE_CONTRECORD,
 )
 from receivewal.wal.pages import PageMap
+from receivewal.wal.records import SIZE_OF_XLOG_RECORD
 
 _PAGE_MASK = XLOG_BLCKSZ - 1
 
@@ -28,48 +36,65 @@ _PAGE_MASK = XLOG_BLCKSZ - 1
 Refusal = tuple[str, str, str]
 
 
+#: Bytes of a record kept from the segments after its first: the 24-byte header and the block
+#: headers (at most 33 blocks of 27 bytes and a few ids: under 1 kB) lie within them.
+HEAD_KEPT = XLOG_BLCKSZ
+
+
 @dataclass
 class Pending:
-    """A record that runs past the end of the data scanned so far."""
+    """A record being gathered: its first bytes, and the CRC-32C of the rest so far."""
 
     lsn: int
     prev: int | None  # the start of the record before it, when known
     tot_len: int
-    parts: list[bytes]
-    got: int
     next_start: int  # LSN of the segment that must continue it
+    head: bytearray  # the record's first bytes: header, block headers (see HEAD_KEPT)
+    got: int = 0  # bytes of the record gathered so far
+    crc: int = 0  # CRC-32C of the gathered bytes after the 24-byte header
+
+    def add(self, piece: bytes | memoryview, *, keep: bool = False) -> None:
+        """Gather the record's next ``piece``: kept in ``head`` when ``keep`` (the pieces in
+        the record's own segment) or while the head is shorter than HEAD_KEPT, and in the
+        running CRC from the record's 25th byte on."""
+        if keep or len(self.head) < HEAD_KEPT:
+            self.head += piece if keep else piece[:HEAD_KEPT - len(self.head)]
+        skip = SIZE_OF_XLOG_RECORD - self.got
+        self.crc = crc32c.crc32c(piece[skip:] if skip > 0 else piece, self.crc)
+        self.got += len(piece)
 
 
 def gather(data: bytes, pages: PageMap, pos: int, tot_len: int, *, start_lsn: int,
-           segment_size: int) -> tuple[bytes, int] | Pending | Refusal:
-    """The bytes of the record at ``pos`` and the offset where it ends, checking each
+           segment_size: int) -> tuple[Pending, int] | Pending | Refusal:
+    """The record at ``pos`` gathered, and the offset where it ends, checking each
     continuation header; a :class:`Pending` record when the data ends first."""
+    view = memoryview(data)
+    rec = Pending(start_lsn + pos, None, tot_len, start_lsn + segment_size, bytearray())
     page_end = (pos | _PAGE_MASK) + 1
     if tot_len <= page_end - pos:
-        return data[pos:pos + tot_len], pos + tot_len
-    parts = [data[pos:page_end]]
-    got = page_end - pos
+        rec.add(view[pos:pos + tot_len], keep=True)
+        return rec, pos + tot_len
+    rec.add(view[pos:page_end], keep=True)
     p = page_end >> 13
     end = page_end
-    while got < tot_len:
+    while rec.got < tot_len:
         if p >= pages.n_pages:
-            return Pending(start_lsn + pos, None, tot_len, parts, got, start_lsn + segment_size)
+            return rec
         if not pages.page_ok[p]:
             return ("bad_record", "record continues into a damaged page", "error")
         if pages.flags[p] & XLP_FIRST_IS_OVERWRITE_CONTRECORD:
             return ("aborted_contrecord", "record was overwritten by XLOG_OVERWRITE_CONTRECORD",
                     "warning")
-        if not pages.flags[p] & XLP_FIRST_IS_CONTRECORD or pages.rems[p] != tot_len - got:
+        need = tot_len - rec.got
+        if not pages.flags[p] & XLP_FIRST_IS_CONTRECORD or pages.rems[p] != need:
             return ("bad_record", f"invalid contrecord length {pages.rems[p]} at "
-                    f"{format_lsn(start_lsn + p * XLOG_BLCKSZ)}, expected {tot_len - got}",
-                    "error")
+                    f"{format_lsn(start_lsn + p * XLOG_BLCKSZ)}, expected {need}", "error")
         off = p * XLOG_BLCKSZ + SIZE_OF_SHORT_PHD
-        take = min(XLOG_BLCKSZ - SIZE_OF_SHORT_PHD, tot_len - got)
-        parts.append(data[off:off + take])
-        got += take
+        take = min(XLOG_BLCKSZ - SIZE_OF_SHORT_PHD, need)
+        rec.add(view[off:off + take], keep=True)
         end = off + take
         p += 1
-    return b"".join(parts), end
+    return rec, end
 
 
 def bytes_needed(pend: Pending, segment_size: int) -> int:
@@ -79,13 +104,14 @@ def bytes_needed(pend: Pending, segment_size: int) -> int:
     return min(pages * XLOG_BLCKSZ, segment_size)
 
 
-def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int
-                     ) -> tuple[str, int, str]:
+def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int,
+                     partial: bool = False) -> tuple[str, int, str]:
     """Add the pieces of ``pend`` that the first pages of ``data`` (segment ``file``) hold.
 
     Returns ``("done", end, "")`` with the offset in ``data`` where the record ends,
     ``("more", 0, "")`` when it runs on into the segment after that (``next_start`` moved on),
-    ``("missing", 0, "")`` when ``data`` ends first, or ``("bad", 0, detail)``.
+    ``("missing", 0, "")`` when ``data`` ends first (in a ``partial`` file, also where its
+    zero padding begins), or ``("bad", 0, detail)``.
     """
     p = 0
     end = 0
@@ -99,14 +125,15 @@ def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int
                 pend.next_start += segment_size
                 return ("more", 0, "")
             return ("missing", 0, "")
+        if partial and not any(data[off:off + hdr]):  # the .partial's WAL ends before here
+            return ("missing", 0, "")
         magic, info, _tli, addr, rem = SHORT_HEADER.unpack_from(data, off)
         if (magic != XLOG_PAGE_MAGIC or addr != pend.next_start + off
                 or not info & XLP_FIRST_IS_CONTRECORD or rem != need):
             return ("bad", 0, f"record continues into {file} at "
                     f"{format_lsn(pend.next_start + off)}, whose page header does not "
                     f"continue it (remaining length {rem}, expected {need})")
-        pend.parts.append(data[off + hdr:off + hdr + take])
-        pend.got += take
+        pend.add(memoryview(data)[off + hdr:off + hdr + take])
         end = off + hdr + take
         p += 1
     return ("done", end, "")

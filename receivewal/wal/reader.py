@@ -8,7 +8,7 @@ page header (:mod:`receivewal.wal.pages`) and walks every record that starts in 
 block headers, to count full-page-image bytes as ``pg_waldump --stats`` counts them.
 
 A record that runs past the end of the segment is left pending (:mod:`.crossing`); the caller
-hands over the first pages of the following segment (:meth:`SegmentScanner.continue_record`).
+hands over each segment it runs into (:meth:`SegmentScanner.continue_record`), however many.
 Records are counted in the segment where they start. Nothing here opens a file.
 
 The hot loop has two implementations with the same results: the compiled one in
@@ -34,6 +34,7 @@ from receivewal.wal.pageheader import (
 )
 from receivewal.wal.pages import PageMap, check_pages, maxalign
 from receivewal.wal.records import (
+    MAX_RECORD_LENGTH,
     SIZE_OF_XLOG_RECORD,
     RmgrTotals,
     SegmentScan,
@@ -55,8 +56,6 @@ _SIZE_OF_SHAPE = _RECORD_SHAPE.size
 _U32 = struct.Struct("<I").unpack_from
 _PAGE_MASK = XLOG_BLCKSZ - 1
 _MAX_PROBLEMS = 50
-# PostgreSQL 15's xlogreader refuses a record it cannot allocate (MaxAllocSize).
-MAX_RECORD_LENGTH = 0x3FFFFFFF
 
 
 class SegmentScanner:
@@ -286,17 +285,19 @@ class SegmentScanner:
                 self.pending = None
             return None
         rec, end = gathered
+        rec.prev = prev
         if end > self.data_len:  # a .partial cut inside this record: WAL ends here
             self.incomplete_tail = True
             return None
         next_pos = maxalign(end)
-        if not self._accept(rec, lsn, prev):
+        if not self._accept(rec):
             return (next_pos, None)
         return (next_pos, lsn)
 
-    def _accept(self, rec: bytes, lsn: int, prev: int | None) -> bool:
-        """Check a whole record's header, CRC and blocks; count it when good."""
-        tot_len, _xid, prev_link, info, rmid, stored = _RECORD.unpack_from(rec)
+    def _accept(self, rec: Pending) -> bool:
+        """Check a gathered record's header, CRC and blocks; count it when good."""
+        lsn, prev, head = rec.lsn, rec.prev, rec.head
+        tot_len, _xid, prev_link, info, rmid, stored = _RECORD.unpack_from(head)
         if not rmgr_id_is_valid(rmid):
             self._problem("bad_record", lsn, f"invalid resource manager id {rmid}")
             return False
@@ -304,11 +305,10 @@ class SegmentScanner:
             self._problem("bad_record", lsn, f"record with incorrect prev-link "
                           f"{format_lsn(prev_link)}, expected {format_lsn(prev)}")
             return False
-        mv = memoryview(rec)
-        if crc32c.crc32c(mv[:20], crc32c.crc32c(mv[24:tot_len])) != stored:
+        if crc32c.crc32c(memoryview(head)[:20], rec.crc) != stored:
             self._problem("crc_mismatch", lsn, "incorrect resource manager data checksum")
             return False
-        fpi = fpi_bytes_of(rec, 24, tot_len)
+        fpi = fpi_bytes_of(head, 24, tot_len)
         if fpi < 0:
             self._problem("bad_record", lsn, "invalid block references in record")
             return False
@@ -329,9 +329,9 @@ class SegmentScanner:
         nxt = self._page_start((pos >> 13) + 1)
         return None if nxt is None else (nxt, None)
 
-    def _gather(self, pos: int, tot_len: int) -> tuple[bytes, int] | Pending | None:
-        """The bytes of a record and the offset where it ends; Pending when the segment
-        ends first; None (after reporting why) when it cannot be read."""
+    def _gather(self, pos: int, tot_len: int) -> tuple[Pending, int] | Pending | None:
+        """A record gathered and the offset where it ends; Pending when the segment ends
+        first; None (after reporting why) when it cannot be read."""
         got = gather(self.data, self.pages, pos, tot_len, start_lsn=self.start_lsn,
                      segment_size=self.segment_size)
         if isinstance(got, tuple) and isinstance(got[0], str):
@@ -349,12 +349,13 @@ class SegmentScanner:
         """LSN of the segment that continues the pending record, if there is one."""
         return None if self.pending is None else self.pending.next_start
 
-    def continue_record(self, data: bytes, file: str) -> None:
-        """Finish the pending record from the first pages of the segment that follows."""
+    def continue_record(self, data: bytes, file: str, *, partial: bool = False) -> None:
+        """Finish the pending record from the next segment's first pages (``partial``: WAL
+        may end in them)."""
         pend = self.pending
         if pend is None:
             return
-        state, end, detail = continue_pending(pend, data, file, self.segment_size)
+        state, end, detail = continue_pending(pend, data, file, self.segment_size, partial)
         if state == "more":
             return
         if state == "missing":
@@ -364,7 +365,7 @@ class SegmentScanner:
         if state == "bad":
             self._problem("bad_record", pend.lsn, detail)
             return
-        if self._accept(b"".join(pend.parts), pend.lsn, pend.prev):
+        if self._accept(pend):
             self.end_lsn = pend.next_start + maxalign(end)
             if self.switched:
                 self.end_lsn = pend.next_start

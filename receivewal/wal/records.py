@@ -17,10 +17,15 @@ from receivewal.wal.pageheader import XLOG_BLCKSZ
 from receivewal.wal.pages import maxalign
 from receivewal.wal.rmgr import RM_XACT_ID
 
-__all__ = ["RmgrTotals", "SegmentScan", "WalProblem", "fpi_bytes_of", "group_totals", "maxalign",
-           "record_type"]
+__all__ = ["MAX_RECORD_LENGTH", "RmgrTotals", "SegmentScan", "WalProblem", "fpi_bytes_of",
+           "group_totals", "maxalign", "record_type"]
 
 SIZE_OF_XLOG_RECORD = 24
+# The longest record PostgreSQL 15's recovery reads: its xlogreader (allocate_recordbuf)
+# allocates xl_tot_len rounded up past the next 8 kB boundary, and refuses ("record length
+# too long") what exceeds MaxAllocSize (0x3FFFFFFF) then: 1 GiB - 8 kB - 1. (PostgreSQL 16's
+# XLogRecordMaxSize, 1020 MiB, is below it and bounds what newer servers write.)
+MAX_RECORD_LENGTH = 0x3FFFDFFF
 _U32 = struct.Struct("<I").unpack_from
 _IMAGE = struct.Struct("<HHB").unpack_from  # bimg_len, hole_offset, bimg_info
 _BKPIMAGE_HAS_HOLE = 0x01
@@ -97,7 +102,7 @@ class SegmentScan:
         return sum(t.fpi_bytes for t in self.rmgr.values())
 
 
-def fpi_bytes_of(rec: bytes | memoryview, off: int, end: int) -> int:  # noqa: PLR0912, PLR0915 - one loop, as DecodeXLogRecord
+def fpi_bytes_of(rec: bytes | bytearray | memoryview, off: int, end: int) -> int:  # noqa: PLR0912, PLR0915 - one loop, as DecodeXLogRecord
     """Full-page-image bytes of a record whose block headers are ``rec[off:end]``.
 
     Decodes the block references like PostgreSQL's DecodeXLogRecord and returns -1 when they

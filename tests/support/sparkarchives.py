@@ -136,14 +136,20 @@ def build_single_archive(base: Path, name: str, out: Path, rows: int = 6000) -> 
     server = new_server(base, name)
     try:
         write_wal(server, rows)
-        current = server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
-        server.switch_wal()
-        names = _segment_names(server.pg_wal, 1, current)
-        for seg in names:
-            shutil.copy(server.pg_wal / seg, out / seg)
-        return names
+        return copy_completed_segments(server, out)
     finally:
         server.stop("immediate")
+
+
+def copy_completed_segments(server: PgServer, out: Path) -> list[str]:
+    """Switch to a new segment and copy every completed timeline 1 segment into ``out``
+    (plain); their names."""
+    current = server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+    server.switch_wal()
+    names = _segment_names(server.pg_wal, 1, current)
+    for seg in names:
+        shutil.copy(server.pg_wal / seg, out / seg)
+    return names
 
 
 @contextlib.contextmanager

@@ -26,7 +26,8 @@ import structlog
 
 from receivewal import __version__
 from receivewal.archive.compression import parse_compress_option
-from receivewal.commands.stream import StreamOptions, build_settings
+from receivewal.commands.options import StreamOptions
+from receivewal.commands.stream import build_settings
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import format_lsn

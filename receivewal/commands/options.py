@@ -1,0 +1,208 @@
+"""The options of ``receivewal stream`` and the pg_receivewal drop-in, each declared once.
+
+One field of :class:`StreamOptions` per option: the field's name is the option's destination,
+its annotation the type of the parsed value, its default the default (Settings' own where the
+value reaches Settings unchanged), and :func:`option` states the rest: spellings, help, the
+``RECEIVEWAL_*`` environment variable, the :class:`Settings` field it reaches and its place in
+pg_receivewal's command line. ``stream``'s click options and the drop-in's getopt tables are
+built from these fields, and the tests walk them. Adding an option is one field here plus the
+line of ``build_settings`` that turns it into its Settings field.
+
+No click here (the drop-in does without it): the click options are built in ``stream``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields, replace
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from receivewal.daemon.settings import Settings
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """What the command lines say about one option (its type and default are the field's)."""
+
+    long: str  # "--slot"; an on/off pair is "--on/--off"
+    short: str  # "-S", or ""
+    help: str  # stream's --help text
+    env: bool  # stream also reads it from RECEIVEWAL_<LONG_OPTION>
+    setting: str | None  # the Settings field it reaches; None: the command itself uses it
+    show_default: bool  # stream's --help shows the default
+    choices: tuple[str, ...]  # the only values accepted (a str option)
+    example: str  # a text value it accepts, for the tests built from this table
+    goes_with: tuple[str, ...]  # options it is refused without (Settings.validate's rules)
+    pg_receivewal: int  # its place in pg_receivewal 15's long_options[]; 0: not a pg option
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every spelling: the short one, then the long one(s)."""
+        return tuple(name for name in (self.short, *self.long.split("/")) if name)
+
+    @property
+    def env_var(self) -> str | None:
+        """RECEIVEWAL_<LONG_OPTION>, e.g. RECEIVEWAL_SLOT; None when the option has none."""
+        long = self.long.split("/")[0].removeprefix("--")
+        return "RECEIVEWAL_" + long.replace("-", "_").upper() if self.env else None
+
+
+def option(default: T, long: str, short: str = "", *, help: str,
+           env: bool = True, setting: str | None = None, show_default: bool = False,
+           choices: tuple[str, ...] = (), example: str = "", goes_with: tuple[str, ...] = (),
+           pg_receivewal: int = 0) -> T:
+    """A :class:`StreamOptions` field: its default, and its :class:`OptionSpec` as metadata."""
+    spec = OptionSpec(long, short, help, env, setting, show_default, choices, example, goes_with,
+                      pg_receivewal)
+    return field(default=default, metadata={"option": spec})
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """The stream command line as parsed (by click in ``stream``, by getopt in the drop-in), in
+    the order of ``receivewal stream --help``.
+
+    Values are as typed (LSNs, compression lists and -Z still text); ``build_settings`` turns
+    them into :class:`Settings`.
+    """
+
+    directory: Path | None = option(
+        None, "--directory", "-D", setting="directory", pg_receivewal=1,
+        help="Receive WAL files into this directory (it must exist).")
+    dbname: str | None = option(
+        None, "--dbname", "-d", setting="conninfo", example="application_name=probe",
+        pg_receivewal=2, help="Connection string or URI.")
+    host: str | None = option(
+        None, "--host", "-h", setting="conninfo", example="db1.example", pg_receivewal=4,
+        help="Database server host or socket dir.")
+    port: str | None = option(
+        None, "--port", "-p", setting="conninfo", example="5433", pg_receivewal=5,
+        help="Database server port.")
+    username: str | None = option(
+        None, "--username", "-U", setting="conninfo", example="probe", pg_receivewal=6,
+        help="Connect as this user.")
+    no_password: bool = option(
+        False, "--no-password", "-w", pg_receivewal=8,
+        help="Never prompt for a password.")
+    force_password: bool = option(
+        False, "--password", "-W", env=False, setting="conninfo", pg_receivewal=9,
+        help="Prompt for a password before connecting.")
+    slot: str | None = option(
+        None, "--slot", "-S", setting="slot", example="probe_slot", pg_receivewal=11,
+        help="Replication slot to use.")
+    create_slot: bool = option(
+        False, "--create-slot", env=False, setting="create_slot", pg_receivewal=14,
+        help="Create the slot and exit.")
+    drop_slot: bool = option(
+        False, "--drop-slot", env=False, setting="drop_slot", pg_receivewal=15,
+        help="Drop the slot and exit.")
+    if_not_exists: bool = option(
+        False, "--if-not-exists", env=False, setting="if_not_exists", pg_receivewal=16,
+        help="With --create-slot: no error when the slot exists.")
+    reserve_wal: bool = option(
+        False, "--reserve-wal", setting="reserve_wal", goes_with=("--create-slot",),
+        help="Slots created here reserve WAL at once (restart_lsn is set).")
+    create_slot_if_missing: bool = option(
+        False, "--create-slot-if-missing", setting="create_slot_if_missing",
+        help="Create the slot (reserving WAL) when the server lacks it.")
+    status_interval: float = option(
+        Settings.status_interval, "--status-interval", "-s", setting="status_interval",
+        show_default=True, pg_receivewal=10,
+        help="Seconds between status packets to the server (0: only when asked).")
+    synchronous: bool = option(
+        False, "--synchronous", setting="synchronous", pg_receivewal=17,
+        help="Flush WAL to disk and report it after every batch received.")
+    no_sync: bool = option(
+        not Settings.sync, "--no-sync", setting="sync", pg_receivewal=18,
+        help="Do not fsync (testing only: a crash can lose or corrupt WAL).")
+    endpos: str | None = option(
+        None, "--endpos", "-E", setting="endpos", example="0/3000000", pg_receivewal=3,
+        help="Exit 0 once WAL up to this LSN is received.")
+    no_loop: bool = option(
+        Settings.no_loop, "--no-loop", "-n", setting="no_loop", pg_receivewal=7,
+        help="Exit 1 on connection loss instead of reconnecting.")
+    wait_for_server: bool = option(
+        Settings.wait_for_server, "--wait-for-server", setting="wait_for_server",
+        help="Keep trying the first connection (with the reconnect backoff) instead of "
+        "exiting 1 as pg_receivewal does; for services.")
+    verbose: int = option(
+        0, "--verbose", "-v", env=False, pg_receivewal=12,
+        help="More log output (debug events).")
+    compress: str = option(
+        "none", "--compress", "-Z", setting="at_rest", show_default=True, example="lz4",
+        pg_receivewal=13,
+        help="Compress segment files at rest: METHOD[:LEVEL] with METHOD gzip (.gz), "
+        "lz4 (.lz4), zstd (.zst) or none; a bare number is a gzip level, as in "
+        "pg_receivewal.")
+    compression: str = option(
+        ",".join(Settings.compression), "--compression", setting="compression",
+        show_default=True, example="lz4",
+        help="pg_streampack algorithms to request, in order of preference, or none.")
+    hot_standby_feedback: bool = option(
+        Settings.hot_standby_feedback, "--hot-standby-feedback/--no-hot-standby-feedback",
+        setting="hot_standby_feedback", show_default=True,
+        help="Send hot standby feedback that holds nothing back (clears a slot's xmin).")
+    receive_timeout: float = option(
+        Settings.receive_timeout, "--receive-timeout", setting="receive_timeout",
+        show_default=True,
+        help="Drop the connection after this many seconds of silence (0: never).")
+    reconnect_delay: float = option(
+        Settings.reconnect_delay, "--reconnect-delay", setting="reconnect_delay",
+        show_default=True,
+        help="First pause before reconnecting; doubles up to --reconnect-delay-max.")
+    reconnect_delay_max: float = option(
+        Settings.reconnect_delay_max, "--reconnect-delay-max", setting="reconnect_delay_max",
+        show_default=True,
+        help="Longest pause between reconnect attempts, in seconds.")
+    metrics_address: str | None = option(
+        Settings.metrics_address, "--metrics-address", setting="metrics_address",
+        example="127.0.0.1:9187",
+        help="Serve Prometheus metrics on HOST:PORT.")
+    log_format: str = option(
+        "auto", "--log-format", choices=("auto", "json", "console"),
+        help="auto: JSON unless stderr is a terminal.")
+    progress: bool = option(
+        Settings.progress, "--progress", setting="progress",
+        help="Keep a progress line on the terminal (also with -v): received LSN, "
+        "server WAL end, MB/s, compression ratio, ETA. Never with JSON logs or off a "
+        "terminal.")
+
+
+@cache
+def declared_options() -> tuple[tuple[Field[object], OptionSpec, type], ...]:
+    """Each option in declaration order: its field, its spec and the type of its value
+    (``Path | None`` gives Path; a bool is a flag, an int a count, a float seconds)."""
+    hints = get_type_hints(StreamOptions)
+    return tuple((f, f.metadata["option"], _value_type(hints[f.name]))
+                 for f in fields(StreamOptions))
+
+
+def _value_type(hint: object) -> type:
+    """The non-None member of an annotation (``str | None`` -> str)."""
+    members = [m for m in getattr(hint, "__args__", (hint,)) if m is not type(None)]
+    assert len(members) == 1, hint
+    assert isinstance(members[0], type), hint
+    return members[0]
+
+
+def takes_value(kind: type) -> bool:
+    """Whether an option of this value type takes an argument (flags and counts do not)."""
+    return kind not in (bool, int)
+
+
+def options_from(values: Mapping[str, object], base: StreamOptions | None = None,
+                 ) -> StreamOptions:
+    """``base`` (the defaults) with the parsed ``values``, each checked against its declared
+    type: the one place where the command line's untyped values become typed."""
+    known = {f.name: kind for f, _, kind in declared_options()}
+    checked: dict[str, Any] = {}  # Any only once each value is checked against its field
+    for name, value in values.items():
+        kind = known.get(name)
+        if kind is None or not (isinstance(value, kind) or value is None):
+            raise TypeError(f"option {name}: {value!r} is not a {kind}")
+        checked[name] = value
+    return replace(base or StreamOptions(), **checked)

@@ -26,7 +26,7 @@ import structlog
 
 from receivewal import __version__
 from receivewal.archive.compression import parse_compress_option
-from receivewal.commands.options import StreamOptions
+from receivewal.commands.options import StreamOptions, declared_options, options_from, takes_value
 from receivewal.commands.stream import build_settings
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
@@ -38,12 +38,17 @@ VERSION_LINE = f"{PROGNAME} (PostgreSQL) {PG_VERSION} (receivewal {__version__} 
 RECONNECT_SLEEP_TIME = 5  # seconds, as pg_receivewal
 INT_MAX = 2**31 - 1
 
-SHORT_OPTIONS = "D:d:E:h:p:U:s:S:nwWvZ:"
-LONG_OPTIONS = [  # in pg_receivewal's order, which glibc follows when it lists possibilities
-    "help", "version", "directory=", "dbname=", "endpos=", "host=", "port=", "username=", "no-loop",
-    "no-password", "password", "status-interval=", "slot=", "verbose", "compress=",
-    "create-slot", "drop-slot", "if-not-exists", "synchronous", "no-sync",
-]
+#: pg_receivewal's options, declared in commands/options.py, in pg_receivewal's long_options[]
+#: order (which glibc follows when it lists possibilities): (spec, field, value type)
+_PG_OPTIONS = sorted(((spec, f.name, kind) for f, spec, kind in declared_options()
+                      if spec.pg_receivewal), key=lambda option: option[0].pg_receivewal)
+SHORT_OPTIONS = "".join(spec.short[1:] + ":" * takes_value(kind)
+                        for spec, _, kind in _PG_OPTIONS if spec.short)
+LONG_OPTIONS = ["help", "version",
+                *(spec.long[2:] + "=" * takes_value(kind) for spec, _, kind in _PG_OPTIONS)]
+_FIELDS = {flag: name for spec, name, _ in _PG_OPTIONS for flag in spec.names}
+_KINDS = {name: kind for _, name, kind in _PG_OPTIONS}
+_SPELLINGS = {name: "/".join(spec.names) for spec, name, _ in _PG_OPTIONS}  # "-s/--status-interval"
 
 HELP = f"""\
 {PROGNAME} receives PostgreSQL streaming write-ahead logs.
@@ -131,40 +136,40 @@ def parse_args(args: list[str]) -> StreamOptions:
     message) for what pg_receivewal's checks refuse, in pg_receivewal's order.
     """
     parsed, rest = getopt.gnu_getopt(args, SHORT_OPTIONS, LONG_OPTIONS)
-    given: dict[str, str] = {}  # option name -> its last value ("" for a flag)
-    verbose, prompting, interval = 0, "", StreamOptions.status_interval
+    values: dict[str, object] = {}  # field -> its value, the last given
+    directory = None  # -D as typed, for the messages
     for flag, value in parsed:
-        name = _LONG_NAMES.get(flag, flag.lstrip("-").replace("-", "_"))
-        if name in ("help", "version"):  # getopt_long knows them; only argv[1] acts on them
+        name = _FIELDS.get(flag)
+        if name is None:  # --help, --version: getopt_long knows them; only argv[1] acts on them
             raise UsageError("")
-        if name == "verbose":
-            verbose += 1
-        elif name in ("no_password", "force_password"):
-            prompting = name  # the last of -w / -W wins
-        elif name == "status_interval":
-            interval = float(parse_int(value, "-s/--status-interval", 0, INT_MAX // 1000))
-        elif name == "endpos":
-            endpos = parse_endpos(value)
-            given[name] = format_lsn(endpos) if endpos else ""  # 0/0: no end position
-        else:
-            given[name] = value
-    opts = StreamOptions(
-        directory=Path(given["directory"]) if "directory" in given else None,
-        dbname=given.get("dbname"), host=given.get("host"), port=given.get("port"),
-        username=given.get("username"), slot=given.get("slot"),
-        no_password=prompting == "no_password",
-        force_password=prompting == "force_password",
-        create_slot="create_slot" in given, drop_slot="drop_slot" in given,
-        if_not_exists="if_not_exists" in given, synchronous="synchronous" in given,
-        no_sync="no_sync" in given, no_loop="no_loop" in given,
-        status_interval=interval, endpos=given.get("endpos") or None, verbose=verbose,
-        compress=given.get("compress", StreamOptions.compress),
+        if name in ("no_password", "force_password"):  # the last of -w / -W wins
+            values.pop("no_password", None)
+            values.pop("force_password", None)
+        if name == "directory":
+            directory = value
+        values[name] = _value(name, value, values.get(name))
+    opts = options_from(values, base=StreamOptions(
         compression=os.environ.get("RECEIVEWAL_COMPRESSION", StreamOptions.compression),
         reconnect_delay=float(RECONNECT_SLEEP_TIME),
         reconnect_delay_max=float(RECONNECT_SLEEP_TIME),
-    )
-    check_args(opts, rest, given.get("directory"))
+    ))
+    check_args(opts, rest, directory)
     return opts
+
+
+def _value(name: str, text: str, previous: object) -> object:
+    """One option's value as its field's type, checked as pg_receivewal checks it."""
+    kind = _KINDS[name]
+    if name == "endpos":
+        endpos = parse_endpos(text)
+        return format_lsn(endpos) if endpos else None  # 0/0: no end position
+    if kind is int:  # -v counts
+        return (previous if isinstance(previous, int) else 0) + 1
+    if kind is bool:
+        return True
+    if kind is float:  # seconds, as option_parse_int() reads them
+        return float(parse_int(text, _SPELLINGS[name], 0, INT_MAX // 1000))
+    return Path(text) if kind is Path else text
 
 
 def check_args(opts: StreamOptions, rest: list[str], directory: str | None) -> None:
@@ -195,12 +200,6 @@ def check_args(opts: StreamOptions, rest: list[str], directory: str | None) -> N
                              f"{exc.strerror}", hint=False) from exc
 
 
-_LONG_NAMES = {
-    "-D": "directory", "-d": "dbname", "-E": "endpos", "-h": "host", "-p": "port",
-    "-U": "username", "-s": "status_interval", "-S": "slot", "-n": "no_loop",
-    "-w": "no_password", "-W": "force_password", "-v": "verbose", "-Z": "compress",
-    "--password": "force_password",
-}
 _C_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]*)[ \t\n\v\f\r]*")
 _HEX = r"[ \t\n\v\f\r]*[+-]?(?:0[xX])?([0-9A-Fa-f]+)"
 _ENDPOS = re.compile(_HEX + "/" + _HEX)

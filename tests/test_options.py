@@ -74,11 +74,9 @@ def spellings(name: str, tmp_path: Path, *, dropin: bool = False) -> list[list[s
     if "/" in spec.long:
         on, off = spec.long.split("/")
         return [[off if default else on]]
-    names = [n for n in spec.names if not (dropin and n == "--" + name.replace("_", "-")
-                                           and spec.long != n)]
     if value is None:
-        return [[n] for n in names]
-    argvs = [[n, value] for n in names]
+        return [[n] for n in spec.names]
+    argvs = [[n, value] for n in spec.names]
     if dropin:
         argvs.append([f"{spec.long}={value}"])
     return argvs

@@ -8,7 +8,7 @@ pg_receivewal's command line. ``stream``'s click options and the drop-in's getop
 built from these fields, and the tests walk them. Adding an option is one field here plus the
 line of ``build_settings`` that turns it into its Settings field.
 
-No click here (the drop-in does without it): the click options are built in ``stream``.
+No click here: ``stream`` builds the click options, the drop-in its getopt tables.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class OptionSpec:
     show_default: bool  # stream's --help shows the default
     choices: tuple[str, ...]  # the only values accepted (a str option)
     example: str  # a text value it accepts, for the tests built from this table
-    goes_with: tuple[str, ...]  # options it is refused without (Settings.validate's rules)
+    goes_with: tuple[str, ...]  # argv words it is refused without, e.g. ("--create-slot",)
     pg_receivewal: int  # its place in pg_receivewal 15's long_options[]; 0: not a pg option
 
     @property
@@ -51,11 +51,12 @@ class OptionSpec:
         return "RECEIVEWAL_" + long.replace("-", "_").upper() if self.env else None
 
 
-def option(default: T, long: str, short: str = "", *, help: str,
-           env: bool = True, setting: str | None = None, show_default: bool = False,
+def option(default: T, long: str, short: str = "", *, help: str, setting: str | None,
+           env: bool = True, show_default: bool = False,
            choices: tuple[str, ...] = (), example: str = "", goes_with: tuple[str, ...] = (),
            pg_receivewal: int = 0) -> T:
-    """A :class:`StreamOptions` field: its default, and its :class:`OptionSpec` as metadata."""
+    """A :class:`StreamOptions` field: its default, and its :class:`OptionSpec` as metadata
+    (``setting`` is always stated: the tests check that the option reaches it)."""
     spec = OptionSpec(long, short, help, env, setting, show_default, choices, example, goes_with,
                       pg_receivewal)
     return field(default=default, metadata={"option": spec})
@@ -86,7 +87,7 @@ class StreamOptions:
         None, "--username", "-U", setting="conninfo", example="probe", pg_receivewal=6,
         help="Connect as this user.")
     no_password: bool = option(
-        False, "--no-password", "-w", pg_receivewal=8,
+        False, "--no-password", "-w", setting=None, pg_receivewal=8,  # the prompt
         help="Never prompt for a password.")
     force_password: bool = option(
         False, "--password", "-W", env=False, setting="conninfo", pg_receivewal=9,
@@ -130,7 +131,7 @@ class StreamOptions:
         help="Keep trying the first connection (with the reconnect backoff) instead of "
         "exiting 1 as pg_receivewal does; for services.")
     verbose: int = option(
-        0, "--verbose", "-v", env=False, pg_receivewal=12,
+        0, "--verbose", "-v", env=False, setting=None, pg_receivewal=12,  # the logging
         help="More log output (debug events).")
     compress: str = option(
         "none", "--compress", "-Z", setting="at_rest", show_default=True, example="lz4",
@@ -163,7 +164,7 @@ class StreamOptions:
         example="127.0.0.1:9187",
         help="Serve Prometheus metrics on HOST:PORT.")
     log_format: str = option(
-        "auto", "--log-format", choices=("auto", "json", "console"),
+        "auto", "--log-format", setting=None, choices=("auto", "json", "console"),
         help="auto: JSON unless stderr is a terminal.")
     progress: bool = option(
         Settings.progress, "--progress", setting="progress",

@@ -73,3 +73,10 @@ class DiskFullError(ArchiveError):
     """The archive's file system ran out of space; retrying once space returns helps."""
 
     retryable = True
+
+
+class DescriptorLimitError(ArchiveError):
+    """The process or the system ran out of file descriptors (EMFILE, ENFILE) while opening
+    an archive file; retryable: descriptors come back as other files and sockets close."""
+
+    retryable = True

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
 from receivewal.archive.layout import contiguous_end, resume_order
-from receivewal.errors import ArchiveError, DiskFullError, ReceivewalError
+from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.names import SegmentFile, parse_segment_file_name, wal_file_name
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
@@ -34,14 +34,18 @@ IDENTITY_FILE = ".receivewal-archive.json"
 LOCK_FILE = ".receivewal.lock"
 TEMP_SUFFIX = ".receivewal-tmp"
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 _MAX_TIMELINE = 0xFFFFFFFF
 _MAX_SYSTEM_IDENTIFIER = 0xFFFFFFFFFFFFFFFF
 
 
 def os_error(exc: OSError, what: str) -> ArchiveError:
-    """Turn an OSError into the project's error, marking a full disk as retryable."""
+    """Turn an OSError into the project's error, marking a full disk and a lack of file
+    descriptors as retryable."""
     if exc.errno in _DISK_FULL:
         return DiskFullError(f"{what}: no space left on device ({exc.strerror})")
+    if exc.errno in OUT_OF_DESCRIPTORS:
+        return DescriptorLimitError(f"{what}: out of file descriptors ({exc.strerror})")
     if exc.errno == errno.ELOOP:
         return ArchiveError(f"{what}: it is a symbolic link, which receivewal never follows "
                             "when writing")
@@ -160,9 +164,12 @@ class Archive:
             ) from exc
 
     def fsync_directory(self) -> None:
-        """Make renames and new entries in the directory durable."""
+        """Make renames and new entries in the directory durable (raises ArchiveError)."""
         if self.sync:
-            fsync_path(self.directory)
+            try:
+                fsync_path(self.directory)
+            except OSError as exc:
+                raise os_error(exc, f'could not fsync directory "{self.directory}"') from exc
 
     # -- the one-writer lock ------------------------------------------------------------------
     def lock(self) -> list[str]:

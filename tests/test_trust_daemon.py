@@ -1,0 +1,136 @@
+"""The daemon under hostile conditions: a flood of idle metrics connections, a file descriptor
+limit reached in the middle of the stream. It stays up and the archive keeps every WAL byte."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.servers import PgServer, free_port
+from support.streams import (
+    assert_identical_to_server,
+    lsn_to_int,
+    start_receivewal,
+    stop,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.server]
+
+FD_LIMIT = 64
+IDLE_CONNECTIONS = 3 * FD_LIMIT
+
+
+def open_descriptors(pid: int) -> int:
+    """How many file descriptors the process has open now."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def flushed(pg: PgServer) -> int:
+    """The flush position the daemon reported to the server through its slot (0 before it
+    reported any; without a slot the daemon reports none, as pg_receivewal)."""
+    text = pg.sql("SELECT flush_lsn FROM pg_stat_replication")
+    return lsn_to_int(text) if text else 0
+
+
+def scrape_ok(port: int) -> bool:
+    """True when GET /metrics answers 200 with the daemon's metrics."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            return response.status == 200 and b"receivewal_flushed_lsn" in response.read()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def idle_connections(port: int, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` connection attempts to the port (those the kernel completes are held) that
+    never send a byte; closed on exit."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.settimeout(1)
+            try:
+                sock.connect(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            held.append(sock)
+        yield held
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_idle_metrics_connections_beyond_the_fd_limit_leave_the_daemon_streaming(
+        pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
+    """With RLIMIT_NOFILE at 64, three times as many idle connections to the metrics port
+    while WAL flows: the daemon keeps streaming (the metrics server caps its connections and
+    drops idle ones), /metrics answers again, and the archive equals the server's pg_wal."""
+    port = free_port()
+    log = tmp_path / "stream.log"
+    pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
+    proc = start_receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
+                            "-s", "0.2",
+                            "--metrics-address", f"127.0.0.1:{port}", "--log-format", "json",
+                            "--reconnect-delay", "0.2", "--reconnect-delay-max", "1",
+                            stderr_path=log)
+    try:
+        wait_for(lambda: scrape_ok(port), what="the metrics endpoint")
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+        with idle_connections(port, IDLE_CONNECTIONS):
+            pg.generate_wal(segments=3)
+            end = lsn_to_int(pg.switch_wal())
+            wait_for(lambda: proc.poll() is not None or flushed(pg) >= end, timeout=120,
+                     what="the daemon to flush the WAL written meanwhile")
+            assert proc.poll() is None, log.read_text()[-2000:]
+            wait_for(lambda: scrape_ok(port), what="/metrics to answer despite the idle ones")
+        assert proc.poll() is None, log.read_text()[-2000:]
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-2000:]
+    assert len(assert_identical_to_server(archive_dir, pg)) >= 3
+
+
+def test_running_out_of_descriptors_mid_stream_is_retried_not_fatal(
+        pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
+    """The daemon's descriptor limit is cut to what it holds, so opening the next segment
+    fails with EMFILE: the daemon logs it, stays up, retries, and once the limit is raised
+    again archives every segment byte for byte."""
+    log = tmp_path / "stream.log"
+    pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
+    proc = start_receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
+                            "-s", "0.2", "--log-format", "json", "--reconnect-delay", "0.2",
+                            "--reconnect-delay-max", "1", stderr_path=log)
+    try:
+        wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_replication WHERE state = "
+                                "'streaming'") == "1", what="streaming to start")
+        soft, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
+        held = open_descriptors(proc.pid)
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (held, hard))
+        pg.generate_wal(segments=2)
+
+        def emfile_logged() -> bool:
+            return proc.poll() is not None or "Too many open files" in log.read_text()
+        wait_for(emfile_logged, what="the daemon to run out of descriptors")
+        events = [json.loads(line) for line in log.read_text().splitlines()
+                  if line.startswith("{")]
+        assert proc.poll() is None, log.read_text()[-2000:]
+        assert not any(e["event"] == "failed" for e in events), log.read_text()[-2000:]
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        end = lsn_to_int(pg.switch_wal())
+        wait_for(lambda: proc.poll() is not None or flushed(pg) >= end, timeout=120,
+                 what="the daemon to catch up once descriptors are back")
+        assert proc.poll() is None, log.read_text()[-2000:]
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-2000:]
+    assert len(assert_identical_to_server(archive_dir, pg)) >= 2

@@ -7,14 +7,18 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import socket
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.dropin import install_dropin
 from support.servers import PgServer, free_port
 from support.streams import (
+    RECEIVEWAL,
     assert_identical_to_server,
     lsn_to_int,
     start_receivewal,
@@ -134,3 +138,56 @@ def test_running_out_of_descriptors_mid_stream_is_retried_not_fatal(
         code = stop(proc)
     assert code == 0, log.read_text()[-2000:]
     assert len(assert_identical_to_server(archive_dir, pg)) >= 2
+
+
+# -- a password given on the command line ------------------------------------------------------
+
+PASSWORD = "argv-secret-5521"  # noqa: S105 - the test role's password
+
+
+@pytest.fixture
+def password_server(pg: PgServer) -> PgServer:
+    """``pg`` with a role ``rep`` that must log in for replication with a scram-sha-256
+    password (the tests' own psql, as postgres, still gets in by trust)."""
+    pg.sql(f"CREATE ROLE rep LOGIN REPLICATION PASSWORD '{PASSWORD}'")
+    hba = pg.datadir / "pg_hba.conf"
+    hba.write_text("host replication rep 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+    pg.sql("SELECT pg_reload_conf()")
+    return pg
+
+
+def command_line(pid: int) -> str:
+    """What ``ps`` shows as the process's arguments: /proc/PID/cmdline, NULs as spaces."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+@pytest.mark.parametrize("program", ["receivewal stream", "pg_receivewal drop-in"])
+def test_a_password_on_the_command_line_is_scrubbed_from_argv(
+        program: str, password_server: PgServer, archive_dir: Path, tmp_path: Path) -> None:
+    """-d "... password=..." logs in (the server asks rep for a scram password), and while
+    the daemon streams its command line, as ps and /proc/PID/cmdline show it to every user,
+    no longer holds the password: it reads password=****."""
+    pg = password_server
+    dsn = f"host=127.0.0.1 port={pg.port} user=rep password={PASSWORD} dbname=postgres"
+    argv = [*RECEIVEWAL, "stream"] if program == "receivewal stream" \
+        else [str(install_dropin(tmp_path / "bin"))]
+    log = tmp_path / "stream.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen([*argv, "-D", str(archive_dir), "-d", dsn],
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_for(lambda: proc.poll() is not None or pg.sql(
+            "SELECT count(*) FROM pg_stat_replication WHERE usename = 'rep' "
+            "AND state = 'streaming'") == "1", what="streaming as rep")
+        assert proc.poll() is None, log.read_text()
+        shown = command_line(proc.pid)
+        ps = subprocess.run(["ps", "-o", "args=", "-p", str(proc.pid)], capture_output=True,
+                            text=True, check=True).stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0, log.read_text()
+    assert PASSWORD not in shown
+    assert PASSWORD not in ps
+    assert "password=****" in shown
+    assert f"host=127.0.0.1 port={pg.port} user=rep" in shown

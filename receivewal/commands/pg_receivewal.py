@@ -27,6 +27,7 @@ import structlog
 from receivewal import __version__
 from receivewal.archive.compression import parse_compress_option
 from receivewal.commands.stream import StreamOptions, build_settings
+from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import format_lsn
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReceivewalError as exc:
         _error(str(exc).removeprefix("invalid connection string: "))  # libpq's words only
         return 1
+    scrub_passwords()  # parsed: ps need not show a password for the daemon's whole life
     prompt = None if opts.no_password else prompt_password
     return Supervisor(settings, prompt=prompt).run()
 

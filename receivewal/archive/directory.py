@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -162,6 +163,18 @@ class Archive:
             raise ArchiveError(
                 f'directory "{self.directory}" is not writable: {exc.strerror or exc}'
             ) from exc
+
+    def file_mode_for(self, server_mode: int) -> int:
+        """The mode of the files written here: the server's (0640 when its data directory is
+        group-readable, as pg_receivewal does), and group-readable too when the archive
+        directory lets its group in (g+rx): the directory's mode decides, as a data directory's
+        does for PostgreSQL, so that members of its group (the postgres user, in the
+        package's ``receivewal`` group) can restore from it."""
+        try:
+            group_in = stat.S_IMODE(os.stat(self.directory).st_mode) & 0o050 == 0o050
+        except OSError:
+            group_in = False
+        return server_mode | (0o040 if group_in else 0)
 
     def fsync_directory(self) -> None:
         """Make renames and new entries in the directory durable (raises ArchiveError)."""

@@ -4,6 +4,7 @@ limit reached in the middle of the stream. It stays up and the archive keeps eve
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import resource
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.archives import proven_segment
 from support.dropin import install_dropin
 from support.servers import PgServer, free_port
 from support.streams import (
@@ -26,8 +28,10 @@ from support.streams import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.server]
+from receivewal.archive.directory import Archive
+from receivewal.errors import DescriptorLimitError
 
+SEGMENT = 16 * 1024 * 1024
 FD_LIMIT = 64
 IDLE_CONNECTIONS = 3 * FD_LIMIT
 
@@ -74,6 +78,7 @@ def idle_connections(port: int, count: int) -> Iterator[list[socket.socket]]:
             sock.close()
 
 
+@pytest.mark.server
 def test_idle_metrics_connections_beyond_the_fd_limit_leave_the_daemon_streaming(
         pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
     """With RLIMIT_NOFILE at 64, three times as many idle connections to the metrics port
@@ -104,6 +109,7 @@ def test_idle_metrics_connections_beyond_the_fd_limit_leave_the_daemon_streaming
     assert len(assert_identical_to_server(archive_dir, pg)) >= 3
 
 
+@pytest.mark.server
 def test_running_out_of_descriptors_mid_stream_is_retried_not_fatal(
         pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
     """The daemon's descriptor limit is cut to what it holds, so opening the next segment
@@ -140,6 +146,23 @@ def test_running_out_of_descriptors_mid_stream_is_retried_not_fatal(
     assert len(assert_identical_to_server(archive_dir, pg)) >= 2
 
 
+def test_a_segment_that_cannot_be_opened_for_lack_of_descriptors_is_no_resume_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resume scan never passes over a good segment because opening it failed with EMFILE
+    (it would then restart from an older point, or from the server's, leaving a hole): the
+    scan raises the retryable DescriptorLimitError instead (injected: the scan's own
+    directory read needs a descriptor too, so a real limit fails that first)."""
+    (tmp_path / "000000010000000000000005").write_bytes(proven_segment(5))
+    archive = Archive(tmp_path)
+    assert archive.resume_point(SEGMENT, 7)[0] is not None
+
+    def no_descriptor(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+    monkeypatch.setattr(os, "open", no_descriptor)
+    with pytest.raises(DescriptorLimitError, match="000000010000000000000005"):
+        archive.resume_point(SEGMENT, 7)
+
+
 # -- a password given on the command line ------------------------------------------------------
 
 PASSWORD = "argv-secret-5521"  # noqa: S105 - the test role's password
@@ -161,6 +184,7 @@ def command_line(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("program", ["receivewal stream", "pg_receivewal drop-in"])
 def test_a_password_on_the_command_line_is_scrubbed_from_argv(
         program: str, password_server: PgServer, archive_dir: Path, tmp_path: Path) -> None:

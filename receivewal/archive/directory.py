@@ -277,6 +277,8 @@ class Archive:
                 return problem
             first = _first_bytes(path, parsed, SIZE_OF_LONG_PHD)
         except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:  # says nothing about the file: retry later
+                raise os_error(exc, f'could not open "{path}"') from exc
             return f"cannot be read: {exc.strerror or exc}"
         except CorruptFile as exc:
             return str(exc)

@@ -287,14 +287,14 @@ class Bucket:
         """Make sure the prefix holds this cluster's WAL: write the identity object on first
         use (create-only), refuse another system identifier or segment size (ArchiveError
         naming both), and return the identity recorded there."""
-        recorded = self.read_identity()
-        if recorded is None:
-            try:
-                self.put_new(IDENTITY_FILE, identity_body(identity))
-            except ObjectConflict:  # another daemon claimed it since we looked
-                recorded = self.read_identity()
-            else:
-                return identity
+        # create-only first, read only when something is there: without s3:ListBucket, AWS
+        # answers a GET of a missing key with 403, which would read as access denied
+        try:
+            self.put_new(IDENTITY_FILE, identity_body(identity))
+        except ObjectConflict:  # an identity is there already, and not byte-identical
+            recorded = self.read_identity()
+        else:
+            return identity
         if recorded is None:
             raise ArchiveError(f"{self.url.url(IDENTITY_FILE)}: the identity object vanished "
                                "while it was claimed")

@@ -188,3 +188,16 @@ def test_a_missing_bucket_is_refused_not_a_missing_key(seaweed: SeaweedS3,
     with pytest.raises(StoreRefused, match="no such bucket") as info:
         nowhere.get_bytes("000000010000000000000001", max_size=100)
     assert not info.value.retryable
+
+
+def test_the_same_client_carries_on_after_the_store_is_killed_and_restarted(
+        bucket: Bucket, seaweed: SeaweedS3) -> None:
+    """A store killed (SIGKILL) and restarted on the same directory and ports keeps every
+    object, and a Bucket connected before goes on using it without reconnecting."""
+    bucket.put_new("000000010000000000000001", b"first")
+    endpoint = seaweed.endpoint
+    seaweed.restart()
+    assert seaweed.endpoint == endpoint
+    assert bucket.get_bytes("000000010000000000000001", max_size=100) == b"first"
+    bucket.put_new("000000010000000000000002", b"second")
+    assert bucket.list_names() == ["000000010000000000000001", "000000010000000000000002"]

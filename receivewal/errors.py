@@ -73,3 +73,43 @@ class DiskFullError(ArchiveError):
     """The archive's file system ran out of space; retrying once space returns helps."""
 
     retryable = True
+
+
+class DescriptorLimitError(ArchiveError):
+    """The process or the system ran out of file descriptors (EMFILE, ENFILE) while opening
+    an archive file; retryable: descriptors come back as other files and sockets close."""
+
+    retryable = True
+
+
+class StoreError(ReceivewalError):
+    """The object store could not be reached or failed a request (connection refused, timeout,
+    a 5xx, throttling, an upload damaged in transit); a later attempt may succeed."""
+
+    retryable = True
+
+
+class StoreAccessDenied(StoreError):  # noqa: N818 - the store's answer, as S3 names it
+    """The object store rejected the credentials or the permissions (403, no credentials).
+
+    Retryable: credentials are rotated, roles refreshed and bucket policies fixed while the
+    daemon keeps WAL on local disk. Never a "no such key": restore exits 126 after its retries.
+    """
+
+
+class StoreRefused(StoreError):  # noqa: N818 - the store's answer
+    """The object store refused a request that cannot succeed as it stands (no such bucket, an
+    invalid request): retrying the same request cannot help."""
+
+    retryable = False
+
+
+class ObjectNotFound(StoreError):  # noqa: N818 - a definite answer, as S3 names it
+    """The store said definitely that the key does not exist (restore exits 1 only for this)."""
+
+    retryable = False
+
+
+class ObjectConflict(ArchiveError):  # noqa: N818 - a state, as the store reports it
+    """A create-only upload found a different object at its key: the object stays as it was,
+    and nothing is overwritten, ever."""

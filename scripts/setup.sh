@@ -1,7 +1,7 @@
 # Sourced by scripts/demo and scripts/test: makes sure this machine can run receivewal.
 # - PostgreSQL server binaries (apt-get install when missing and we are root)
 # - Java for the Spark pipeline's tests (apt-get install when missing and we are root)
-# - a virtual environment in .venv with receivewal and its test and spark extras
+# - a virtual environment in .venv with receivewal and its test, s3 and spark extras
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

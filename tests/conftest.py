@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import PG_BIN, PgServer, make_shared_dir
 
 DATA = Path(__file__).parent / "data"
@@ -51,3 +53,14 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if collection_path.name in SPARK_MODULES and "not spark" in (config.option.markexpr or ""):
         return True
     return None
+
+
+@pytest.fixture(scope="module")
+def seaweed() -> Iterator[SeaweedS3]:
+    """A real S3 server (SeaweedFS ``weed mini``) for one test module, stopped afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="receivewal-s3-"))
+    try:
+        with running_seaweed(base) as server:
+            yield server
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -6,18 +6,22 @@ dpkg and apt-get exist; it refuses to run over a receivewal package that is alre
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.package import built_deb
-from support.servers import IS_ROOT, PgServer
+from support.servers import IS_ROOT, PgServer, make_shared_dir
 from support.streams import lsn_to_int, wait_for
+from support.systemd import parse_unit
 
 ROOT = Path(__file__).parent.parent
 INSTALLED = ["/opt/receivewal", "/usr/bin/receivewal", "/usr/bin/pg_receivewal-streampack",
@@ -104,20 +108,16 @@ def test_package_installs_the_commands_unit_and_user(installed: Path) -> None:
     assert unit == (ROOT / "systemd" / "receivewal@.service").read_text()
 
 
-def test_recovery_through_the_installed_restore_command(
-        installed: Path, pg: PgServer, archive_dir: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """An archive written by the installed `receivewal stream` (run as postgres) serves a real
-    archive recovery with restore_command = 'receivewal restore %f %p' run by the server as the
-    postgres user: the restored base backup has exactly the primary's rows."""
-    shutil.chown(archive_dir, "postgres", "postgres")
+def stream_while_writing(pg: PgServer, archive: Path, log: Path, **as_user: Any,
+                         ) -> tuple[PgServer, str]:
+    """Run the installed `receivewal stream` into ``archive`` (Popen's user/group/umask
+    arguments in ``as_user``) while the primary is backed up and then writes rows; stop it
+    once it flushed them. Return the base backup and the primary's (count, sum) of the rows."""
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
-    log = tmp_path / "stream.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            ["/usr/bin/receivewal", "stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
-             "-s", "0.2"], stdout=subprocess.DEVNULL, stderr=err, cwd="/",
-            user="postgres", group="postgres", extra_groups=[])
+            ["/usr/bin/receivewal", "stream", "-D", str(archive), "-d", pg.dsn, "-S", "arch",
+             "-s", "0.2"], stdout=subprocess.DEVNULL, stderr=err, cwd="/", **as_user)
     try:
         wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_replication WHERE state = "
                                 "'streaming'") == "1", what="streaming to start")
@@ -134,15 +134,64 @@ def test_recovery_through_the_installed_restore_command(
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     assert code == 0, log.read_text()
-    expected = pg.sql("SELECT count(*), sum(balance) FROM accounts")
-    pg.stop("immediate")
+    return backup, pg.sql("SELECT count(*), sum(balance) FROM accounts")
 
-    # restore_command as the issue writes it: the directory comes from the environment the
-    # server was started with.
-    monkeypatch.setenv("RECEIVEWAL_DIRECTORY", str(archive_dir))
+
+def recover_through_restore(backup: PgServer, archive: Path, expected: str,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Archive recovery of ``backup`` with restore_command = 'receivewal restore %f %p' (run
+    by the server as the postgres user, the directory from its environment, as the README
+    writes it); the recovered server has exactly the primary's rows."""
+    monkeypatch.setenv("RECEIVEWAL_DIRECTORY", str(archive))
     try:
         backup.recover_from_archive("receivewal restore %f %p")
         assert backup.sql("SELECT count(*), sum(balance) FROM accounts") == expected
         assert "restored log file" in backup.logfile.read_text()
     finally:
         backup.stop("immediate")
+
+
+def test_recovery_through_the_installed_restore_command(
+        installed: Path, pg: PgServer, archive_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An archive written by the installed `receivewal stream` (run as postgres) serves a real
+    archive recovery with restore_command = 'receivewal restore %f %p' run by the server as the
+    postgres user: the restored base backup has exactly the primary's rows."""
+    shutil.chown(archive_dir, "postgres", "postgres")
+    backup, expected = stream_while_writing(pg, archive_dir, tmp_path / "stream.log",
+                                            user="postgres", group="postgres", extra_groups=[])
+    pg.stop("immediate")
+    recover_through_restore(backup, archive_dir, expected, monkeypatch)
+
+
+def test_postgres_in_the_receivewal_group_restores_what_the_service_wrote(
+        installed: Path, pg: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed `receivewal stream` runs as the unit runs it (user and group receivewal,
+    the unit's UMask) into a directory made as its StateDirectory= makes it (owned by
+    receivewal, the unit's StateDirectoryMode). Its files are readable by the package's
+    receivewal group and nobody else; once a DBA adds postgres to that group (usermod -aG),
+    a real archive recovery through 'receivewal restore %f %p', run by the server as
+    postgres, restores exactly the primary's rows."""
+    service = parse_unit(Path("/lib/systemd/system/receivewal@.service").read_text())["Service"]
+    base = make_shared_dir("receivewal-state-")
+    archive = base / "db1"
+    archive.mkdir(mode=int(service["StateDirectoryMode"][-1], 8))
+    shutil.chown(archive, "receivewal", "receivewal")
+    try:
+        backup, expected = stream_while_writing(
+            pg, archive, tmp_path / "stream.log", user="receivewal", group="receivewal",
+            extra_groups=[], umask=int(service["UMask"][-1], 8))
+        pg.stop("immediate")
+        segments = [p for p in archive.iterdir() if not p.name.startswith(".")]
+        assert segments
+        for path in [*segments, archive / ".receivewal-archive.json"]:
+            info = path.stat()
+            assert (grp.getgrgid(info.st_gid).gr_name, stat.S_IMODE(info.st_mode)) == \
+                ("receivewal", 0o640), path
+        run("usermod", "-aG", "receivewal", "postgres")
+        try:
+            recover_through_restore(backup, archive, expected, monkeypatch)
+        finally:
+            run("gpasswd", "-d", "postgres", "receivewal")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -6,7 +6,7 @@ watchdog and restart checks take seconds instead of minutes; everything else is 
 PostgreSQL runs inside too (a transient unit on the namespace's own loopback).
 
 The tests share one booted system and run in order: start (server down first), streaming,
-stop, kill -9, watchdog.
+restore as postgres, stop, kill -9, watchdog.
 """
 
 from __future__ import annotations
@@ -142,6 +142,26 @@ def test_streams_under_the_hardening_and_logs_json(rig: Rig) -> None:
     rating = rig.system.run("systemd-analyze", "security", "--no-pager", UNIT).stdout
     exposure = rating.rsplit("Overall exposure level for ", 1)[1].split(": ", 1)[1].split()[0]
     assert float(exposure) <= 1.2, rating[-300:]  # as docs/operations.md says
+
+
+def test_postgres_restores_from_the_service_archive_once_in_its_group(rig: Rig) -> None:
+    """The service's archive is open to the package's receivewal group and nobody else:
+    `receivewal restore` run as postgres fails until a DBA adds postgres to that group
+    (usermod -aG receivewal postgres); then it gives the server's segment byte for byte."""
+    name = rig.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+    rig.sql("INSERT INTO t SELECT g, 'switch' FROM generate_series(1, 100) g")
+    rig.sql("SELECT pg_switch_wal()")
+    wait_for(lambda: rig.inside(f"{ARCHIVE}/{name}").exists(), what=f"{name} to be complete")
+    target = f"/tmp/restored-{name}"
+    restore = ["runuser", "-u", "postgres", "--", "/usr/bin/receivewal", "restore", "-D",
+               ARCHIVE, name, target]
+    refused = rig.system.run(*restore, check=False)
+    assert refused.returncode != 0, refused.stdout
+    assert not rig.inside(target).exists()
+    rig.system.run("usermod", "-aG", "receivewal", "postgres")
+    rig.system.run(*restore)
+    assert rig.inside(target).read_bytes() == \
+        rig.inside(f"{rig.server.datadir}/pg_wal/{name}").read_bytes()
 
 
 def test_stop_fsyncs_the_partial_and_exits_0(rig: Rig) -> None:

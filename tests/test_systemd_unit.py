@@ -8,26 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.systemd import parse_unit
 
 SYSTEMD = Path(__file__).parent.parent / "systemd"
 UNIT = SYSTEMD / "receivewal@.service"
 ENV_EXAMPLE = SYSTEMD / "receivewal.env.example"
-
-
-def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
-    """Sections of a unit file; a key may repeat, so each maps to the list of its values."""
-    sections: dict[str, dict[str, list[str]]] = {}
-    current: dict[str, list[str]] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            current = sections.setdefault(line.strip("[]"), {})
-            continue
-        key, _, value = line.partition("=")
-        current.setdefault(key.strip(), []).append(value.strip())
-    return sections
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +68,8 @@ def test_unit_is_hardened(unit: dict[str, dict[str, list[str]]]) -> None:
     expected = {
         "User": "receivewal",
         "Group": "receivewal",
-        "UMask": "0077",
+        "UMask": "0027",  # group-readable, for restore_command as a member of the group
+        "StateDirectoryMode": "0750",
         "NoNewPrivileges": "yes",
         "ProtectSystem": "strict",
         "ProtectHome": "yes",

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from receivewal.archive.layout import check_continuity, choose_start, plan_writes, resume_order
 from receivewal.commands.pg_receivewal import UsageError
+from receivewal.daemon.proctitle import argument_area, scrubbed_area
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.supervisor import backoff_delay
 from receivewal.errors import (
@@ -276,3 +277,24 @@ def test_loggers_made_at_import_follow_later_configuration(
     lines = err.splitlines()
     assert len(lines) == 1
     assert json.loads(lines[0])["answer"] == 42
+
+
+def test_scrubbed_argument_area_keeps_its_length_and_drops_every_password() -> None:
+    """The argument strings as the kernel keeps them: passwords of every form redacted, the
+    area the same size (zero-filled), even when "****" is longer than the password."""
+    area = (b"python3\0-m\0receivewal\0stream\0-d\0host=db password='a b' user=x\0"
+            b"--dbname=postgresql://rep:s3cret@db1/x\0-D\0/arch\0")
+    clean = scrubbed_area(area)
+    assert len(clean) == len(area)
+    assert clean.rstrip(b"\0").split(b"\0") == [
+        b"python3", b"-m", b"receivewal", b"stream", b"-d", b"host=db password=**** user=x",
+        b"--dbname=postgresql://rep:****@db1/x", b"-D", b"/arch"]
+    short = b"x\0password=p\0"
+    assert scrubbed_area(short) == b"x\0password=*\0"
+    assert scrubbed_area(b"stream\0-D\0/arch\0") == b"stream\0-D\0/arch\0"
+
+
+def test_argument_area_is_read_from_proc_stat_fields_48_and_49() -> None:
+    fields = [str(n) for n in range(3, 53)]  # field n holds n; the name has spaces and parens
+    assert argument_area("7 (a (b) c) " + " ".join(fields)) == (48, 49)
+    assert argument_area("7 (x) " + " ".join("0" for _ in fields)) is None

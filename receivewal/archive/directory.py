@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
 from receivewal.archive.layout import contiguous_end, resume_order
-from receivewal.errors import ArchiveError, DiskFullError, ReceivewalError
+from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.names import SegmentFile, parse_segment_file_name, wal_file_name
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
@@ -34,14 +35,18 @@ IDENTITY_FILE = ".receivewal-archive.json"
 LOCK_FILE = ".receivewal.lock"
 TEMP_SUFFIX = ".receivewal-tmp"
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 _MAX_TIMELINE = 0xFFFFFFFF
 _MAX_SYSTEM_IDENTIFIER = 0xFFFFFFFFFFFFFFFF
 
 
 def os_error(exc: OSError, what: str) -> ArchiveError:
-    """Turn an OSError into the project's error, marking a full disk as retryable."""
+    """Turn an OSError into the project's error, marking a full disk and a lack of file
+    descriptors as retryable."""
     if exc.errno in _DISK_FULL:
         return DiskFullError(f"{what}: no space left on device ({exc.strerror})")
+    if exc.errno in OUT_OF_DESCRIPTORS:
+        return DescriptorLimitError(f"{what}: out of file descriptors ({exc.strerror})")
     if exc.errno == errno.ELOOP:
         return ArchiveError(f"{what}: it is a symbolic link, which receivewal never follows "
                             "when writing")
@@ -159,10 +164,25 @@ class Archive:
                 f'directory "{self.directory}" is not writable: {exc.strerror or exc}'
             ) from exc
 
+    def file_mode_for(self, server_mode: int) -> int:
+        """The mode of the files written here: the server's (0640 when its data directory is
+        group-readable, as pg_receivewal does), and group-readable too when the archive
+        directory lets its group in (g+rx): the directory's mode decides, as a data directory's
+        does for PostgreSQL, so that members of its group (the postgres user, in the
+        package's ``receivewal`` group) can restore from it."""
+        try:
+            group_in = stat.S_IMODE(os.stat(self.directory).st_mode) & 0o050 == 0o050
+        except OSError:
+            group_in = False
+        return server_mode | (0o040 if group_in else 0)
+
     def fsync_directory(self) -> None:
-        """Make renames and new entries in the directory durable."""
+        """Make renames and new entries in the directory durable (raises ArchiveError)."""
         if self.sync:
-            fsync_path(self.directory)
+            try:
+                fsync_path(self.directory)
+            except OSError as exc:
+                raise os_error(exc, f'could not fsync directory "{self.directory}"') from exc
 
     # -- the one-writer lock ------------------------------------------------------------------
     def lock(self) -> list[str]:
@@ -257,6 +277,8 @@ class Archive:
                 return problem
             first = _first_bytes(path, parsed, SIZE_OF_LONG_PHD)
         except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:  # says nothing about the file: retry later
+                raise os_error(exc, f'could not open "{path}"') from exc
             return f"cannot be read: {exc.strerror or exc}"
         except CorruptFile as exc:
             return str(exc)

@@ -28,6 +28,7 @@ from receivewal import __version__
 from receivewal.archive.compression import parse_compress_option
 from receivewal.commands.options import StreamOptions, declared_options, options_from, takes_value
 from receivewal.commands.stream import build_settings
+from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import format_lsn
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReceivewalError as exc:
         _error(str(exc).removeprefix("invalid connection string: "))  # libpq's words only
         return 1
+    scrub_passwords()  # parsed: ps need not show a password for the daemon's whole life
     prompt = None if opts.no_password else prompt_password
     return Supervisor(settings, prompt=prompt).run()
 

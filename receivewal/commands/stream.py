@@ -19,6 +19,7 @@ import click
 from receivewal.addresses import parse_address
 from receivewal.archive.compression import parse_compress_option
 from receivewal.commands.options import StreamOptions, declared_options, options_from
+from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ReceivewalError
@@ -60,6 +61,7 @@ def stream_command(**opts: Any) -> int:
         settings = build_settings(options)
     except ReceivewalError as exc:
         raise click.UsageError(str(exc)) from exc
+    scrub_passwords()  # parsed: ps need not show a password for the daemon's whole life
     prompt = None if options.no_password else prompt_password
     return Supervisor(settings, prompt=prompt).run()
 

@@ -3,9 +3,10 @@
 :class:`Metrics` keeps every value as a plain number, updated by the monitor; :meth:`Metrics.serve`
 imports prometheus-client, registers a collector that reads those numbers at scrape time in a
 registry of its own (never the global one, so tests and several instances in one process do not
-collide) and starts the HTTP endpoint. Without an address, prometheus-client (and the HTTP
-server modules it pulls in) is never imported: the daemon starts sooner. :func:`parse_address`
-is pure.
+collide) and starts the HTTP endpoint (:mod:`receivewal.daemon.endpoint`, bounded in connections
+and time, so that no client can take the daemon's file descriptors). Without an address,
+prometheus-client (and the HTTP server modules it pulls in) is never imported: the daemon starts
+sooner. :func:`parse_address` is pure.
 """
 
 from __future__ import annotations
@@ -205,13 +206,15 @@ class Metrics:
         """
         from prometheus_client import (  # noqa: PLC0415 - imported only when serving
             CollectorRegistry,
-            start_http_server,
+            make_wsgi_app,
         )
+
+        from receivewal.daemon.endpoint import serve_wsgi  # noqa: PLC0415 - as above
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
         try:
-            server, _thread = start_http_server(address.port, address.host, registry)
+            server = serve_wsgi(address, make_wsgi_app(registry))
         except OSError as exc:
             raise ConfigurationError(
                 f"cannot serve metrics on {format_address(address)}: {exc.strerror or exc}"

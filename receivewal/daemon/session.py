@@ -93,7 +93,8 @@ class Session:
     def prepare(self) -> StartPoint:
         """Identify the server, check the archive is this server's, and choose the start."""
         info = self.info = identify_server(self.conn)
-        self.archive.file_mode = self.monitor.file_mode = info.file_mode
+        self.archive.file_mode = self.monitor.file_mode = \
+            self.archive.file_mode_for(info.file_mode)
         self._check_identity(info)
         newest, rejected = self.archive.resume_point(info.segment_size,
                                                      int(info.system_identifier))

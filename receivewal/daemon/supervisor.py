@@ -8,6 +8,7 @@ cannot fix, on any error with ``--no-loop``, and when the first connection fails
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import random
 import selectors
@@ -15,16 +16,17 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from receivewal.archive.directory import Archive
+from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
     ConnectionLost,
+    DescriptorLimitError,
     DiskFullError,
     ReceivewalError,
     WalRemovedError,
@@ -32,6 +34,7 @@ from receivewal.errors import (
 from receivewal.logs import get_logger
 from receivewal.replication.commands import create_slot, drop_slot
 from receivewal.replication.connection import ReplicationConnection, redacted
+from receivewal.replication.waiting import Selector
 
 
 class StopSignal:
@@ -81,7 +84,7 @@ class StopSignal:
     def sleep(self, seconds: float, on_tick: Callable[[], None] | None = None) -> None:
         """Sleep, waking early when a stop signal arrives; call ``on_tick`` 4 times a second."""
         deadline = time.monotonic() + seconds
-        with selectors.DefaultSelector() as sel:
+        with Selector() as sel:
             sel.register(self._reader, selectors.EVENT_READ)
             while not self.requested and (left := deadline - time.monotonic()) > 0:
                 sel.select(min(left, TICK_SECONDS))
@@ -195,9 +198,10 @@ class Supervisor:
                 session = Session(conn, settings=self.settings, archive=archive,
                                   monitor=monitor, stop=self.stop, log=self.log)
                 try:
-                    start = session.prepare()
-                    streamed = True
-                    outcome = session.run(start)
+                    with descriptors_retryable():
+                        start = session.prepare()
+                        streamed = True
+                        outcome = session.run(start)
                 except ReceivewalError as exc:
                     error = exc
                 else:
@@ -256,6 +260,20 @@ class Supervisor:
                 self.stop.sleep(delay, on_tick=lambda: monitor.tick(time.time()))
                 if self.stop.requested:
                     raise
+
+
+@contextlib.contextmanager
+def descriptors_retryable() -> Iterator[None]:
+    """EMFILE/ENFILE from anywhere in a session raise the retryable DescriptorLimitError (the
+    archive's writes already do; this covers its reads and scans). Other errors pass as they
+    are."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in OUT_OF_DESCRIPTORS:
+            raise
+        where = f' "{exc.filename}"' if exc.filename else ""
+        raise DescriptorLimitError(f"out of file descriptors{where}: {exc.strerror}") from exc
 
 
 def error_kind(error: ReceivewalError) -> str:

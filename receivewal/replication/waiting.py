@@ -17,6 +17,9 @@ from typing import Protocol, TypeVar
 
 from receivewal.errors import ConnectionLost, StopRequested
 
+# poll(2), not epoll: waiting never needs a file descriptor of its own, so it still works when
+# the process has run out of them (the error is then reported and retried, not a traceback).
+Selector = getattr(selectors, "PollSelector", selectors.SelectSelector)
 READ = selectors.EVENT_READ
 WRITE = selectors.EVENT_WRITE
 BOTH = READ | WRITE
@@ -61,7 +64,7 @@ def wait_for(fileno: int, events: int, stop: StopFlag | None, timeout: float,
     """Wait until ``fileno`` is ready for ``events``; return the ready events, or 0 once
     ``timeout`` (0: none) passed. A stop signal arriving meanwhile raises StopRequested."""
     deadline = time.monotonic() + timeout if timeout > 0 else None
-    with selectors.DefaultSelector() as selector:
+    with Selector() as selector:
         selector.register(fileno, events)
         if stop is not None:
             selector.register(stop.fileno(), READ)
@@ -82,7 +85,7 @@ def wait_for(fileno: int, events: int, stop: StopFlag | None, timeout: float,
 
 def wait_readable(fileno: int, stop: StopFlag | None, timeout: float) -> None:
     """The COPY loop's wait: until the socket is readable, a stop signal, or ``timeout``."""
-    with selectors.DefaultSelector() as selector:
+    with Selector() as selector:
         selector.register(fileno, READ)
         if stop is not None:
             selector.register(stop.fileno(), READ)

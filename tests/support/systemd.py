@@ -86,6 +86,22 @@ exec env -i container=receivewal-test \
 """
 
 
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """Sections of a unit file; a key may repeat, so each maps to the list of its values."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
 def unavailable() -> str | None:
     """Why a namespaced systemd cannot run here, or None when it can."""
     if os.geteuid() != 0:

@@ -1,0 +1,365 @@
+"""An archive in object storage: the only module that imports boto3 and botocore.
+
+boto3 is imported when a :class:`Bucket` connects, never at import time, so that nothing that
+merely names object storage pays for it (or needs the ``s3`` extra). Endpoint, region and
+credentials come from boto3's standard chain (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID`` and
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance and web-identity roles); receivewal adds
+no option of its own for them.
+
+Every library error becomes one of the project's (:mod:`receivewal.errors`): ``ObjectNotFound``
+only for a definite "no such key", ``StoreAccessDenied`` for rejected credentials or
+permissions, ``StoreRefused`` for a request that cannot succeed, ``StoreError`` (retryable) for
+the rest. Retryable errors are retried by :func:`~receivewal.archive.objectstore.with_retries`
+(exponential backoff, full jitter); botocore's own retries stay few and short inside each try.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import io
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from receivewal.archive.directory import (
+    IDENTITY_FILE,
+    ArchiveIdentity,
+    identity_from_json,
+    os_error,
+)
+from receivewal.archive.objectstore import BucketUrl, RetryPolicy, parse_bucket_url, with_retries
+from receivewal.errors import (
+    ArchiveError,
+    ConfigurationError,
+    ObjectConflict,
+    ObjectNotFound,
+    ReceivewalError,
+    StoreAccessDenied,
+    StoreError,
+    StoreRefused,
+)
+
+CHUNK = 1 << 20
+MAX_IDENTITY_SIZE = 64 * 1024
+_ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                 "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled",
+                 "RequestTimeTooSkewed", "InvalidSecurity"}
+_TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "Throttling", "ThrottlingException",
+                    "InternalError", "ServiceUnavailable", "BadDigest",
+                    "XAmzContentSHA256Mismatch", "ConditionalRequestConflict"}
+_CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError",
+                      "CredentialRetrievalError", "TokenRetrievalError", "SSOError"}
+_CONFIG_ERRORS = {"ProfileNotFound", "ConfigParseError", "NoRegionError",
+                  "InvalidS3AddressingStyleError", "UnknownEndpointError"}
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What HEAD says of an object."""
+
+    size: int
+    sha256: str | None  # hex; None when the store keeps no SHA-256 checksum for it
+
+
+def client_config() -> Any:
+    """botocore's Config: path-style addressing (S3-compatible stores, dotted bucket names),
+    checksums only where an operation requires them (boto3 >= 1.36 otherwise adds CRC checksums
+    by default, which several S3-compatible stores reject), bounded timeouts, few retries."""
+    from botocore.config import Config  # noqa: PLC0415 - boto3 only where the store is used
+
+    return Config(
+        s3={"addressing_style": "path"},
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        connect_timeout=10,
+        read_timeout=60,
+        tcp_keepalive=True,
+        retries={"mode": "standard", "total_max_attempts": 3},
+    )
+
+
+def identity_body(identity: ArchiveIdentity) -> bytes:
+    """The identity object: the same JSON as the local archive's identity file."""
+    return json.dumps({
+        "system_identifier": identity.system_identifier,
+        "wal_segment_size": identity.segment_size,
+        "timeline": identity.timeline,
+    }, indent=2).encode() + b"\n"
+
+
+def sha256_of(source: Path | bytes) -> tuple[str, int]:
+    """(hex SHA-256, size) of a file read in chunks, or of bytes."""
+    digest = hashlib.sha256()
+    if isinstance(source, bytes):
+        digest.update(source)
+        return digest.hexdigest(), len(source)
+    size = 0
+    try:
+        with source.open("rb") as fh:
+            while chunk := fh.read(CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        raise os_error(exc, f'cannot read "{source}"') from exc
+    return digest.hexdigest(), size
+
+
+@contextlib.contextmanager
+def _opened(source: Path | bytes) -> Iterator[IO[bytes]]:
+    if isinstance(source, bytes):
+        yield io.BytesIO(source)
+        return
+    try:
+        fh = source.open("rb")
+    except OSError as exc:
+        raise os_error(exc, f'cannot read "{source}"') from exc
+    with fh:
+        yield fh
+
+
+def _hex_of(checksum: object) -> str | None:
+    """A SHA-256 header value (base64) as hex; None for a composite (multipart) or none."""
+    if not isinstance(checksum, str) or "-" in checksum:
+        return None
+    try:
+        raw = base64.b64decode(checksum, validate=True)
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+class Bucket:
+    """An archive at ``s3://BUCKET/PREFIX``: create-only uploads, reads by exact key."""
+
+    def __init__(self, url: BucketUrl, client: Any, retry: RetryPolicy) -> None:
+        from botocore import exceptions  # noqa: PLC0415 - boto3 only where the store is used
+
+        self.url = url
+        self.client = client
+        self.retry = retry
+        self.endpoint = str(client.meta.endpoint_url)
+        self._exceptions = exceptions
+        self._library_errors = (exceptions.ClientError, exceptions.BotoCoreError)
+
+    @classmethod
+    def connect(cls, url: str | BucketUrl, retry: RetryPolicy | None = None) -> Bucket:
+        """A client from boto3's standard chain (no request is sent yet)."""
+        parsed = url if isinstance(url, BucketUrl) else parse_bucket_url(url)
+        try:
+            import boto3  # noqa: PLC0415 - only here: the s3 extra is optional
+            from botocore.exceptions import BotoCoreError  # noqa: PLC0415
+        except ImportError as exc:
+            raise ConfigurationError(f"{parsed}: object storage needs boto3, which is not "
+                                     "installed: pip install 'receivewal[s3]'") from exc
+        try:
+            client = boto3.session.Session().client("s3", config=client_config())
+        except (BotoCoreError, ValueError) as exc:
+            raise ConfigurationError(f"{parsed}: cannot configure the S3 client: {exc}") from exc
+        return cls(parsed, client, retry or RetryPolicy())
+
+    def key(self, name: str) -> str:
+        """The object key of the file ``name`` (``PREFIX/name``)."""
+        return self.url.key(name)
+
+    # -- requests ----------------------------------------------------------------------------
+    def put_new(self, name: str, source: Path | bytes) -> None:
+        """Upload a file (streamed from disk) or bytes to ``PREFIX/name``, never overwriting.
+
+        Create-only (``If-None-Match: *``) with its SHA-256. When the key exists, the stored
+        object's checksum decides: the same is success (a retry after a lost reply), another is
+        :class:`ObjectConflict`, and the stored object is left as it was.
+        """
+        digest, size = sha256_of(source)
+        self._retried(lambda: self._put_once(name, source, digest, size))
+
+    def _put_once(self, name: str, source: Path | bytes, digest: str, size: int) -> None:
+        checksum = base64.b64encode(bytes.fromhex(digest)).decode()
+        try:
+            with _opened(source) as body:
+                self.client.put_object(Bucket=self.url.bucket, Key=self.key(name), Body=body,
+                                       IfNoneMatch="*", ChecksumSHA256=checksum)
+        except self._library_errors as exc:
+            if not self._precondition_failed(exc):
+                raise self._error(exc, name) from exc
+            self._check_same(name, digest, size)
+
+    def _precondition_failed(self, exc: Exception) -> bool:
+        if not isinstance(exc, self._exceptions.ClientError):
+            return False
+        error, meta = exc.response.get("Error", {}), exc.response.get("ResponseMetadata", {})
+        return bool(error.get("Code") == "PreconditionFailed" or meta.get("HTTPStatusCode") == 412)
+
+    def _check_same(self, name: str, digest: str, size: int) -> None:
+        """The key exists: success when it holds these very bytes, else ObjectConflict."""
+        info = self._head_once(name)
+        theirs = info.sha256
+        if theirs is None and info.size == size:  # a store that keeps no SHA-256: read it
+            hasher = _HashingSink()
+            self._get_once(name, hasher, size)
+            theirs = hasher.digest.hexdigest()
+        if info.size == size and theirs == digest:
+            return
+        raise ObjectConflict(
+            f"{self.url.url(name)}: a different object is already stored at this key "
+            f"({info.size} bytes, SHA-256 {theirs or 'unknown'}; this upload: {size} bytes, "
+            f"SHA-256 {digest}); it is left as it is and nothing is overwritten")
+
+    def head(self, name: str) -> ObjectInfo:
+        """Size and SHA-256 of ``PREFIX/name``; ObjectNotFound when it does not exist."""
+        return self._retried(lambda: self._head_once(name))
+
+    def _head_once(self, name: str) -> ObjectInfo:
+        try:
+            response = self.client.head_object(Bucket=self.url.bucket, Key=self.key(name),
+                                               ChecksumMode="ENABLED")
+        except self._library_errors as exc:
+            raise self._error(exc, name) from exc
+        return ObjectInfo(int(response.get("ContentLength", 0)),
+                          _hex_of(response.get("ChecksumSHA256")))
+
+    def get(self, name: str, dest: IO[bytes], max_size: int) -> int:
+        """Stream ``PREFIX/name`` into ``dest`` (from its current position, which a retry
+        rewinds to and truncates at); the number of bytes. An object over ``max_size`` bytes is
+        an ArchiveError; a missing key is ObjectNotFound."""
+        start = dest.tell()
+
+        def attempt() -> int:
+            dest.seek(start)
+            dest.truncate()
+            return self._get_once(name, dest, max_size)
+
+        return self._retried(attempt)
+
+    def get_bytes(self, name: str, max_size: int) -> bytes:
+        """``PREFIX/name`` in memory, at most ``max_size`` bytes (see :meth:`get`)."""
+        out = io.BytesIO()
+        self.get(name, out, max_size)
+        return out.getvalue()
+
+    def _get_once(self, name: str, dest: IO[bytes] | _HashingSink, max_size: int) -> int:
+        try:
+            response = self.client.get_object(Bucket=self.url.bucket, Key=self.key(name),
+                                              ChecksumMode="ENABLED")
+            body = response["Body"]
+            try:
+                self._check_size(name, int(response.get("ContentLength", 0)), max_size)
+                count = 0
+                for chunk in body.iter_chunks(CHUNK):
+                    count += len(chunk)
+                    self._check_size(name, count, max_size)
+                    dest.write(chunk)
+            finally:
+                body.close()
+        except self._library_errors as exc:
+            raise self._error(exc, name) from exc
+        return count
+
+    def _check_size(self, name: str, size: int, max_size: int) -> None:
+        if size > max_size:
+            raise ArchiveError(f"{self.url.url(name)}: the object is larger than {max_size} "
+                               f"bytes ({size}), more than this archive's files can be")
+
+    def list_names(self, page_size: int = 1000) -> list[str]:
+        """The file names directly under the prefix, sorted (every page: for verify and
+        analyze only; uploads and restores go by exact key, as listings lag on some stores)."""
+        return self._retried(lambda: self._list_once(page_size))
+
+    def _list_once(self, page_size: int) -> list[str]:
+        start = f"{self.url.prefix}/" if self.url.prefix else ""
+        names: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.url.bucket, Prefix=start, Delimiter="/",
+                PaginationConfig={"PageSize": page_size})
+            for page in pages:
+                names.extend(item["Key"][len(start):] for item in page.get("Contents", ()))
+        except self._library_errors as exc:
+            raise self._error(exc, "") from exc
+        return sorted(names)
+
+    # -- the prefix's owner ------------------------------------------------------------------
+    def claim_prefix(self, identity: ArchiveIdentity) -> ArchiveIdentity:
+        """Make sure the prefix holds this cluster's WAL: write the identity object on first
+        use (create-only), refuse another system identifier or segment size (ArchiveError
+        naming both), and return the identity recorded there."""
+        # create-only first, read only when something is there: without s3:ListBucket, AWS
+        # answers a GET of a missing key with 403, which would read as access denied
+        try:
+            self.put_new(IDENTITY_FILE, identity_body(identity))
+        except ObjectConflict:  # an identity is there already, and not byte-identical
+            recorded = self.read_identity()
+        else:
+            return identity
+        if recorded is None:
+            raise ArchiveError(f"{self.url.url(IDENTITY_FILE)}: the identity object vanished "
+                               "while it was claimed")
+        if recorded.system_identifier != identity.system_identifier:
+            raise ArchiveError(f"{self.url} belongs to database system "
+                               f"{recorded.system_identifier}, but the server is database "
+                               f"system {identity.system_identifier}")
+        if recorded.segment_size != identity.segment_size:
+            raise ArchiveError(f"{self.url} holds segments of {recorded.segment_size} bytes, but "
+                               f"the server's wal_segment_size is {identity.segment_size}")
+        return recorded
+
+    def read_identity(self) -> ArchiveIdentity | None:
+        """The identity object at the prefix, None when there is none yet."""
+        try:
+            body = self.get_bytes(IDENTITY_FILE, MAX_IDENTITY_SIZE)
+        except ObjectNotFound:
+            return None
+        try:
+            return identity_from_json(json.loads(body))
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise ArchiveError(f'invalid archive identity object "{self.url.url(IDENTITY_FILE)}"'
+                               f": {str(exc)[:200]}") from exc
+
+    # -- errors ------------------------------------------------------------------------------
+    def _retried(self, action: Callable[[], T]) -> T:
+        return with_retries(action, self.retry)
+
+    def _error(self, exc: Exception, name: str) -> ReceivewalError:
+        """The project's error for a boto3/botocore error about ``PREFIX/name``."""
+        where = f"{self.url.url(name) if name else self.url} at {self.endpoint}"
+        if isinstance(exc, self._exceptions.ClientError):
+            return _client_error(exc.response, where)
+        kinds = {cls.__name__ for cls in type(exc).__mro__}
+        if kinds & _CREDENTIAL_ERRORS:
+            return StoreAccessDenied(f"{where}: no usable credentials ({exc}); configure them "
+                                     "as for the AWS CLI (AWS_ACCESS_KEY_ID and "
+                                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a role)")
+        if kinds & _CONFIG_ERRORS:
+            return ConfigurationError(f"{where}: {exc}")
+        return StoreError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def _client_error(response: dict[str, Any], where: str) -> ReceivewalError:
+    error, meta = response.get("Error", {}), response.get("ResponseMetadata", {})
+    code, status = str(error.get("Code", "")), int(meta.get("HTTPStatusCode") or 0)
+    detail = f"{code or status}: {str(error.get('Message') or '')[:200]}".rstrip(": ")
+    if code == "NoSuchBucket":
+        return StoreRefused(f"{where}: no such bucket ({detail})")
+    if status == 404 or code in {"NoSuchKey", "NotFound"}:
+        return ObjectNotFound(f"{where}: no such key ({detail})")
+    if status in {401, 403} or code in _ACCESS_CODES:
+        return StoreAccessDenied(f"{where}: access denied ({detail}); check the credentials "
+                                 "and the bucket policy")
+    if status >= 500 or status in {408, 409, 429} or code in _TRANSIENT_CODES:
+        return StoreError(f"{where}: the store failed the request ({detail})")
+    return StoreRefused(f"{where}: the store refused the request ({detail})")
+
+
+class _HashingSink:
+    """A write-only file that only hashes what it is given."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return len(data)

@@ -1,0 +1,107 @@
+"""Object storage without the network: ``s3://BUCKET/PREFIX`` URLs and the retry policy.
+
+Pure functions, so that parsing an archive argument never imports boto3. The store itself
+(boto3, requests, the error translation) is :mod:`receivewal.archive.bucket`.
+"""
+
+from __future__ import annotations
+
+import random as _random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from receivewal.errors import ConfigurationError, ReceivewalError
+
+SCHEME = "s3://"
+# S3's rules for bucket names (3-63 characters: lowercase letters, digits, dots, hyphens,
+# starting and ending with a letter or digit); a stricter store refuses more on its own.
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BucketUrl:
+    """Where an archive lives in object storage: objects are ``PREFIX/<file name>``."""
+
+    bucket: str
+    prefix: str  # without leading or trailing slash; "" for the bucket's top level
+
+    def key(self, name: str) -> str:
+        """The object key of the file ``name``."""
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def url(self, name: str) -> str:
+        """``s3://BUCKET/KEY`` of the file ``name``, for messages."""
+        return f"{SCHEME}{self.bucket}/{self.key(name)}"
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
+
+
+def is_bucket_url(text: str) -> bool:
+    """Whether an archive argument names object storage rather than a local directory."""
+    return text.startswith(SCHEME)
+
+
+def parse_bucket_url(text: str) -> BucketUrl:
+    """Split ``s3://BUCKET/PREFIX`` (the prefix may be empty); ConfigurationError saying why."""
+    def refuse(reason: str) -> ConfigurationError:
+        return ConfigurationError(f'invalid object storage URL "{text[:200]!s}": {reason} '
+                                  "(expected s3://BUCKET/PREFIX)")
+
+    if not text.startswith(SCHEME):
+        raise refuse("not an s3:// URL")
+    if _CONTROL.search(text):
+        raise refuse("it contains a control character")
+    if "?" in text or "#" in text:
+        raise refuse("a query or fragment (? or #) is not part of a bucket URL")
+    bucket, _, prefix = text[len(SCHEME):].partition("/")
+    if not bucket:
+        raise refuse("no bucket name")
+    if not _BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
+        raise refuse(f"{bucket!r} is not a valid bucket name (3 to 63 lowercase "
+                             "letters, digits, dots and hyphens)")
+    prefix = prefix.removesuffix("/")
+    parts = prefix.split("/") if prefix else []
+    if any(part == "" for part in parts):
+        raise refuse("an empty path segment (//) in the prefix")
+    if any(part in {".", ".."} for part in parts):
+        raise refuse("'.' or '..' as a path segment of the prefix")
+    return BucketUrl(bucket, prefix)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a retryable store error is tried again."""
+
+    attempts: int = 5  # calls in all, the first included
+    base_delay: float = 0.5  # seconds: the cap of the first wait, doubled at each attempt
+    max_delay: float = 30.0  # seconds: no wait is longer
+
+
+def backoff_delay(policy: RetryPolicy, attempt: int,
+                  random: Callable[[], float] = _random.random) -> float:
+    """The wait after failed attempt ``attempt`` (0-based): exponential backoff with full
+    jitter, uniform in [0, min(max_delay, base_delay * 2**attempt))."""
+    cap = min(policy.max_delay, policy.base_delay * 2.0 ** min(attempt, 62))
+    return cap * random()
+
+
+def with_retries(action: Callable[[], T], policy: RetryPolicy, *,
+                 sleep: Callable[[float], None] = time.sleep,
+                 random: Callable[[], float] = _random.random) -> T:
+    """Call ``action`` until it returns, retrying errors whose ``retryable`` is true at most
+    ``policy.attempts`` times in all; the last error is raised. The one retry loop of the
+    object store: boto3's own retries stay few and short inside each attempt."""
+    for attempt in range(max(1, policy.attempts)):
+        try:
+            return action()
+        except ReceivewalError as exc:
+            if not exc.retryable or attempt + 1 >= policy.attempts:
+                raise
+        sleep(backoff_delay(policy, attempt, random))
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises

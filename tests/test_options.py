@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,8 @@ def check_reached(name: str, plain: StreamOptions, given: StreamOptions) -> None
     if spec.setting is None:
         assert getattr(given, name) != getattr(plain, name)
         return
-    assert spec.setting in Settings.__dataclass_fields__
+    assert spec.setting in {f.name for f in fields(Settings)}, \
+        f"{spec.long} names Settings.{spec.setting}, which does not exist"
     before = getattr(build_settings(plain), spec.setting)
     after = getattr(build_settings(given), spec.setting)
     assert after != before, f"{spec.long} did not reach Settings.{spec.setting}"

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
 from receivewal.archive.layout import contiguous_end, resume_order
+from receivewal.archive.reading import open_regular, read_small_file
 from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.names import SegmentFile, parse_segment_file_name, wal_file_name
@@ -280,7 +281,7 @@ class Archive:
             if exc.errno in OUT_OF_DESCRIPTORS:  # says nothing about the file: retry later
                 raise os_error(exc, f'could not open "{path}"') from exc
             return f"cannot be read: {exc.strerror or exc}"
-        except CorruptFile as exc:
+        except ArchiveError as exc:  # damaged, or not a regular file
             return str(exc)
         if parsed.partial and (len(first) < SIZE_OF_LONG_PHD or not any(first)):
             return None  # preallocated or restarted, nothing received yet: restreamed anyway
@@ -296,9 +297,11 @@ class Archive:
         """The recorded identity, None when the archive has none yet."""
         path = self.directory / IDENTITY_FILE
         try:
-            return identity_from_json(json.loads(path.read_bytes()))
+            return identity_from_json(json.loads(read_small_file(path)))
         except FileNotFoundError:
             return None
+        except ArchiveError:  # not a regular file, or too large: it says so, naming the file
+            raise
         except RecursionError:
             raise ArchiveError(f'invalid archive identity file "{path}": nested too deeply'
                                ) from None
@@ -312,7 +315,7 @@ class Archive:
         if not plain:
             return None
         path = self.directory / plain[-1].file_name(segment_size)
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
             header = parse_long_header(fh.read(SIZE_OF_LONG_PHD))
         return None if header is None else str(header.system_identifier)
 
@@ -337,7 +340,7 @@ class Archive:
 def _first_bytes(path: Path, parsed: SegmentFile, count: int) -> bytes:
     """Up to ``count`` decompressed bytes from the start of a segment file (never a symlink)."""
     out = b""
-    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
+    with open_regular(path) as fh:
         try:
             for chunk in decompress_chunks(fh, parsed.compression, truncated_ok=parsed.partial):
                 out += chunk
@@ -353,20 +356,20 @@ def _size_problem(path: Path, parsed: SegmentFile, segment_size: int) -> str | N
     """Why a complete segment file cannot be trusted as complete, or None."""
     if parsed.partial:
         return None
-    size = path.stat().st_size
-    if parsed.compression == "":
-        return None if size == segment_size else f"has {size} bytes, should be {segment_size}"
-    if parsed.compression == "gzip":
-        with path.open("rb") as fh:
+    with open_regular(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if parsed.compression == "":
+            return None if size == segment_size else \
+                f"has {size} bytes, should be {segment_size}"
+        if parsed.compression == "gzip":
             if size < 4:
                 return "gzip file too short"
             fh.seek(-4, os.SEEK_END)
             (isize,) = struct.unpack("<I", fh.read(4))
-        expected = segment_size & 0xFFFFFFFF
-        return None if isize == expected else f"gzip trailer says {isize} bytes, should be " \
-            f"{segment_size}"
-    # LZ4 and zstd frames do not record the size: decompress, as pg_receivewal does for .lz4
-    with path.open("rb") as fh:
+            expected = segment_size & 0xFFFFFFFF
+            return None if isize == expected else \
+                f"gzip trailer says {isize} bytes, should be {segment_size}"
+        # LZ4 and zstd frames do not record the size: decompress, as pg_receivewal does for .lz4
         size = decompressed_size(fh, parsed.compression, cap=segment_size)
     return None if size == segment_size else f"decompresses to {size} bytes, should be " \
         f"{segment_size}"

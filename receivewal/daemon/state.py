@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from receivewal.archive.directory import write_file_durably
+from receivewal.archive.reading import read_small_file
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.logs import get_logger
 from receivewal.wal.lsn import format_lsn, parse_lsn
@@ -166,7 +167,7 @@ def read_state(directory: Path) -> State | None:
     """The state in ``directory``; None when there is no state file; ArchiveError if unreadable."""
     path = state_path(directory)
     try:
-        data = path.read_bytes()
+        data = read_small_file(path)  # ArchiveError naming a FIFO, device or huge file
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -83,10 +83,17 @@ def _iso(seconds: float) -> str:
 
 
 def _epoch(text: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time that can be printed back in UTC (ValueError
+    for one that cannot, e.g. 9999-12-31T23:59:59-12:00, which is in year 10000 in UTC)."""
     value = datetime.fromisoformat(text)
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.timestamp()
+    seconds = value.timestamp()
+    try:
+        datetime.fromtimestamp(seconds, UTC)
+    except (ValueError, OverflowError, OSError) as exc:
+        raise ValueError(f"time {text[:40]!r} is out of range") from exc
+    return seconds
 
 
 def state_to_dict(state: State) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 Works as a Nagios-style check: the first line is a one-line summary and the exit code is
 
 - 0 OK: the daemon runs and heard from the server within ``--max-age`` seconds;
-- 2 CRITICAL: the daemon is not running (its pid is gone, or it recorded a stop), or it has had
-  no contact with the server for longer than ``--max-age`` seconds;
+- 2 CRITICAL: the daemon is not running (no process holds the archive's lock, or it recorded
+  a stop), or it has had no contact with the server for longer than ``--max-age`` seconds;
 - 3 UNKNOWN: there is no state file, or it cannot be read or trusted (not a regular file,
   too large, a value out of range).
 

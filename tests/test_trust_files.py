@@ -159,6 +159,24 @@ def test_unexpected_exception_in_restore_is_exit_126(
     assert os.listdir(pg_wal) == []
 
 
+def test_broken_installation_is_exit_126(dirs: tuple[Path, Path], tmp_path: Path) -> None:
+    """A codec that fails to import (here a ``zstandard`` module on PYTHONPATH that raises
+    ImportError, as a half-upgraded installation might) stops recovery: exit 126 with one
+    line, not a traceback and exit 1."""
+    archive, pg_wal = dirs
+    (archive / NAME).write_bytes(proven_segment(3))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "zstandard.py").write_text("raise ImportError('injected: zstandard is broken')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "receivewal", "restore", "-D", str(archive), NAME,
+         str(pg_wal / "RECOVERYXLOG")], capture_output=True, text=True, check=False,
+        timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(broken)})
+    assert done.returncode == DAMAGED, done.stderr
+    one_line(done.stderr, NAME, "ImportError", "zstandard is broken")
+    assert os.listdir(pg_wal) == []
+
+
 # -- item 3 ----------------------------------------------------------------------------------------
 def test_empty_archive_directory_option_is_not_the_current_directory(
         dirs: tuple[Path, Path]) -> None:

@@ -26,7 +26,6 @@ from typing import Any
 
 import click
 
-from receivewal.archive.restore import NotInArchive, restore_file
 from receivewal.errors import ReceivewalError
 
 NOT_FOUND = 1
@@ -74,15 +73,21 @@ def restore_command(wal_name: str, target: str, directory: str, partial: bool) -
         return DAMAGED
     previous: Any = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        # Imported here, so that a broken installation (a codec that fails to load) is
+        # exit 126 as well, not a traceback and exit 1.
+        from receivewal.archive.restore import (  # noqa: PLC0415
+            NotInArchive,
+            restore_file,
+        )
         source = restore_file(Path(directory), wal_name, target, partial=partial)
     except _Terminated:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         raise
-    except NotInArchive as exc:
-        click.echo(f"receivewal restore: {exc}", err=True)
-        return NOT_FOUND
     except (ReceivewalError, OSError) as exc:
+        if isinstance(exc, NotInArchive):
+            click.echo(f"receivewal restore: {exc}", err=True)
+            return NOT_FOUND
         click.echo(f"receivewal restore: error: cannot restore {_quoted(wal_name)} from "
                    f"{_quoted(directory)}: {_detail(exc)}", err=True)
         return DAMAGED

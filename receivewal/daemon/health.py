@@ -8,8 +8,7 @@ The exit codes ``receivewal status`` gives:
 - 3 UNKNOWN: there is no state file, or it cannot be read or trusted.
 
 :func:`evaluate` and :func:`describe` are pure; :func:`check` reads the file and probes the
-archive's lock.
-Every line they produce is one line, whatever text the state file carries.
+archive's lock. Every line they produce is one line, whatever text the state file carries.
 """
 
 from __future__ import annotations

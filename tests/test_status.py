@@ -8,12 +8,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from receivewal.archive.directory import Archive
 from receivewal.commands.cli import cli
 from receivewal.daemon.health import CRITICAL, OK, evaluate
 from receivewal.daemon.monitor import Monitor
@@ -136,7 +138,8 @@ def test_evaluate_critical_cases() -> None:
     assert "last error ConnectionLost: server closed the connection" in stale.summary
     dead = evaluate(streaming_state(), NOW, 60, running=False)
     assert dead.code == CRITICAL
-    assert dead.summary.startswith(f"RECEIVEWAL CRITICAL - not running: pid {os.getpid()} is gone")
+    assert dead.summary.startswith("RECEIVEWAL CRITICAL - not running: no process holds the "
+                                   f"archive's lock (pid {os.getpid()} recorded")
     assert dead.summary.endswith(
         f"{WHERE}, last error ConnectionLost: server closed the connection"
     )
@@ -162,6 +165,16 @@ def test_evaluate_on_another_host_relies_on_contact_age() -> None:
 # -- the command -----------------------------------------------------------------------------
 
 
+@pytest.fixture
+def locked(tmp_path: Path) -> Iterator[None]:
+    """This test holds the archive's lock, as the daemon does while it runs: status tells
+    "running" by the lock."""
+    archive = Archive(tmp_path)
+    archive.lock()
+    yield
+    archive.unlock()
+
+
 def fresh(**changes: object) -> State:
     """streaming_state() moved to the real clock: last contact about 2s ago."""
     now = time.time()
@@ -172,7 +185,7 @@ def fresh(**changes: object) -> State:
     return replace(state, **changes)  # type: ignore[arg-type]
 
 
-def test_status_running_exits_0_and_prints_the_state(tmp_path: Path) -> None:
+def test_status_running_exits_0_and_prints_the_state(tmp_path: Path, locked: None) -> None:
     write_state(tmp_path, fresh())
     code, output = status(tmp_path)
     assert code == 0
@@ -189,7 +202,7 @@ def test_status_running_exits_0_and_prints_the_state(tmp_path: Path) -> None:
     assert any(line.startswith("last error:         ConnectionLost: server") for line in lines)
 
 
-def test_status_json_carries_the_verdict_and_the_state(tmp_path: Path) -> None:
+def test_status_json_carries_the_verdict_and_the_state(tmp_path: Path, locked: None) -> None:
     write_state(tmp_path, fresh())
     code, output = status(tmp_path, "--json")
     assert code == 0
@@ -202,7 +215,7 @@ def test_status_json_carries_the_verdict_and_the_state(tmp_path: Path) -> None:
     assert document["state"]["last_error"]["kind"] == "ConnectionLost"
 
 
-def test_status_stale_contact_exits_2(tmp_path: Path) -> None:
+def test_status_stale_contact_exits_2(tmp_path: Path, locked: None) -> None:
     write_state(tmp_path, fresh(last_contact=time.time() - 120))
     code, output = status(tmp_path)
     assert code == 2
@@ -218,7 +231,8 @@ def test_status_dead_pid_exits_2(tmp_path: Path) -> None:
     write_state(tmp_path, fresh(pid=gone))
     code, output = status(tmp_path)
     assert code == 2
-    assert output.startswith(f"RECEIVEWAL CRITICAL - not running: pid {gone} is gone")
+    assert output.startswith("RECEIVEWAL CRITICAL - not running: no process holds the "
+                             f"archive's lock (pid {gone} recorded")
 
 
 def test_status_missing_state_file_exits_3(tmp_path: Path) -> None:
@@ -240,7 +254,7 @@ def test_status_unreadable_state_file_exits_3(tmp_path: Path) -> None:
     assert "invalid state file" in output
 
 
-def test_status_reads_what_a_live_monitor_writes(tmp_path: Path) -> None:
+def test_status_reads_what_a_live_monitor_writes(tmp_path: Path, locked: None) -> None:
     monitor = Monitor(tmp_path, environ={})
     monitor.connected("host=db1 port=5432 user=rep", "7300000000000000001", 1, None)
     monitor.streaming_started(1, parse_lsn("0/5000000"))
@@ -259,7 +273,7 @@ def test_status_reads_what_a_live_monitor_writes(tmp_path: Path) -> None:
     assert output.startswith("RECEIVEWAL CRITICAL - not running: stopped 0s ago")
 
 
-def test_status_exit_codes_reach_the_shell(tmp_path: Path) -> None:
+def test_status_exit_codes_reach_the_shell(tmp_path: Path, locked: None) -> None:
     """Through the console entry point, as Nagios runs it (not only click's test runner)."""
     run = [sys.executable, "-m", "receivewal", "status", "-D", str(tmp_path)]
     missing = subprocess.run(run, capture_output=True, text=True, check=False)

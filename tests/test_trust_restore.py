@@ -4,13 +4,11 @@ restored one, keeps memory bounded, and never writes through a symlink."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -227,25 +225,35 @@ def test_temp_file_is_fsynced_before_the_rename(dirs: tuple[Path, Path],
     assert events == ["fsync-file", "replace", "fsync-dir"]
 
 
+STALLED_RESTORE = (
+    "import signal, sys\n"
+    "from receivewal.archive import restore\n"
+    "from receivewal.commands.cli import main\n"
+    "def stalled(out, chunks, expect):\n"
+    "    out.write(next(iter(chunks)))\n"
+    "    out.flush()\n"
+    "    print('stalled', file=sys.stderr, flush=True)\n"
+    "    signal.pause()\n"
+    "restore._write_padded = stalled\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
 def test_sigterm_removes_the_temporary_file(dirs: tuple[Path, Path]) -> None:
-    """SIGTERM in the middle of a restore (the archive file is a FIFO that stalls) leaves no
-    temporary file and no %p, and the helper dies of the signal as PostgreSQL expects."""
+    """SIGTERM in the middle of a restore (the copy is held, by a hook in the child, after the
+    temporary file got its first chunk) leaves no temporary file and no %p, and the helper
+    dies of the signal as PostgreSQL expects."""
     archive, pg_wal = dirs
-    fifo = archive / NAME
-    os.mkfifo(fifo)
+    (archive / NAME).write_bytes(bytes(SEGMENT))
     target = pg_wal / "RECOVERYXLOG"
-    argv = [sys.executable, "-m", "receivewal", "restore", "-D", str(archive), NAME, str(target)]
-    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc, \
-            fifo.open("wb", buffering=0) as writer:
-        writer.write(bytes(1 << 20))
-        while not os.listdir(pg_wal):  # the helper has created its temporary file
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.01)
+    argv = [sys.executable, "-c", STALLED_RESTORE, "restore", "-D", str(archive), NAME,
+            str(target)]
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == "stalled\n"
+        assert len(os.listdir(pg_wal)) == 1  # the temporary file, not %p
+        assert not target.exists()
         proc.send_signal(signal.SIGTERM)
-        # Python runs the handler between bytecodes: a signal that lands just before the
-        # blocking read waits for the read to return, so give it a little more data.
-        with contextlib.suppress(BrokenPipeError):
-            writer.write(bytes(8192))
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGTERM
     assert os.listdir(pg_wal) == []

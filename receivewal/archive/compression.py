@@ -30,6 +30,7 @@ from typing import BinaryIO, Protocol
 import lz4.frame
 import zstandard
 
+from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import PARTIAL_SUFFIX, AtRest
@@ -306,8 +307,9 @@ Opener = Callable[[str], BinaryIO]
 
 
 def open_local(path: str) -> BinaryIO:
-    """Open a local file for reading: the default ``open_binary``."""
-    return open(path, "rb")
+    """Open a local file for reading, only a regular file (never a FIFO, socket, device or
+    symbolic link): the default ``open_binary``."""
+    return open_regular(path)
 
 
 def decompress_chunks(fh: BinaryIO, method: str, *, truncated_ok: bool = False,

@@ -1,8 +1,9 @@
 """The archive directory on disk: the only package that writes, fsyncs and renames files.
 
-This module holds the directory itself: the one-writer lock, the scan that decides where
-streaming resumes, the identity file, and durable writes of small files. The segment writers
-are in :mod:`receivewal.archive.writer`.
+This module holds the directory itself: the one-writer lock (taken as
+:mod:`receivewal.archive.lock` says), the scan that decides where streaming resumes, the
+identity file, and durable writes of small files. The segment writers are in
+:mod:`receivewal.archive.writer`.
 
 Every file receivewal creates is first written under a fresh temporary name (a dotfile ending
 in ``.receivewal-tmp``, opened with ``O_CREAT|O_EXCL|O_NOFOLLOW``), fsynced, renamed into place
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -26,13 +26,14 @@ from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
 from receivewal.archive.layout import contiguous_end, resume_order
+from receivewal.archive.lock import LOCK_FILE, lock_directory
+from receivewal.archive.reading import open_regular, read_small_file
 from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.names import SegmentFile, parse_segment_file_name, wal_file_name
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
 IDENTITY_FILE = ".receivewal-archive.json"
-LOCK_FILE = ".receivewal.lock"
 TEMP_SUFFIX = ".receivewal-tmp"
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
@@ -100,7 +101,12 @@ def write_file_durably(directory: Path, name: str, body: bytes, *, mode: int = 0
             os.unlink(tmp)
         raise
     os.close(fd)
-    os.replace(tmp, directory / name)
+    try:
+        os.replace(tmp, directory / name)
+    except OSError:  # e.g. a directory stands at the name: leave no temporary behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if sync:
         fsync_path(directory)
 
@@ -186,37 +192,31 @@ class Archive:
 
     # -- the one-writer lock ------------------------------------------------------------------
     def lock(self) -> list[str]:
-        """Become the archive's only writer for the life of the process (flock on LOCK_FILE).
+        """Become the archive's only writer for the life of the process (flock on the
+        directory itself, see :mod:`receivewal.archive.lock`), and record pid and host in
+        LOCK_FILE.
 
         Raises ArchiveError naming the holder when another process has it. Then removes the
         temporary files a crashed writer left, and returns their names.
         """
         self.check_exists()
+        fd = lock_directory(self.directory)
         path = self.directory / LOCK_FILE
+        record = f"{os.getpid()} {socket.gethostname()}\n".encode()
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            write_file_durably(self.directory, LOCK_FILE, record, mode=0o644, sync=self.sync)
         except OSError as exc:
+            os.close(fd)
             if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise ArchiveError(f'directory "{self.directory}" is not writable: could not '
-                                   f"create its lock file {LOCK_FILE} ({exc.strerror})") from exc
-            raise os_error(exc, f'could not open lock file "{path}"') from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").split()
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise os_error(exc, f'could not lock "{path}"') from exc
-            pid, host = [*holder, "?", "?"][:2]
-            raise ArchiveError(f"archive {self.directory} is in use by pid {pid} on {host}"
-                               ) from exc
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+                                   f"write its lock record {LOCK_FILE} ({exc.strerror})"
+                                   ) from exc
+            raise os_error(exc, f'could not write the lock record "{path}"') from exc
         self._lock_fd = fd
         return self.remove_temporaries()
 
     def unlock(self) -> None:
-        """Give the archive up (the lock file stays; its lock is what counts)."""
+        """Give the archive up (the lock record stays; the directory's lock is what counts)."""
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -280,7 +280,7 @@ class Archive:
             if exc.errno in OUT_OF_DESCRIPTORS:  # says nothing about the file: retry later
                 raise os_error(exc, f'could not open "{path}"') from exc
             return f"cannot be read: {exc.strerror or exc}"
-        except CorruptFile as exc:
+        except ArchiveError as exc:  # damaged, or not a regular file
             return str(exc)
         if parsed.partial and (len(first) < SIZE_OF_LONG_PHD or not any(first)):
             return None  # preallocated or restarted, nothing received yet: restreamed anyway
@@ -296,9 +296,11 @@ class Archive:
         """The recorded identity, None when the archive has none yet."""
         path = self.directory / IDENTITY_FILE
         try:
-            return identity_from_json(json.loads(path.read_bytes()))
+            return identity_from_json(json.loads(read_small_file(path)))
         except FileNotFoundError:
             return None
+        except ArchiveError:  # not a regular file, or too large: it says so, naming the file
+            raise
         except RecursionError:
             raise ArchiveError(f'invalid archive identity file "{path}": nested too deeply'
                                ) from None
@@ -312,7 +314,7 @@ class Archive:
         if not plain:
             return None
         path = self.directory / plain[-1].file_name(segment_size)
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
             header = parse_long_header(fh.read(SIZE_OF_LONG_PHD))
         return None if header is None else str(header.system_identifier)
 
@@ -337,7 +339,7 @@ class Archive:
 def _first_bytes(path: Path, parsed: SegmentFile, count: int) -> bytes:
     """Up to ``count`` decompressed bytes from the start of a segment file (never a symlink)."""
     out = b""
-    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
+    with open_regular(path) as fh:
         try:
             for chunk in decompress_chunks(fh, parsed.compression, truncated_ok=parsed.partial):
                 out += chunk
@@ -353,20 +355,20 @@ def _size_problem(path: Path, parsed: SegmentFile, segment_size: int) -> str | N
     """Why a complete segment file cannot be trusted as complete, or None."""
     if parsed.partial:
         return None
-    size = path.stat().st_size
-    if parsed.compression == "":
-        return None if size == segment_size else f"has {size} bytes, should be {segment_size}"
-    if parsed.compression == "gzip":
-        with path.open("rb") as fh:
+    with open_regular(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if parsed.compression == "":
+            return None if size == segment_size else \
+                f"has {size} bytes, should be {segment_size}"
+        if parsed.compression == "gzip":
             if size < 4:
                 return "gzip file too short"
             fh.seek(-4, os.SEEK_END)
             (isize,) = struct.unpack("<I", fh.read(4))
-        expected = segment_size & 0xFFFFFFFF
-        return None if isize == expected else f"gzip trailer says {isize} bytes, should be " \
-            f"{segment_size}"
-    # LZ4 and zstd frames do not record the size: decompress, as pg_receivewal does for .lz4
-    with path.open("rb") as fh:
+            expected = segment_size & 0xFFFFFFFF
+            return None if isize == expected else \
+                f"gzip trailer says {isize} bytes, should be {segment_size}"
+        # LZ4 and zstd frames do not record the size: decompress, as pg_receivewal does for .lz4
         size = decompressed_size(fh, parsed.compression, cap=segment_size)
     return None if size == segment_size else f"decompresses to {size} bytes, should be " \
         f"{segment_size}"

@@ -7,10 +7,10 @@ fsynced: recovery never sees half a file.
 
 Nothing the archive holds can make recovery end early by mistake: only a file the archive does
 not have is :class:`NotInArchive`. A file that is there but cannot be trusted (damaged, larger
-than a segment, a complete segment of the wrong size, a dangling symlink) or an archive whose
-identity file cannot be trusted raises the project's :class:`~receivewal.errors.ArchiveError`
-naming the file. Decoding is bounded by the segment size, so memory and the temporary file stay
-bounded whatever the file holds.
+than a segment, a complete segment of the wrong size, a symlink, a FIFO, a socket or a device)
+or an archive whose identity file cannot be trusted raises the project's
+:class:`~receivewal.errors.ArchiveError` naming the file. Decoding is bounded by the segment
+size, so memory and the temporary file stay bounded whatever the file holds.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
 from receivewal.archive.directory import IDENTITY_FILE, Archive, fsync_path
+from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size
 from receivewal.wal.names import (
@@ -82,10 +83,8 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
                            "directory")
     for candidate in candidates(directory, name, partial=partial):
         try:
-            source = candidate.path.open("rb")
+            source = open_regular(candidate.path)  # a symlink, FIFO or device is damage
         except FileNotFoundError:
-            if os.path.lexists(candidate.path):
-                raise ArchiveError(f'"{candidate.path}" is a dangling symlink') from None
             continue
         except OSError as exc:
             raise ArchiveError(f'cannot open "{candidate.path}": {exc.strerror}') from exc

@@ -22,6 +22,7 @@ import lz4.frame
 import zstandard
 
 from receivewal.archive.compression import Opener, read_wal_file
+from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.check.crosscheck import (
     ArchiveReport,
     ScanTask,
@@ -212,7 +213,7 @@ def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int |
     tasks = plan_scans(chosen, segment_size=segment_size)
     results = run_scans(tasks, str(directory), segment_size, jobs=jobs,
                         compressibility=compressibility, collect_lsns=collect_lsns)
-    histories = histories_of(directory, history_names)
+    histories = histories_of(directory, history_names, problems)
     for r in results:
         problems.extend(r.problems)
     report = check_archive(segment_size, [r.scan for r in results if r.scan is not None],
@@ -328,11 +329,20 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
     return lines
 
 
-def histories_of(directory: Path, names: Iterable[str]) -> Mapping[int, str]:
-    """The text of each history file among ``names``."""
+def histories_of(directory: Path, names: Iterable[str], problems: list[WalProblem],
+                 ) -> Mapping[int, str]:
+    """The text of each history file among ``names``; one that cannot be read (not a regular
+    file, too large) is left out, with a problem naming it added to ``problems``."""
     out = {}
     for name in names:
         tli = parse_history_file_name(name)
-        if tli is not None:
-            out[tli] = (directory / name).read_text(errors="replace")
+        if tli is None:
+            continue
+        try:
+            out[tli] = read_small_file(directory / name, HISTORY_FILE_CAP).decode(
+                errors="replace")
+        except (ArchiveError, OSError) as exc:
+            detail = str(exc) if isinstance(exc, ArchiveError) else \
+                f'cannot read "{directory / name}": {exc.strerror or exc}'
+            problems.append(WalProblem("unreadable", name, 0, detail))
     return out

@@ -3,9 +3,10 @@
 :mod:`receivewal.archive.restore` does the work. Exit status is what recovery understands: 0
 when the file was restored, 1 only when the archive does not have it (recovery then ends
 cleanly, or a standby goes on to streaming), and 126 for anything else: a damaged archive file
-(undecodable, larger than a segment, a complete segment of the wrong size), an identity file
-that cannot be trusted, a missing archive directory, or a bad ``%f``/``%p``. PostgreSQL treats
-a status above 125 as fatal, so a problem stops recovery instead of silently ending it early.
+(undecodable, larger than a segment, a complete segment of the wrong size, not a regular
+file), an identity file that cannot be trusted, a missing or empty archive directory, a bad
+``%f``/``%p``, or any error nobody foresaw. PostgreSQL treats a status above 125 as fatal, so
+a problem stops recovery instead of silently ending it early.
 On SIGTERM the temporary file is removed and the helper dies of the signal, as PostgreSQL
 expects of a restore_command during shutdown.
 
@@ -25,7 +26,6 @@ from typing import Any
 
 import click
 
-from receivewal.archive.restore import NotInArchive, restore_file
 from receivewal.errors import ReceivewalError
 
 NOT_FOUND = 1
@@ -54,33 +54,48 @@ class _RestoreCommand(click.Command):
 @click.command("restore", cls=_RestoreCommand)
 @click.argument("wal_name")
 @click.argument("target")
-@click.option("-D", "--directory", type=click.Path(path_type=Path, file_okay=False),
+@click.option("-D", "--directory", type=click.Path(file_okay=False),
               envvar="RECEIVEWAL_DIRECTORY", required=True,
               help="The archive directory (receivewal stream's -D; "
               "env RECEIVEWAL_DIRECTORY).")
 @click.option("--partial", is_flag=True,
               help="Serve the newest .partial of a segment that has no complete file "
               "(recovery to the last byte received).")
-def restore_command(wal_name: str, target: str, directory: Path, partial: bool) -> int:
+def restore_command(wal_name: str, target: str, directory: str, partial: bool) -> int:
     """restore_command helper: copy WAL_NAME (%f) from the archive to TARGET (%p).
 
     Decompresses .gz, .lz4 and .zst files. Exits 1 only when the archive lacks the file, 126
     when the archive's file is damaged or anything else is wrong (PostgreSQL then stops
     recovery rather than end it early).
     """
+    if not directory:  # Path("") would be the current directory
+        click.echo("receivewal restore: error: the archive directory (-D) is empty", err=True)
+        return DAMAGED
     previous: Any = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        source = restore_file(directory, wal_name, target, partial=partial)
+        # Imported here, so that a broken installation (a codec that fails to load) is
+        # exit 126 as well, not a traceback and exit 1.
+        from receivewal.archive.restore import (  # noqa: PLC0415
+            NotInArchive,
+            restore_file,
+        )
+        source = restore_file(Path(directory), wal_name, target, partial=partial)
     except _Terminated:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         raise
-    except NotInArchive as exc:
-        click.echo(f"receivewal restore: {exc}", err=True)
-        return NOT_FOUND
     except (ReceivewalError, OSError) as exc:
+        if isinstance(exc, NotInArchive):
+            click.echo(f"receivewal restore: {exc}", err=True)
+            return NOT_FOUND
         click.echo(f"receivewal restore: error: cannot restore {_quoted(wal_name)} from "
-                   f"{_quoted(str(directory))}: {_detail(exc)}", err=True)
+                   f"{_quoted(directory)}: {_detail(exc)}", err=True)
+        return DAMAGED
+    except Exception as exc:  # noqa: BLE001 - anything unforeseen stops recovery (126), as
+        # damage does: exit 1 would tell PostgreSQL the file is absent and end recovery early
+        click.echo(f"receivewal restore: error: cannot restore {_quoted(wal_name)} from "
+                   f"{_quoted(directory)}: unexpected {type(exc).__name__}: {_detail(exc)}",
+                   err=True)
         return DAMAGED
     finally:
         signal.signal(signal.SIGTERM, previous)

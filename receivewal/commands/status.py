@@ -3,24 +3,28 @@
 Works as a Nagios-style check: the first line is a one-line summary and the exit code is
 
 - 0 OK: the daemon runs and heard from the server within ``--max-age`` seconds;
-- 2 CRITICAL: the daemon is not running (its pid is gone, or it recorded a stop), or it has had
-  no contact with the server for longer than ``--max-age`` seconds;
-- 3 UNKNOWN: there is no state file, or it cannot be read.
+- 2 CRITICAL: the daemon is not running (no process holds the archive's lock, or it recorded
+  a stop), or it has had no contact with the server for longer than ``--max-age`` seconds;
+- 3 UNKNOWN: there is no state file, or it cannot be read or trusted (not a regular file,
+  too large, a value out of range).
 
-:mod:`receivewal.daemon.health` judges the state; this module is the command only.
+When whoever reads the output leaves early (``status | head -1``) the command stops writing
+quietly and still exits with its verdict. :mod:`receivewal.daemon.health` judges the state;
+this module is the command only.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from receivewal.daemon.health import LABELS, check, describe
-from receivewal.daemon.state import state_to_dict
+from receivewal.daemon.health import LABELS, Verdict, check, describe
+from receivewal.daemon.state import State, state_to_dict
 
 
 @click.command("status")
@@ -38,6 +42,20 @@ def status_command(directory: Path, as_json: bool, max_age: float) -> None:
     """Report the daemon's state; exit 0 OK, 2 CRITICAL, 3 UNKNOWN (Nagios-style)."""
     now = time.time()
     verdict, state = check(directory, max_age, now)
+    try:
+        _print(verdict, state, now, as_json=as_json)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left early (``status | head -1``): stop writing quietly, as a CLI tool
+        # dying of SIGPIPE does, and keep the verdict's exit code. What is still buffered goes
+        # to /dev/null so that the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    raise click.exceptions.Exit(verdict.code)
+
+
+def _print(verdict: Verdict, state: State | None, now: float, *, as_json: bool) -> None:
     if as_json:
         document = {
             "status": LABELS[verdict.code],
@@ -52,5 +70,3 @@ def status_command(directory: Path, as_json: bool, max_age: float) -> None:
             click.echo("")
             for line in describe(state, now):
                 click.echo(line)
-    sys.stdout.flush()
-    raise click.exceptions.Exit(verdict.code)

@@ -3,22 +3,22 @@
 The exit codes ``receivewal status`` gives:
 
 - 0 OK: the daemon runs and heard from the server within ``max_age`` seconds;
-- 2 CRITICAL: the daemon is not running (its pid is gone, or it recorded a stop), or it has had
-  no contact with the server for longer than ``max_age`` seconds;
+- 2 CRITICAL: the daemon is not running (no process holds the archive's lock, or it recorded
+  a stop), or it has had no contact with the server for longer than ``max_age`` seconds;
 - 3 UNKNOWN: there is no state file, or it cannot be read or trusted.
 
-:func:`evaluate` and :func:`describe` are pure; :func:`check` reads the file and probes the pid.
-Every line they produce is one line, whatever text the state file carries.
+:func:`evaluate` and :func:`describe` are pure; :func:`check` reads the file and probes the
+archive's lock. Every line they produce is one line, whatever text the state file carries.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from receivewal.archive.lock import is_locked
 from receivewal.daemon.state import State, read_state, state_path
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
@@ -53,8 +53,8 @@ def _ago(seconds: float) -> str:
 
 
 def evaluate(state: State, now: float, max_age: float, running: bool | None) -> Verdict:
-    """Judge ``state`` at ``now``; ``running`` says whether its pid is alive (None: unknown,
-    e.g. the state was written on another host)."""
+    """Judge ``state`` at ``now``; ``running`` says whether a process holds the archive's
+    lock (None: unknown, e.g. the state was written on another host)."""
     flushed = "nothing flushed yet" if state.flushed_lsn is None else \
         f"flushed {format_lsn(state.flushed_lsn)}"
     where = (f"timeline {state.timeline if state.timeline is not None else '-'}, "
@@ -68,8 +68,8 @@ def evaluate(state: State, now: float, max_age: float, running: bool | None) -> 
     if running is False:
         return _verdict(
             CRITICAL,
-            f"not running: pid {state.pid} is gone (last update {_ago(now - state.updated_at)})"
-            f", {where}" + _error_suffix(state),
+            f"not running: no process holds the archive's lock (pid {state.pid} recorded, "
+            f"last update {_ago(now - state.updated_at)}), {where}" + _error_suffix(state),
         )
     if state.last_contact is None:
         age = now - state.started_at
@@ -93,17 +93,6 @@ def evaluate(state: State, now: float, max_age: float, running: bool | None) -> 
 def _error_suffix(state: State) -> str:
     error = state.last_error
     return "" if error is None else f", last error {error.kind}: {error.message}"
-
-
-def pid_running(pid: int) -> bool:
-    """True when a process with ``pid`` exists (ours or another user's)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _size(count: int) -> str:
@@ -161,7 +150,8 @@ def describe(state: State, now: float) -> list[str]:
 
 
 def check(directory: Path, max_age: float, now: float) -> tuple[Verdict, State | None]:
-    """Read the state in ``directory`` and judge it (reads the file and probes the pid)."""
+    """Read the state in ``directory`` and judge it (reads the file and probes the lock: a
+    pid may have been reused, the lock is held only by a living writer)."""
     try:
         state = read_state(directory)
     except ArchiveError as exc:
@@ -170,5 +160,5 @@ def check(directory: Path, max_age: float, now: float) -> tuple[Verdict, State |
         return _verdict(
             UNKNOWN, f"no state file {state_path(directory)}: the daemon never ran here"
         ), None
-    running = pid_running(state.pid) if state.hostname == socket.gethostname() else None
+    running = is_locked(directory) if state.hostname == socket.gethostname() else None
     return evaluate(state, now, max_age, running), state

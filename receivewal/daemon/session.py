@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from structlog.typing import FilteringBoundLogger
 
-from receivewal.archive.directory import Archive, ArchiveIdentity
+from receivewal.archive.directory import Archive, ArchiveIdentity, os_error
 from receivewal.archive.layout import StartPoint, choose_start
+from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
 from receivewal.daemon.events import SessionMonitor
@@ -160,8 +161,14 @@ class Session:
     def _fetch_history(self, timeline: int) -> str:
         """The history file of ``timeline``: from the archive, else from the server (stored)."""
         path = self.archive.directory / history_file_name(timeline)
-        if path.exists():
-            return path.read_text()
+        try:
+            return read_small_file(path, HISTORY_FILE_CAP).decode()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # out of descriptors stays retryable
+            raise os_error(exc, f'cannot read history file "{path}"') from exc
+        except UnicodeDecodeError as exc:
+            raise ArchiveError(f'history file "{path}" is not text: {exc}') from exc
         name, content = timeline_history(self.conn, timeline)
         self.archive.write_file_durably(name, content.encode())
         self.log.info("history_file_written", file=name, timeline=timeline)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from receivewal.archive.directory import write_file_durably
+from receivewal.archive.reading import read_small_file
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.logs import get_logger
 from receivewal.wal.lsn import format_lsn, parse_lsn
@@ -82,10 +83,17 @@ def _iso(seconds: float) -> str:
 
 
 def _epoch(text: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time that can be printed back in UTC (ValueError
+    for one that cannot, e.g. 9999-12-31T23:59:59-12:00, which is in year 10000 in UTC)."""
     value = datetime.fromisoformat(text)
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.timestamp()
+    seconds = value.timestamp()
+    try:
+        datetime.fromtimestamp(seconds, UTC)
+    except (ValueError, OverflowError, OSError) as exc:
+        raise ValueError(f"time {text[:40]!r} is out of range") from exc
+    return seconds
 
 
 def state_to_dict(state: State) -> dict[str, Any]:
@@ -166,7 +174,7 @@ def read_state(directory: Path) -> State | None:
     """The state in ``directory``; None when there is no state file; ArchiveError if unreadable."""
     path = state_path(directory)
     try:
-        data = path.read_bytes()
+        data = read_small_file(path)  # ArchiveError naming a FIFO, device or huge file
     except FileNotFoundError:
         return None
     except OSError as exc:

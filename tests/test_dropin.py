@@ -37,6 +37,14 @@ def normalised(done: subprocess.CompletedProcess[str], program: Path | str) -> t
     return done.returncode, done.stderr.replace(str(program), "ARGV0")
 
 
+def own_directory(args: list[str], tmp_path: Path) -> list[str]:
+    """The command line with ``/tmp`` (as written in the cases) replaced by an empty directory
+    of the test's own: what the drop-in leaves there (state, lock) never reaches another test."""
+    directory = tmp_path / "archive"
+    directory.mkdir()
+    return [str(directory) if arg == "/tmp" else arg for arg in args]
+
+
 # Command lines pg_receivewal refuses before it connects: the same words, the same exit code.
 REFUSED = [
     [], ["-D", "/tmp", "extra"], ["--create-slot"], ["--drop-slot"],
@@ -53,8 +61,10 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("args", REFUSED, ids=lambda a: " ".join(a) or "(none)")
-def test_refuses_what_pg_receivewal_refuses_in_its_words(dropin: Path, args: list[str]) -> None:
+def test_refuses_what_pg_receivewal_refuses_in_its_words(dropin: Path, args: list[str],
+                                                          tmp_path: Path) -> None:
     """Usage errors: stderr and exit code equal pg_receivewal 15's."""
+    args = own_directory(args, tmp_path)
     theirs = normalised(run(PG_RECEIVEWAL, *args), PG_RECEIVEWAL)
     ours = normalised(run(dropin, *args), dropin)
     assert theirs[0] == 1
@@ -65,9 +75,10 @@ def test_refuses_what_pg_receivewal_refuses_in_its_words(dropin: Path, args: lis
                                   ["-S", "s", "--create-slot", "-d", "host=/nonexistent"],
                                   ["-D", "/tmp", "-s", " 7 ", "-E", "0/1x", "-Z", "5",
                                    "-d", "host=/nonexistent", "-n"]])
-def test_connection_failure_is_reported_as_pg_receivewal_does(dropin: Path,
-                                                              args: list[str]) -> None:
+def test_connection_failure_is_reported_as_pg_receivewal_does(dropin: Path, args: list[str],
+                                                              tmp_path: Path) -> None:
     """Accepted options, then no server: one error line with libpq's message, exit 1."""
+    args = own_directory(args, tmp_path)
     theirs = run(PG_RECEIVEWAL, *args)
     ours = run(dropin, *args)
     assert ours.returncode == theirs.returncode == 1

@@ -348,6 +348,12 @@ def _recover(by_key: Mapping[tuple[int, int], SegmentScan], history: list[Timeli
     first, last = on_path[0], on_path[-1]
     archive_end = by_key[(tli_for(last), last)].valid_end
     start = start_lsn if start_lsn is not None else first * segment_size
+    if start >= archive_end:  # nothing to replay from there: nothing was verified
+        reason = (f"the start {format_lsn(start)} is not in the archive, whose WAL ends at "
+                  f"{format_lsn(archive_end)}")
+        problems.append(WalProblem("start_not_in_archive", by_key[(tli_for(last), last)].file,
+                                   start, reason))
+        return Recovery(target, start, start, archive_end, reason), problems
     reach, reason, prev_last = start, "", None
     for segno in range(start // segment_size, last + 1):
         tli = tli_for(segno)

@@ -91,6 +91,11 @@ class ArchiveReport:
     recovery: Recovery | None
 
     @property
+    def unlisted_problems(self) -> int:
+        """Problems found in the segments beyond those each scan lists (only counted)."""
+        return sum(s.unlisted_problems for s in self.scans)
+
+    @property
     def recoverable(self) -> bool:
         """Recoverable end to end: no error anywhere and recovery reaches the archive's end."""
         return (self.recovery is not None and self.recovery.complete
@@ -383,6 +388,10 @@ def _recover(by_key: Mapping[tuple[int, int], SegmentScan], history: list[Timeli
                                             lsn=reach, segment_size=segment_size)
             elif segno != last or broken:
                 reason = f"WAL in {scan.file} is unreadable from {format_lsn(reach)}"
+                damaged = sorted({p.file for p in scan.problems if p.severity == "error"}
+                                 - {scan.file})
+                if damaged:  # a record there continues into a damaged file
+                    reason += f" (the damage is in {', '.join(damaged)})"
             break
     return Recovery(target, start, max(reach, start), archive_end, reason), problems
 

@@ -287,6 +287,7 @@ def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, A
                  for name, (c, r, f) in rmgr_totals(report.scans).items()},
         "problems": [{"kind": p.kind, "file": p.file, "lsn": format_lsn(p.lsn),
                       "detail": p.detail, "severity": p.severity} for p in report.problems],
+        "problems_not_listed": report.unlisted_problems,
     }
 
 
@@ -321,9 +322,13 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
         lines.append(f"recovery on timeline {rec.timeline} from {format_lsn(rec.start_lsn)} "
                      f"reaches {format_lsn(rec.end_lsn)} ({end})")
     errors = [p for p in report.problems if p.severity == "error"]
+    unlisted = report.unlisted_problems
     lines.append(f"problems: {len(errors)} error(s), "
-                 f"{len(report.problems) - len(errors)} warning(s)")
+                 f"{len(report.problems) - len(errors)} warning(s)"
+                 + (f", {unlisted} more not listed" if unlisted else ""))
     lines += ["  " + p.describe() for p in report.problems]
+    if unlisted:
+        lines.append(f"  ... and {unlisted} more problems")
     lines.append("verdict: recoverable end to end" if report.recoverable
                  else "verdict: NOT recoverable end to end")
     return lines

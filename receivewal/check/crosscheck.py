@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import NamedTuple
@@ -102,12 +102,14 @@ class ArchiveReport:
                 and not any(p.severity == "error" for p in self.problems))
 
 
-def choose_files(segments: Iterable[tuple[str, SegmentFile]]
+def choose_files(segments: Iterable[tuple[str, SegmentFile]], preferred: Collection[str] = ()
                  ) -> tuple[dict[tuple[int, int], tuple[str, SegmentFile]], list[WalProblem]]:
-    """One file per (timeline, segno): complete before ``.partial``; duplicates are warnings."""
+    """One file per (timeline, segno): complete before ``.partial``, then the ``preferred``
+    names; duplicates are warnings."""
     chosen: dict[tuple[int, int], tuple[str, SegmentFile]] = {}
     problems = []
-    for name, seg in sorted(segments, key=lambda item: (item[1].partial, item[0])):
+    for name, seg in sorted(segments, key=lambda item: (item[1].partial,
+                                                        item[0] not in preferred, item[0])):
         key = (seg.timeline, seg.segno)
         if key in chosen:
             problems.append(WalProblem("duplicate_segment", name, 0, f"{chosen[key][0]} holds "

@@ -18,6 +18,7 @@ from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import Archive, ArchiveIdentity, os_error
 from receivewal.archive.layout import StartPoint, choose_start
+from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
@@ -102,7 +103,12 @@ class Session:
         for reason in rejected:
             name, _, why = reason.partition(": ")
             self.log.warning("segment_file_rejected", file=name, reason=why)
-        newest = restart_point(newest, self.archive.segment_names(info.segment_size))
+        files = self.archive.segment_names(info.segment_size)
+        newest = restart_point(newest, files)
+        for line in settle_partials(self.archive, info.segment_size, files,
+                                    self.settings.at_rest, newest):
+            name, _, what = line.partition(": ")
+            self.log.warning("partial_file_settled", file=name, action=what)
         slot_restart = None
         # as pg_receivewal: the slot's position only matters when the archive has none
         if self.settings.slot and info.version >= 150000 \

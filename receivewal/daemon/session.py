@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import Archive, ArchiveIdentity, os_error
-from receivewal.archive.layout import StartPoint, choose_start
+from receivewal.archive.layout import StartPoint, choose_start, older_islands
 from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
@@ -51,7 +51,7 @@ from receivewal.replication.messages import (
 from receivewal.replication.streampack import StreampackDecoder
 from receivewal.replication.waiting import StopFlag
 from receivewal.wal.lsn import format_lsn, round_down_to_segment
-from receivewal.wal.names import history_file_name, wal_file_name
+from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
 from receivewal.wal.timeline import check_follows, parse_history
 
 STOP_DRAIN_SECONDS = 10.0
@@ -104,6 +104,7 @@ class Session:
             name, _, why = reason.partition(": ")
             self.log.warning("segment_file_rejected", file=name, reason=why)
         files = self.archive.segment_names(info.segment_size)
+        self._report_islands(files, newest, info.segment_size)
         newest = restart_point(newest, files)
         for line in settle_partials(self.archive, info.segment_size, files,
                                     self.settings.at_rest, newest):
@@ -125,6 +126,25 @@ class Session:
             history = parse_history(self._fetch_history(info.timeline), info.timeline)
             check_follows(start.timeline, start.lsn, history, info.timeline)
         return start
+
+    def _report_islands(self, files: list[SegmentFile], newest: SegmentFile | None,
+                        segment_size: int) -> None:
+        """Log each island of older segments before a hole (never resumed from) and put them
+        in the state file, for ``status``."""
+        islands = [] if newest is None else \
+            older_islands((f.segno for f in files), newest.segno)
+        names = {f.segno: f.wal_name(segment_size) for f in sorted(files, reverse=True)}
+        texts = []
+        for first, last, missing in islands:
+            tli = int(names[first][:8], 16)
+            hole = (wal_file_name(tli, last + 1, segment_size),
+                    wal_file_name(tli, missing, segment_size))
+            self.log.warning("older_island", first=names[first], last=names[last],
+                             missing_from=hole[0], missing_to=hole[1],
+                             reason="before a hole: streaming resumes after the newest run")
+            texts.append(f"older island {names[first]} .. {names[last]} before a hole "
+                         f"({hole[0]} .. {hole[1]} missing), not resumed from")
+        self.monitor.archive_warning("; ".join(texts) or None)
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
         """READ_REPLICATION_SLOT; with --create-slot-if-missing, create a missing slot."""

@@ -239,7 +239,7 @@ def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
             continue
         try:
             ranked, conflict = rank_partials(forms, segment_size)
-        except OSError:
+        except (OSError, ArchiveError):
             continue  # the scan of each file reports it
         preferred.append(ranked[0].path.name)
         if conflict is not None:

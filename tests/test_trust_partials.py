@@ -9,6 +9,7 @@ same segment. The file-level cases use the committed 1 MiB segment pair in ``tes
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import os
 import shutil
@@ -25,7 +26,11 @@ from support.streams import lsn_to_int, receivewal, start_receivewal, stop, wait
 from test_restore import restore
 from test_verify_truth import NAMES, SEG, fixture_bytes
 
+from receivewal.archive.compression import CompressSpec
+from receivewal.archive.directory import Archive
+from receivewal.archive.partials import settle_partials
 from receivewal.check.verify import verify_archive
+from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import wal_file_name
 from receivewal.wal.pageheader import XLOG_BLCKSZ
@@ -121,6 +126,37 @@ def test_partials_holding_different_wal_stop_restore_and_fail_verify(tmp_path: P
 
 
 # -- the daemon: a method change keeps the WAL that was durable ---------------------------------
+def test_start_up_converts_the_longest_partial_to_the_form_it_writes(tmp_path: Path) -> None:
+    """Start-up with -Z zstd over a plain .partial (600 kB of WAL) and a .gz.partial (100 kB):
+    one .zst.partial is left and it decodes to the 600 kB; the others are gone."""
+    wal = fixture_bytes(NAME)
+    longer = upto_record(wal, 600_000)
+    (tmp_path / f"{NAME}.partial").write_bytes(padded(longer, SEG))
+    (tmp_path / f"{NAME}.gz.partial").write_bytes(gzip.compress(upto_record(wal, 100_000)))
+    archive = Archive(tmp_path)
+    files = archive.segment_names(SEG)
+    done = settle_partials(archive, SEG, files, CompressSpec("zstd"), max(files))
+    assert len(done) == 3, done
+    assert sorted(os.listdir(tmp_path)) == [f"{NAME}.zst.partial"]
+    assert decoded(tmp_path / f"{NAME}.zst.partial", truncated_ok=True) == longer
+
+
+def test_start_up_refuses_partials_holding_different_wal(tmp_path: Path) -> None:
+    """Two forms that disagree where both hold WAL: start-up stops with one line naming both,
+    and removes nothing."""
+    wal = fixture_bytes(NAME)
+    other, _ = rewritten_record(wal, 300_000)
+    (tmp_path / f"{NAME}.partial").write_bytes(padded(upto_record(wal, 600_000), SEG))
+    (tmp_path / f"{NAME}.zst.partial").write_bytes(zst_partial(upto_record(other, 300_000)))
+    archive = Archive(tmp_path)
+    files = archive.segment_names(SEG)
+    with pytest.raises(ArchiveError) as failed:
+        settle_partials(archive, SEG, files, CompressSpec("zstd"), max(files))
+    assert f"{NAME}.partial" in str(failed.value)
+    assert f"{NAME}.zst.partial" in str(failed.value)
+    assert len(os.listdir(tmp_path)) == 2
+
+
 def flushed_by_receiver(pg: PgServer) -> int:
     """The flush position receivewal reported to the server (0 when not connected)."""
     text = pg.sql("SELECT flush_lsn FROM pg_stat_replication")

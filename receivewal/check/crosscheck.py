@@ -2,11 +2,12 @@
 
 Given the archive's file names, its history files' text and one :class:`SegmentScan` per
 segment, :func:`check_archive` finds segments of another system identifier, missing segments
-on each timeline, history files that are missing or disagree with the segments, ``.partial``
-files where a complete segment should be, broken ``xl_prev`` links between segments, and the
-WAL range a recovery can reach from a start LSN, reading segments the way PostgreSQL's
-recovery picks them (for each segment, the newest timeline of the target's history that had
-begun by then).
+on each timeline, islands of older segments that a hole separates from the archive's end,
+history files that are missing or disagree with the segments, ``.partial`` files where a
+complete segment should be, broken ``xl_prev`` links between segments, and the WAL range a
+recovery can reach from a start LSN (a start the archive does not hold is a problem),
+reading segments the way PostgreSQL's recovery picks them (for each segment, the newest
+timeline of the target's history that had begun by then).
 """
 
 from __future__ import annotations

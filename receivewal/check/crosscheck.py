@@ -16,10 +16,9 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import NamedTuple
 
-from receivewal.archive.layout import older_islands
+from receivewal.check.gaps import missing_segments, older_island_problems
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
@@ -208,8 +207,8 @@ def check_archive(segment_size: int, scans: Iterable[SegmentScan],
     target = timelines[-1] if timelines else 1
     problems += _check_histories(own, parsed, timelines, segment_size)
     problems += _check_partials(own, parsed, segment_size)
-    problems += _missing_per_timeline(by_key, segment_size, start_lsn)
-    problems += _older_islands(own, segment_size)
+    problems += missing_segments(by_key, segment_size, start_lsn)
+    problems += older_island_problems(own, segment_size)
 
     recovery = None
     if own:
@@ -304,56 +303,6 @@ def _check_partials(own: list[SegmentScan], parsed: Mapping[int, list[TimelineSw
             problems.append(WalProblem(
                 "partial_segment", s.file, s.start_lsn, "a .partial file where a complete "
                 "segment should be: the timeline continues after it"))
-    return problems
-
-
-_MISSING_LISTED = 10  # missing segments named one by one per gap; the rest are counted
-
-
-def _older_islands(own: list[SegmentScan], segment_size: int) -> list[WalProblem]:
-    """Each run of segments that a hole separates from the run ending at the archive's end
-    (segment numbers over all timelines): recovery from there stops at the hole."""
-    if not own:
-        return []
-    names = {s.segno: s.file for s in reversed(own)}
-    tli = {s.segno: s.timeline for s in own}
-    problems = []
-    for first, last, missing in older_islands(names, max(names)):
-        problems.append(WalProblem(
-            "older_island", names[first], first * segment_size, f"{names[first]} .. "
-            f"{names[last]} lie before a hole ({wal_file_name(tli[last], last + 1, segment_size)}"
-            f" .. {wal_file_name(tli[last], missing, segment_size)} missing): recovery from "
-            "them stops there; recovery from a base backup taken later starts after the hole "
-            "(verify --start LSN)", "warning"))
-    return problems
-
-
-def _missing_per_timeline(by_key: Mapping[tuple[int, int], SegmentScan],
-                          segment_size: int, start_lsn: int | None = None) -> list[WalProblem]:
-    """The segments missing between the first and the last of each timeline: the first few
-    of each gap by name, then one problem that counts the rest (a gap may be 2^44 long).
-    Those wholly before ``start_lsn`` are warnings: recovery from there does not need them."""
-    problems = []
-    segnos: dict[int, list[int]] = {}
-    for tli, segno in by_key:
-        segnos.setdefault(tli, []).append(segno)
-    for tli, present in sorted(segnos.items()):
-        ordered = sorted(present)
-        for low, high in pairwise(ordered):
-            gap = range(low + 1, high)
-            before = start_lsn is not None and high * segment_size <= start_lsn
-            severity, why = ("warning", ", before the start") if before else ("error", "")
-            for segno in gap[:_MISSING_LISTED]:
-                problems.append(WalProblem(
-                    "missing_segment", wal_file_name(tli, segno, segment_size),
-                    segno * segment_size, f"segment missing on timeline {tli}{why}", severity))
-            if len(gap) > _MISSING_LISTED:
-                first = gap[_MISSING_LISTED]
-                problems.append(WalProblem(
-                    "missing_segment", wal_file_name(tli, first, segment_size),
-                    first * segment_size, f"and {len(gap) - _MISSING_LISTED - 1} more "
-                    f"segments up to {wal_file_name(tli, high - 1, segment_size)} are missing "
-                    f"on timeline {tli}{why}", severity))
     return problems
 
 

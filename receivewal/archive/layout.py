@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from receivewal.errors import ProtocolError
 from receivewal.wal.lsn import format_lsn, round_down_to_segment, segment_start
-from receivewal.wal.names import SegmentFile
+from receivewal.wal.names import SegmentFile, wal_file_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +107,19 @@ def older_islands(segnos: Iterable[int], resume_segno: int) -> list[tuple[int, i
                  resume_segno)
     return [(first, last, found[i + 1][0] - 1) for i, (first, last) in enumerate(found)
             if last < start]
+
+
+def island_names(files: Iterable[SegmentFile], resume: SegmentFile | None, segment_size: int,
+                 ) -> list[tuple[str, str, str, str]]:
+    """The older islands before where streaming resumes (``resume``), by WAL file name: the
+    first and last segment of each, and the first and last of the hole after it."""
+    files = sorted(files, reverse=True)
+    if resume is None:
+        return []
+    names = {f.segno: f.wal_name(segment_size) for f in files}  # the lowest timeline's
+    found = []
+    for first, last, missing in older_islands(names, resume.segno):
+        tli = int(names[last][:8], 16)
+        found.append((names[first], names[last], wal_file_name(tli, last + 1, segment_size),
+                      wal_file_name(tli, missing, segment_size)))
+    return found

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import Archive, ArchiveIdentity, os_error
-from receivewal.archive.layout import StartPoint, choose_start, older_islands
+from receivewal.archive.layout import StartPoint, choose_start, island_names
 from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
@@ -131,19 +131,13 @@ class Session:
                         segment_size: int) -> None:
         """Log each island of older segments before a hole (never resumed from) and put them
         in the state file, for ``status``."""
-        islands = [] if newest is None else \
-            older_islands((f.segno for f in files), newest.segno)
-        names = {f.segno: f.wal_name(segment_size) for f in sorted(files, reverse=True)}
         texts = []
-        for first, last, missing in islands:
-            tli = int(names[first][:8], 16)
-            hole = (wal_file_name(tli, last + 1, segment_size),
-                    wal_file_name(tli, missing, segment_size))
-            self.log.warning("older_island", first=names[first], last=names[last],
-                             missing_from=hole[0], missing_to=hole[1],
-                             reason="before a hole: streaming resumes after the newest run")
-            texts.append(f"older island {names[first]} .. {names[last]} before a hole "
-                         f"({hole[0]} .. {hole[1]} missing), not resumed from")
+        for first, last, hole_from, hole_to in island_names(files, newest, segment_size):
+            self.log.warning("older_island", first=first, last=last, missing_from=hole_from,
+                             missing_to=hole_to, reason="before a hole: streaming resumes "
+                             "after the newest run")
+            texts.append(f"older island {first} .. {last} before a hole ({hole_from} .. "
+                         f"{hole_to} missing), not resumed from")
         self.monitor.archive_warning("; ".join(texts) or None)
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:

@@ -39,6 +39,7 @@ from support.streams import (
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.directory import Archive
 from receivewal.archive.files import CRASH_ENV, PREALLOCATE_ENV, preallocate
+from receivewal.archive.layout import older_islands
 from receivewal.archive.writer import open_segment_writer
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
 from receivewal.daemon.state import State, write_state
@@ -126,23 +127,26 @@ def test_stray_file_named_like_a_newer_segment_does_not_skip_wal(pg: PgServer,
 
 
 
-def test_resume_point_needs_content_proof_and_no_hole(tmp_path: Path) -> None:
-    """Names are not trusted: a proven file beyond a hole, a file whose header belongs to
-    another segment or system, and random bytes are all passed over, each named."""
+def test_resume_point_needs_content_proof_and_resumes_in_the_newest_run(tmp_path: Path) -> None:
+    """Names are not trusted: a file whose header belongs to another segment or system, and
+    random bytes are passed over, each named. Streaming resumes in the run of segments that
+    ends at the archive's end; an older run before a hole is an island (issue 18 item 13)."""
     for segno in range(1, 5):
         (tmp_path / f"00000001000000000000000{segno}").write_bytes(proven_segment(segno))
-    (tmp_path / "000000010000000000000009").write_bytes(proven_segment(9))  # beyond a hole
+    (tmp_path / "000000010000000000000009").write_bytes(proven_segment(9))  # after a hole
     archive = Archive(tmp_path)
     newest, rejected = archive.resume_point(SEGMENT, 7)
     assert newest is not None
-    assert newest.segno == 4
-    assert rejected[0].startswith("000000010000000000000009: lies beyond a hole")
-    assert "000000010000000000000005 is missing" in rejected[0]
+    assert newest.segno == 9
+    assert rejected == []
+    assert older_islands((f.segno for f in archive.segment_names(SEGMENT)), 9) == [(1, 4, 8)]
+    (tmp_path / "000000010000000000000009").write_bytes(os.urandom(SEGMENT))
     (tmp_path / "000000010000000000000004").write_bytes(proven_segment(3))  # wrong address
     (tmp_path / "000000010000000000000003").write_bytes(os.urandom(SEGMENT))
     newest, rejected = archive.resume_point(SEGMENT, 7)
     assert newest is not None
     assert newest.segno == 2
+    assert "000000010000000000000009: invalid magic number" in rejected[0]
     assert "page address 0/3000000, expected 0/4000000" in rejected[1]
     assert "invalid magic number" in rejected[2]
     newest, rejected = archive.resume_point(SEGMENT, 8)  # another system's archive

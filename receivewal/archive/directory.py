@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
-from receivewal.archive.layout import contiguous_end, resume_order
+from receivewal.archive.layout import resume_order
 from receivewal.archive.lock import LOCK_FILE, lock_directory
 from receivewal.archive.reading import open_regular, read_small_file
 from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
-from receivewal.wal.names import SegmentFile, parse_segment_file_name, wal_file_name
+from receivewal.wal.names import SegmentFile, parse_segment_file_name
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
 IDENTITY_FILE = ".receivewal-archive.json"
@@ -245,26 +245,19 @@ class Archive:
                      ) -> tuple[SegmentFile | None, list[str]]:
         """The newest segment file whose content proves it, and the files passed over.
 
-        Only files in the run of consecutive segments that starts at the archive's oldest one
-        count: a file beyond a hole was not written by this receiver in order, and trusting it
-        would skip the missing WAL. Candidates are then checked newest first, so only the
-        files that matter are opened: the first page header (magic, timeline, page address
-        matching the name, segment size, system identifier) and, for a complete file, its size.
+        Candidates are checked newest first, so only the files that matter are opened: the
+        first page header (magic, timeline, page address matching the name, segment size,
+        system identifier) and, for a complete file, its size. Streaming resumes in the run
+        of consecutive segments that ends at the archive's end: an island of older segments
+        before a hole is never resumed from (the server has long removed the WAL after it);
+        :func:`~receivewal.archive.layout.older_islands` names such islands.
         """
-        files = self.segment_names(segment_size)
-        run_end = contiguous_end(f.segno for f in files)
         rejected: list[str] = []
-        for parsed in sorted(files, key=resume_order, reverse=True):
-            name = parsed.file_name(segment_size)
-            if parsed.segno > run_end:
-                missing = wal_file_name(parsed.timeline, run_end + 1, segment_size)
-                rejected.append(f"{name}: lies beyond a hole in the archive (segment {missing} "
-                                "is missing); it will be streamed again")
-                continue
+        for parsed in sorted(self.segment_names(segment_size), key=resume_order, reverse=True):
             reason = self._content_problem(parsed, segment_size, system_identifier)
             if reason is None:
                 return parsed, rejected
-            rejected.append(f"{name}: {reason}")
+            rejected.append(f"{parsed.file_name(segment_size)}: {reason}")
         return None, rejected
 
     def _content_problem(self, parsed: SegmentFile, segment_size: int,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from receivewal.errors import ProtocolError
 from receivewal.wal.lsn import format_lsn, round_down_to_segment, segment_start
-from receivewal.wal.names import SegmentFile
+from receivewal.wal.names import SegmentFile, wal_file_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +87,39 @@ def choose_start(
     return StartPoint(round_down_to_segment(lsn, segment_size), timeline, "server")
 
 
-def contiguous_end(segnos: Iterable[int]) -> int:
-    """The last segment of the run of consecutive segment numbers that starts at the smallest
-    (-1 when there are none): files past it lie beyond a hole."""
-    present = set(segnos)
-    if not present:
-        return -1
-    end = min(present)
-    while end + 1 in present:
-        end += 1
-    return end
+def runs(segnos: Iterable[int]) -> list[tuple[int, int]]:
+    """The runs of consecutive segment numbers, as (first, last), oldest first."""
+    found: list[tuple[int, int]] = []
+    for segno in sorted(set(segnos)):
+        if found and found[-1][1] + 1 == segno:
+            found[-1] = (found[-1][0], segno)
+        else:
+            found.append((segno, segno))
+    return found
+
+
+def older_islands(segnos: Iterable[int], resume_segno: int) -> list[tuple[int, int, int]]:
+    """The runs before the one holding ``resume_segno`` (where streaming resumes), each
+    separated from what follows by a hole: (first, last, last missing) of each older island,
+    oldest first."""
+    found = runs(segnos)
+    start = next((first for first, last in found if first <= resume_segno <= last),
+                 resume_segno)
+    return [(first, last, found[i + 1][0] - 1) for i, (first, last) in enumerate(found)
+            if last < start]
+
+
+def island_names(files: Iterable[SegmentFile], resume: SegmentFile | None, segment_size: int,
+                 ) -> list[tuple[str, str, str, str]]:
+    """The older islands before where streaming resumes (``resume``), by WAL file name: the
+    first and last segment of each, and the first and last of the hole after it."""
+    files = sorted(files, reverse=True)
+    if resume is None:
+        return []
+    names = {f.segno: f.wal_name(segment_size) for f in files}  # the lowest timeline's
+    found = []
+    for first, last, missing in older_islands(names, resume.segno):
+        tli = int(names[last][:8], 16)
+        found.append((names[first], names[last], wal_file_name(tli, last + 1, segment_size),
+                      wal_file_name(tli, missing, segment_size)))
+    return found

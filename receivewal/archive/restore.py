@@ -24,6 +24,7 @@ from typing import BinaryIO
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
 from receivewal.archive.directory import IDENTITY_FILE, Archive, fsync_path
+from receivewal.archive.partials import rank_partials
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size
@@ -32,6 +33,7 @@ from receivewal.wal.names import (
     AtRest,
     is_other_wal_file_name,
     is_wal_file_name,
+    parse_segment_file_name,
 )
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, parse_long_header
 
@@ -55,19 +57,43 @@ class Candidate:
 
 def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
     """The archive files that can serve ``name``, best first: complete files (plain, then
-    compressed), then with ``partial`` the ``.partial`` forms, newest first."""
+    compressed), then with ``partial`` the ``.partial`` forms, the longest valid WAL first.
+
+    Raises ArchiveError when two ``.partial`` forms hold different WAL where both hold some.
+    """
     if is_other_wal_file_name(name):
         return [Candidate(directory / name, AtRest.PLAIN, partial=False, segment=False)]
     if not is_wal_file_name(name):
         raise ConfigurationError(f"{name!r} is not a WAL segment or history file name")
     found = [Candidate(directory / (name + fmt.suffix), fmt, partial=False, segment=True)
              for fmt in AtRest]
-    if partial:
+    if partial and not any(c.path.exists() for c in found):
         partials = [Candidate(directory / (name + fmt.suffix + PARTIAL_SUFFIX), fmt,
                               partial=True, segment=True) for fmt in AtRest]
-        found += sorted((c for c in partials if c.path.exists()),
-                        key=lambda c: c.path.stat().st_mtime_ns, reverse=True)
+        found += _longest_first(directory, name, [c for c in partials if c.path.exists()])
     return found
+
+
+def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> list[Candidate]:
+    """``partials`` ranked by the valid WAL they hold (:mod:`receivewal.archive.partials`)."""
+    if len(partials) < 2:
+        return partials
+    size = segment_size(directory, partials[0])
+    forms = []
+    for c in partials:
+        parsed = parse_segment_file_name(c.path.name, size)
+        if parsed is None:
+            raise ConfigurationError(f"{name!r} is not a WAL segment name for {size}-byte "
+                                     "segments")
+        forms.append((c.path, parsed))
+    try:
+        ranked, conflict = rank_partials(forms, size)
+    except OSError as exc:
+        raise ArchiveError(f'cannot read "{exc.filename}": {exc.strerror}') from exc
+    if conflict is not None:
+        raise ArchiveError(conflict.describe())
+    by_path = {c.path: c for c in partials}
+    return [by_path[f.path] for f in ranked]
 
 
 def restore_file(directory: Path, name: str, target: str, *, partial: bool = False) -> Path:

@@ -7,7 +7,10 @@ to ``<name>`` and the directory fsynced: a file without the suffix is always com
 
 A compressed segment is written from its first byte into a temporary file; it replaces the
 ``.partial`` a previous run left only once it holds at least as much WAL, fsynced. Old WAL is
-never removed before it is durable again. Nothing is ever opened through a symbolic link.
+never removed before it is durable again. A ``.partial`` a previous run left in another form
+(another ``-Z`` method) was converted to this one at start-up
+(:func:`~receivewal.archive.partials.settle_partials`), so a method change keeps its WAL.
+Nothing is ever opened through a symbolic link.
 
 The file primitives they use (preallocation, opening without following links, the crash
 tests' kill points) are in :mod:`receivewal.archive.files`.

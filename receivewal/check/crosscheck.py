@@ -2,22 +2,23 @@
 
 Given the archive's file names, its history files' text and one :class:`SegmentScan` per
 segment, :func:`check_archive` finds segments of another system identifier, missing segments
-on each timeline, history files that are missing or disagree with the segments, ``.partial``
-files where a complete segment should be, broken ``xl_prev`` links between segments, and the
-WAL range a recovery can reach from a start LSN, reading segments the way PostgreSQL's
-recovery picks them (for each segment, the newest timeline of the target's history that had
-begun by then).
+on each timeline, islands of older segments that a hole separates from the archive's end,
+history files that are missing or disagree with the segments, ``.partial`` files where a
+complete segment should be, broken ``xl_prev`` links between segments, and the WAL range a
+recovery can reach from a start LSN (a start the archive does not hold is a problem),
+reading segments the way PostgreSQL's recovery picks them (for each segment, the newest
+timeline of the target's history that had begun by then).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import NamedTuple
 
+from receivewal.check.gaps import missing_segments, older_island_problems
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
@@ -91,18 +92,25 @@ class ArchiveReport:
     recovery: Recovery | None
 
     @property
+    def unlisted_problems(self) -> int:
+        """Problems found in the segments beyond those each scan lists (only counted)."""
+        return sum(s.unlisted_problems for s in self.scans)
+
+    @property
     def recoverable(self) -> bool:
         """Recoverable end to end: no error anywhere and recovery reaches the archive's end."""
         return (self.recovery is not None and self.recovery.complete
                 and not any(p.severity == "error" for p in self.problems))
 
 
-def choose_files(segments: Iterable[tuple[str, SegmentFile]]
+def choose_files(segments: Iterable[tuple[str, SegmentFile]], preferred: Collection[str] = ()
                  ) -> tuple[dict[tuple[int, int], tuple[str, SegmentFile]], list[WalProblem]]:
-    """One file per (timeline, segno): complete before ``.partial``; duplicates are warnings."""
+    """One file per (timeline, segno): complete before ``.partial``, then the ``preferred``
+    names; duplicates are warnings."""
     chosen: dict[tuple[int, int], tuple[str, SegmentFile]] = {}
     problems = []
-    for name, seg in sorted(segments, key=lambda item: (item[1].partial, item[0])):
+    for name, seg in sorted(segments, key=lambda item: (item[1].partial,
+                                                        item[0] not in preferred, item[0])):
         key = (seg.timeline, seg.segno)
         if key in chosen:
             problems.append(WalProblem("duplicate_segment", name, 0, f"{chosen[key][0]} holds "
@@ -199,7 +207,8 @@ def check_archive(segment_size: int, scans: Iterable[SegmentScan],
     target = timelines[-1] if timelines else 1
     problems += _check_histories(own, parsed, timelines, segment_size)
     problems += _check_partials(own, parsed, segment_size)
-    problems += _missing_per_timeline(by_key, segment_size)
+    problems += missing_segments(by_key, segment_size, start_lsn)
+    problems += older_island_problems(own, segment_size)
 
     recovery = None
     if own:
@@ -297,35 +306,6 @@ def _check_partials(own: list[SegmentScan], parsed: Mapping[int, list[TimelineSw
     return problems
 
 
-_MISSING_LISTED = 10  # missing segments named one by one per gap; the rest are counted
-
-
-def _missing_per_timeline(by_key: Mapping[tuple[int, int], SegmentScan],
-                          segment_size: int) -> list[WalProblem]:
-    """The segments missing between the first and the last of each timeline: the first few
-    of each gap by name, then one problem that counts the rest (a gap may be 2^44 long)."""
-    problems = []
-    segnos: dict[int, list[int]] = {}
-    for tli, segno in by_key:
-        segnos.setdefault(tli, []).append(segno)
-    for tli, present in sorted(segnos.items()):
-        ordered = sorted(present)
-        for low, high in pairwise(ordered):
-            gap = range(low + 1, high)
-            for segno in gap[:_MISSING_LISTED]:
-                problems.append(WalProblem(
-                    "missing_segment", wal_file_name(tli, segno, segment_size),
-                    segno * segment_size, f"segment missing on timeline {tli}"))
-            if len(gap) > _MISSING_LISTED:
-                first = gap[_MISSING_LISTED]
-                problems.append(WalProblem(
-                    "missing_segment", wal_file_name(tli, first, segment_size),
-                    first * segment_size, f"and {len(gap) - _MISSING_LISTED - 1} more "
-                    f"segments up to {wal_file_name(tli, high - 1, segment_size)} are missing "
-                    f"on timeline {tli}"))
-    return problems
-
-
 def _recover(by_key: Mapping[tuple[int, int], SegmentScan], history: list[TimelineSwitch],
              target: int, segment_size: int, start_lsn: int | None
              ) -> tuple[Recovery, list[WalProblem]]:
@@ -348,6 +328,12 @@ def _recover(by_key: Mapping[tuple[int, int], SegmentScan], history: list[Timeli
     first, last = on_path[0], on_path[-1]
     archive_end = by_key[(tli_for(last), last)].valid_end
     start = start_lsn if start_lsn is not None else first * segment_size
+    if start >= archive_end:  # nothing to replay from there: nothing was verified
+        reason = (f"the start {format_lsn(start)} is not in the archive, whose WAL ends at "
+                  f"{format_lsn(archive_end)}")
+        problems.append(WalProblem("start_not_in_archive", by_key[(tli_for(last), last)].file,
+                                   start, reason))
+        return Recovery(target, start, start, archive_end, reason), problems
     reach, reason, prev_last = start, "", None
     for segno in range(start // segment_size, last + 1):
         tli = tli_for(segno)
@@ -377,6 +363,10 @@ def _recover(by_key: Mapping[tuple[int, int], SegmentScan], history: list[Timeli
                                             lsn=reach, segment_size=segment_size)
             elif segno != last or broken:
                 reason = f"WAL in {scan.file} is unreadable from {format_lsn(reach)}"
+                damaged = sorted({p.file for p in scan.problems if p.severity == "error"}
+                                 - {scan.file})
+                if damaged:  # a record there continues into a damaged file
+                    reason += f" (the damage is in {', '.join(damaged)})"
             break
     return Recovery(target, start, max(reach, start), archive_end, reason), problems
 

@@ -22,6 +22,7 @@ import lz4.frame
 import zstandard
 
 from receivewal.archive.compression import Opener, read_wal_file
+from receivewal.archive.partials import rank_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.check.crosscheck import (
     ArchiveReport,
@@ -208,7 +209,9 @@ def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int |
     if segment_size is None:
         segment_size = detect_segment_size(str(directory), names)
     segments, history_names = classify(names, segment_size)
-    chosen, problems = choose_files(segments)
+    preferred, problems = longest_partials(directory, segments, segment_size)
+    chosen, duplicates = choose_files(segments, preferred)
+    problems += duplicates
     problems += misnamed(names, segment_size)
     tasks = plan_scans(chosen, segment_size=segment_size)
     results = run_scans(tasks, str(directory), segment_size, jobs=jobs,
@@ -219,6 +222,31 @@ def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int |
     report = check_archive(segment_size, [r.scan for r in results if r.scan is not None],
                            histories, start_lsn=start_lsn, extra_problems=problems)
     return report, results
+
+
+def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
+                     segment_size: int) -> tuple[list[str], list[WalProblem]]:
+    """Of each segment held only as ``.partial`` in several forms, the one with the longest
+    valid WAL (checked first); a problem for forms that hold different WAL."""
+    complete = {(s.timeline, s.segno) for _, s in segments if not s.partial}
+    groups: dict[tuple[int, int], list[tuple[Path, SegmentFile]]] = {}
+    for name, seg in segments:
+        if seg.partial and (seg.timeline, seg.segno) not in complete:
+            groups.setdefault((seg.timeline, seg.segno), []).append((directory / name, seg))
+    preferred, problems = [], []
+    for forms in groups.values():
+        if len(forms) < 2:
+            continue
+        try:
+            ranked, conflict = rank_partials(forms, segment_size)
+        except (OSError, ArchiveError):
+            continue  # the scan of each file reports it
+        preferred.append(ranked[0].path.name)
+        if conflict is not None:
+            problems.append(WalProblem("partial_conflict", conflict.first.name, conflict.lsn,
+                                       f"{conflict.second.name} holds different WAL here: "
+                                       "neither can be trusted over the other"))
+    return preferred, problems
 
 
 def run_scans(tasks: list[ScanTask], base: str, segment_size: int, *, jobs: int | None,
@@ -287,6 +315,7 @@ def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, A
                  for name, (c, r, f) in rmgr_totals(report.scans).items()},
         "problems": [{"kind": p.kind, "file": p.file, "lsn": format_lsn(p.lsn),
                       "detail": p.detail, "severity": p.severity} for p in report.problems],
+        "problems_not_listed": report.unlisted_problems,
     }
 
 
@@ -321,9 +350,13 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
         lines.append(f"recovery on timeline {rec.timeline} from {format_lsn(rec.start_lsn)} "
                      f"reaches {format_lsn(rec.end_lsn)} ({end})")
     errors = [p for p in report.problems if p.severity == "error"]
+    unlisted = report.unlisted_problems
     lines.append(f"problems: {len(errors)} error(s), "
-                 f"{len(report.problems) - len(errors)} warning(s)")
+                 f"{len(report.problems) - len(errors)} warning(s)"
+                 + (f", {unlisted} more not listed" if unlisted else ""))
     lines += ["  " + p.describe() for p in report.problems]
+    if unlisted:
+        lines.append(f"  ... and {unlisted} more problems")
     lines.append("verdict: recoverable end to end" if report.recoverable
                  else "verdict: NOT recoverable end to end")
     return lines

@@ -10,9 +10,10 @@ a problem stops recovery instead of silently ending it early.
 On SIGTERM the temporary file is removed and the helper dies of the signal, as PostgreSQL
 expects of a restore_command during shutdown.
 
-With ``--partial`` the newest ``.partial`` of the asked segment is served when no complete file
-exists, padded with zeros to the segment size as PostgreSQL expects: recovery then replays to
-the last byte received.
+With ``--partial`` the ``.partial`` of the asked segment that holds the longest valid WAL is
+served when no complete file exists, padded with zeros to the segment size as PostgreSQL
+expects: recovery then replays to the last byte received. Two ``.partial`` forms that hold
+different WAL where both hold some are damage (126), naming both files.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class _RestoreCommand(click.Command):
               help="The archive directory (receivewal stream's -D; "
               "env RECEIVEWAL_DIRECTORY).")
 @click.option("--partial", is_flag=True,
-              help="Serve the newest .partial of a segment that has no complete file "
-              "(recovery to the last byte received).")
+              help="Serve the .partial holding the longest valid WAL of a segment that has "
+              "no complete file (recovery to the last byte received).")
 def restore_command(wal_name: str, target: str, directory: str, partial: bool) -> int:
     """restore_command helper: copy WAL_NAME (%f) from the archive to TARGET (%p).
 

@@ -3,6 +3,7 @@
 Works as a Nagios-style check: the first line is a one-line summary and the exit code is
 
 - 0 OK: the daemon runs and heard from the server within ``--max-age`` seconds;
+- 1 WARNING: as OK, but the archive holds an island of older segments before a hole;
 - 2 CRITICAL: the daemon is not running (no process holds the archive's lock, or it recorded
   a stop), or it has had no contact with the server for longer than ``--max-age`` seconds;
 - 3 UNKNOWN: there is no state file, or it cannot be read or trusted (not a regular file,
@@ -39,7 +40,7 @@ from receivewal.daemon.state import State, state_to_dict
     help="CRITICAL when the server has not been heard from for longer (seconds).",
 )
 def status_command(directory: Path, as_json: bool, max_age: float) -> None:
-    """Report the daemon's state; exit 0 OK, 2 CRITICAL, 3 UNKNOWN (Nagios-style)."""
+    """Report the daemon's state; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (Nagios-style)."""
     now = time.time()
     verdict, state = check(directory, max_age, now)
     try:

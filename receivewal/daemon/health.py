@@ -3,6 +3,8 @@
 The exit codes ``receivewal status`` gives:
 
 - 0 OK: the daemon runs and heard from the server within ``max_age`` seconds;
+- 1 WARNING: as OK, but the daemon found the archive holds an island of older segments before
+  a hole (it streams on after the newest run; ``verify`` names the missing segments);
 - 2 CRITICAL: the daemon is not running (no process holds the archive's lock, or it recorded
   a stop), or it has had no contact with the server for longer than ``max_age`` seconds;
 - 3 UNKNOWN: there is no state file, or it cannot be read or trusted.
@@ -54,19 +56,30 @@ def _ago(seconds: float) -> str:
 
 def evaluate(state: State, now: float, max_age: float, running: bool | None) -> Verdict:
     """Judge ``state`` at ``now``; ``running`` says whether a process holds the archive's
-    lock (None: unknown, e.g. the state was written on another host)."""
+    lock (None: unknown, e.g. the state was written on another host). What the daemon found
+    wrong with the archive (an older island before a hole) is added, and turns OK into
+    WARNING."""
+    code, text = _judge(state, now, max_age, running)
+    if state.archive_warning is not None:
+        code = WARNING if code == OK else code
+        text += f"; archive: {state.archive_warning}"
+    return _verdict(code, text)
+
+
+def _judge(state: State, now: float, max_age: float, running: bool | None) -> tuple[int, str]:
+    """The exit code and summary of ``state`` as the daemon's liveness goes."""
     flushed = "nothing flushed yet" if state.flushed_lsn is None else \
         f"flushed {format_lsn(state.flushed_lsn)}"
     where = (f"timeline {state.timeline if state.timeline is not None else '-'}, "
              f"received {_lsn(state.received_lsn)}, {flushed}")
     if state.phase == "stopped":
-        return _verdict(
+        return (
             CRITICAL,
             f"not running: stopped {_ago(now - state.updated_at)}, {where}"
             + _error_suffix(state),
         )
     if running is False:
-        return _verdict(
+        return (
             CRITICAL,
             f"not running: no process holds the archive's lock (pid {state.pid} recorded, "
             f"last update {_ago(now - state.updated_at)}), {where}" + _error_suffix(state),
@@ -74,20 +87,20 @@ def evaluate(state: State, now: float, max_age: float, running: bool | None) -> 
     if state.last_contact is None:
         age = now - state.started_at
         if age > max_age:
-            return _verdict(
+            return (
                 CRITICAL,
                 f"no contact with the server since start {_ago(age)} (max {max_age:g}s)"
                 + _error_suffix(state),
             )
-        return _verdict(OK, f"{state.phase}, no server contact yet (started {_ago(age)})")
+        return (OK, f"{state.phase}, no server contact yet (started {_ago(age)})")
     age = now - state.last_contact
     if age > max_age:
-        return _verdict(
+        return (
             CRITICAL,
             f"no contact with the server for {age:.0f}s (max {max_age:g}s), {state.phase} "
             f"{where}" + _error_suffix(state),
         )
-    return _verdict(OK, f"{state.phase} {where}, last contact {_ago(age)}")
+    return (OK, f"{state.phase} {where}, last contact {_ago(age)}")
 
 
 def _error_suffix(state: State) -> str:
@@ -139,6 +152,7 @@ def describe(state: State, now: float) -> list[str]:
          f"wire ({_ratio(state.wal_bytes, state.wire_bytes)})"),
         ("segments completed", f"{state.segments_completed} (last {state.last_segment or '-'})"),
         ("reconnects", str(state.reconnects)),
+        ("archive", state.archive_warning or "-"),
     ]
     error = state.last_error
     lines.append((

@@ -212,6 +212,12 @@ class Monitor:
         self._status(self._streaming_status())
         self._write_now()
 
+    def archive_warning(self, text: str | None) -> None:
+        """What is wrong with the archive that streaming goes on despite (an older island
+        before a hole), for ``status``; None: nothing. Written with the next state write (not
+        now: nothing is written before START_REPLICATION)."""
+        self._state = replace(self._state, archive_warning=text)
+
     def slot_state(self, slot: str | None, restart_lsn: int | None) -> None:
         """The replication slot's restart_lsn as the server reports it (None: unknown)."""
         self._state = replace(self._state, slot=slot, slot_restart_lsn=restart_lsn)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import Archive, ArchiveIdentity, os_error
-from receivewal.archive.layout import StartPoint, choose_start
+from receivewal.archive.layout import StartPoint, choose_start, island_names
+from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
@@ -50,7 +51,7 @@ from receivewal.replication.messages import (
 from receivewal.replication.streampack import StreampackDecoder
 from receivewal.replication.waiting import StopFlag
 from receivewal.wal.lsn import format_lsn, round_down_to_segment
-from receivewal.wal.names import history_file_name, wal_file_name
+from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
 from receivewal.wal.timeline import check_follows, parse_history
 
 STOP_DRAIN_SECONDS = 10.0
@@ -102,7 +103,13 @@ class Session:
         for reason in rejected:
             name, _, why = reason.partition(": ")
             self.log.warning("segment_file_rejected", file=name, reason=why)
-        newest = restart_point(newest, self.archive.segment_names(info.segment_size))
+        files = self.archive.segment_names(info.segment_size)
+        self._report_islands(files, newest, info.segment_size)
+        newest = restart_point(newest, files)
+        for line in settle_partials(self.archive, info.segment_size, files,
+                                    self.settings.at_rest, newest):
+            name, _, what = line.partition(": ")
+            self.log.warning("partial_file_settled", file=name, action=what)
         slot_restart = None
         # as pg_receivewal: the slot's position only matters when the archive has none
         if self.settings.slot and info.version >= 150000 \
@@ -119,6 +126,19 @@ class Session:
             history = parse_history(self._fetch_history(info.timeline), info.timeline)
             check_follows(start.timeline, start.lsn, history, info.timeline)
         return start
+
+    def _report_islands(self, files: list[SegmentFile], newest: SegmentFile | None,
+                        segment_size: int) -> None:
+        """Log each island of older segments before a hole (never resumed from) and put them
+        in the state file, for ``status``."""
+        texts = []
+        for first, last, hole_from, hole_to in island_names(files, newest, segment_size):
+            self.log.warning("older_island", first=first, last=last, missing_from=hole_from,
+                             missing_to=hole_to, reason="before a hole: streaming resumes "
+                             "after the newest run")
+            texts.append(f"older island {first} .. {last} before a hole ({hole_from} .. "
+                         f"{hole_to} missing), not resumed from")
+        self.monitor.archive_warning("; ".join(texts) or None)
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
         """READ_REPLICATION_SLOT; with --create-slot-if-missing, create a missing slot."""

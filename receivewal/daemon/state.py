@@ -71,6 +71,7 @@ class State:
     last_segment: str | None = None
     reconnects: int = 0
     last_error: LastError | None = field(default=None)
+    archive_warning: str | None = None  # found at start-up: an older island before a hole
 
 
 def state_path(directory: Path) -> Path:

@@ -27,7 +27,7 @@ from receivewal.wal.pageheader import (
     XLP_FIRST_IS_CONTRECORD,
     XLP_FIRST_IS_OVERWRITE_CONTRECORD,
 )
-from receivewal.wal.pages import PageMap
+from receivewal.wal.pages import Finding, PageMap
 from receivewal.wal.records import SIZE_OF_XLOG_RECORD
 
 _PAGE_MASK = XLOG_BLCKSZ - 1
@@ -97,6 +97,25 @@ def gather(data: bytes, pages: PageMap, pos: int, tot_len: int, *, start_lsn: in
     return rec, end
 
 
+def tail_problem(pages: PageMap, start_lsn: int) -> Finding | None:
+    """The tail of a record from the previous segment opens the segment: the first page whose
+    header does not continue it, as a finding (None when they all do)."""
+    if not (pages.n_pages and pages.page_ok[0] and pages.flags[0] & XLP_FIRST_IS_CONTRECORD):
+        return None
+    need, p = pages.rems[0], 0
+    while True:
+        avail = XLOG_BLCKSZ - (SIZE_OF_LONG_PHD if p == 0 else SIZE_OF_SHORT_PHD)
+        if need <= avail:
+            return None
+        need -= avail
+        p += 1
+        if p >= pages.n_pages or not pages.page_ok[p]:
+            return None
+        if not pages.flags[p] & XLP_FIRST_IS_CONTRECORD or pages.rems[p] != need:
+            return ("bad_page_header", start_lsn + p * XLOG_BLCKSZ,
+                    f"invalid contrecord length {pages.rems[p]}, expected {need}")
+
+
 def bytes_needed(pend: Pending, segment_size: int) -> int:
     """How many bytes of the following segment finish ``pend``."""
     need = pend.tot_len - pend.got
@@ -104,14 +123,15 @@ def bytes_needed(pend: Pending, segment_size: int) -> int:
     return min(pages * XLOG_BLCKSZ, segment_size)
 
 
-def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int,
+def continue_pending(pend: Pending, data: bytes, segment_size: int,
                      partial: bool = False) -> tuple[str, int, str]:
-    """Add the pieces of ``pend`` that the first pages of ``data`` (segment ``file``) hold.
+    """Add the pieces of ``pend`` that the first pages of ``data`` hold.
 
     Returns ``("done", end, "")`` with the offset in ``data`` where the record ends,
     ``("more", 0, "")`` when it runs on into the segment after that (``next_start`` moved on),
     ``("missing", 0, "")`` when ``data`` ends first (in a ``partial`` file, also where its
-    zero padding begins), or ``("bad", 0, detail)``.
+    zero padding begins), or ``("bad", offset, detail)`` with the offset in ``data`` of the
+    page header that does not continue it (the damage is there) and what is wrong with it.
     """
     p = 0
     end = 0
@@ -127,13 +147,26 @@ def continue_pending(pend: Pending, data: bytes, file: str, segment_size: int,
             return ("missing", 0, "")
         if partial and not any(data[off:off + hdr]):  # the .partial's WAL ends before here
             return ("missing", 0, "")
-        magic, info, _tli, addr, rem = SHORT_HEADER.unpack_from(data, off)
-        if (magic != XLOG_PAGE_MAGIC or addr != pend.next_start + off
-                or not info & XLP_FIRST_IS_CONTRECORD or rem != need):
-            return ("bad", 0, f"record continues into {file} at "
-                    f"{format_lsn(pend.next_start + off)}, whose page header does not "
-                    f"continue it (remaining length {rem}, expected {need})")
+        wrong = _continuation_problem(SHORT_HEADER.unpack_from(data, off),
+                                      pend.next_start + off, need)
+        if wrong:
+            return ("bad", off, wrong)
         pend.add(memoryview(data)[off + hdr:off + hdr + take])
         end = off + hdr + take
         p += 1
     return ("done", end, "")
+
+
+def _continuation_problem(header: tuple[int, int, int, int, int], address: int, need: int,
+                          ) -> str:
+    """What is wrong with a page header that should continue a record ("" when nothing)."""
+    magic, info, _tli, addr, rem = header
+    if magic != XLOG_PAGE_MAGIC:
+        return f"has an invalid magic number {magic:04X}"
+    if addr != address:
+        return f"has page address {format_lsn(addr)}, expected {format_lsn(address)}"
+    if not info & XLP_FIRST_IS_CONTRECORD:
+        return "lacks the contrecord flag"
+    if rem != need:
+        return f"says remaining length {rem}, expected {need}"
+    return ""

@@ -24,10 +24,9 @@ import struct
 import crc32c
 
 from receivewal.wal import accel
-from receivewal.wal.crossing import Pending, bytes_needed, continue_pending, gather
+from receivewal.wal.crossing import Pending, bytes_needed, continue_pending, gather, tail_problem
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.pageheader import (
-    SIZE_OF_LONG_PHD,
     SIZE_OF_SHORT_PHD,
     XLOG_BLCKSZ,
     XLP_FIRST_IS_CONTRECORD,
@@ -75,6 +74,7 @@ class SegmentScanner:
         self.segno = segno
         self.partial = partial
         self.problems: list[WalProblem] = []
+        self.unlisted_problems = 0
         # Indexed by rmid << 4 | xl_info >> 4: per resource manager and record type.
         self.counts = [0] * 4096
         self.rec_bytes = [0] * 4096
@@ -96,11 +96,17 @@ class SegmentScanner:
         self._scanned = False
 
     # -- problems ----------------------------------------------------------------------------
-    def _problem(self, kind: str, lsn: int, detail: str, severity: str = "error") -> None:
-        if severity == "error" and (self.first_error is None or lsn < self.first_error):
-            self.first_error = lsn
+    def _problem(self, kind: str, lsn: int, detail: str, severity: str = "error", *,
+                 file: str | None = None, breaks_at: int | None = None) -> None:
+        """A problem at ``lsn`` of ``file`` (default: this one); an error ends the valid WAL
+        at ``breaks_at`` (default ``lsn``). Past _MAX_PROBLEMS, problems are only counted."""
+        stop = lsn if breaks_at is None else breaks_at
+        if severity == "error" and (self.first_error is None or stop < self.first_error):
+            self.first_error = stop
         if len(self.problems) < _MAX_PROBLEMS:
-            self.problems.append(WalProblem(kind, self.file, lsn, detail, severity))
+            self.problems.append(WalProblem(kind, file or self.file, lsn, detail, severity))
+        else:
+            self.unlisted_problems += 1
 
     # -- pages -------------------------------------------------------------------------------
     def _check_pages(self) -> None:
@@ -124,8 +130,9 @@ class SegmentScanner:
             return
         self._scanned = True
         self._check_pages()
-        if self.n_pages and self.page_ok[0] and self.flags[0] & XLP_FIRST_IS_CONTRECORD:
-            self._check_leading_continuation()
+        leading = tail_problem(self.pages, self.start_lsn)
+        if leading is not None:
+            self._problem(*leading)
         pos = self._page_start(0)
         if pos is None:
             self.end_lsn = self.start_lsn + self.n_pages * XLOG_BLCKSZ
@@ -140,23 +147,6 @@ class SegmentScanner:
             self._problem("zeroed_tail", self.start_lsn + zero_from,
                           f"{size - zero_from} bytes of zeros at the end of a complete "
                           "segment")
-
-    def _check_leading_continuation(self) -> None:
-        """The tail of a record from the previous segment: check the pages it covers."""
-        need = self.rems[0]
-        p = 0
-        while True:
-            avail = XLOG_BLCKSZ - (SIZE_OF_LONG_PHD if p == 0 else SIZE_OF_SHORT_PHD)
-            if need <= avail:
-                return
-            need -= avail
-            p += 1
-            if p >= self.n_pages or not self.page_ok[p]:
-                return
-            if not self.flags[p] & XLP_FIRST_IS_CONTRECORD or self.rems[p] != need:
-                self._problem("bad_page_header", self.start_lsn + p * XLOG_BLCKSZ,
-                              f"invalid contrecord length {self.rems[p]}, expected {need}")
-                return
 
     def _walk(self, pos: int) -> None:  # noqa: PLR0912, PLR0915 - the hot loop stays in one piece
         """Walk the records from ``pos`` to the end of the segment's valid pages.
@@ -294,8 +284,9 @@ class SegmentScanner:
             return (next_pos, None)
         return (next_pos, lsn)
 
-    def _accept(self, rec: Pending) -> bool:
-        """Check a gathered record's header, CRC and blocks; count it when good."""
+    def _accept(self, rec: Pending, continued_in: str = "") -> bool:
+        """Check a gathered record's header, CRC and blocks; count it when good. A record that
+        ran on into another file names the last one (``continued_in``) when its CRC fails."""
         lsn, prev, head = rec.lsn, rec.prev, rec.head
         tot_len, _xid, prev_link, info, rmid, stored = _RECORD.unpack_from(head)
         if not rmgr_id_is_valid(rmid):
@@ -306,7 +297,9 @@ class SegmentScanner:
                           f"{format_lsn(prev_link)}, expected {format_lsn(prev)}")
             return False
         if crc32c.crc32c(memoryview(head)[:20], rec.crc) != stored:
-            self._problem("crc_mismatch", lsn, "incorrect resource manager data checksum")
+            self._problem("crc_mismatch", lsn, "incorrect resource manager data checksum" + (
+                f" (the record runs on into {continued_in}: the damage is in one of the files "
+                "it spans)" if continued_in else ""))
             return False
         fpi = fpi_bytes_of(head, 24, tot_len)
         if fpi < 0:
@@ -355,17 +348,19 @@ class SegmentScanner:
         pend = self.pending
         if pend is None:
             return
-        state, end, detail = continue_pending(pend, data, file, self.segment_size, partial)
+        state, end, detail = continue_pending(pend, data, self.segment_size, partial)
         if state == "more":
             return
         if state == "missing":
             self.next_missing()
             return
         self.pending = None
-        if state == "bad":
-            self._problem("bad_record", pend.lsn, detail)
+        if state == "bad":  # the damage is in ``file``, at the page that should continue it
+            self._problem("bad_record", pend.next_start + end, f"the record at "
+                          f"{format_lsn(pend.lsn)} in {self.file} continues here, but this page "
+                          f"header {detail}", file=file, breaks_at=pend.lsn)
             return
-        if self._accept(pend):
+        if self._accept(pend, file):
             self.end_lsn = pend.next_start + maxalign(end)
             if self.switched:
                 self.end_lsn = pend.next_start
@@ -397,4 +392,5 @@ class SegmentScanner:
             last_record_lsn=self.last_record_lsn, end_lsn=self.end_lsn, valid_end=valid_end,
             switched=self.switched, incomplete_tail=self.incomplete_tail,
             record_lsns=tuple(self.lsns or ()), problems=tuple(self.problems),
+            unlisted_problems=self.unlisted_problems,
         )

@@ -85,6 +85,7 @@ class SegmentScan:
     incomplete_tail: bool  # the last record continues into WAL that was not available
     record_lsns: tuple[int, ...]
     problems: tuple[WalProblem, ...]
+    unlisted_problems: int = 0  # found past the ones listed in ``problems``, only counted
 
     @property
     def records(self) -> int:

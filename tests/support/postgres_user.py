@@ -23,7 +23,8 @@ def install_for_postgres(base: Path) -> str:
     site = Path(next(p for p in sys.path if p.endswith("site-packages")))
     package = Path(__file__).resolve().parent.parent.parent / "receivewal"
     shutil.copytree(package, lib / "receivewal", ignore=shutil.ignore_patterns("__pycache__"))
-    for dep in ("lz4", "zstandard", "click", "backports"):
+    metadata = [p.name for p in site.glob("crc32c-*.dist-info")]  # crc32c reads its version
+    for dep in ("lz4", "zstandard", "click", "backports", "crc32c", *metadata):
         shutil.copytree(site / dep, lib / dep, ignore=shutil.ignore_patterns("__pycache__"))
     for path in [lib, *lib.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -156,7 +156,9 @@ def test_a_store_killed_while_pgbench_writes_gets_every_segment_after_its_restar
                      what="streaming going on while the store is down")
             wait_for(lambda: status(archive)[1]["state"]["upload_pending_files"] >= 2,
                      what="the backlog in the state file")
-            assert status(archive)[1]["state"]["upload_error"]["kind"] == "StoreError"
+            code, document = status(archive)
+            assert document["state"]["upload_error"]["kind"] == "StoreError"
+            assert code == 1, document["summary"]  # WARNING: the store is down
         finally:
             seaweed.start()
         bench.terminate()

@@ -20,7 +20,9 @@ from receivewal.archive.uploads import (
 )
 from receivewal.commands.cli import cli
 from receivewal.daemon.health import CRITICAL, OK, WARNING, UploadLimits, evaluate
+from receivewal.daemon.metrics import Metrics
 from receivewal.daemon.state import LastError, State, decode_state, encode_state
+from receivewal.daemon.uploader import UploadError, UploadStatus
 from receivewal.errors import ArchiveError
 
 SEGMENT = 16 * 1024 * 1024
@@ -132,3 +134,21 @@ def test_upload_options_are_checked_before_connecting(tmp_path: Path, args: list
                                       *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_the_metrics_show_the_backlog_and_the_last_upload_error() -> None:
+    """Backlog files, bytes and age, uploads since start, failing, and the last error's kind."""
+    metrics = Metrics(clock=lambda: 1000.0)
+    metrics.set_uploads(UploadStatus(URL, pending_files=2, pending_bytes=2 * SEGMENT,
+                                     oldest_pending=970.0, uploaded_files=5,
+                                     last_error=UploadError("StoreAccessDenied", "denied", 990.0),
+                                     failing_since=990.0))
+    samples = {(sample.name, tuple(sample.labels.items())): sample.value
+               for family in metrics.collect() for sample in family.samples}
+    assert samples[("receivewal_upload_pending_files", ())] == 2
+    assert samples[("receivewal_upload_pending_bytes", ())] == 2 * SEGMENT
+    assert samples[("receivewal_upload_oldest_pending_age_seconds", ())] == 30
+    assert samples[("receivewal_uploaded_files_total", ())] == 5
+    assert samples[("receivewal_upload_failing", ())] == 1
+    assert samples[("receivewal_upload_last_error_timestamp_seconds", ())] == 990
+    assert samples[("receivewal_upload_last_error_info", (("kind", "StoreAccessDenied"),))] == 1

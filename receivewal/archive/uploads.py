@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 
 from receivewal.archive.directory import Archive
+from receivewal.archive.reading import read_small_file
 from receivewal.errors import ArchiveError
 from receivewal.wal.names import SegmentFile, parse_history_file_name, parse_segment_file_name
 
@@ -96,7 +97,7 @@ def read_upload_record(archive: Archive, destination: str) -> UploadRecord:
     another destination (everything goes up again there: create-only, nothing overwritten)."""
     path = archive.directory / UPLOADED_FILE
     try:
-        raw = json.loads(path.read_bytes())
+        raw = json.loads(read_small_file(path))  # ArchiveError naming a FIFO or huge file
     except FileNotFoundError:
         return UploadRecord(destination)
     except RecursionError:

@@ -17,6 +17,7 @@ from support.seaweed import SeaweedS3
 from support.servers import PgServer, pg_bin, running_server
 from support.streams import (
     complete_segments,
+    log_events,
     lsn_to_int,
     receivewal,
     slot_restart_lsn,
@@ -92,7 +93,7 @@ def run_pgbench(pg: PgServer, seconds: int) -> subprocess.Popen[bytes]:
                              "postgres"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def test_uploads_are_the_servers_segments_plain_and_history_files(
+def test_uploads_are_the_servers_segments_plain_with_the_identity_object(
         pg: PgServer, seaweed: SeaweedS3, prefix: str, tmp_path: Path) -> None:
     """Plain at rest: each uploaded segment is byte for byte the server's own file, and the
     prefix carries the cluster's identity object."""
@@ -232,6 +233,7 @@ def test_a_second_cluster_on_the_same_prefix_is_refused_and_writes_nothing(
     assert "Traceback" not in result.stderr
     assert objects(seaweed, prefix) == before
     assert complete_segments(second) == []
+    assert not (second / IDENTITY_FILE).exists()  # refused before the local archive was claimed
 
 
 def test_wrong_credentials_streaming_goes_on_and_status_is_critical(
@@ -322,3 +324,32 @@ def test_a_daemon_killed_between_upload_and_record_resumes_without_loss(
     log = (tmp_path / "log2").read_text()
     assert "Traceback" not in log
     assert '"upload_conflict"' not in log
+
+
+def test_a_promotion_uploads_the_history_file_before_the_new_timelines_segments(
+        pg: PgServer, seaweed: SeaweedS3, prefix: str, tmp_path: Path) -> None:
+    """Streaming from a standby that is promoted: 00000002.history goes up, identical to the
+    server's, before any segment of timeline 2, and every completed file arrives."""
+    standby = pg.make_standby("standby")
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    log = tmp_path / "log"
+    proc = stream(standby, archive, f"s3://{seaweed.bucket}/{prefix}", log, "-s", "0.5",
+                  env=store_env(seaweed))
+    try:
+        pg.generate_wal(1)
+        pg.stop("fast")
+        standby.promote()
+        standby.generate_wal(1, table="after_promotion")
+        wait_for(lambda: any(n.startswith("00000002") for n in complete_segments(archive))
+                 and uploaded_all(seaweed, prefix, archive)
+                 and "00000002.history" in keys(seaweed, prefix), what="timeline 2 uploaded")
+    finally:
+        assert stop(proc) == 0
+        standby.stop("immediate")
+    stored = objects(seaweed, prefix)
+    assert stored["00000002.history"] == (standby.pg_wal / "00000002.history").read_bytes()
+    order = [str(event["file"]) for event in log_events(log.read_text())
+             if event["event"] == "file_uploaded"]
+    first_tl2 = min(i for i, name in enumerate(order) if name.startswith("00000002000"))
+    assert order.index("00000002.history") < first_tl2

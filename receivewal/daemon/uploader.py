@@ -146,7 +146,10 @@ class Uploader:
         network)."""
         if not is_uploadable(name, self.segment_size):
             return
-        pending = describe_file(self.archive, name)
+        try:
+            pending = describe_file(self.archive, name)
+        except ReceivewalError:  # the upload will say what is wrong: never fail the writer
+            pending = PendingFile(name, 0, self.clock())
         if pending is not None:
             self._enqueue(pending)
 

@@ -353,3 +353,38 @@ def test_a_promotion_uploads_the_history_file_before_the_new_timelines_segments(
              if event["event"] == "file_uploaded"]
     first_tl2 = min(i for i, name in enumerate(order) if name.startswith("00000002000"))
     assert order.index("00000002.history") < first_tl2
+
+
+def test_confirm_after_upload_never_moves_the_slot_back_to_an_old_backlog(
+        pg: PgServer, seaweed: SeaweedS3, prefix: str, tmp_path: Path) -> None:
+    """An archive streamed without uploads, then run with --confirm-after upload: while the
+    old backlog goes up (here: stuck after its first segment, at a planted object), the slot
+    stays where the first run left it, though a physical slot would take an older position."""
+    pg.sql("SELECT pg_create_physical_replication_slot('kept', true)")
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    first = start_receivewal("stream", "-D", str(archive), "-d", pg.dsn, "-S", "kept",
+                             "-s", "0.2", "--log-format", "json", stderr_path=tmp_path / "log1")
+    try:
+        pg.generate_wal(3)
+        wait_for(lambda: len(complete_segments(archive)) >= 3, what="three segments")
+        end = lsn_to_int(pg.sql("SELECT pg_current_wal_lsn()"))
+        wait_for(lambda: slot_restart_lsn(pg, "kept") >= end - SEGMENT, what="the slot")
+    finally:
+        assert stop(first) == 0
+    kept = slot_restart_lsn(pg, "kept")
+    backlog = complete_segments(archive)
+    seaweed.client().put_object(Bucket=seaweed.bucket, Key=f"{prefix}/{backlog[1]}",
+                                Body=b"planted")
+    proc = stream(pg, archive, f"s3://{seaweed.bucket}/{prefix}", tmp_path / "log2",
+                  "-S", "kept", "-s", "0.2", "--confirm-after", "upload", env=store_env(seaweed))
+    try:
+        wait_for(lambda: (status(archive)[1]["state"]["upload_error"] or {}).get("kind")
+                 == "ObjectConflict", what="the upload stuck at the planted object")
+        assert backlog[0] in keys(seaweed, prefix)  # uploaded: its end is far behind the slot
+        asked = pg.sql("SELECT now()")
+        wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_replication WHERE reply_time > "
+                                f"'{asked}'") == "1", what="a status update after that")
+        assert slot_restart_lsn(pg, "kept") == kept
+    finally:
+        assert stop(proc) == 0

@@ -22,7 +22,7 @@ from receivewal.commands.cli import cli
 from receivewal.daemon.health import CRITICAL, OK, WARNING, UploadLimits, evaluate
 from receivewal.daemon.metrics import Metrics
 from receivewal.daemon.state import LastError, State, decode_state, encode_state
-from receivewal.daemon.uploader import UploadError, UploadStatus
+from receivewal.daemon.uploader import UploadError, UploadStatus, confirmable_flush
 from receivewal.errors import ArchiveError
 
 SEGMENT = 16 * 1024 * 1024
@@ -152,3 +152,14 @@ def test_the_metrics_show_the_backlog_and_the_last_upload_error() -> None:
     assert samples[("receivewal_upload_failing", ())] == 1
     assert samples[("receivewal_upload_last_error_timestamp_seconds", ())] == 990
     assert samples[("receivewal_upload_last_error_info", (("kind", "StoreAccessDenied"),))] == 1
+
+
+def test_confirm_after_upload_reports_no_further_than_the_uploads_and_never_backwards() -> None:
+    """The flush reported is capped at the end of the last uploaded segment; before the first
+    upload, or while that end lies behind where the stream started, nothing is reported (0),
+    so that the slot stays where it was instead of moving back."""
+    start = 5 * SEGMENT
+    assert confirmable_flush(7 * SEGMENT + 100, None, start) == 0
+    assert confirmable_flush(7 * SEGMENT + 100, 2 * SEGMENT, start) == 0  # an old backlog
+    assert confirmable_flush(7 * SEGMENT + 100, 6 * SEGMENT, start) == 6 * SEGMENT
+    assert confirmable_flush(5 * SEGMENT + 100, 6 * SEGMENT, start) == 5 * SEGMENT + 100

@@ -124,6 +124,8 @@ class Session:
         if start.timeline < info.timeline:
             history = parse_history(self._fetch_history(info.timeline), info.timeline)
             check_follows(start.timeline, start.lsn, history, info.timeline)
+        if self.uploads is not None:
+            self.uploads.streaming_from(start.lsn)
         return start
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:

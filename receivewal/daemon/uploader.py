@@ -90,6 +90,17 @@ class UploadStatus:
     failing_since: float | None = None  # None: the last try succeeded
 
 
+def confirmable_flush(flush: int, uploaded_end: int | None, floor: int) -> int:
+    """What --confirm-after upload reports: never past the end of the last segment uploaded;
+    and nothing (0: the server keeps the slot where it is) while that end lies before
+    ``floor``, where this session's stream started. A physical slot takes any position it is
+    told, backwards too: a backlog left by a run without --confirm-after upload must not move
+    the slot back to WAL the server may have removed meanwhile."""
+    if uploaded_end is None or uploaded_end < floor:
+        return 0
+    return min(flush, uploaded_end)
+
+
 class Uploader:
     """Follows the archive's completed files and uploads each, in order, on one thread."""
 
@@ -112,6 +123,7 @@ class Uploader:
         self._thread: threading.Thread | None = None
         self._pause = environ.get(PAUSE_ENV)
         self._status = UploadStatus(str(bucket.url))
+        self._floor = 0  # where the current session streams from
 
     # -- the session's side ------------------------------------------------------------------
     def begin(self, identity: ArchiveIdentity) -> None:
@@ -153,11 +165,14 @@ class Uploader:
         if pending is not None:
             self._enqueue(pending)
 
+    def streaming_from(self, lsn: int) -> None:
+        """The session streams from ``lsn``: the server still had WAL there."""
+        self._floor = lsn
+
     def confirmable(self, flush: int) -> int:
-        """The flush position that may be reported with --confirm-after upload: never past the
-        end of the last segment confirmed uploaded (0, "nothing", before the first)."""
-        end = self._status.uploaded_end
-        return 0 if end is None else min(flush, end)
+        """The flush position to report with --confirm-after upload (see
+        :func:`confirmable_flush`)."""
+        return confirmable_flush(flush, self._status.uploaded_end, self._floor)
 
     def status(self) -> UploadStatus:
         """A consistent snapshot (any thread)."""

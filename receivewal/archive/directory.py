@@ -21,6 +21,7 @@ import socket
 import stat
 import struct
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +150,9 @@ class Archive:
         self.sync = sync
         self.file_mode = file_mode
         self._lock_fd: int | None = None
+        # told the name of each segment or history file once it is complete and durable (the
+        # uploader follows these); called from the thread that made the file durable
+        self.on_completed: Callable[[str], None] | None = None
 
     # -- checks ------------------------------------------------------------------------------
     def check_exists(self) -> None:
@@ -189,6 +193,11 @@ class Archive:
                 fsync_path(self.directory)
             except OSError as exc:
                 raise os_error(exc, f'could not fsync directory "{self.directory}"') from exc
+
+    def file_completed(self, name: str) -> None:
+        """``name`` (a completed segment or a history file) is durable under its final name."""
+        if self.on_completed is not None:
+            self.on_completed(name)
 
     # -- the one-writer lock ------------------------------------------------------------------
     def lock(self) -> list[str]:

@@ -257,6 +257,7 @@ class SegmentWriter:
             raise os_error(exc, f'could not complete segment "{name}"') from exc
         self.archive.fsync_directory()
         self._drop_superseded_partials(name[:24])
+        self.archive.file_completed(name)
 
     def _drop_superseded_partials(self, wal: str) -> None:
         """Remove ``.partial`` files of the segment just completed, in any form (another -Z

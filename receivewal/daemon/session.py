@@ -24,6 +24,7 @@ from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
 from receivewal.daemon.events import SessionMonitor
 from receivewal.daemon.settings import Settings
+from receivewal.daemon.uploader import Uploader
 from receivewal.errors import (
     ArchiveError,
     ConnectionLost,
@@ -71,8 +72,10 @@ class Session:
 
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
                  monitor: SessionMonitor, stop: StopFlag, log: FilteringBoundLogger,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 uploads: Uploader | None = None) -> None:
         self.conn = conn
+        self.uploads = uploads
         self.settings = settings
         self.archive = archive
         self.monitor = monitor
@@ -95,6 +98,9 @@ class Session:
     def prepare(self) -> StartPoint:
         """Identify the server, check the archive is this server's, and choose the start."""
         info = self.info = identify_server(self.conn)
+        if self.uploads is not None:  # another cluster's prefix: refused before any write
+            self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
+                                               info.timeline))
         self.archive.file_mode = self.monitor.file_mode = \
             self.archive.file_mode_for(info.file_mode)
         self._check_identity(info)
@@ -125,6 +131,8 @@ class Session:
         if start.timeline < info.timeline:
             history = parse_history(self._fetch_history(info.timeline), info.timeline)
             check_follows(start.timeline, start.lsn, history, info.timeline)
+        if self.uploads is not None:
+            self.uploads.streaming_from(start.lsn)
         return start
 
     def _report_islands(self, files: list[SegmentFile], newest: SegmentFile | None,
@@ -191,6 +199,7 @@ class Session:
             raise ArchiveError(f'history file "{path}" is not text: {exc}') from exc
         name, content = timeline_history(self.conn, timeline)
         self.archive.write_file_durably(name, content.encode())
+        self.archive.file_completed(name)
         self.log.info("history_file_written", file=name, timeline=timeline)
         return content
 
@@ -363,6 +372,8 @@ class Session:
         if self.settings.report_flush:
             flush = writer.flush(wait=self.settings.synchronous)
             self.monitor.flushed(flush)
+            if self.uploads is not None and self.settings.confirm_after == "upload":
+                flush = self.uploads.confirmable(flush)  # the slot keeps what is not uploaded
         now = postgres_time(time.time())
         self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
                                                        reply_requested))

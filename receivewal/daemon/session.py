@@ -40,6 +40,7 @@ from receivewal.replication.commands import (
 from receivewal.replication.link import COPY_DONE, ReplicationLink, ResultStatus
 from receivewal.replication.messages import (
     PrimaryKeepalive,
+    XLogData,
     build_hot_standby_feedback,
     build_standby_status_update,
     parse_copy_data,
@@ -77,6 +78,7 @@ class Session:
         self.log = log
         self.clock = clock
         self.decoder = StreampackDecoder(settings.compression)
+        self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
         self.info: ServerInfo | None = None
         self.writer: SegmentWriter | None = None
         self.last_received = clock()
@@ -240,11 +242,12 @@ class Session:
                 self._tick(writer)
                 return self._end_of_copy(writer)
             wait = 0.0
-            self.last_received, self.pinged = self.clock(), False
-            if message[0] == 0x77:  # 'w': the only place the hot path looks at the kind
-                self._process_xlogdata(message, writer)
+            self.last_received, self.pinged = now, False
+            received = parse_copy_data(message, self._read_xlogdata)
+            if isinstance(received, XLogData):
+                self._process_xlogdata(received, len(message), writer)
             else:
-                self._process_keepalive(message, writer)
+                self._process_keepalive(received, writer)
             if self._at_endpos(writer):
                 return "endpos"
             if interval > 0 and now >= next_status:
@@ -316,12 +319,11 @@ class Session:
             self.send_status(writer, reply_requested=True)
             self.pinged = True
 
-    def _process_xlogdata(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
-        xlog = self.decoder.decode(message)
+    def _process_xlogdata(self, xlog: XLogData, wire: int, writer: SegmentWriter) -> None:
         if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
             self._report_compression()
         completed = writer.write(xlog.wal_start, xlog.payload)
-        self.pending_wire += len(message)
+        self.pending_wire += wire
         self.pending_wal += len(xlog.payload)
         self.server_wal_end = xlog.wal_end
         for name in completed:
@@ -332,9 +334,7 @@ class Session:
             self.monitor.flushed(writer.flushed)
             self.log.debug("compression_stats", **self.decoder.stats().as_dict())
 
-    def _process_keepalive(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
-        keepalive = parse_copy_data(message)
-        assert isinstance(keepalive, PrimaryKeepalive)
+    def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentWriter) -> None:
         self.monitor.keepalive(keepalive.wal_end)
         if keepalive.reply_requested:
             self.send_status(writer)

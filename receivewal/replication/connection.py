@@ -201,10 +201,6 @@ class ReplicationConnection:
         host = self.pgconn.host.decode() or "local socket"
         return f"host={host} port={self.pgconn.port.decode()} user={self.pgconn.user.decode()}"
 
-    def fileno(self) -> int:
-        """The socket to wait on."""
-        return int(self.pgconn.socket)
-
     def close(self) -> None:
         """Close the connection (idempotent)."""
         if not self.closed:

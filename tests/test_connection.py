@@ -10,6 +10,7 @@ from support.servers import PgServer
 
 from receivewal.replication.connection import ReplicationConnection, build_conninfo
 from receivewal.replication.link import COPY_DONE, ResultStatus
+from receivewal.replication.messages import XLOGDATA_TAG
 from receivewal.wal.lsn import parse_lsn
 
 pytestmark = pytest.mark.server
@@ -45,7 +46,7 @@ def test_copy_stream_is_read_in_receivewal_types(pg: PgServer) -> None:
         conn.start_copy_both(f"START_REPLICATION PHYSICAL {xlogpos} TIMELINE {timeline}")
         pg.switch_wal()
         while (message := conn.read_copy(30.0)) is None or message is COPY_DONE \
-                or message[:1] != b"w":
+                or message[0] != XLOGDATA_TAG:
             assert message is not COPY_DONE
         assert int.from_bytes(message[1:9], "big") == parse_lsn(xlogpos)
         stop.w.send(b"x")

@@ -32,7 +32,6 @@ from receivewal.errors import (
     WalRemovedError,
 )
 from receivewal.replication.commands import (
-    ReplicationLink,
     ServerInfo,
     create_slot,
     identify_server,
@@ -41,9 +40,10 @@ from receivewal.replication.commands import (
     slot_exists,
     timeline_history,
 )
-from receivewal.replication.connection import COPY_DONE, ExecStatus
+from receivewal.replication.link import COPY_DONE, ReplicationLink, ResultStatus
 from receivewal.replication.messages import (
     PrimaryKeepalive,
+    XLogData,
     build_hot_standby_feedback,
     build_standby_status_update,
     parse_copy_data,
@@ -83,6 +83,7 @@ class Session:
         self.log = log
         self.clock = clock
         self.decoder = StreampackDecoder(settings.compression)
+        self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
         self.info: ServerInfo | None = None
         self.writer: SegmentWriter | None = None
         self.last_received = clock()
@@ -251,40 +252,39 @@ class Session:
     def _copy_loop(self, writer: SegmentWriter) -> TimelineEnd | str:
         """receivelog.c's HandleCopyStream, the hot loop. Take what has arrived; when nothing
         has, do the periodic work (endpos, synchronous flush, liveness, status, monitor tick)
-        and wait on the socket and the stop signal until the next status is due."""
+        and let the next read wait, on the socket and the stop signal, until the next status
+        is due."""
         interval = self.settings.status_interval
         next_status = self.clock()  # pg_receivewal reports once right away
         next_tick = next_status
+        wait = 0.0  # how long the next read may wait for a message: after one, not at all
         while True:
             if self.stop.requested:
                 self.log.info("stop_requested", lsn=format_lsn(writer.position))
                 self._finish(writer)
                 return "stopped"
-            message = self.conn.read_copy()
+            message = self.conn.read_copy(wait)
             now = self.clock()
             if message is None:
+                if self.stop.requested:  # the signal ended the wait
+                    continue
                 if self._at_endpos(writer):  # e.g. started exactly at --endpos
                     return "endpos"
-                if self.settings.synchronous and writer.flushed < writer.position:
-                    self.send_status(writer)
-                self._check_liveness(writer, now)
-                if interval > 0 and now >= next_status:
-                    self.send_status(writer)
-                    next_status = now + interval
-                self._tick(writer)
+                next_status = self._idle(writer, now, next_status)
                 next_tick = now + TICK_SECONDS
-                self.conn.wait(min(TICK_SECONDS, max(0.0, next_status - now))
-                               if interval > 0 else TICK_SECONDS)
+                wait = (min(TICK_SECONDS, max(0.0, next_status - now)) if interval > 0
+                        else TICK_SECONDS)
                 continue
             if message is COPY_DONE:
                 self._tick(writer)
                 return self._end_of_copy(writer)
-            assert isinstance(message, (bytes, memoryview))
-            self.last_received, self.pinged = self.clock(), False
-            if message[0] == 0x77:  # 'w': the only place the hot path looks at the kind
-                self._process_xlogdata(message, writer)
+            wait = 0.0
+            self.last_received, self.pinged = now, False
+            received = parse_copy_data(message, self._read_xlogdata)
+            if isinstance(received, XLogData):
+                self._process_xlogdata(received, len(message), writer)
             else:
-                self._process_keepalive(message, writer)
+                self._process_keepalive(received, writer)
             if self._at_endpos(writer):
                 return "endpos"
             if interval > 0 and now >= next_status:
@@ -293,6 +293,19 @@ class Session:
             if now >= next_tick:  # the watchdog and state file need a pulse under load too
                 self._tick(writer)
                 next_tick = now + TICK_SECONDS
+
+    def _idle(self, writer: SegmentWriter, now: float, next_status: float) -> float:
+        """The periodic work once nothing more has arrived: the synchronous flush, liveness,
+        a status update when due, the monitor's tick. Returns when the next status is due."""
+        if self.settings.synchronous and writer.flushed < writer.position:
+            self.send_status(writer)
+        self._check_liveness(writer, now)
+        interval = self.settings.status_interval
+        if interval > 0 and now >= next_status:
+            self.send_status(writer)
+            next_status = now + interval
+        self._tick(writer)
+        return next_status
 
     def _at_endpos(self, writer: SegmentWriter) -> bool:
         """Stop (and say so) once everything up to --endpos is received."""
@@ -343,12 +356,11 @@ class Session:
             self.send_status(writer, reply_requested=True)
             self.pinged = True
 
-    def _process_xlogdata(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
-        xlog = self.decoder.decode(message)
+    def _process_xlogdata(self, xlog: XLogData, wire: int, writer: SegmentWriter) -> None:
         if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
             self._report_compression()
         completed = writer.write(xlog.wal_start, xlog.payload)
-        self.pending_wire += len(message)
+        self.pending_wire += wire
         self.pending_wal += len(xlog.payload)
         self.server_wal_end = xlog.wal_end
         for name in completed:
@@ -359,9 +371,7 @@ class Session:
             self.monitor.flushed(writer.flushed)
             self.log.debug("compression_stats", **self.decoder.stats().as_dict())
 
-    def _process_keepalive(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
-        keepalive = parse_copy_data(message)
-        assert isinstance(keepalive, PrimaryKeepalive)
+    def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentWriter) -> None:
         self.monitor.keepalive(keepalive.wal_end)
         if keepalive.reply_requested:
             self.send_status(writer)
@@ -390,15 +400,12 @@ class Session:
         self.conn.end_copy()
         deadline = self.clock() + STOP_DRAIN_SECONDS
         while self.clock() < deadline:
-            message = self.conn.read_copy()
-            if message is COPY_DONE:
+            if self.conn.read_copy(max(0.0, deadline - self.clock())) is COPY_DONE:
                 break
-            if message is None:
-                self.conn.wait(max(0.0, deadline - self.clock()))
         else:
             raise ConnectionLost("server did not end the stream after we stopped")
         while (result := self.conn.next_result()) is not None:
-            if result.status not in (ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK):
+            if result.status not in (ResultStatus.COMMAND_OK, ResultStatus.TUPLES_OK):
                 break
 
     def _end_of_copy(self, writer: SegmentWriter) -> TimelineEnd:

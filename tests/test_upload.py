@@ -26,7 +26,7 @@ from support.streams import (
     wait_for,
 )
 
-from receivewal.archive.directory import IDENTITY_FILE
+from receivewal.archive.identity import IDENTITY_FILE
 
 pytestmark = pytest.mark.server
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
-from receivewal.archive.directory import IDENTITY_FILE, Archive, fsync_path
+from receivewal.archive.directory import Archive, fsync_path
+from receivewal.archive.identity import IDENTITY_FILE
 from receivewal.archive.partials import rank_partials
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from structlog.typing import FilteringBoundLogger
 
-from receivewal.archive.directory import Archive, ArchiveIdentity, os_error
+from receivewal.archive.directory import Archive, os_error
+from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.layout import StartPoint, choose_start, island_names
 from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
@@ -104,7 +105,8 @@ class Session:
                                                info.timeline))
         self.archive.file_mode = self.monitor.file_mode = \
             self.archive.file_mode_for(info.file_mode)
-        self._check_identity(info)
+        self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
+                                                    info.timeline))
         newest, rejected = self.archive.resume_point(info.segment_size,
                                                      int(info.system_identifier))
         for reason in rejected:
@@ -160,32 +162,6 @@ class Session:
         self.log.warning("replication_slot_created", slot=slot, server=self.conn.describe(),
                          reason="missing on this server (--create-slot-if-missing)")
         return read_slot(self.conn, slot)
-
-    def _check_identity(self, info: ServerInfo) -> None:
-        identity = self.archive.read_identity()
-        if identity is None:
-            files = self.archive.segment_names(info.segment_size)
-            sniffed = self.archive.sniff_system_identifier(files, info.segment_size)
-            if sniffed is not None and sniffed != info.system_identifier:
-                raise ArchiveError(
-                    f'directory "{self.archive.directory}" holds WAL of database system '
-                    f"{sniffed}, but the server is database system {info.system_identifier}"
-                )
-            self.archive.write_identity(ArchiveIdentity(info.system_identifier,
-                                                        info.segment_size, info.timeline))
-            return
-        if identity.system_identifier != info.system_identifier:
-            raise ArchiveError(
-                f'directory "{self.archive.directory}" belongs to database system '
-                f"{identity.system_identifier}, but the server is database system "
-                f"{info.system_identifier}"
-            )
-        if identity.segment_size != info.segment_size:
-            raise ArchiveError(
-                f'directory "{self.archive.directory}" holds segments of '
-                f"{identity.segment_size} bytes, but the server's wal_segment_size is "
-                f"{info.segment_size}"
-            )
 
     def _fetch_history(self, timeline: int) -> str:
         """The history file of ``timeline``: from the archive, else from the server (stored)."""

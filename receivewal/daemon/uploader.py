@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from structlog.typing import FilteringBoundLogger
 
-from receivewal.archive.directory import Archive, ArchiveIdentity
+from receivewal.archive.directory import Archive
+from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.objectstore import RetryPolicy, backoff_delay
 from receivewal.archive.uploads import (
     PendingFile,

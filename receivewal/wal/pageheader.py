@@ -18,6 +18,7 @@ XLP_FIRST_IS_CONTRECORD = 0x0001
 XLP_LONG_HEADER = 0x0002
 XLP_FIRST_IS_OVERWRITE_CONTRECORD = 0x0008
 XLP_ALL_FLAGS = 0x000F
+MAX_SYSTEM_IDENTIFIER = 0xFFFFFFFFFFFFFFFF  # xlp_sysid is a uint64
 
 SHORT_HEADER = struct.Struct("<HHIQI")  # xlp_magic, xlp_info, xlp_tli, xlp_pageaddr, xlp_rem_len
 LONG_FIELDS = struct.Struct("<QII")  # xlp_sysid, xlp_seg_size, xlp_xlog_blcksz (at offset 24)

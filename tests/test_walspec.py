@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from receivewal.wal import lsn as lsn_module
 from receivewal.wal import timeline
 
 PACKAGE = Path(__file__).parent.parent / "receivewal"
@@ -34,4 +37,18 @@ def test_the_timeline_and_system_identifier_limits_are_defined_once() -> None:
     assert top == 0xFFFFFFFF
     assert [timeline.is_timeline_id(t) for t in (0, 1, top, top + 1)] == [
         False, True, True, False]
+
+
+def test_lsns_are_parsed_and_printed_in_wal_lsn_only() -> None:
+    """The 32-bit halves of an LSN are joined and split only in wal/lsn.py."""
+    assert places(r"(<<|>>) 32\b") == {"wal/lsn.py"}
+
+
+@pytest.mark.parametrize(("text", "lsn"), [
+    ("0/3000000", 0x3000000), ("  0x1/+ff and more", 0x1_000000FF), ("1A/B", 0x1A_0000000B),
+    ("123456789/1", 0x23456789_00000001), ("1/", None), ("/1", None), ("g/1", None)])
+def test_scan_lsn_reads_as_sscanf_does(text: str, lsn: int | None) -> None:
+    """pg_receivewal's --endpos rule, sscanf("%X/%X"): leading space, a sign and 0x allowed,
+    the low 32 bits of each half kept, anything may follow; None when it does not start so."""
+    assert lsn_module.scan_lsn(text) == lsn
 

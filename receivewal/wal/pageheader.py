@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from receivewal.wal.lsn import format_lsn
+
 XLOG_PAGE_MAGIC = 0xD110  # PostgreSQL 15
 XLOG_BLCKSZ = 8192
 SIZE_OF_SHORT_PHD = 24
@@ -58,8 +60,8 @@ def first_page_problem(  # noqa: PLR0911 - one return per check, as xlogreader r
     if not header.info & XLP_LONG_HEADER or header.info & ~XLP_ALL_FLAGS:
         return f"invalid info bits {header.info:04X} on the first page"
     if header.page_address != page_address:
-        return (f"page address {header.page_address >> 32:X}/{header.page_address & 0xFFFFFFFF:X}"
-                f", expected {page_address >> 32:X}/{page_address & 0xFFFFFFFF:X}")
+        return (f"page address {format_lsn(header.page_address)}, expected "
+                f"{format_lsn(page_address)}")
     if header.timeline == 0 or header.timeline > timeline:
         return f"page timeline {header.timeline} does not belong in a timeline {timeline} file"
     if header.segment_size != segment_size:

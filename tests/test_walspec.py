@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from receivewal.wal import lsn as lsn_module
-from receivewal.wal import timeline
+from receivewal.wal import pageheader, records, timeline
+from receivewal.wal.pageheader import LONG_FIELDS, SHORT_HEADER
+from receivewal.wal.pages import check_pages
 
 PACKAGE = Path(__file__).parent.parent / "receivewal"
 
@@ -52,3 +54,59 @@ def test_scan_lsn_reads_as_sscanf_does(text: str, lsn: int | None) -> None:
     the low 32 bits of each half kept, anything may follow; None when it does not start so."""
     assert lsn_module.scan_lsn(text) == lsn
 
+
+def test_page_headers_are_checked_in_wal_pageheader_only() -> None:
+    """The magic number, the flag bits and the page address are compared in one module."""
+    assert places(r"[!=]= XLOG_PAGE_MAGIC|XLOG_PAGE_MAGIC [!=]=") == {"wal/pageheader.py"}
+    assert places(r"~XLP_ALL_FLAGS") == {"wal/pageheader.py"}
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("magic", 0x1234), ("info", 0x0012), ("info", 0x0000), ("tli", 0), ("tli", 2),
+    ("addr", 0x4000000), ("seg_size", 1 << 20), ("blcksz", 4096)])
+def test_verify_and_the_start_up_check_judge_a_first_page_alike(field: str, value: int) -> None:
+    """One definition of the page header checks: verify's page walk (check_pages) and the
+    daemon's start-up check of a segment's first page (first_page_problem) find the same
+    fault in the same words."""
+    fields = {"magic": pageheader.XLOG_PAGE_MAGIC, "info": pageheader.XLP_LONG_HEADER,
+              "tli": 1, "addr": 0x3000000, "sysid": 7, "seg_size": 1 << 24, "blcksz": 8192}
+    fields[field] = value
+    page = bytearray(pageheader.XLOG_BLCKSZ)
+    SHORT_HEADER.pack_into(page, 0, fields["magic"], fields["info"], fields["tli"],
+                           fields["addr"], 0)
+    LONG_FIELDS.pack_into(page, pageheader.SIZE_OF_SHORT_PHD, fields["sysid"],
+                          fields["seg_size"], fields["blcksz"])
+    _, findings = check_pages(bytes(page), data_len=len(page), start_lsn=0x3000000,
+                              segment_size=1 << 24, timeline=1, partial=True)
+    header = pageheader.parse_long_header(bytes(page))
+    assert header is not None
+    said = pageheader.first_page_problem(header, timeline=1, page_address=0x3000000,
+                                         segment_size=1 << 24)
+    assert said is not None
+    assert findings == [("bad_page_header", 0x3000000, said)]
+
+
+def c_defines() -> dict[str, int]:
+    """The integer #defines of the C scanner."""
+    text = (PACKAGE / "wal" / "_scan.c").read_text()
+    return {name: int(value.rstrip("u"), 0) for name, value in
+            re.findall(r"^#define (\w+) (0x[0-9A-Fa-f]+u?|\d+)\b", text, re.MULTILINE)}
+
+
+def test_the_c_scanner_mirrors_the_python_constants() -> None:
+    """Every layout constant _scan.c defines has the value of its Python definition."""
+    defines = c_defines()
+    assert {name: defines[name] for name in (
+        "BLCKSZ", "SHORT_PHD", "RECORD_HEADER", "PAGE_MAGIC",
+        "XLP_FIRST_IS_CONTRECORD", "XLP_LONG_HEADER", "XLP_FIRST_IS_OVERWRITE_CONTRECORD",
+        "XLP_ALL_FLAGS", "MAX_RECORD_LENGTH")} == {
+        "BLCKSZ": pageheader.XLOG_BLCKSZ,
+        "SHORT_PHD": pageheader.SIZE_OF_SHORT_PHD,
+        "RECORD_HEADER": records.SIZE_OF_XLOG_RECORD,
+        "PAGE_MAGIC": pageheader.XLOG_PAGE_MAGIC,
+        "XLP_FIRST_IS_CONTRECORD": pageheader.XLP_FIRST_IS_CONTRECORD,
+        "XLP_LONG_HEADER": pageheader.XLP_LONG_HEADER,
+        "XLP_FIRST_IS_OVERWRITE_CONTRECORD": pageheader.XLP_FIRST_IS_OVERWRITE_CONTRECORD,
+        "XLP_ALL_FLAGS": pageheader.XLP_ALL_FLAGS,
+        "MAX_RECORD_LENGTH": records.MAX_RECORD_LENGTH,
+    }

@@ -211,6 +211,10 @@ fpi_bytes_of(const uint8_t *rec, int64_t off, int64_t end)
 }
 
 /* ---------------------------------------------------------------- check_pages */
+/* A page passes when receivewal/wal/pageheader.py's page_header_problem() has nothing to say
+ * about it: the same checks, in the same order (magic, info bits, page address, timeline, the
+ * timeline sequence, then the long header of the first page and only there). The first page
+ * that fails stops the loop; Python judges it and says why. */
 static PyObject *
 scan_check_pages(PyObject *self, PyObject *args)
 {

@@ -358,7 +358,7 @@ class SegmentScanner:
         if state == "bad":  # the damage is in ``file``, at the page that should continue it
             self._problem("bad_record", pend.next_start + end, f"the record at "
                           f"{format_lsn(pend.lsn)} in {self.file} continues here, but this page "
-                          f"header {detail}", file=file, breaks_at=pend.lsn)
+                          f"header: {detail}", file=file, breaks_at=pend.lsn)
             return
         if self._accept(pend, file):
             self.end_lsn = pend.next_start + maxalign(end)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from receivewal.errors import ConfigurationError
 from receivewal.wal import lsn as lsn_module
 from receivewal.wal import pageheader, records, timeline
 from receivewal.wal.pageheader import LONG_FIELDS, SHORT_HEADER
@@ -84,6 +85,22 @@ def test_verify_and_the_start_up_check_judge_a_first_page_alike(field: str, valu
                                          segment_size=1 << 24)
     assert said is not None
     assert findings == [("bad_page_header", 0x3000000, said)]
+
+
+def test_the_segment_size_a_header_records_is_read_in_wal_pageheader_only() -> None:
+    """verify and restore take a header's segment size from one function, with one rule:
+    a long header (40 bytes) whose xlp_seg_size is a power of two from 1 MiB to 1 GiB."""
+    assert places(r"\[32:36\]|header\.segment_size\b") == {"wal/pageheader.py"}
+    head = bytearray(pageheader.SIZE_OF_LONG_PHD)
+    SHORT_HEADER.pack_into(head, 0, pageheader.XLOG_PAGE_MAGIC, pageheader.XLP_LONG_HEADER,
+                           1, 0, 0)
+    LONG_FIELDS.pack_into(head, pageheader.SIZE_OF_SHORT_PHD, 7, 1 << 24, 8192)
+    assert pageheader.header_segment_size(bytes(head)) == 1 << 24
+    with pytest.raises(ConfigurationError, match="too short"):
+        pageheader.header_segment_size(bytes(head[:39]))
+    LONG_FIELDS.pack_into(head, pageheader.SIZE_OF_SHORT_PHD, 7, 3 << 20, 8192)
+    with pytest.raises(ConfigurationError, match="power of two"):
+        pageheader.header_segment_size(bytes(head))
 
 
 def c_defines() -> dict[str, int]:

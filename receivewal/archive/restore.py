@@ -36,7 +36,7 @@ from receivewal.wal.names import (
     is_wal_file_name,
     parse_segment_file_name,
 )
-from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER, SIZE_OF_LONG_PHD, parse_long_header
+from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER, SIZE_OF_LONG_PHD, header_segment_size
 from receivewal.wal.timeline import is_timeline_id
 
 
@@ -143,12 +143,10 @@ def segment_size(directory: Path, candidate: Candidate) -> int:
         return recorded
     if candidate.segment:
         head = read_wal_file(str(candidate.path), candidate.fmt, SIZE_OF_LONG_PHD)
-        header = parse_long_header(head)
-        if header is not None:
-            try:
-                return check_segment_size(header.segment_size)
-            except ConfigurationError:
-                pass  # not a plausible header: the size checks below judge the file
+        try:
+            return header_segment_size(head)
+        except ConfigurationError:
+            pass  # no plausible header: the size checks below judge the file
     return DEFAULT_SEGMENT_SIZE
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from receivewal.wal.lsn import format_lsn
+from receivewal.errors import ConfigurationError
+from receivewal.wal.lsn import check_segment_size, format_lsn
 
 XLOG_PAGE_MAGIC = 0xD110  # PostgreSQL 15
 XLOG_BLCKSZ = 8192
@@ -49,6 +50,16 @@ def parse_long_header(data: bytes | memoryview) -> LongPageHeader | None:
         return None
     return LongPageHeader(*SHORT_HEADER.unpack_from(data), *LONG_FIELDS.unpack_from(
         data, SIZE_OF_SHORT_PHD))
+
+
+def header_segment_size(head: bytes | memoryview) -> int:
+    """The segment size a segment's first bytes record in their long page header, valid as a
+    wal_segment_size (a power of two, 1 MiB to 1 GiB): the one rule by which verify and
+    restore take a segment size from a header. ConfigurationError saying why not."""
+    header = parse_long_header(head)
+    if header is None:
+        raise ConfigurationError("too short to hold a WAL page header")
+    return check_segment_size(header.segment_size)
 
 
 def first_page_problem(

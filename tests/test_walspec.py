@@ -15,7 +15,7 @@ import pytest
 
 from receivewal.errors import ConfigurationError
 from receivewal.wal import lsn as lsn_module
-from receivewal.wal import pageheader, records, timeline
+from receivewal.wal import pageheader, records, rmgr, timeline
 from receivewal.wal.pageheader import LONG_FIELDS, SHORT_HEADER
 from receivewal.wal.pages import check_pages
 
@@ -103,6 +103,16 @@ def test_the_segment_size_a_header_records_is_read_in_wal_pageheader_only() -> N
         pageheader.header_segment_size(bytes(head))
 
 
+def test_records_are_judged_in_wal_records_only() -> None:
+    """What makes a record unacceptable is worded in wal/records.py only (judge_record,
+    record_length_problem), and the resource manager id range is spelled in wal/rmgr.py
+    only: the scanner's fast path reads it from a table built there."""
+    assert places(r"invalid record length|incorrect prev-link|invalid resource manager id"
+                  r"|data checksum\"|invalid block references") == {"wal/records.py"}
+    assert places(r"rmid (<=|>=|<|>) \d") == set()
+    assert places(r"(RecordHeader|Struct)\(\"<IIQBBxxI\"\)") == {"wal/records.py"}
+
+
 def c_defines() -> dict[str, int]:
     """The integer #defines of the C scanner."""
     text = (PACKAGE / "wal" / "_scan.c").read_text()
@@ -116,7 +126,7 @@ def test_the_c_scanner_mirrors_the_python_constants() -> None:
     assert {name: defines[name] for name in (
         "BLCKSZ", "SHORT_PHD", "RECORD_HEADER", "PAGE_MAGIC",
         "XLP_FIRST_IS_CONTRECORD", "XLP_LONG_HEADER", "XLP_FIRST_IS_OVERWRITE_CONTRECORD",
-        "XLP_ALL_FLAGS", "MAX_RECORD_LENGTH")} == {
+        "XLP_ALL_FLAGS", "MAX_RECORD_LENGTH", "RM_MAX_BUILTIN_ID", "RM_MIN_CUSTOM_ID")} == {
         "BLCKSZ": pageheader.XLOG_BLCKSZ,
         "SHORT_PHD": pageheader.SIZE_OF_SHORT_PHD,
         "RECORD_HEADER": records.SIZE_OF_XLOG_RECORD,
@@ -126,4 +136,6 @@ def test_the_c_scanner_mirrors_the_python_constants() -> None:
         "XLP_FIRST_IS_OVERWRITE_CONTRECORD": pageheader.XLP_FIRST_IS_OVERWRITE_CONTRECORD,
         "XLP_ALL_FLAGS": pageheader.XLP_ALL_FLAGS,
         "MAX_RECORD_LENGTH": records.MAX_RECORD_LENGTH,
+        "RM_MAX_BUILTIN_ID": rmgr.RM_MAX_BUILTIN_ID,
+        "RM_MIN_CUSTOM_ID": rmgr.RM_MIN_CUSTOM_ID,
     }

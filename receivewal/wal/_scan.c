@@ -47,6 +47,8 @@
 #define XLP_FIRST_IS_OVERWRITE_CONTRECORD 0x0008
 #define XLP_ALL_FLAGS 0x000F
 #define MAX_RECORD_LENGTH 0x3FFFDFFFu /* as records.py: the longest record PostgreSQL 15 reads */
+#define RM_MAX_BUILTIN_ID 21 /* as rmgr.py: rmgr_id_is_valid */
+#define RM_MIN_CUSTOM_ID 128
 #define NKEYS 4096
 
 /* ---------------------------------------------------------------- CRC-32C */
@@ -393,7 +395,9 @@ scan_walk(PyObject *self, PyObject *args)
             break;
         uint64_t prev_link = u64(rec + 8);
         unsigned info = rec[16], rmid = rec[17];
-        if (!(rmid <= 21 || rmid >= 128) || (have_prev && prev_link != prev))
+        /* records.py's judge_record, in its order: rmid, xl_prev, CRC, block references */
+        if (!(rmid <= RM_MAX_BUILTIN_ID || rmid >= RM_MIN_CUSTOM_ID) ||
+            (have_prev && prev_link != prev))
             break;
         uint32_t crc = crc_update(0xFFFFFFFFu, rec + RECORD_HEADER, tot_len - RECORD_HEADER);
         crc = crc_update(crc, rec, 20) ^ 0xFFFFFFFFu;

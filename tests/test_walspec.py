@@ -36,6 +36,7 @@ def test_the_timeline_and_system_identifier_limits_are_defined_once() -> None:
     assert places(r"^_?MAX_TIMELINE\s*=") == {"wal/timeline.py"}
     assert places(r"^_?MAX_SYSTEM_IDENTIFIER\s*=") == {"wal/pageheader.py"}
     assert places(r"<=\s*_?MAX_TIMELINE\b") == {"wal/timeline.py"}
+    assert places(r"\btimeline == 0\b") == set()  # names, files, the server: is_timeline_id
     top = timeline.MAX_TIMELINE
     assert top == 0xFFFFFFFF
     assert [timeline.is_timeline_id(t) for t in (0, 1, top, top + 1)] == [

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
+from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER
+from receivewal.wal.timeline import is_timeline_id
 
 IDENTITY_FILE = ".receivewal-archive.json"
-_MAX_TIMELINE = 0xFFFFFFFF
-_MAX_SYSTEM_IDENTIFIER = 0xFFFFFFFFFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def identity_from_json(data: object) -> ArchiveIdentity:
     sysid, size, timeline = (data.get(key) for key in
                              ("system_identifier", "wal_segment_size", "timeline"))
     if not isinstance(sysid, str | int) or isinstance(sysid, bool) or not str(sysid).isdigit() \
-            or not 0 < int(sysid) <= _MAX_SYSTEM_IDENTIFIER:
+            or not 0 < int(sysid) <= MAX_SYSTEM_IDENTIFIER:
         raise ValueError(f"system_identifier {sysid!r} is not a database system identifier")
     if not isinstance(size, int) or isinstance(size, bool):
         raise TypeError(f"wal_segment_size {size!r} is not an integer")
@@ -43,7 +43,7 @@ def identity_from_json(data: object) -> ArchiveIdentity:
     except ReceivewalError as exc:
         raise ValueError(f"wal_segment_size: {exc}") from exc
     if not isinstance(timeline, int) or isinstance(timeline, bool) \
-            or not 0 < timeline <= _MAX_TIMELINE:
+            or not is_timeline_id(timeline):
         raise ValueError(f"timeline {timeline!r} is not a timeline")
     return ArchiveIdentity(str(sysid), size, timeline)
 

@@ -24,6 +24,7 @@ from receivewal.daemon.uploader import UploadStatus
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.logs import get_logger
 from receivewal.wal.lsn import format_lsn, parse_lsn
+from receivewal.wal.timeline import is_timeline_id
 
 STATE_FILE = ".receivewal-state.json"
 FORMAT_VERSION = 1
@@ -33,7 +34,6 @@ _TIME_FIELDS = ("started_at", "updated_at", "last_contact", "upload_oldest_pendi
                 "upload_failing_since")
 _ERROR_FIELDS = ("last_error", "upload_error")
 _MAX_PID = (1 << 31) - 1  # pid_t
-_MAX_TIMELINE = 0xFFFFFFFF
 _MAX_COUNT = 1 << 63
 
 
@@ -197,7 +197,7 @@ def _check_values(state: State) -> None:
             raise ValueError(f"{item.name} {str(value)[:40]} is out of range")
     if not 0 < state.pid <= _MAX_PID:
         raise ValueError(f"pid {state.pid} is out of range")
-    if state.timeline is not None and not 0 < state.timeline <= _MAX_TIMELINE:
+    if state.timeline is not None and not is_timeline_id(state.timeline):
         raise ValueError(f"timeline {state.timeline} is out of range")
 
 

@@ -102,6 +102,9 @@ def test_problems_and_archives_tables(spark: Any, result: AnalyzeResult,
     missing = [p for p in problems if p["archive"] == key(beta) and p["kind"] == "missing_segment"]
     assert [(p["file"], p["lsn"]) for p in missing] == [
         (removed, int(removed[16:], 16) * SEGMENT_SIZE)]
+    first = min(path.name for path in beta.iterdir())  # the run before the hole: an island
+    assert [(p["file"], p["severity"]) for p in problems
+            if p["archive"] == key(beta) and p["kind"] == "older_island"] == [(first, "warning")]
     rows = {r["archive"]: r for r in spark.read.parquet(result.tables["archives"]).collect()}
     assert rows[key(alpha)]["recoverable"] is True
     assert rows[key(beta)]["recoverable"] is False
@@ -127,7 +130,7 @@ def test_report_summary_comes_first_and_tells_the_verdict(
     assert f"- **WAL volume:** {volume:.1f} MB in {alpha_segments + beta_segments} segment files" \
         in summary
     assert "- **Recoverable:** NO: beta (1 of 2 yes)" in summary
-    assert "- **Problems:** 1 error(s), 0 warning(s)" in summary
+    assert "- **Problems:** 1 error(s), 1 warning(s)" in summary  # the hole, the island before it
     first = min(c.span[0] for c in result.clocks.values() if c.span)
     last = max(c.span[1] for c in result.clocks.values() if c.span)
     assert f"- **Time span:** {utc(first)} to {utc(last)} (" in summary

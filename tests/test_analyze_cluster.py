@@ -196,8 +196,12 @@ def test_cluster_tables_agree_with_verify(submitted: tuple[Any, Path, str],
                                  acc[2] + r["fpi_bytes"])
         assert totals == rmgr_totals(report.scans)
     problems = pq.read_table(out / "problems").to_pylist()
-    assert [(p["archive"], p["file"], p["lsn"]) for p in problems] == [
+    assert [(p["archive"], p["file"], p["lsn"]) for p in problems
+            if p["kind"] == "missing_segment"] == [
         (key(beta), removed, int(removed[16:], 16) * SEGMENT_SIZE)]
+    first = min(path.name for path in beta.iterdir())  # the run before the hole: an island
+    assert [(p["archive"], p["file"], p["severity"]) for p in problems
+            if p["kind"] == "older_island"] == [(key(beta), first, "warning")]
     verdicts = {r["archive"]: r["recoverable"] for r in pq.read_table(out / "archives").to_pylist()}
     assert verdicts == {key(alpha): True, key(beta): False}
     assert f"{alpha}: {len(list(alpha.iterdir()))} segments" in proc.stdout

@@ -24,6 +24,7 @@ from typing import Any
 GRPC_OFFSET = 10000
 START_TIMEOUT = 60.0  # seconds; it answers in about one on an idle machine
 STOP_TIMEOUT = 30.0
+READY_PROBE = ".receivewal-test-ready"  # written, read back and removed at each start
 PORT_NAMES = ("s3.port", "master.port", "volume.port", "filer.port", "admin.port",
               "s3.port.iceberg")
 
@@ -141,6 +142,11 @@ class SeaweedS3:
                 with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
                     client.create_bucket(Bucket=self.bucket)
                 client.head_bucket(Bucket=self.bucket)
+                # the S3 gateway answers before the volume server has registered: only a
+                # write and a read of data prove the store ready (after a restart too)
+                client.put_object(Bucket=self.bucket, Key=READY_PROBE, Body=b"ready")
+                client.get_object(Bucket=self.bucket, Key=READY_PROBE)["Body"].read()
+                client.delete_object(Bucket=self.bucket, Key=READY_PROBE)
             except (ClientError, BotoCoreError) as exc:
                 if time.monotonic() > deadline:
                     self.kill()

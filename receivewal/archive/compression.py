@@ -31,7 +31,7 @@ import lz4.frame
 import zstandard
 
 from receivewal.archive.reading import open_regular
-from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import PARTIAL_SUFFIX, AtRest
 
@@ -386,3 +386,5 @@ def read_wal_file(path: str, compression: str, limit: int | None = None,
         raise CorruptFile(f"cannot read {path}: {exc}") from exc
     except OSError as exc:
         raise ArchiveError(f"cannot read {path}: {exc}") from exc
+    except StoreError as exc:  # an object of an archive in a bucket: the store's own words
+        raise ArchiveError(str(exc)) from exc

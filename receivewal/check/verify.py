@@ -23,7 +23,8 @@ import zstandard
 
 from receivewal.archive.compression import Opener, read_wal_file
 from receivewal.archive.partials import rank_partials
-from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
+from receivewal.archive.reading import HISTORY_FILE_CAP
+from receivewal.archive.sources import ArchiveSource, list_source, read_capped
 from receivewal.check.crosscheck import (
     ArchiveReport,
     ScanTask,
@@ -197,26 +198,28 @@ def guess_compression(name: str) -> str:
     return at_rest_of(name)
 
 
-def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int | None = None,
-                   segment_size: int | None = None, compressibility: bool = False,
-                   collect_lsns: bool = False) -> tuple[ArchiveReport, list[FileResult]]:
-    """Scan and cross-check one archive directory."""
-    if not directory.is_dir():
-        raise ArchiveError(f"{directory} is not a directory")
-    # Not only regular files: a dangling symlink or a symlink loop under a segment's name is
-    # an unreadable segment, never a file that is not there.
-    names = sorted(p.name for p in directory.iterdir() if not p.is_dir())
+def verify_archive(archive: Path | str, *, jobs: int | None = None,
+                   start_lsn: int | None = None, segment_size: int | None = None,
+                   compressibility: bool = False, collect_lsns: bool = False,
+                   ) -> tuple[ArchiveReport, list[FileResult]]:
+    """Scan and cross-check one archive: a directory, or ``s3://BUCKET/PREFIX`` (listed once,
+    each object then streamed through the same reader and scanner as a local file)."""
+    source = list_source(archive)
+    names = source.names
     if segment_size is None:
-        segment_size = detect_segment_size(str(directory), names)
+        segment_size = detect_segment_size(source.base, names, source.open_binary)
     segments, history_names = classify(names, segment_size)
-    preferred, problems = longest_partials(directory, segments, segment_size)
+    # several .partial forms of one segment: only a local archive has them (uploads are of
+    # completed files)
+    preferred, problems = longest_partials(Path(source.base), segments, segment_size) \
+        if source.is_local else ([], [])
     chosen, duplicates = choose_files(segments, preferred)
     problems += duplicates
     problems += misnamed(names, segment_size)
     tasks = plan_scans(chosen, segment_size=segment_size)
-    results = run_scans(tasks, str(directory), segment_size, jobs=jobs,
+    results = run_scans(tasks, source, segment_size, jobs=jobs,
                         compressibility=compressibility, collect_lsns=collect_lsns)
-    histories = histories_of(directory, history_names, problems)
+    histories = histories_of(source, history_names, problems)
     for r in results:
         problems.extend(r.problems)
     report = check_archive(segment_size, [r.scan for r in results if r.scan is not None],
@@ -249,17 +252,20 @@ def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
     return preferred, problems
 
 
-def run_scans(tasks: list[ScanTask], base: str, segment_size: int, *, jobs: int | None,
-              compressibility: bool, collect_lsns: bool = False) -> list[FileResult]:
+def run_scans(tasks: list[ScanTask], source: ArchiveSource, segment_size: int, *,
+              jobs: int | None, compressibility: bool, collect_lsns: bool = False,
+              ) -> list[FileResult]:
     """Scan every task; in a process pool unless ``jobs`` is 1."""
     jobs = jobs or os.cpu_count() or 1
+    sizes = dict(source.files)
+    options: dict[str, Any] = {"compressibility": compressibility,
+                               "collect_lsns": collect_lsns, "open_binary": source.open_binary}
     if jobs == 1 or len(tasks) < 2:
-        return [scan_file(t, base, segment_size, compressibility=compressibility,
-                          collect_lsns=collect_lsns) for t in tasks]
+        return [scan_file(t, source.base, segment_size, file_bytes=sizes.get(t.file), **options)
+                for t in tasks]
     with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-        futures = [pool.submit(scan_file, t, base, segment_size,
-                               compressibility=compressibility, collect_lsns=collect_lsns)
-                   for t in tasks]
+        futures = [pool.submit(scan_file, t, source.base, segment_size,
+                               file_bytes=sizes.get(t.file), **options) for t in tasks]
         return [f.result() for f in futures]
 
 
@@ -362,7 +368,7 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
     return lines
 
 
-def histories_of(directory: Path, names: Iterable[str], problems: list[WalProblem],
+def histories_of(source: ArchiveSource, names: Iterable[str], problems: list[WalProblem],
                  ) -> Mapping[int, str]:
     """The text of each history file among ``names``; one that cannot be read (not a regular
     file, too large) is left out, with a problem naming it added to ``problems``."""
@@ -372,10 +378,10 @@ def histories_of(directory: Path, names: Iterable[str], problems: list[WalProble
         if tli is None:
             continue
         try:
-            out[tli] = read_small_file(directory / name, HISTORY_FILE_CAP).decode(
-                errors="replace")
+            out[tli] = read_capped(source.path(name), HISTORY_FILE_CAP,
+                                   source.open_binary).decode(errors="replace")
         except (ArchiveError, OSError) as exc:
             detail = str(exc) if isinstance(exc, ArchiveError) else \
-                f'cannot read "{directory / name}": {exc.strerror or exc}'
+                f'cannot read "{source.path(name)}": {exc.strerror or exc}'
             problems.append(WalProblem("unreadable", name, 0, detail))
     return out

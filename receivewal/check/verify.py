@@ -24,6 +24,7 @@ import zstandard
 from receivewal.archive.compression import Opener, read_wal_file
 from receivewal.archive.partials import rank_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP
+from receivewal.archive.segmentbuffer import read_segment
 from receivewal.archive.sources import ArchiveSource, list_source, read_capped
 from receivewal.check.crosscheck import (
     ArchiveReport,
@@ -68,7 +69,7 @@ class FileResult:
     problems: tuple[WalProblem, ...] = field(default_factory=tuple)
 
 
-def compressed_sizes(data: bytes) -> tuple[int, int]:
+def compressed_sizes(data: bytes | bytearray) -> tuple[int, int]:
     """Bytes after zstd level 1 and after LZ4 (frame, default level): what streampack saves."""
     return (len(zstandard.ZstdCompressor(level=1).compress(data)),
             len(lz4.frame.compress(data)))
@@ -82,8 +83,7 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
     seg = task.segment
     join = _join(base)
     try:
-        data = read_wal_file(join(task.file), seg.compression, open_binary=open_binary,
-                             cap=segment_size)
+        data = read_segment(join(task.file), seg.compression, segment_size, open_binary)
     except ArchiveError as exc:
         problem = WalProblem("unreadable", task.file, seg.start_lsn(segment_size), str(exc))
         return FileResult(task, None, file_bytes or 0, problems=(problem,))

@@ -67,7 +67,7 @@ class PageMap:
 _ZERO_PAGE = bytes(XLOG_BLCKSZ)
 
 
-def zero_tail_start(buf: bytes, size: int) -> int:
+def zero_tail_start(buf: bytes | bytearray, size: int) -> int:
     """The first page offset from which ``buf[:size]`` (whole pages) holds only zeros: one
     look at each page of the zero tail, from the end."""
     view = memoryview(buf)
@@ -86,7 +86,7 @@ def readable_pages(data_len: int, partial: bool) -> int:
     return pages
 
 
-def check_pages(buf: bytes, *, data_len: int, start_lsn: int, segment_size: int,
+def check_pages(buf: bytes | bytearray, *, data_len: int, start_lsn: int, segment_size: int,
                 timeline: int, partial: bool, first_page: int = 0,
                 pages: PageMap | None = None) -> tuple[PageMap, list[Finding]]:
     """Check page headers from ``first_page`` on (the ones before it are in ``pages``)."""
@@ -129,8 +129,8 @@ def check_pages(buf: bytes, *, data_len: int, start_lsn: int, segment_size: int,
 
 
 def _page_header_problem(  # noqa: PLR0911 - one return per check, as xlogreader reports
-        buf: bytes, p: int, *, header: tuple[int, int, int, int], lsn: int, prev_tli: int,
-        timeline: int, segment_size: int) -> str:
+        buf: bytes | bytearray, p: int, *, header: tuple[int, int, int, int], lsn: int,
+        prev_tli: int, timeline: int, segment_size: int) -> str:
     magic, info, tli, addr = header
     if magic != XLOG_PAGE_MAGIC:
         return f"invalid magic number {magic:04X}, expected {XLOG_PAGE_MAGIC:04X}"

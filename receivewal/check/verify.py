@@ -13,7 +13,6 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -54,6 +53,10 @@ from receivewal.wal.reader import (
 from receivewal.wal.rmgr import rmgr_name
 
 _AGREEING_HEADERS = 3
+#: WAL each worker process must have before verify starts another, so that -j never makes a
+#: small archive slower: the compiled scanner reads and checks a 16 MiB segment in ~4 ms, and
+#: bench/verify_throughput.py found a pool of two slower than one process at 35 segments.
+BYTES_PER_WORKER = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -255,18 +258,26 @@ def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
 def run_scans(tasks: list[ScanTask], source: ArchiveSource, segment_size: int, *,
               jobs: int | None, compressibility: bool, collect_lsns: bool = False,
               ) -> list[FileResult]:
-    """Scan every task; in a process pool unless ``jobs`` is 1."""
-    jobs = jobs or os.cpu_count() or 1
+    """Scan every task; in a process pool of at most ``jobs`` (default: the CPUs) workers,
+    one per :data:`BYTES_PER_WORKER` of segments, and in this process when that is one."""
+    jobs = worker_count(jobs or os.cpu_count() or 1, len(tasks), segment_size)
     sizes = dict(source.files)
     options: dict[str, Any] = {"compressibility": compressibility,
                                "collect_lsns": collect_lsns, "open_binary": source.open_binary}
-    if jobs == 1 or len(tasks) < 2:
+    if jobs == 1:
         return [scan_file(t, source.base, segment_size, file_bytes=sizes.get(t.file), **options)
                 for t in tasks]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415 - 10 ms, when used
+
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(scan_file, t, source.base, segment_size,
                                file_bytes=sizes.get(t.file), **options) for t in tasks]
         return [f.result() for f in futures]
+
+
+def worker_count(jobs: int, segments: int, segment_size: int) -> int:
+    """Workers for ``segments`` scans: at most ``jobs``, one per BYTES_PER_WORKER of WAL."""
+    return max(1, min(jobs, segments, segments * segment_size // BYTES_PER_WORKER))
 
 
 # -- output ------------------------------------------------------------------------------------

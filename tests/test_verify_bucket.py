@@ -132,3 +132,24 @@ def test_wrong_credentials_are_one_line_and_a_non_zero_exit(
     assert url in lines[0]
     assert "access denied" in lines[0]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_a_damaged_object_is_the_damage_verify_finds_on_disk(
+        local: Path, seaweed: SeaweedS3, tmp_path: Path) -> None:
+    """One byte flipped inside a record of an uploaded segment: verify of the bucket reports
+    the same crc_mismatch (file and LSN) as verify of the damaged files on disk, exit 1."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(local, damaged)
+    victim = sorted(damaged.iterdir())[1]
+    data = bytearray(victim.read_bytes())
+    data[SEGMENT_SIZE // 2 + 1000] ^= 0x40
+    victim.write_bytes(bytes(data))
+    url = upload(seaweed, damaged)
+    code, from_disk = verify_json(str(damaged))
+    assert code == 1
+    kinds = {(p["kind"], p["file"]) for p in from_disk["problems"]}  # type: ignore[attr-defined]
+    assert ("crc_mismatch", victim.name) in kinds, kinds
+    code, from_bucket = verify_json(url)
+    assert code == 1
+    assert from_bucket == from_disk

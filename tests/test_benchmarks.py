@@ -64,3 +64,11 @@ def test_recovery_bench_runs() -> None:
     out = run_bench("recovery.py", "--segments", "1", "--rounds", "1")
     assert out.count("data equal") == 3
     assert "vs cp" in out
+
+
+def test_upload_throughput_bench_runs() -> None:
+    """Both uploaders put the files into the local SeaweedFS, and the daemon catches up with
+    and without --upload-to."""
+    out = run_bench("upload_throughput.py", "--gb", "0.05", "--wal-gb", "0.03", "--rounds", "1")
+    assert "receivewal / transfer manager" in out
+    assert "with / without" in out

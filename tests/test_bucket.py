@@ -14,7 +14,7 @@ import pytest
 from support.seaweed import SeaweedS3
 
 from receivewal.archive.bucket import Bucket
-from receivewal.archive.directory import IDENTITY_FILE, ArchiveIdentity
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.errors import (
     ArchiveError,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from receivewal.replication import connection
+
 PACKAGE = Path(__file__).parent.parent / "receivewal"
 
 
@@ -79,3 +81,26 @@ def test_no_two_modules_import_each_other_in_a_circle() -> None:
     """No module of receivewal imports, directly or through others, a module that imports it
     back, counting the imports made lazily inside functions too."""
     assert circles(import_graph()) == []
+
+
+def test_the_replication_connection_hands_out_only_receivewal_types() -> None:
+    """psycopg stays behind its door: only replication/connection.py imports it, and every
+    name another module takes from that module is receivewal's own (no psycopg enum, class or
+    result crosses the connection's interface)."""
+    door = "receivewal.replication.connection"
+    foreign: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [alias.name for alias in node.names]
+                module = node.module if isinstance(node, ast.ImportFrom) else None
+                if module_name(path) != door and any(
+                        name.split(".")[0] == "psycopg" for name in [module or "", *names]):
+                    foreign.append(f"{module_name(path)} imports psycopg")
+                if module == door:
+                    foreign.extend(
+                        f"{module_name(path)} takes {name} ({owner}) from the connection"
+                        for name in names
+                        if not (owner := getattr(getattr(connection, name), "__module__",
+                                                 door)).startswith("receivewal."))
+    assert foreign == []

@@ -1,8 +1,10 @@
 """The compiled scanner and the pure-Python one give identical results (fast, no server).
 
 The same bytes are scanned on both paths: the committed real segment pair, intact and with
-random damage, and a .partial cut at random lengths. CRC-32C from the extension (SSE4.2 and
-table-driven) equals the crc32c package's.
+random damage, a .partial cut at random lengths, and cuts with damage just before the cut.
+The C scanner called directly on short buffers that end at an unreadable page reads nothing
+past them (tests/support/cbounds.py). CRC-32C from the extension (SSE4.2 and table-driven)
+equals the crc32c package's.
 """
 
 from __future__ import annotations
@@ -87,6 +89,34 @@ def test_partial_cut_anywhere_scans_the_same(native: ModuleType, cut: int) -> No
     """A .partial (compressed ones end anywhere) cut at any length: the same scan, no error."""
     scan = both(native, SEGMENTS[NAMES[1]][:cut], NAMES[1] + ".partial", partial=True)
     assert not [p for p in scan.problems if p.severity == "error"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(cut=st.integers(0, SEG), partial=st.booleans(),
+       offsets=st.lists(st.integers(-48, 8), min_size=1, max_size=4),
+       value=st.sampled_from([0x00, 0x01, 0x7F, 0xFF]))
+def test_cut_and_damaged_at_the_cut_scans_the_same(native: ModuleType, cut: int, partial: bool,
+                                                   offsets: list[int], value: int) -> None:
+    """A segment cut at any length (a .partial, or a complete segment that lost its tail)
+    with bytes overwritten just before the cut, so record lengths and continuation headers
+    point past the data: the same scan on both paths."""
+    name = NAMES[1]
+    data = bytearray(SEGMENTS[name][:cut])
+    for off in offsets:
+        if 0 <= cut + off < cut:
+            data[cut + off] = value
+    both(native, bytes(data), name + (".partial" if partial else ""), partial=partial)
+
+
+def test_c_scanner_reads_only_the_buffer_it_is_given(native: ModuleType) -> None:
+    """check_pages and walk called directly on short and odd buffers (no Python padding),
+    each ending at an unreadable page, with page lists and ends that promise more: no read
+    past the buffer (that would be SIGSEGV in the child), answers within its bounds, and a
+    negative start refused with ValueError."""
+    done = subprocess.run([sys.executable, "-m", "support.cbounds", str(DATA / f"{NAMES[0]}.zst")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split()[-2:] == ["ok", "184"]
 
 
 @pytest.fixture(scope="module", params=["sse4.2", "software"])

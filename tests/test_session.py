@@ -18,8 +18,15 @@ from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
 from receivewal.errors import ProtocolError, StreampackError
 from receivewal.logs import get_logger
-from receivewal.replication.commands import ReplicationLink, ServerInfo
-from receivewal.replication.connection import COPY_DONE, ExecStatus, Result
+from receivewal.replication.commands import ServerInfo
+from receivewal.replication.link import (
+    COPY_DONE,
+    CopyData,
+    CopyDone,
+    ReplicationLink,
+    Result,
+    ResultStatus,
+)
 from receivewal.replication.messages import build_xlogdata
 
 SEG = 1 << 20
@@ -55,7 +62,7 @@ class ScriptedConnection:
         self.sent: list[bytes] = []
         self.sock_a, self.sock_b = socket.socketpair()
         self.ended = False
-        self.results: Iterator[Result | None] = iter([Result(ExecStatus.COMMAND_OK, []), None])
+        self.results: Iterator[Result | None] = iter([Result(ResultStatus.COMMAND_OK, []), None])
 
     def describe(self) -> str:
         return "scripted"
@@ -66,7 +73,7 @@ class ScriptedConnection:
     def start_copy_both(self, sql: str) -> None:
         self.started = sql
 
-    def read_copy(self) -> bytes | memoryview | object | None:
+    def read_copy(self, timeout: float) -> CopyData | CopyDone | None:
         if self.ended:
             return COPY_DONE
         if self.script:
@@ -74,9 +81,6 @@ class ScriptedConnection:
         self.stop.requested = True
         self.stop.w.send(b"x")  # wake the selector as a signal would
         return None
-
-    def wait(self, timeout: float) -> None:
-        pass
 
     def send_copy(self, data: bytes) -> None:
         self.sent.append(bytes(data))

@@ -114,6 +114,22 @@ def test_capture_decodes_to_the_servers_segment(name: str) -> None:
     assert hashlib.sha256(segment).hexdigest() == expected[name_of_segment]
 
 
+@pytest.mark.parametrize("name", VECTOR_NAMES)
+def test_received_stream_is_told_apart_in_one_place(name: str) -> None:
+    """parse_copy_data alone tells XLogData from keepalives, for a pg_streampack stream too:
+    given a decoder's decode it hands out each XLogData restored (flag bit cleared from
+    sendTime) and each keepalive as it is, equal to restoring first and parsing after."""
+    requested = (str(manifest(name)["requested"]),)
+    decoder, twin = StreampackDecoder(requested), StreampackDecoder(requested)
+    keepalive = KEEPALIVE.pack(b"k", 77, 88, 1)
+    for frame in [*read_capture(name), keepalive]:
+        msg = parse_copy_data(frame, decoder.decode)
+        assert msg == parse_copy_data(twin.restore(frame))
+    assert parse_copy_data(keepalive, decoder.decode) == PrimaryKeepalive(77, 88, True)
+    assert decoder.stats() == twin.stats()
+    assert decoder.stats().compressed_frames > 0
+
+
 @pytest.mark.parametrize(("name", "min_size"), [("lz4", 32), ("zstd_min4096", 4096)])
 def test_encoder_reproduces_the_modules_frames(name: str, min_size: int) -> None:
     """Re-encoding a decoded capture gives the module's own frames back, byte for byte.

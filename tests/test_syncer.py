@@ -19,7 +19,9 @@ from support.streams import (
     wal_files,
 )
 
+from receivewal.archive.directory import Archive
 from receivewal.archive.syncer import PAUSE_ENV, SegmentSyncer, restart_point
+from receivewal.archive.writer import SegmentWriter
 from receivewal.errors import ArchiveError
 from receivewal.wal.names import SegmentFile
 
@@ -48,14 +50,16 @@ def test_restart_point_keeps_a_lone_partial_and_complete_files() -> None:
 
 
 def test_syncer_runs_jobs_in_order_and_raises_a_failure_in_the_caller() -> None:
-    """synced moves only as jobs finish, in order; a failed job's error reaches the caller
-    and nothing submitted after it runs."""
+    """The durable position is told only as jobs finish, in order; a failed job's error
+    reaches the caller and nothing submitted after it runs."""
     ran: list[int] = []
-    syncer = SegmentSyncer(100)
+    durable: list[int] = []
+    syncer = SegmentSyncer(durable.append)
     syncer.submit(200, lambda: ran.append(1), segment="a")
     syncer.submit(300, lambda: ran.append(2), segment="b")
-    assert syncer.drain() == 300
+    syncer.drain()
     assert ran == [1, 2]
+    assert durable == [200, 300]
     assert not syncer.completing
 
     def fail() -> None:
@@ -66,7 +70,25 @@ def test_syncer_runs_jobs_in_order_and_raises_a_failure_in_the_caller() -> None:
     with pytest.raises(ArchiveError, match="Input/output error"):
         syncer.close()
     assert ran == [1, 2]
-    assert syncer.synced == 300
+    assert durable == [200, 300]
+
+
+def test_the_writers_flushed_position_is_the_one_holder(tmp_path: Path) -> None:
+    """The flushed position has one holder, the writer's: a completed segment made durable in
+    the background moves it as soon as that is done, with no flush() to copy it over, and
+    never past what the syncer finished."""
+    seg = 1 << 20
+    writer = SegmentWriter(Archive(tmp_path, sync=True), seg, 1, 0)
+    try:
+        assert writer.syncer is not None
+        assert writer.write(0, b"x" * (seg + 100)) == ["000000010000000000000000"]
+        assert writer.flushed <= seg
+        writer.syncer.drain()
+        assert writer.flushed == seg, "the background completion moved the writer's position"
+        assert writer.flush(wait=True) == writer.flushed == seg + 100
+    finally:
+        writer.close()
+    assert (tmp_path / "000000010000000000000000").stat().st_size == seg
 
 
 @pytest.mark.server

@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from receivewal.archive.directory import (
+from receivewal.archive.directory import os_error
+from receivewal.archive.identity import (
     IDENTITY_FILE,
     ArchiveIdentity,
+    check_same_cluster,
     identity_from_json,
-    os_error,
+    identity_to_json,
 )
 from receivewal.archive.objectstore import (
     BucketUrl,
@@ -87,15 +89,6 @@ def client_config() -> Any:
         tcp_keepalive=True,
         retries={"mode": "standard", "total_max_attempts": 3},
     )
-
-
-def identity_body(identity: ArchiveIdentity) -> bytes:
-    """The identity object: the same JSON as the local archive's identity file."""
-    return json.dumps({
-        "system_identifier": identity.system_identifier,
-        "wal_segment_size": identity.segment_size,
-        "timeline": identity.timeline,
-    }, indent=2).encode() + b"\n"
 
 
 def sha256_of(source: Path | bytes) -> tuple[str, int]:
@@ -315,7 +308,7 @@ class Bucket:
         # create-only first, read only when something is there: without s3:ListBucket, AWS
         # answers a GET of a missing key with 403, which would read as access denied
         try:
-            self.put_new(IDENTITY_FILE, identity_body(identity))
+            self.put_new(IDENTITY_FILE, identity_to_json(identity))
         except ObjectConflict:  # an identity is there already, and not byte-identical
             recorded = self.read_identity()
         else:
@@ -323,13 +316,7 @@ class Bucket:
         if recorded is None:
             raise ArchiveError(f"{self.url.url(IDENTITY_FILE)}: the identity object vanished "
                                "while it was claimed")
-        if recorded.system_identifier != identity.system_identifier:
-            raise ArchiveError(f"{self.url} belongs to database system "
-                               f"{recorded.system_identifier}, but the server is database "
-                               f"system {identity.system_identifier}")
-        if recorded.segment_size != identity.segment_size:
-            raise ArchiveError(f"{self.url} holds segments of {recorded.segment_size} bytes, but "
-                               f"the server's wal_segment_size is {identity.segment_size}")
+        check_same_cluster(str(self.url), recorded, identity)
         return recorded
 
     def read_identity(self) -> ArchiveIdentity | None:

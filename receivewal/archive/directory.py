@@ -21,24 +21,27 @@ import socket
 import stat
 import struct
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
+from receivewal.archive.identity import (
+    IDENTITY_FILE,
+    ArchiveIdentity,
+    check_same_cluster,
+    identity_from_json,
+    identity_to_json,
+)
 from receivewal.archive.layout import resume_order
 from receivewal.archive.lock import LOCK_FILE, lock_directory
 from receivewal.archive.reading import open_regular, read_small_file
-from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError, ReceivewalError
-from receivewal.wal.lsn import check_segment_size
+from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError
 from receivewal.wal.names import SegmentFile, parse_segment_file_name
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
-IDENTITY_FILE = ".receivewal-archive.json"
 TEMP_SUFFIX = ".receivewal-tmp"
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
-_MAX_TIMELINE = 0xFFFFFFFF
-_MAX_SYSTEM_IDENTIFIER = 0xFFFFFFFFFFFFFFFF
 
 
 def os_error(exc: OSError, what: str) -> ArchiveError:
@@ -111,36 +114,6 @@ def write_file_durably(directory: Path, name: str, body: bytes, *, mode: int = 0
         fsync_path(directory)
 
 
-@dataclass(frozen=True)
-class ArchiveIdentity:
-    """Whose WAL an archive holds."""
-
-    system_identifier: str
-    segment_size: int
-    timeline: int
-
-
-def identity_from_json(data: object) -> ArchiveIdentity:
-    """Validate the identity file's values; ValueError or TypeError saying which is wrong."""
-    if not isinstance(data, dict):
-        raise TypeError("not a JSON object")
-    sysid, size, timeline = (data.get(key) for key in
-                             ("system_identifier", "wal_segment_size", "timeline"))
-    if not isinstance(sysid, str | int) or isinstance(sysid, bool) or not str(sysid).isdigit() \
-            or not 0 < int(sysid) <= _MAX_SYSTEM_IDENTIFIER:
-        raise ValueError(f"system_identifier {sysid!r} is not a database system identifier")
-    if not isinstance(size, int) or isinstance(size, bool):
-        raise TypeError(f"wal_segment_size {size!r} is not an integer")
-    try:
-        check_segment_size(size)
-    except ReceivewalError as exc:
-        raise ValueError(f"wal_segment_size: {exc}") from exc
-    if not isinstance(timeline, int) or isinstance(timeline, bool) \
-            or not 0 < timeline <= _MAX_TIMELINE:
-        raise ValueError(f"timeline {timeline!r} is not a timeline")
-    return ArchiveIdentity(str(sysid), size, timeline)
-
-
 class Archive:
     """An archive directory: its lock, scanning, identity, and durable writes of small files."""
 
@@ -149,6 +122,9 @@ class Archive:
         self.sync = sync
         self.file_mode = file_mode
         self._lock_fd: int | None = None
+        # told the name of each segment or history file once it is complete and durable (the
+        # uploader follows these); called from the thread that made the file durable
+        self.on_completed: Callable[[str], None] | None = None
 
     # -- checks ------------------------------------------------------------------------------
     def check_exists(self) -> None:
@@ -189,6 +165,11 @@ class Archive:
                 fsync_path(self.directory)
             except OSError as exc:
                 raise os_error(exc, f'could not fsync directory "{self.directory}"') from exc
+
+    def file_completed(self, name: str) -> None:
+        """``name`` (a completed segment or a history file) is durable under its final name."""
+        if self.on_completed is not None:
+            self.on_completed(name)
 
     # -- the one-writer lock ------------------------------------------------------------------
     def lock(self) -> list[str]:
@@ -313,12 +294,22 @@ class Archive:
 
     def write_identity(self, identity: ArchiveIdentity) -> None:
         """Record whose archive this is (durably)."""
-        body = json.dumps({
-            "system_identifier": identity.system_identifier,
-            "wal_segment_size": identity.segment_size,
-            "timeline": identity.timeline,
-        }, indent=2).encode() + b"\n"
-        self.write_file_durably(IDENTITY_FILE, body)
+        self.write_file_durably(IDENTITY_FILE, identity_to_json(identity))
+
+    def adopt_identity(self, server: ArchiveIdentity) -> None:
+        """Make sure the archive is the server's: record its identity in a new archive (unless
+        the WAL already there says another system wrote it), refuse another cluster's."""
+        recorded = self.read_identity()
+        where = f'directory "{self.directory}"'
+        if recorded is not None:
+            check_same_cluster(where, recorded, server)
+            return
+        files = self.segment_names(server.segment_size)
+        sniffed = self.sniff_system_identifier(files, server.segment_size)
+        if sniffed is not None and sniffed != server.system_identifier:
+            raise ArchiveError(f"{where} holds WAL of database system {sniffed}, but the server "
+                               f"is database system {server.system_identifier}")
+        self.write_identity(server)
 
     # -- small files -------------------------------------------------------------------------
     def write_file_durably(self, name: str, body: bytes) -> None:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
-from receivewal.archive.directory import IDENTITY_FILE, Archive, fsync_path
+from receivewal.archive.directory import Archive, fsync_path
+from receivewal.archive.identity import IDENTITY_FILE
 from receivewal.archive.partials import rank_partials
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
@@ -35,10 +36,8 @@ from receivewal.wal.names import (
     is_wal_file_name,
     parse_segment_file_name,
 )
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, parse_long_header
-
-_MAX_TIMELINE = 0xFFFFFFFF
-_MAX_SYSTEM_IDENTIFIER = (1 << 64) - 1
+from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER, SIZE_OF_LONG_PHD, header_segment_size
+from receivewal.wal.timeline import is_timeline_id
 
 
 class NotInArchive(ReceivewalError):  # noqa: N818 - names the outcome, as recovery sees it
@@ -144,12 +143,10 @@ def segment_size(directory: Path, candidate: Candidate) -> int:
         return recorded
     if candidate.segment:
         head = read_wal_file(str(candidate.path), candidate.fmt, SIZE_OF_LONG_PHD)
-        header = parse_long_header(head)
-        if header is not None:
-            try:
-                return check_segment_size(header.segment_size)
-            except ConfigurationError:
-                pass  # not a plausible header: the size checks below judge the file
+        try:
+            return header_segment_size(head)
+        except ConfigurationError:
+            pass  # no plausible header: the size checks below judge the file
     return DEFAULT_SEGMENT_SIZE
 
 
@@ -163,11 +160,11 @@ def _identity_segment_size(directory: Path) -> int | None:
         check_segment_size(identity.segment_size)
     except ConfigurationError as exc:
         raise ArchiveError(f'archive identity file "{path}": {exc}') from exc
-    if not 0 < identity.timeline <= _MAX_TIMELINE:
+    if not is_timeline_id(identity.timeline):
         raise ArchiveError(f'archive identity file "{path}": invalid timeline '
                            f"{identity.timeline}")
     sysid = identity.system_identifier
-    if not (sysid.isascii() and sysid.isdigit() and int(sysid) <= _MAX_SYSTEM_IDENTIFIER):
+    if not (sysid.isascii() and sysid.isdigit() and int(sysid) <= MAX_SYSTEM_IDENTIFIER):
         raise ArchiveError(f'archive identity file "{path}": invalid system identifier '
                            f"{sysid[:40]!r}")
     return identity.segment_size

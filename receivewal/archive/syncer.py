@@ -4,9 +4,9 @@
 writer hands over: fsync a new ``.partial`` and its directory (after preallocation), and
 complete a segment (fsync, close, rename to its final name, fsync the directory). Jobs run in
 the order they were submitted, so a segment is renamed only after everything before it is
-durable. ``synced`` is the LSN up to which every submitted job has finished: the writer may
-report a flush position up to it and never beyond it (fsync and rename release the GIL, so the
-main thread keeps receiving meanwhile).
+durable. As each job finishes, ``durable`` is told the LSN up to which every submitted job has
+finished: the writer's flushed position, the one holder, moves there and never beyond (fsync
+and rename release the GIL, so the main thread keeps receiving meanwhile).
 
 A job that fails stops the worker; the error is raised in the main thread at its next call
 (:meth:`check`, :meth:`drain`). A crash while a completion is queued leaves two consecutive
@@ -58,8 +58,8 @@ _sync_file_range = _load_sync_file_range()
 class SegmentSyncer:
     """Runs the writer's fsync/rename jobs in order on one worker thread."""
 
-    def __init__(self, synced: int) -> None:
-        self.synced = synced  # every job submitted with an LSN up to here has finished
+    def __init__(self, durable: Callable[[int], None]) -> None:
+        self._durable = durable  # told the LSN of each finished job, in order, on the worker
         self._jobs: queue.SimpleQueue[tuple[int, bool, Job] | None] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
@@ -75,8 +75,8 @@ class SegmentSyncer:
         return self._completions > 0
 
     def submit(self, lsn: int, job: Job, *, segment: str = "") -> None:
-        """Queue ``job``; once it (and everything before it) is done, ``synced`` is ``lsn``.
-        ``segment`` names the segment a completion job completes."""
+        """Queue ``job``; once it (and everything before it) is done, ``durable`` is told
+        ``lsn``. ``segment`` names the segment a completion job completes."""
         self.check()
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="segment-syncer",
@@ -101,13 +101,12 @@ class SegmentSyncer:
         if self._error is not None:
             raise self._error
 
-    def drain(self) -> int:
-        """Wait until every submitted job has finished; return ``synced``."""
+    def drain(self) -> None:
+        """Wait until every submitted job has finished."""
         with self._idle:
             while self._pending and self._error is None:
                 self._idle.wait()
         self.check()
-        return self.synced
 
     def close(self) -> None:
         """Finish the queued jobs and stop the worker (idempotent)."""
@@ -133,7 +132,7 @@ class SegmentSyncer:
             with self._idle:
                 self._pending -= 1
                 self._completions -= completion
-                self.synced = max(self.synced, lsn)
+                self._durable(lsn)
                 self._idle.notify_all()
 
     def _fail(self, exc: BaseException) -> None:

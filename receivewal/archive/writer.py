@@ -53,8 +53,10 @@ class SegmentWriter:
     """Writes WAL of one timeline into segment files, one open ``.partial`` at a time.
 
     ``position`` is the LSN the next byte must have; ``flushed`` is the LSN up to which every
-    byte is fsynced (or, with ``sync`` off, written). Bytes are only ever written at
-    ``position``: anything else is a gap or an overlap and raises before touching the disk.
+    byte is fsynced (or, with ``sync`` off, written): the one holder of the flushed position,
+    moved by the syncer's worker as background completions finish, and by the main thread
+    only while no job is pending. Bytes are only ever written at ``position``: anything else
+    is a gap or an overlap and raises before touching the disk.
     """
 
     suffix = ""  # compression suffix of the files written
@@ -72,7 +74,7 @@ class SegmentWriter:
         self._zeros = os.environ.get(PREALLOCATE_ENV) == "zeros"
         # overlapped durability (archive/syncer.py): a completed segment is fsynced and renamed
         # in the background while the next one is received
-        self.syncer = SegmentSyncer(start_lsn) if archive.sync else None
+        self.syncer = SegmentSyncer(self._durable) if archive.sync else None
         self._behind = 0  # offset in the open segment up to which writeback was started
 
     @property
@@ -107,7 +109,6 @@ class SegmentWriter:
         if self.syncer is not None:
             if self.syncer.completing and not wait:
                 self.syncer.check()
-                self.flushed = max(self.flushed, self.syncer.synced)
                 return self.flushed
             self.syncer.drain()
         if self._fd is not None and self.flushed < self.position:
@@ -139,6 +140,10 @@ class SegmentWriter:
     def _partial_path(self, segno: int) -> Path:
         name = wal_file_name(self.timeline, segno, self.segment_size)
         return self.archive.directory / (name + self.suffix + PARTIAL_SUFFIX)
+
+    def _durable(self, lsn: int) -> None:
+        """The syncer's worker finished every job up to ``lsn``."""
+        self.flushed = max(self.flushed, lsn)
 
     def _synced(self) -> None:
         """Called once the open file's bytes up to ``position`` are durable."""
@@ -257,6 +262,7 @@ class SegmentWriter:
             raise os_error(exc, f'could not complete segment "{name}"') from exc
         self.archive.fsync_directory()
         self._drop_superseded_partials(name[:24])
+        self.archive.file_completed(name)
 
     def _drop_superseded_partials(self, wal: str) -> None:
         """Remove ``.partial`` files of the segment just completed, in any form (another -Z

@@ -35,7 +35,7 @@ from receivewal.check.crosscheck import (
 )
 from receivewal.errors import ArchiveError, ConfigurationError
 from receivewal.wal import accel
-from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size, format_lsn
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
 from receivewal.wal.names import (
     SegmentFile,
     at_rest_of,
@@ -43,7 +43,7 @@ from receivewal.wal.names import (
     parse_history_file_name,
     parse_segment_file_name,
 )
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, header_segment_size
 from receivewal.wal.reader import (
     RmgrTotals,
     SegmentScan,
@@ -131,11 +131,8 @@ def segment_size_of(path: str, compression: str, open_binary: Opener | None = No
                     address: bool = False) -> int | tuple[int, int]:
     """The segment size recorded in a segment's long page header (and its page address)."""
     head = read_wal_file(path, compression, SIZE_OF_LONG_PHD, open_binary)
-    if len(head) < SIZE_OF_LONG_PHD:
-        raise ArchiveError(f"{path} is too short to hold a WAL page header")
-    size = int.from_bytes(head[32:36], "little")
     try:
-        size = check_segment_size(size)
+        size = header_segment_size(head)
     except ConfigurationError as exc:
         raise ArchiveError(f"{path}: {exc}") from exc
     return (size, int.from_bytes(head[8:16], "little")) if address else size

@@ -25,13 +25,12 @@ from dataclasses import dataclass
 
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, SIZE_OF_SHORT_PHD, XLOG_BLCKSZ
 from receivewal.wal.reader import SegmentScan
-from receivewal.wal.rmgr import RM_XACT_ID
+from receivewal.wal.records import RECORD_HEADER
+from receivewal.wal.rmgr import RM_XACT_ID, RM_XLOG_ID
 
-RM_XLOG_ID = 0
 POSTGRES_EPOCH = 946_684_800  # 2000-01-01 00:00:00 UTC in Unix seconds
 HOUR = 3600
 
-_HEADER = struct.Struct("<IIQBBxxI")  # xl_tot_len, xl_xid, xl_prev, xl_info, xl_rmid, xl_crc
 _I64 = struct.Struct("<q").unpack_from
 _U16 = struct.Struct("<H").unpack_from
 _U32 = struct.Struct("<I").unpack_from
@@ -119,7 +118,7 @@ def time_marks(data: bytes, start_lsn: int,
         head = _record_bytes(data, off, 24)
         if head is None:
             continue
-        tot_len, _xid, _prev, info, rmid, _crc = _HEADER.unpack(head)
+        tot_len, _xid, _prev, info, rmid, _crc = RECORD_HEADER.unpack(head)
         if rmid not in (RM_XACT_ID, RM_XLOG_ID):
             continue
         rec = _record_bytes(data, off, tot_len)

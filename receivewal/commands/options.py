@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
-from receivewal.daemon.settings import Settings
+from receivewal.daemon.settings import CONFIRM_AFTER, Settings
 
 T = TypeVar("T")
 
@@ -171,6 +171,17 @@ class StreamOptions:
         help="Keep a progress line on the terminal (also with -v): received LSN, "
         "server WAL end, MB/s, compression ratio, ETA. Never with JSON logs or off a "
         "terminal.")
+    upload_to: str | None = option(
+        Settings.upload_to, "--upload-to", setting="upload_to", example="s3://example-wal/db1",
+        help="Upload each completed segment and history file, as it sits on disk (-Z), to "
+        "PREFIX/<file name> in object storage (s3://BUCKET/PREFIX; endpoint and credentials "
+        "from boto3's standard AWS_* chain). Nothing local is deleted.")
+    confirm_after: str = option(
+        Settings.confirm_after, "--confirm-after", setting="confirm_after", show_default=True,
+        choices=CONFIRM_AFTER, goes_with=("--upload-to", "s3://example-wal/db1"),
+        help="What the flush position reported to the server waits for: disk (fsynced "
+        "locally, as pg_receivewal) or upload (in the bucket too: the slot keeps WAL while "
+        "the store is down, so pg_wal grows meanwhile).")
 
 
 @cache

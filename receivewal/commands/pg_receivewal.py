@@ -31,7 +31,13 @@ from receivewal.commands.stream import build_settings
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
-from receivewal.wal.lsn import format_lsn
+from receivewal.wal.lsn import (
+    MIN_SEGMENT_SIZE,
+    format_lsn,
+    parse_lsn,
+    round_down_to_segment,
+    scan_lsn,
+)
 
 PROGNAME = "pg_receivewal"
 PG_VERSION = "15.18"  # the pg_receivewal whose behaviour this reproduces
@@ -203,8 +209,6 @@ def check_args(opts: StreamOptions, rest: list[str], directory: str | None) -> N
 
 
 _C_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]*)[ \t\n\v\f\r]*")
-_HEX = r"[ \t\n\v\f\r]*[+-]?(?:0[xX])?([0-9A-Fa-f]+)"
-_ENDPOS = re.compile(_HEX + "/" + _HEX)
 
 
 def parse_int(text: str, name: str, low: int, high: int) -> int:
@@ -223,10 +227,10 @@ def parse_int(text: str, name: str, low: int, high: int) -> int:
 
 def parse_endpos(text: str) -> int:
     """sscanf("%X/%X"): two hexadecimal numbers; anything may follow."""
-    match = _ENDPOS.match(text)
-    if match is None:
+    lsn = scan_lsn(text)
+    if lsn is None:
         raise UsageError(f'could not parse end position "{text}"', hint=False)
-    return (int(match.group(1), 16) & 0xFFFFFFFF) << 32 | (int(match.group(2), 16) & 0xFFFFFFFF)
+    return lsn
 
 
 def getopt_message(exc: getopt.GetoptError) -> str:
@@ -322,9 +326,7 @@ class PgReceivewalMessages:
 def _segment_end(lsn_text: str) -> str:
     """The segment boundary a completing write crossed (writes are far smaller than 1 MB,
     the smallest segment size, so the boundary is the LSN rounded down to 1 MB)."""
-    hi, lo = (int(part, 16) for part in lsn_text.split("/"))
-    lsn = hi << 32 | lo
-    return format_lsn(lsn - lsn % (1 << 20))
+    return format_lsn(round_down_to_segment(parse_lsn(lsn_text), MIN_SEGMENT_SIZE))
 
 
 def run() -> NoReturn:

@@ -3,9 +3,11 @@
 Works as a Nagios-style check: the first line is a one-line summary and the exit code is
 
 - 0 OK: the daemon runs and heard from the server within ``--max-age`` seconds;
-- 1 WARNING: as OK, but the archive holds an island of older segments before a hole;
+- 1 WARNING: as OK, but the archive holds an island of older segments before a hole, or
+  uploads (``stream --upload-to``) lag past ``--upload-warning`` or just failed;
 - 2 CRITICAL: the daemon is not running (no process holds the archive's lock, or it recorded
-  a stop), or it has had no contact with the server for longer than ``--max-age`` seconds;
+  a stop), or it has had no contact with the server for longer than ``--max-age`` seconds, or
+  uploads lag past ``--upload-critical`` or are refused;
 - 3 UNKNOWN: there is no state file, or it cannot be read or trusted (not a regular file,
   too large, a value out of range).
 
@@ -24,7 +26,15 @@ from pathlib import Path
 
 import click
 
-from receivewal.daemon.health import LABELS, Verdict, check, describe
+from receivewal.daemon.health import (
+    LABELS,
+    UPLOAD_CRITICAL,
+    UPLOAD_WARNING,
+    UploadLimits,
+    Verdict,
+    check,
+    describe,
+)
 from receivewal.daemon.state import State, state_to_dict
 
 
@@ -39,10 +49,25 @@ from receivewal.daemon.state import State, state_to_dict
     "--max-age", type=click.FloatRange(min=0), default=60.0, show_default=True,
     help="CRITICAL when the server has not been heard from for longer (seconds).",
 )
-def status_command(directory: Path, as_json: bool, max_age: float) -> None:
-    """Report the daemon's state; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (Nagios-style)."""
+@click.option(
+    "--upload-warning", type=click.FloatRange(min=0), default=UPLOAD_WARNING,
+    show_default=True,
+    help="With --upload-to: WARNING when the oldest file waiting for upload was completed "
+    "longer ago (seconds), or the last try failed.",
+)
+@click.option(
+    "--upload-critical", type=click.FloatRange(min=0), default=UPLOAD_CRITICAL,
+    show_default=True,
+    help="With --upload-to: CRITICAL when the oldest file waiting for upload was completed "
+    "longer ago (seconds); also CRITICAL at once when uploads are refused.",
+)
+def status_command(directory: Path, as_json: bool, max_age: float, upload_warning: float,
+                   upload_critical: float) -> None:
+    """Report the daemon's state; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN
+    (Nagios-style)."""
     now = time.time()
-    verdict, state = check(directory, max_age, now)
+    verdict, state = check(directory, max_age, now, UploadLimits(upload_warning,
+                                                                 upload_critical))
     try:
         _print(verdict, state, now, as_json=as_json)
         sys.stdout.flush()

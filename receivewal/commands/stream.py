@@ -107,4 +107,6 @@ def build_settings(opts: StreamOptions) -> Settings:
         reconnect_delay_max=float(opts.reconnect_delay_max),
         metrics_address=opts.metrics_address,
         progress=opts.progress and sys.stderr.isatty() and not _json_logs(opts),
+        upload_to=opts.upload_to or None,
+        confirm_after=opts.confirm_after,
     ).validate()

@@ -4,9 +4,15 @@ The exit codes ``receivewal status`` gives:
 
 - 0 OK: the daemon runs and heard from the server within ``max_age`` seconds;
 - 1 WARNING: as OK, but the daemon found the archive holds an island of older segments before
-  a hole (it streams on after the newest run; ``verify`` names the missing segments);
+  a hole (it streams on after the newest run; ``verify`` names the missing segments), or
+  (with ``--upload-to``) the oldest file waiting for upload was completed more than
+  ``upload_warning`` seconds ago, or the last upload try failed on the way (the store down);
 - 2 CRITICAL: the daemon is not running (no process holds the archive's lock, or it recorded
-  a stop), or it has had no contact with the server for longer than ``max_age`` seconds;
+  a stop), or it has had no contact with the server for longer than ``max_age`` seconds; or
+  (with ``--upload-to``) the oldest file waiting for upload was completed more than
+  ``upload_critical`` seconds ago, or uploads are stopped by an error that waiting does not
+  cure (credentials or permissions refused, a different object at a key, no such bucket,
+  another cluster's prefix);
 - 3 UNKNOWN: there is no state file, or it cannot be read or trusted.
 
 :func:`evaluate` and :func:`describe` are pure; :func:`check` reads the file and probes the
@@ -27,6 +33,19 @@ from receivewal.wal.lsn import format_lsn
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 LABELS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+
+
+UPLOAD_WARNING = 300.0  # seconds since the oldest pending file was completed
+UPLOAD_CRITICAL = 1800.0
+_PASSING_UPLOAD_ERRORS = {"StoreError", "DescriptorLimitError", "DiskFullError"}
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    """How old the oldest file waiting for upload may get before status warns, then alarms."""
+
+    warning: float = UPLOAD_WARNING
+    critical: float = UPLOAD_CRITICAL
 
 
 @dataclass(frozen=True)
@@ -54,16 +73,39 @@ def _ago(seconds: float) -> str:
     return f"{max(seconds, 0):.0f}s ago"
 
 
-def evaluate(state: State, now: float, max_age: float, running: bool | None) -> Verdict:
+def evaluate(state: State, now: float, max_age: float, running: bool | None,
+             limits: UploadLimits | None = None) -> Verdict:
     """Judge ``state`` at ``now``; ``running`` says whether a process holds the archive's
-    lock (None: unknown, e.g. the state was written on another host). What the daemon found
-    wrong with the archive (an older island before a hole) is added, and turns OK into
-    WARNING."""
+    lock (None: unknown, e.g. the state was written on another host). The uploads
+    (``limits``) can only make an OK verdict worse; what the daemon found wrong with the
+    archive (an older island before a hole) is added, and turns OK into WARNING."""
     code, text = _judge(state, now, max_age, running)
+    uploads = _judge_uploads(state, now, limits or UploadLimits()) if code == OK else None
+    if uploads is not None:
+        code, text = uploads[0], f"{uploads[1]}; {text}"
     if state.archive_warning is not None:
         code = WARNING if code == OK else code
         text += f"; archive: {state.archive_warning}"
     return _verdict(code, text)
+
+
+def _judge_uploads(state: State, now: float, limits: UploadLimits) -> tuple[int, str] | None:
+    """WARNING or CRITICAL and why, when the uploads call for it; else None."""
+    if state.upload_to is None:
+        return None
+    error, failing = state.upload_error, state.upload_failing_since is not None
+    age = None if state.upload_oldest_pending is None else now - state.upload_oldest_pending
+    backlog = (f"upload backlog {state.upload_pending_files} files "
+               f"({_size(state.upload_pending_bytes)})"
+               + ("" if age is None else f", the oldest completed {_ago(age)}"))
+    reason = "" if error is None or not failing else f", {error.kind}: {error.message}"
+    if failing and error is not None and error.kind not in _PASSING_UPLOAD_ERRORS:
+        return CRITICAL, f"uploads to {state.upload_to} stopped ({backlog}){reason}"
+    if age is not None and age > limits.critical:
+        return CRITICAL, f"{backlog} (max {limits.critical:g}s){reason}"
+    if (age is not None and age > limits.warning) or failing:
+        return WARNING, f"{backlog} (warning at {limits.warning:g}s){reason}"
+    return None
 
 
 def _judge(state: State, now: float, max_age: float, running: bool | None) -> tuple[int, str]:
@@ -159,11 +201,31 @@ def describe(state: State, now: float) -> list[str]:
         "last error",
         "-" if error is None else f"{error.kind}: {error.message} ({_ago(now - error.at)})",
     ))
+    if state.upload_to is not None:
+        lines.extend(_upload_lines(state, now))
     width = max(len(key) for key, _ in lines)
     return [f"{key + ':':<{width + 1}} {one_line(value)}" for key, value in lines]
 
 
-def check(directory: Path, max_age: float, now: float) -> tuple[Verdict, State | None]:
+def _upload_lines(state: State, now: float) -> list[tuple[str, str]]:
+    oldest = state.upload_oldest_pending
+    error = state.upload_error
+    failing = "" if state.upload_failing_since is None else \
+        f", failing since {_time(state.upload_failing_since, now)}"
+    return [
+        ("upload to", state.upload_to or "-"),
+        ("upload backlog", f"{state.upload_pending_files} files, "
+         f"{_size(state.upload_pending_bytes)}, oldest completed "
+         f"{'-' if oldest is None else _ago(now - oldest)}"),
+        ("uploaded", f"{state.uploaded_files} files since start (last "
+         f"{state.last_uploaded or '-'})"),
+        ("last upload error", "-" if error is None else
+         f"{error.kind}: {error.message} ({_ago(now - error.at)}){failing}"),
+    ]
+
+
+def check(directory: Path, max_age: float, now: float, limits: UploadLimits | None = None,
+          ) -> tuple[Verdict, State | None]:
     """Read the state in ``directory`` and judge it (reads the file and probes the lock: a
     pid may have been reused, the lock is held only by a living writer)."""
     try:
@@ -175,4 +237,4 @@ def check(directory: Path, max_age: float, now: float) -> tuple[Verdict, State |
             UNKNOWN, f"no state file {state_path(directory)}: the daemon never ran here"
         ), None
     running = is_locked(directory) if state.hostname == socket.gethostname() else None
-    return evaluate(state, now, max_age, running), state
+    return evaluate(state, now, max_age, running, limits), state

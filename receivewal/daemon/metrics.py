@@ -24,8 +24,10 @@ from receivewal.errors import ConfigurationError
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
     from prometheus_client.metrics_core import Metric
+
+    from receivewal.daemon.uploader import UploadStatus
 
 PREFIX = "receivewal"
 
@@ -68,6 +70,7 @@ class Metrics:
         self._algorithm = "none"
         self._slots: dict[str, tuple[float, bool]] = {}  # slot: (restart_lsn or nan, active)
         self._server: WSGIServer | None = None
+        self._uploads: UploadStatus | None = None  # with --upload-to only
         self.segments_completed = Count()
         self.reconnects = Count()
         self.errors = CountByKind()
@@ -120,6 +123,10 @@ class Metrics:
         """The slot's restart_lsn (None: unknown or dropped) and whether we stream through it."""
         lsn = math.nan if restart_lsn is None else float(restart_lsn)
         self._slots = {**self._slots, slot: (lsn, active)}
+
+    def set_uploads(self, status: UploadStatus) -> None:
+        """The uploader's backlog and last error (--upload-to)."""
+        self._uploads = status
 
     def set_compression(self, algorithm: str | None) -> None:
         """The compression of the current stream (None: uncompressed)."""
@@ -175,6 +182,29 @@ class Metrics:
         yield counter("reconnects", "Reconnection attempts after a lost connection",
                       self.reconnects.value)
         yield from self._labelled(CounterMetricFamily, GaugeMetricFamily)
+        if self._uploads is not None:
+            yield from self._upload_metrics(self._uploads, gauge, counter, InfoMetricFamily)
+
+    def _upload_metrics(self, status: UploadStatus, gauge: Callable[[str, str, float], Metric],
+                        counter: Callable[[str, str, float], Metric],
+                        info_family: type[InfoMetricFamily]) -> Iterator[Metric]:
+        oldest = status.oldest_pending
+        yield gauge("upload_pending_files", "Completed files waiting for their upload",
+                    status.pending_files)
+        yield gauge("upload_pending_bytes", "Bytes of the completed files waiting for upload",
+                    status.pending_bytes)
+        yield gauge("upload_oldest_pending_age_seconds", "Seconds since the oldest file "
+                    "waiting for upload was completed (0 when none waits)",
+                    0.0 if oldest is None else max(self._clock() - oldest, 0.0))
+        yield counter("uploaded_files", "Files uploaded since start", status.uploaded_files)
+        yield counter("uploaded_bytes", "Bytes uploaded since start", status.uploaded_bytes)
+        yield gauge("upload_failing", "1 while the last upload try failed, else 0",
+                    0 if status.failing_since is None else 1)
+        error = status.last_error
+        yield gauge("upload_last_error_timestamp_seconds", "When the last upload try failed "
+                    "(seconds since the epoch; 0: never)", 0.0 if error is None else error.at)
+        yield info_family(f"{PREFIX}_upload_last_error", "Kind of the last failed upload try",
+                          value={"kind": "none" if error is None else error.kind})
 
     def _labelled(self, counter_family: type[CounterMetricFamily],
                   gauge_family: type[GaugeMetricFamily]) -> Iterator[Metric]:

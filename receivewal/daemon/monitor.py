@@ -31,7 +31,14 @@ from types import TracebackType
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.progress import ProgressLine, Sample
-from receivewal.daemon.state import LastError, State, previous_flush, write_state
+from receivewal.daemon.state import (
+    LastError,
+    State,
+    previous_flush,
+    upload_fields,
+    write_state,
+)
+from receivewal.daemon.uploader import UploadStatus
 from receivewal.logs import get_logger
 from receivewal.replication.connection import redacted
 from receivewal.wal.lsn import format_lsn
@@ -50,7 +57,8 @@ class Monitor:
     segments; a compressed one is rewritten from its start): then "flushed" does not go back
     below what this or, per the state file, the last run flushed on the same timeline.
     ``progress``: keep a progress line on stderr while streaming, if stderr is a terminal (the
-    caller makes sure the logs there are not JSON).
+    caller makes sure the logs there are not JSON). ``uploads`` gives the uploader's status
+    (--upload-to), for the state file and the metrics.
     Use :meth:`null` for a monitor with no side channel at all.
     """
 
@@ -65,6 +73,7 @@ class Monitor:
         state_interval: float = 5.0,
         keeps_partials: bool = True,
         progress: bool = False,
+        uploads: Callable[[], UploadStatus] | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         self.directory = directory
@@ -98,6 +107,7 @@ class Monitor:
         self._write_failure: str | None = None
 
         self._progress = ProgressLine.for_terminal() if progress else None
+        self._uploads = uploads
         self.metrics = Metrics(clock)
         self.metrics_address: Address | None = None
         if metrics_address is not None:
@@ -289,6 +299,8 @@ class Monitor:
             self._last_ping = now
         if self._state.phase == "streaming":
             self._status(self._streaming_status())
+        if self._uploads is not None:
+            self.metrics.set_uploads(self._uploads())
         if self._progress is not None:
             self._show_progress(now)
         if self.directory is not None and (
@@ -323,8 +335,10 @@ class Monitor:
 
     def snapshot(self) -> State:
         """The state as it would be written now."""
+        uploads = {} if self._uploads is None else upload_fields(self._uploads())
         return replace(
             self._state,
+            **uploads,
             updated_at=self._clock(),
             received_lsn=self._received,
             written_lsn=self._written,

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from structlog.typing import FilteringBoundLogger
 
-from receivewal.archive.directory import Archive, ArchiveIdentity, os_error
+from receivewal.archive.directory import Archive, os_error
+from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.layout import StartPoint, choose_start, island_names
 from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
@@ -24,6 +25,7 @@ from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
 from receivewal.daemon.events import SessionMonitor
 from receivewal.daemon.settings import Settings
+from receivewal.daemon.uploader import Uploader
 from receivewal.errors import (
     ArchiveError,
     ConnectionLost,
@@ -31,7 +33,6 @@ from receivewal.errors import (
     WalRemovedError,
 )
 from receivewal.replication.commands import (
-    ReplicationLink,
     ServerInfo,
     create_slot,
     identify_server,
@@ -40,9 +41,10 @@ from receivewal.replication.commands import (
     slot_exists,
     timeline_history,
 )
-from receivewal.replication.connection import COPY_DONE, ExecStatus
+from receivewal.replication.link import COPY_DONE, ReplicationLink, ResultStatus
 from receivewal.replication.messages import (
     PrimaryKeepalive,
+    XLogData,
     build_hot_standby_feedback,
     build_standby_status_update,
     parse_copy_data,
@@ -71,8 +73,10 @@ class Session:
 
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
                  monitor: SessionMonitor, stop: StopFlag, log: FilteringBoundLogger,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 uploads: Uploader | None = None) -> None:
         self.conn = conn
+        self.uploads = uploads
         self.settings = settings
         self.archive = archive
         self.monitor = monitor
@@ -80,6 +84,7 @@ class Session:
         self.log = log
         self.clock = clock
         self.decoder = StreampackDecoder(settings.compression)
+        self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
         self.info: ServerInfo | None = None
         self.writer: SegmentWriter | None = None
         self.last_received = clock()
@@ -95,9 +100,13 @@ class Session:
     def prepare(self) -> StartPoint:
         """Identify the server, check the archive is this server's, and choose the start."""
         info = self.info = identify_server(self.conn)
+        if self.uploads is not None:  # another cluster's prefix: refused before any write
+            self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
+                                               info.timeline))
         self.archive.file_mode = self.monitor.file_mode = \
             self.archive.file_mode_for(info.file_mode)
-        self._check_identity(info)
+        self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
+                                                    info.timeline))
         newest, rejected = self.archive.resume_point(info.segment_size,
                                                      int(info.system_identifier))
         for reason in rejected:
@@ -125,6 +134,8 @@ class Session:
         if start.timeline < info.timeline:
             history = parse_history(self._fetch_history(info.timeline), info.timeline)
             check_follows(start.timeline, start.lsn, history, info.timeline)
+        if self.uploads is not None:
+            self.uploads.streaming_from(start.lsn)
         return start
 
     def _report_islands(self, files: list[SegmentFile], newest: SegmentFile | None,
@@ -152,32 +163,6 @@ class Session:
                          reason="missing on this server (--create-slot-if-missing)")
         return read_slot(self.conn, slot)
 
-    def _check_identity(self, info: ServerInfo) -> None:
-        identity = self.archive.read_identity()
-        if identity is None:
-            files = self.archive.segment_names(info.segment_size)
-            sniffed = self.archive.sniff_system_identifier(files, info.segment_size)
-            if sniffed is not None and sniffed != info.system_identifier:
-                raise ArchiveError(
-                    f'directory "{self.archive.directory}" holds WAL of database system '
-                    f"{sniffed}, but the server is database system {info.system_identifier}"
-                )
-            self.archive.write_identity(ArchiveIdentity(info.system_identifier,
-                                                        info.segment_size, info.timeline))
-            return
-        if identity.system_identifier != info.system_identifier:
-            raise ArchiveError(
-                f'directory "{self.archive.directory}" belongs to database system '
-                f"{identity.system_identifier}, but the server is database system "
-                f"{info.system_identifier}"
-            )
-        if identity.segment_size != info.segment_size:
-            raise ArchiveError(
-                f'directory "{self.archive.directory}" holds segments of '
-                f"{identity.segment_size} bytes, but the server's wal_segment_size is "
-                f"{info.segment_size}"
-            )
-
     def _fetch_history(self, timeline: int) -> str:
         """The history file of ``timeline``: from the archive, else from the server (stored)."""
         path = self.archive.directory / history_file_name(timeline)
@@ -191,6 +176,7 @@ class Session:
             raise ArchiveError(f'history file "{path}" is not text: {exc}') from exc
         name, content = timeline_history(self.conn, timeline)
         self.archive.write_file_durably(name, content.encode())
+        self.archive.file_completed(name)
         self.log.info("history_file_written", file=name, timeline=timeline)
         return content
 
@@ -242,40 +228,39 @@ class Session:
     def _copy_loop(self, writer: SegmentWriter) -> TimelineEnd | str:
         """receivelog.c's HandleCopyStream, the hot loop. Take what has arrived; when nothing
         has, do the periodic work (endpos, synchronous flush, liveness, status, monitor tick)
-        and wait on the socket and the stop signal until the next status is due."""
+        and let the next read wait, on the socket and the stop signal, until the next status
+        is due."""
         interval = self.settings.status_interval
         next_status = self.clock()  # pg_receivewal reports once right away
         next_tick = next_status
+        wait = 0.0  # how long the next read may wait for a message: after one, not at all
         while True:
             if self.stop.requested:
                 self.log.info("stop_requested", lsn=format_lsn(writer.position))
                 self._finish(writer)
                 return "stopped"
-            message = self.conn.read_copy()
+            message = self.conn.read_copy(wait)
             now = self.clock()
             if message is None:
+                if self.stop.requested:  # the signal ended the wait
+                    continue
                 if self._at_endpos(writer):  # e.g. started exactly at --endpos
                     return "endpos"
-                if self.settings.synchronous and writer.flushed < writer.position:
-                    self.send_status(writer)
-                self._check_liveness(writer, now)
-                if interval > 0 and now >= next_status:
-                    self.send_status(writer)
-                    next_status = now + interval
-                self._tick(writer)
+                next_status = self._idle(writer, now, next_status)
                 next_tick = now + TICK_SECONDS
-                self.conn.wait(min(TICK_SECONDS, max(0.0, next_status - now))
-                               if interval > 0 else TICK_SECONDS)
+                wait = (min(TICK_SECONDS, max(0.0, next_status - now)) if interval > 0
+                        else TICK_SECONDS)
                 continue
             if message is COPY_DONE:
                 self._tick(writer)
                 return self._end_of_copy(writer)
-            assert isinstance(message, (bytes, memoryview))
-            self.last_received, self.pinged = self.clock(), False
-            if message[0] == 0x77:  # 'w': the only place the hot path looks at the kind
-                self._process_xlogdata(message, writer)
+            wait = 0.0
+            self.last_received, self.pinged = now, False
+            received = parse_copy_data(message, self._read_xlogdata)
+            if isinstance(received, XLogData):
+                self._process_xlogdata(received, len(message), writer)
             else:
-                self._process_keepalive(message, writer)
+                self._process_keepalive(received, writer)
             if self._at_endpos(writer):
                 return "endpos"
             if interval > 0 and now >= next_status:
@@ -284,6 +269,19 @@ class Session:
             if now >= next_tick:  # the watchdog and state file need a pulse under load too
                 self._tick(writer)
                 next_tick = now + TICK_SECONDS
+
+    def _idle(self, writer: SegmentWriter, now: float, next_status: float) -> float:
+        """The periodic work once nothing more has arrived: the synchronous flush, liveness,
+        a status update when due, the monitor's tick. Returns when the next status is due."""
+        if self.settings.synchronous and writer.flushed < writer.position:
+            self.send_status(writer)
+        self._check_liveness(writer, now)
+        interval = self.settings.status_interval
+        if interval > 0 and now >= next_status:
+            self.send_status(writer)
+            next_status = now + interval
+        self._tick(writer)
+        return next_status
 
     def _at_endpos(self, writer: SegmentWriter) -> bool:
         """Stop (and say so) once everything up to --endpos is received."""
@@ -334,12 +332,11 @@ class Session:
             self.send_status(writer, reply_requested=True)
             self.pinged = True
 
-    def _process_xlogdata(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
-        xlog = self.decoder.decode(message)
+    def _process_xlogdata(self, xlog: XLogData, wire: int, writer: SegmentWriter) -> None:
         if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
             self._report_compression()
         completed = writer.write(xlog.wal_start, xlog.payload)
-        self.pending_wire += len(message)
+        self.pending_wire += wire
         self.pending_wal += len(xlog.payload)
         self.server_wal_end = xlog.wal_end
         for name in completed:
@@ -350,9 +347,7 @@ class Session:
             self.monitor.flushed(writer.flushed)
             self.log.debug("compression_stats", **self.decoder.stats().as_dict())
 
-    def _process_keepalive(self, message: bytes | memoryview, writer: SegmentWriter) -> None:
-        keepalive = parse_copy_data(message)
-        assert isinstance(keepalive, PrimaryKeepalive)
+    def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentWriter) -> None:
         self.monitor.keepalive(keepalive.wal_end)
         if keepalive.reply_requested:
             self.send_status(writer)
@@ -363,6 +358,8 @@ class Session:
         if self.settings.report_flush:
             flush = writer.flush(wait=self.settings.synchronous)
             self.monitor.flushed(flush)
+            if self.uploads is not None and self.settings.confirm_after == "upload":
+                flush = self.uploads.confirmable(flush)  # the slot keeps what is not uploaded
         now = postgres_time(time.time())
         self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
                                                        reply_requested))
@@ -379,15 +376,12 @@ class Session:
         self.conn.end_copy()
         deadline = self.clock() + STOP_DRAIN_SECONDS
         while self.clock() < deadline:
-            message = self.conn.read_copy()
-            if message is COPY_DONE:
+            if self.conn.read_copy(max(0.0, deadline - self.clock())) is COPY_DONE:
                 break
-            if message is None:
-                self.conn.wait(max(0.0, deadline - self.clock()))
         else:
             raise ConnectionLost("server did not end the stream after we stopped")
         while (result := self.conn.next_result()) is not None:
-            if result.status not in (ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK):
+            if result.status not in (ResultStatus.COMMAND_OK, ResultStatus.TUPLES_OK):
                 break
 
     def _end_of_copy(self, writer: SegmentWriter) -> TimelineEnd:

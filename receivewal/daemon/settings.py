@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
+from receivewal.archive.objectstore import parse_bucket_url
 from receivewal.errors import ConfigurationError
 
 SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
+CONFIRM_AFTER = ("disk", "upload")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class Settings:
     receive_timeout: float = 60.0
     metrics_address: str | None = None
     progress: bool = False  # a progress line on stderr (only set when it is a console terminal)
+    upload_to: str | None = None  # s3://BUCKET/PREFIX: completed files are uploaded there
+    confirm_after: str = "disk"  # "upload": the flush reported never passes the uploads
 
     @property
     def report_flush(self) -> bool:
@@ -73,4 +77,11 @@ class Settings:
             raise ConfigurationError(f"invalid receive timeout: {self.receive_timeout}")
         if self.reconnect_delay < 0 or self.reconnect_delay_max < self.reconnect_delay:
             raise ConfigurationError("invalid reconnect delay")
+        if self.upload_to is not None:
+            parse_bucket_url(self.upload_to)
+        if self.confirm_after not in CONFIRM_AFTER:
+            raise ConfigurationError(f'invalid --confirm-after "{self.confirm_after}": '
+                                     "disk or upload")
+        if self.confirm_after == "upload" and self.upload_to is None:
+            raise ConfigurationError("--confirm-after upload needs --upload-to")
         return self

@@ -20,17 +20,20 @@ from typing import Any
 
 from receivewal.archive.directory import write_file_durably
 from receivewal.archive.reading import read_small_file
+from receivewal.daemon.uploader import UploadStatus
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.logs import get_logger
 from receivewal.wal.lsn import format_lsn, parse_lsn
+from receivewal.wal.timeline import is_timeline_id
 
 STATE_FILE = ".receivewal-state.json"
 FORMAT_VERSION = 1
 
 _LSN_FIELDS = ("received_lsn", "written_lsn", "flushed_lsn", "server_wal_end", "slot_restart_lsn")
-_TIME_FIELDS = ("started_at", "updated_at", "last_contact")
+_TIME_FIELDS = ("started_at", "updated_at", "last_contact", "upload_oldest_pending",
+                "upload_failing_since")
+_ERROR_FIELDS = ("last_error", "upload_error")
 _MAX_PID = (1 << 31) - 1  # pid_t
-_MAX_TIMELINE = 0xFFFFFFFF
 _MAX_COUNT = 1 << 63
 
 
@@ -72,6 +75,32 @@ class State:
     reconnects: int = 0
     last_error: LastError | None = field(default=None)
     archive_warning: str | None = None  # found at start-up: an older island before a hole
+    # --upload-to: where, the backlog (files, bytes, completion time of the oldest), what went
+    # up since start, and the last failed try (upload_failing_since: None once a try succeeds)
+    upload_to: str | None = None
+    upload_pending_files: int = 0
+    upload_pending_bytes: int = 0
+    upload_oldest_pending: float | None = None
+    uploaded_files: int = 0
+    last_uploaded: str | None = None
+    upload_error: LastError | None = None
+    upload_failing_since: float | None = None
+
+
+def upload_fields(status: UploadStatus) -> dict[str, Any]:
+    """The State fields that show the uploader's ``status``."""
+    error = status.last_error
+    return {
+        "upload_to": status.destination,
+        "upload_pending_files": status.pending_files,
+        "upload_pending_bytes": status.pending_bytes,
+        "upload_oldest_pending": status.oldest_pending,
+        "uploaded_files": status.uploaded_files,
+        "last_uploaded": status.last_uploaded,
+        "upload_error": None if error is None else LastError(error.kind, error.message,
+                                                             error.at),
+        "upload_failing_since": status.failing_since,
+    }
 
 
 def state_path(directory: Path) -> Path:
@@ -106,8 +135,9 @@ def state_to_dict(state: State) -> dict[str, Any]:
     for key in _TIME_FIELDS:
         if data[key] is not None:
             data[key] = _iso(data[key])
-    if data["last_error"] is not None:
-        data["last_error"]["at"] = _iso(data["last_error"]["at"])
+    for key in _ERROR_FIELDS:
+        if data[key] is not None:
+            data[key]["at"] = _iso(data[key]["at"])
     return {"version": FORMAT_VERSION, **data}
 
 
@@ -140,11 +170,11 @@ def _state_from_json(raw: Any) -> State:
     for key in _TIME_FIELDS:
         if raw.get(key) is not None:
             raw[key] = _epoch(raw[key])
-    error = raw.get("last_error")
-    if error is not None:
-        raw["last_error"] = LastError(
-            kind=str(error["kind"]), message=str(error["message"]), at=_epoch(error["at"])
-        )
+    for key in _ERROR_FIELDS:
+        error = raw.get(key)
+        if error is not None:
+            raw[key] = LastError(kind=str(error["kind"]), message=str(error["message"]),
+                                 at=_epoch(error["at"]))
     state = State(**raw)
     _check_values(state)
     return state
@@ -167,7 +197,7 @@ def _check_values(state: State) -> None:
             raise ValueError(f"{item.name} {str(value)[:40]} is out of range")
     if not 0 < state.pid <= _MAX_PID:
         raise ValueError(f"pid {state.pid} is out of range")
-    if state.timeline is not None and not 0 < state.timeline <= _MAX_TIMELINE:
+    if state.timeline is not None and not is_timeline_id(state.timeline):
         raise ValueError(f"timeline {state.timeline} is out of range")
 
 

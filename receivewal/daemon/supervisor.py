@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import os
 import random
 import selectors
 import signal
@@ -20,10 +21,12 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
+from receivewal.archive.bucket import Bucket
 from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
+from receivewal.daemon.uploader import Uploader, retry_policy
 from receivewal.errors import (
     ConnectionLost,
     DescriptorLimitError,
@@ -164,23 +167,35 @@ class Supervisor:
             self.log.error("failed", error=str(exc))
             return 1
         try:
+            uploads = self._uploader(archive)
             monitor = self.monitor or Monitor(self.settings.directory,
                                               self.settings.metrics_address,
                                               keeps_partials=not self.settings.at_rest.method,
-                                              progress=self.settings.progress)
+                                              progress=self.settings.progress,
+                                              uploads=uploads.status if uploads else None)
         except ReceivewalError as exc:
             self.log.error("failed", error=str(exc))
             return 1
         self.stop.install()
         try:
-            return self._loop(archive, monitor)
+            return self._loop(archive, monitor, uploads)
         finally:
+            if uploads is not None:
+                uploads.close()
             monitor.stopping()
             monitor.close()
             self.stop.uninstall()
             archive.unlock()
 
-    def _loop(self, archive: Archive, monitor: Monitor) -> int:
+    def _uploader(self, archive: Archive) -> Uploader | None:
+        """The uploader of --upload-to (its client is made now; nothing is sent yet)."""
+        if self.settings.upload_to is None:
+            return None
+        retry = retry_policy(os.environ)
+        bucket = Bucket.connect(self.settings.upload_to, retry)
+        return Uploader(archive, bucket, self.log, retry, environ=os.environ)
+
+    def _loop(self, archive: Archive, monitor: Monitor, uploads: Uploader | None) -> int:
         attempt = 0
         connected_once = False
         while True:
@@ -196,7 +211,8 @@ class Supervisor:
             else:
                 connected_once = True
                 session = Session(conn, settings=self.settings, archive=archive,
-                                  monitor=monitor, stop=self.stop, log=self.log)
+                                  monitor=monitor, stop=self.stop, log=self.log,
+                                  uploads=uploads)
                 try:
                     with descriptors_retryable():
                         start = session.prepare()

@@ -12,6 +12,7 @@ import struct
 from dataclasses import dataclass
 
 from receivewal.errors import ConfigurationError
+from receivewal.replication.messages import XLOGDATA_TAG
 from receivewal.replication.negotiation import parse_compression_list, take_streampack_option
 from receivewal.replication.streampack import (
     MAX_RESTORED_PAYLOAD,
@@ -251,7 +252,7 @@ class BackendStream:
         if kind == 0x52:
             return self.authenticating and size <= HELD_AUTHENTICATION
         return (kind == 0x64 and self.copy_both and self.encoder is not None
-                and 5 < size <= 5 + HELD_XLOGDATA and first == 0x77)
+                and 5 < size <= 5 + HELD_XLOGDATA and first == XLOGDATA_TAG)
 
     def _compress(self, message: bytes) -> bytes:
         if self.encoder is None:  # not held then (_holds)

@@ -1,5 +1,6 @@
 """Replication commands: IDENTIFY_SYSTEM, SHOW, the slot commands, TIMELINE_HISTORY, and the
-result set that ends a timeline, over any :class:`ReplicationLink`.
+result set that ends a timeline, over any
+:class:`~receivewal.replication.link.ReplicationLink`.
 
 Each function sends one command (or reads one result), checks the answer the way
 pg_receivewal does, and raises ServerError / ProtocolError with its words. The session calls
@@ -9,43 +10,14 @@ them; it never builds a command string itself except START_REPLICATION.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from receivewal.errors import ConfigurationError, ConnectionLost, ProtocolError, ServerError
-from receivewal.replication.connection import ExecStatus, Result, Row
+from receivewal.replication.link import ReplicationLink, Result, ResultStatus
 from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn
 from receivewal.wal.names import history_file_name, parse_history_file_name
 from receivewal.wal.timeline import parse_history
 
 _UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
-
-
-class ReplicationLink(Protocol):
-    """What the session and these commands need of a replication connection.
-
-    :class:`~receivewal.replication.connection.ReplicationConnection` is the real one; the
-    tests' scripted connection is another. Reads never block; :meth:`wait` is the only place
-    that waits (on the socket and the stop signal together).
-    """
-
-    @property
-    def server_version(self) -> int: ...
-
-    def describe(self) -> str: ...
-
-    def query(self, sql: str) -> list[Row]: ...
-
-    def start_copy_both(self, sql: str) -> None: ...
-
-    def read_copy(self) -> bytes | memoryview | object | None: ...
-
-    def wait(self, timeout: float) -> None: ...
-
-    def send_copy(self, data: bytes) -> None: ...
-
-    def end_copy(self) -> None: ...
-
-    def next_result(self) -> Result | None: ...
 
 
 @dataclass(frozen=True)
@@ -154,10 +126,10 @@ def read_timeline_end(conn: ReplicationLink, timeline: int, position: int) -> tu
     the server ended the stream without a next timeline (a shutdown).
     """
     result = conn.next_result()
-    if result is not None and result.status in (ExecStatus.COPY_IN, ExecStatus.COPY_BOTH):
+    if result is not None and result.status in (ResultStatus.COPY_IN, ResultStatus.COPY_BOTH):
         conn.end_copy()
         result = conn.next_result()
-    if result is None or result.status == ExecStatus.COMMAND_OK:
+    if result is None or result.status == ResultStatus.COMMAND_OK:
         raise ConnectionLost("replication stream was terminated by the server at "
                              f"{format_lsn(position)} (server shut down?)")
     next_tli, next_start = _next_timeline(result)
@@ -170,7 +142,7 @@ def read_timeline_end(conn: ReplicationLink, timeline: int, position: int) -> tu
             f"reported next timeline {next_tli} to begin at {format_lsn(next_start)}"
         )
     final = conn.next_result()
-    if final is None or final.status != ExecStatus.COMMAND_OK:
+    if final is None or final.status != ResultStatus.COMMAND_OK:
         raise ProtocolError("unexpected termination of replication stream after the end "
                             "of a timeline")
     while conn.next_result() is not None:
@@ -179,7 +151,7 @@ def read_timeline_end(conn: ReplicationLink, timeline: int, position: int) -> tu
 
 
 def _next_timeline(result: Result) -> tuple[int, int]:
-    if result.status != ExecStatus.TUPLES_OK or len(result.rows) != 1 or \
+    if result.status != ResultStatus.TUPLES_OK or len(result.rows) != 1 or \
             len(result.rows[0]) < 2:
         raise ProtocolError("unexpected result set after end of timeline")
     next_tli_text, next_start_text = result.rows[0][:2]

@@ -1,8 +1,10 @@
 """A replication connection on psycopg's libpq layer (``psycopg.pq``).
 
-This is the only module that imports psycopg. It speaks the simple query protocol only (the
-walsender accepts nothing else) and exposes the COPY BOTH stream as non-blocking reads of whole
-CopyData payloads. Nothing here blocks: the libpq dialogue is written as generators that
+This is the only module that imports psycopg, and what it hands out is receivewal's own
+(:mod:`receivewal.replication.link`): :class:`ReplicationConnection` is a
+:class:`~receivewal.replication.link.ReplicationLink`. It speaks the simple query protocol only
+(the walsender accepts nothing else) and reads the COPY BOTH stream as whole CopyData payloads.
+Nothing here blocks: the libpq dialogue is written as generators that
 :mod:`receivewal.replication.waiting` drives, waiting on the socket and the stop signal.
 """
 
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import psycopg
@@ -18,6 +19,14 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receivewal.errors import ConfigurationError, ConnectionLost, ServerError, WalRemovedError
+from receivewal.replication.link import (
+    COPY_DONE,
+    CopyData,
+    CopyDone,
+    Result,
+    ResultStatus,
+    Row,
+)
 from receivewal.replication.waiting import (
     BOTH,
     READ,
@@ -25,15 +34,16 @@ from receivewal.replication.waiting import (
     Steps,
     StopFlag,
     drive,
-    wait_readable,
+    drive_within,
 )
 
 T = TypeVar("T")
 
-ExecStatus = pq.ExecStatus
-
-#: What ``read_copy`` returns when the server ended its side of the COPY stream.
-COPY_DONE = object()
+#: The results a replication connection takes without an error, in receivewal's words.
+_STATUSES = {pq.ExecStatus.COMMAND_OK: ResultStatus.COMMAND_OK,
+             pq.ExecStatus.TUPLES_OK: ResultStatus.TUPLES_OK,
+             pq.ExecStatus.COPY_IN: ResultStatus.COPY_IN,
+             pq.ExecStatus.COPY_BOTH: ResultStatus.COPY_BOTH}
 
 
 def build_conninfo(
@@ -78,17 +88,6 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-Row = tuple[str | None, ...]
-
-
-@dataclass(frozen=True)
-class Result:
-    """The outcome of one command: its status and rows (text values, None for NULL)."""
-
-    status: ExecStatus
-    rows: list[Row]
-
-
 # -- the libpq dialogue as generators (they never block; waiting.drive waits for them) --------
 def _connect_steps(pgconn: pq.abc.PGconn) -> Steps[None]:
     """PQconnectPoll until the connection is made or has failed."""
@@ -115,6 +114,17 @@ def _put_steps(pgconn: pq.abc.PGconn, data: bytes | None) -> Steps[None]:
     yield from _flush_steps(pgconn)
 
 
+def _copy_data_steps(pgconn: pq.abc.PGconn) -> Steps[CopyData | CopyDone]:
+    """The next CopyData payload, or COPY_DONE (psycopg's ``copy_from``), once libpq's buffer
+    holds no whole message: read what the socket holds, else wait for it and read again."""
+    while True:
+        pgconn.consume_input()
+        nbytes, data = pgconn.get_copy_data(1)
+        if nbytes:
+            return data if nbytes > 0 else COPY_DONE
+        yield pgconn.socket, READ
+
+
 def _result_steps(pgconn: pq.abc.PGconn) -> Steps[pq.abc.PGresult | None]:
     """The next result, once libpq has all of it."""
     pgconn.consume_input()
@@ -131,7 +141,7 @@ def _exec_steps(pgconn: pq.abc.PGconn, sql: bytes) -> Steps[pq.abc.PGresult | No
     last = None
     while (res := (yield from _result_steps(pgconn))) is not None:
         last = res
-        if res.status in (ExecStatus.COPY_IN, ExecStatus.COPY_OUT, ExecStatus.COPY_BOTH):
+        if res.status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
             break
     return last
 
@@ -191,10 +201,6 @@ class ReplicationConnection:
         host = self.pgconn.host.decode() or "local socket"
         return f"host={host} port={self.pgconn.port.decode()} user={self.pgconn.user.decode()}"
 
-    def fileno(self) -> int:
-        """The socket to wait on."""
-        return int(self.pgconn.socket)
-
     def close(self) -> None:
         """Close the connection (idempotent)."""
         if not self.closed:
@@ -232,7 +238,7 @@ class ReplicationConnection:
         """Run one command with the simple query protocol; return its rows."""
         command = sql.split(maxsplit=1)[0]
         res = self._run(_exec_steps(self.pgconn, sql.encode()), f"{command} failed")
-        if res is not None and res.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK):
+        if res is not None and res.status in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
             return self._rows(res)
         raise self._error(f"{command} failed", res)
 
@@ -240,32 +246,26 @@ class ReplicationConnection:
         """Send START_REPLICATION and expect the server to enter COPY BOTH."""
         res = self._run(_exec_steps(self.pgconn, sql.encode()),
                         "could not send replication command")
-        if res is None or res.status != ExecStatus.COPY_BOTH:
+        if res is None or res.status != pq.ExecStatus.COPY_BOTH:
             raise self._error("could not start WAL streaming", res)
 
     # -- the COPY stream ---------------------------------------------------------------------
-    def read_copy(self) -> bytes | memoryview | object | None:
-        """The next CopyData payload; None when none has arrived; COPY_DONE at its end.
+    def read_copy(self, timeout: float) -> CopyData | CopyDone | None:
+        """The next CopyData payload, or COPY_DONE at the end of the server's stream; None
+        when none arrived within ``timeout`` seconds (0: only what has arrived) or a stop
+        signal came meanwhile.
 
-        Never blocks: what the socket already holds is read first.
+        A payload libpq already holds is returned at once (the hot path: no generator, no
+        wait); otherwise :func:`_copy_data_steps` reads and waits.
         """
         try:
             nbytes, data = self.pgconn.get_copy_data(1)
-            if nbytes == 0:
-                self.pgconn.consume_input()
-                nbytes, data = self.pgconn.get_copy_data(1)
+            if nbytes:
+                return data if nbytes > 0 else COPY_DONE
+            return drive_within(_copy_data_steps(self.pgconn), self.stop, timeout)
         except psycopg.Error as exc:
             raise ConnectionLost(f"could not receive data from WAL stream: "
                                  f"{one_line(str(exc))}") from exc
-        if nbytes > 0:
-            return data
-        if nbytes == 0:
-            return None
-        return COPY_DONE
-
-    def wait(self, timeout: float) -> None:
-        """Wait until the socket is readable, a stop signal arrives, or ``timeout`` passes."""
-        wait_readable(self.fileno(), self.stop, timeout)
 
     def send_copy(self, data: bytes) -> None:
         """Send one CopyData message and flush it."""
@@ -280,8 +280,7 @@ class ReplicationConnection:
         res = self._run(_result_steps(self.pgconn), "could not read the server's result")
         if res is None:
             return None
-        if res.status in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK, ExecStatus.COPY_IN,
-                          ExecStatus.COPY_BOTH):
-            status = ExecStatus(res.status)
-            return Result(status, self._rows(res) if status == ExecStatus.TUPLES_OK else [])
-        raise self._error("unexpected termination of replication stream", res)
+        status = _STATUSES.get(pq.ExecStatus(res.status))
+        if status is None:
+            raise self._error("unexpected termination of replication stream", res)
+        return Result(status, self._rows(res) if status is ResultStatus.TUPLES_OK else [])

@@ -14,9 +14,13 @@ Times are microseconds since 2000-01-01 00:00 UTC, PostgreSQL's epoch.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from receivewal.errors import ProtocolError
+
+XLOGDATA_TAG = 0x77  # "w": the first byte of an XLogData message
+KEEPALIVE_TAG = 0x6B  # "k"
 
 XLOGDATA_HEADER = struct.Struct(">cQQq")  # 25 bytes
 KEEPALIVE = struct.Struct(">cQqB")  # 18 bytes
@@ -50,20 +54,46 @@ class PrimaryKeepalive:
     reply_requested: bool
 
 
-def parse_copy_data(data: bytes | memoryview) -> XLogData | PrimaryKeepalive:
-    """Decode one CopyData payload received during physical replication."""
-    kind = bytes(data[:1])
-    if kind == b"w":
-        if len(data) < XLOGDATA_HEADER.size:
-            raise ProtocolError(f"XLogData message too short: {len(data)} bytes")
-        _, start, end, send_time = XLOGDATA_HEADER.unpack_from(data)
-        return XLogData(start, end, send_time, memoryview(data)[XLOGDATA_HEADER.size :])
-    if kind == b"k":
+_SEND_TIME_MASK = (1 << 63) - 1  # sendTime without its top bit (pg_streampack's flag)
+
+
+def parse_xlogdata(frame: bytes | memoryview,
+                   payload: bytes | memoryview | None = None) -> XLogData:
+    """The XLogData message in ``frame``: the one place its header is read.
+
+    Its WAL bytes are the rest of ``frame``, or ``payload`` when they came in another form:
+    pg_streampack restores them, and the flag in sendTime's top bit is then cleared.
+    """
+    if len(frame) < XLOGDATA_HEADER.size:
+        raise ProtocolError(f"XLogData message too short: {len(frame)} bytes")
+    _, start, end, send_time = XLOGDATA_HEADER.unpack_from(frame)
+    if payload is None:
+        return XLogData(start, end, send_time, memoryview(frame)[XLOGDATA_HEADER.size :])
+    return XLogData(start, end, send_time & _SEND_TIME_MASK, payload)
+
+
+def parse_copy_data(
+    data: bytes | memoryview,
+    xlogdata: Callable[[bytes | memoryview], XLogData] = parse_xlogdata,
+) -> XLogData | PrimaryKeepalive:
+    """Decode one CopyData payload received during physical replication.
+
+    The one place a received message's kind is looked at. ``xlogdata`` reads an XLogData
+    message (default :func:`parse_xlogdata`): a pg_streampack decoder's ``decode`` restores
+    compressed ones.
+    """
+    try:
+        kind = data[0]
+    except IndexError:
+        kind = None
+    if kind == XLOGDATA_TAG:
+        return xlogdata(data)
+    if kind == KEEPALIVE_TAG:
         if len(data) < KEEPALIVE.size:
             raise ProtocolError(f"keepalive message too short: {len(data)} bytes")
         _, end, send_time, reply = KEEPALIVE.unpack_from(data)
         return PrimaryKeepalive(end, send_time, bool(reply))
-    raise ProtocolError(f"unrecognized streaming header: {kind!r}")
+    raise ProtocolError(f"unrecognized streaming header: {bytes(data[:1])!r}")
 
 
 def build_xlogdata(wal_start: int, wal_end: int, send_time: int,

@@ -36,14 +36,20 @@ if sys.version_info >= (3, 14):
 else:  # the same module, backported: decompress() with an output limit (max_length)
     from backports.zstd import ZstdDecompressor, ZstdError
 
-from receivewal.errors import ConfigurationError, ProtocolError, StreampackError
-from receivewal.replication.messages import XLOGDATA_HEADER, XLogData, build_xlogdata
+from receivewal.errors import ConfigurationError, StreampackError
+from receivewal.replication.messages import (
+    XLOGDATA_HEADER,
+    XLOGDATA_TAG,
+    XLogData,
+    build_xlogdata,
+    parse_xlogdata,
+)
 from receivewal.wal.lsn import format_lsn
 
 ALGORITHMS = ("zstd", "lz4")
 """The names pg_streampack knows, in the module's default order of preference."""
 
-XLOGDATA_HEADER_SIZE = 25
+XLOGDATA_HEADER_SIZE = XLOGDATA_HEADER.size  # 25
 COMPRESSED_HEADER_SIZE = 29
 FLAG_OFFSET = 17
 FLAG_BIT = 0x80
@@ -59,8 +65,6 @@ block, 1 MiB with the largest block size), so anything above 16 MiB is a corrupt
 refused before memory is allocated for it.
 """
 
-_FLAGGED_HEADER = struct.Struct(">cQQQ")  # sendTime unsigned: its top bit is the flag
-_SEND_TIME_MASK = (1 << 63) - 1
 _ALGORITHM_IDS = {"zstd": 0, "lz4": 1}
 _ALGORITHM_NAMES = {0: "zstd", 1: "lz4"}
 _LZ4_MAX_RATIO = 255  # an LZ4 block cannot expand more than ~255x; a larger claim is corrupt
@@ -152,7 +156,8 @@ class _Counter:
 
 def is_compressed(frame: bytes | memoryview) -> bool:
     """True for an XLogData CopyData payload with the pg_streampack flag bit set."""
-    return len(frame) > FLAG_OFFSET and frame[0] == 0x77 and bool(frame[FLAG_OFFSET] & FLAG_BIT)
+    return (len(frame) > FLAG_OFFSET and frame[0] == XLOGDATA_TAG
+            and bool(frame[FLAG_OFFSET] & FLAG_BIT))
 
 
 def _wal_start(frame: bytes | memoryview) -> str:
@@ -200,20 +205,20 @@ class StreampackDecoder:
     def decode(self, message: bytes | memoryview) -> XLogData:
         """Decode one XLogData CopyData payload, compressed or plain, in one pass.
 
-        The caller has seen the ``'w'`` byte; it is not checked again. The payload is a
-        memoryview: of ``message`` for a plain frame, of the decompressed bytes for a
-        compressed one (whose sendTime comes back with the flag bit cleared). Raises
+        The caller has seen the ``'w'`` byte (:func:`~receivewal.replication.messages.
+        parse_copy_data` calls this); it is not checked again. The payload is a memoryview:
+        of ``message`` for a plain frame, of the decompressed bytes for a compressed one
+        (whose sendTime comes back with the flag bit cleared). Raises
         :class:`StreampackError`, naming the frame's walStart, when a compressed frame cannot
         be restored, and ProtocolError for a plain frame shorter than its header.
         """
-        self._check_usable(message)
+        if self._failed is not None:
+            raise self._unusable(message)
         if len(message) > FLAG_OFFSET and message[FLAG_OFFSET] & FLAG_BIT:
             return self._decode_compressed(message)
-        if len(message) < XLOGDATA_HEADER.size:
-            raise ProtocolError(f"XLogData message too short: {len(message)} bytes")
+        xlog = parse_xlogdata(message)
         self._counter.plain(len(message))
-        _, start, end, send_time = XLOGDATA_HEADER.unpack_from(message)
-        return XLogData(start, end, send_time, memoryview(message)[XLOGDATA_HEADER.size:])
+        return xlog
 
     def restore(self, frame: bytes | memoryview) -> bytes | memoryview:
         """Return ``frame`` as a plain CopyData payload (for the relay and tests).
@@ -223,20 +228,20 @@ class StreampackDecoder:
         and returned with the flag bit cleared. Raises :class:`StreampackError`, naming the
         frame's walStart, when the frame cannot be restored; nothing partial is returned.
         """
-        self._check_usable(frame)
+        if self._failed is not None:
+            raise self._unusable(frame)
         if not is_compressed(frame):
-            if frame and frame[0] == 0x77:  # 'w'
+            if frame and frame[0] == XLOGDATA_TAG:
                 self._counter.plain(len(frame))
             return frame
         xlog = self._decode_compressed(frame)
         return build_xlogdata(xlog.wal_start, xlog.wal_end, xlog.send_time, xlog.payload)
 
-    def _check_usable(self, frame: bytes | memoryview) -> None:
-        if self._failed is not None:
-            raise StreampackError(
-                f"pg_streampack decoder unusable after an earlier failure ({self._failed}); "
-                f"frame at {_wal_start(frame)} refused"
-            )
+    def _unusable(self, frame: bytes | memoryview) -> StreampackError:
+        return StreampackError(
+            f"pg_streampack decoder unusable after an earlier failure ({self._failed}); "
+            f"frame at {_wal_start(frame)} refused"
+        )
 
     def _decode_compressed(self, frame: bytes | memoryview) -> XLogData:
         try:
@@ -245,8 +250,7 @@ class StreampackDecoder:
             self._failed = str(exc)
             raise
         self._counter.compressed(len(frame), len(plaintext))
-        _, start, end, flagged_time = _FLAGGED_HEADER.unpack_from(frame)
-        return XLogData(start, end, flagged_time & _SEND_TIME_MASK, memoryview(plaintext))
+        return parse_xlogdata(frame, memoryview(plaintext))
 
     def _fail(self, frame: bytes | memoryview, what: str) -> StreampackError:
         return StreampackError(f"bad pg_streampack frame at {_wal_start(frame)}: {what}")
@@ -347,7 +351,7 @@ class StreampackEncoder:
 
     def encode(self, frame: bytes | memoryview) -> bytes | memoryview:
         """The CopyData payload to send in place of ``frame``."""
-        if not frame or frame[0] != 0x77 or len(frame) < XLOGDATA_HEADER_SIZE:
+        if not frame or frame[0] != XLOGDATA_TAG or len(frame) < XLOGDATA_HEADER_SIZE:
             return frame
         payload = memoryview(frame)[XLOGDATA_HEADER_SIZE:]
         if len(payload) < self.min_size or len(payload) > LENGTH_MASK:

@@ -3,9 +3,10 @@
 The model is psycopg's ``generators.py`` / ``waiting.py`` split: the libpq dialogue
 (:mod:`receivewal.replication.connection`) is written as generators that never block; each
 yields ``(fileno, events)`` when libpq needs the socket readable or writable, and gets back
-the events that became ready. :func:`drive` runs such a generator, waiting here with a
-selector on the socket and on the stop signal's descriptor, so neither a stop signal nor
-``--receive-timeout`` ever waits behind libpq.
+the events that became ready. :func:`drive` runs such a generator to its end and
+:func:`drive_within` for a bounded time (the COPY stream's reads); both wait in
+:func:`wait_for`, with a selector on the socket and on the stop signal's descriptor, so
+neither a stop signal nor ``--receive-timeout`` ever waits behind libpq.
 """
 
 from __future__ import annotations
@@ -59,6 +60,25 @@ def drive(steps: Steps[T], what: str, stop: StopFlag | None, timeout: float) -> 
         return done.value  # type: ignore[no-any-return]
 
 
+def drive_within(steps: Steps[T], stop: StopFlag | None, timeout: float) -> T | None:
+    """Run ``steps``, waiting ``timeout`` seconds at most in all (0: not at all): their result,
+    or None when the time is up first or a stop signal arrives (the caller looks at its flag).
+    """
+    deadline = time.monotonic() + timeout
+    try:
+        fileno, events = next(steps)
+        while (left := deadline - time.monotonic()) > 0:
+            ready = wait_for(fileno, events, stop, left)
+            if ready == 0:
+                return None
+            fileno, events = steps.send(ready)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    except StopRequested:
+        return None
+    return None
+
+
 def wait_for(fileno: int, events: int, stop: StopFlag | None, timeout: float,
              what: str = "waiting for the server") -> int:
     """Wait until ``fileno`` is ready for ``events``; return the ready events, or 0 once
@@ -81,14 +101,3 @@ def wait_for(fileno: int, events: int, stop: StopFlag | None, timeout: float,
                     raise StopRequested(f"{what}: interrupted by a stop signal")
             if ready:
                 return ready
-
-
-def wait_readable(fileno: int, stop: StopFlag | None, timeout: float) -> None:
-    """The COPY loop's wait: until the socket is readable, a stop signal, or ``timeout``."""
-    with Selector() as selector:
-        selector.register(fileno, READ)
-        if stop is not None:
-            selector.register(stop.fileno(), READ)
-        for key, _ in selector.select(timeout):
-            if key.fd != fileno and stop is not None:
-                stop.drain()

@@ -18,6 +18,12 @@
  * Both paths therefore give the same results: C never reports, it only skips ahead over
  * what Python would accept silently. The layouts are PostgreSQL 15's (xlog_internal.h,
  * xlogrecord.h).
+ *
+ * Bounds: both functions read whole pages only, and only pages that lie in the buffer (and,
+ * for walk, in the page list) they are handed, whatever n_pages, end_data or pos say; a
+ * record is copied only after every page it spans passed that test. Nothing relies on the
+ * Python caller padding a .partial to whole pages (tests/support/cbounds.py hands them
+ * short buffers that end at an unreadable page).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -41,6 +47,8 @@
 #define XLP_FIRST_IS_OVERWRITE_CONTRECORD 0x0008
 #define XLP_ALL_FLAGS 0x000F
 #define MAX_RECORD_LENGTH 0x3FFFDFFFu /* as records.py: the longest record PostgreSQL 15 reads */
+#define RM_MAX_BUILTIN_ID 21 /* as rmgr.py: rmgr_id_is_valid */
+#define RM_MIN_CUSTOM_ID 128
 #define NKEYS 4096
 
 /* ---------------------------------------------------------------- CRC-32C */
@@ -205,6 +213,10 @@ fpi_bytes_of(const uint8_t *rec, int64_t off, int64_t end)
 }
 
 /* ---------------------------------------------------------------- check_pages */
+/* A page passes when receivewal/wal/pageheader.py's page_header_problem() has nothing to say
+ * about it: the same checks, in the same order (magic, info bits, page address, timeline, the
+ * timeline sequence, then the long header of the first page and only there). The first page
+ * that fails stops the loop; Python judges it and says why. */
 static PyObject *
 scan_check_pages(PyObject *self, PyObject *args)
 {
@@ -215,7 +227,9 @@ scan_check_pages(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nKkk", &view, &n_pages, &start_lsn, &timeline, &segment_size))
         return NULL;
     const uint8_t *buf = view.buf;
-    if (n_pages * BLCKSZ > view.len) n_pages = view.len / BLCKSZ;
+    /* only whole pages of the buffer: never trust n_pages (nor let n_pages * BLCKSZ overflow) */
+    if (n_pages < 0) n_pages = 0;
+    if (n_pages > view.len / BLCKSZ) n_pages = view.len / BLCKSZ;
     PyObject *tlis = PyList_New(0), *flags = PyList_New(0), *rems = PyList_New(0);
     PyObject *sysid = Py_None;
     Py_INCREF(Py_None);
@@ -302,9 +316,19 @@ scan_walk(PyObject *self, PyObject *args)
         return NULL;
     const uint8_t *buf = view.buf;
     const uint8_t *page_ok = okv.buf;
+    if (pos < 0) {
+        PyBuffer_Release(&view);
+        PyBuffer_Release(&okv);
+        PyErr_SetString(PyExc_ValueError, "walk: negative position");
+        return NULL;
+    }
+    /* The walk reads whole pages only, each both in the buffer and in the page list, so
+     * every read below stays within view.len and okv.len whatever the caller passes (the
+     * Python caller pads a .partial to whole pages; nothing here relies on it). */
     Py_ssize_t n_pages = okv.len;
-    if (end_data > view.len) end_data = view.len;
+    if (n_pages > view.len / BLCKSZ) n_pages = view.len / BLCKSZ;
     if (end_data > n_pages * BLCKSZ) end_data = n_pages * BLCKSZ;
+    end_data &= ~(Py_ssize_t) PAGE_MASK;
     Totals *tot = calloc(1, sizeof(Totals));
     uint8_t *scratch = NULL;
     size_t scratch_size = 0;
@@ -320,6 +344,8 @@ scan_walk(PyObject *self, PyObject *args)
             pos += SHORT_PHD;
         }
         Py_ssize_t page_end = (pos | PAGE_MASK) + 1;
+        if (page_end - pos < 4) /* xl_tot_len split by a page boundary: pos is not aligned */
+            break;
         uint32_t tot_len = u32(buf + pos);
         if (tot_len < RECORD_HEADER || tot_len > MAX_RECORD_LENGTH)
             break;
@@ -369,7 +395,9 @@ scan_walk(PyObject *self, PyObject *args)
             break;
         uint64_t prev_link = u64(rec + 8);
         unsigned info = rec[16], rmid = rec[17];
-        if (!(rmid <= 21 || rmid >= 128) || (have_prev && prev_link != prev))
+        /* records.py's judge_record, in its order: rmid, xl_prev, CRC, block references */
+        if (!(rmid <= RM_MAX_BUILTIN_ID || rmid >= RM_MIN_CUSTOM_ID) ||
+            (have_prev && prev_link != prev))
             break;
         uint32_t crc = crc_update(0xFFFFFFFFu, rec + RECORD_HEADER, tot_len - RECORD_HEADER);
         crc = crc_update(crc, rec, 20) ^ 0xFFFFFFFFu;

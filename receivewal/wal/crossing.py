@@ -23,9 +23,9 @@ from receivewal.wal.pageheader import (
     SIZE_OF_LONG_PHD,
     SIZE_OF_SHORT_PHD,
     XLOG_BLCKSZ,
-    XLOG_PAGE_MAGIC,
     XLP_FIRST_IS_CONTRECORD,
     XLP_FIRST_IS_OVERWRITE_CONTRECORD,
+    page_identity_problem,
 )
 from receivewal.wal.pages import Finding, PageMap
 from receivewal.wal.records import SIZE_OF_XLOG_RECORD
@@ -161,12 +161,11 @@ def _continuation_problem(header: tuple[int, int, int, int, int], address: int, 
                           ) -> str:
     """What is wrong with a page header that should continue a record ("" when nothing)."""
     magic, info, _tli, addr, rem = header
-    if magic != XLOG_PAGE_MAGIC:
-        return f"has an invalid magic number {magic:04X}"
-    if addr != address:
-        return f"has page address {format_lsn(addr)}, expected {format_lsn(address)}"
+    wrong = page_identity_problem(magic, addr, address)
+    if wrong:
+        return wrong
     if not info & XLP_FIRST_IS_CONTRECORD:
-        return "lacks the contrecord flag"
+        return "the contrecord flag is not set"
     if rem != need:
-        return f"says remaining length {rem}, expected {need}"
+        return f"remaining length {rem}, expected {need}"
     return ""

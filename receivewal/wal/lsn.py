@@ -7,6 +7,9 @@ import re
 from receivewal.errors import ConfigurationError
 
 LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
+# sscanf("%X/%X"): white space, a sign and 0x may lead each number; anything may follow
+_HEX = r"[ \t\n\v\f\r]*[+-]?(?:0[xX])?([0-9A-Fa-f]+)"
+_SCANF_LSN = re.compile(_HEX + "/" + _HEX)
 
 MIN_SEGMENT_SIZE = 1 << 20
 MAX_SEGMENT_SIZE = 1 << 30
@@ -18,7 +21,22 @@ def parse_lsn(text: str) -> int:
     match = LSN_RE.match(text.strip())
     if match is None:
         raise ConfigurationError(f"invalid LSN {text!r}: expected the form X/X, e.g. 0/3000000")
-    return (int(match.group(1), 16) << 32) | int(match.group(2), 16)
+    return join_lsn(int(match.group(1), 16), int(match.group(2), 16))
+
+
+def scan_lsn(text: str) -> int | None:
+    """Read an LSN as PostgreSQL's programs do with ``sscanf("%X/%X")`` (pg_receivewal's
+    ``--endpos``): each number may have leading white space, a sign and ``0x``, only its low
+    32 bits count, and anything may follow. None when the text does not start so."""
+    match = _SCANF_LSN.match(text)
+    if match is None:
+        return None
+    return join_lsn(int(match.group(1), 16) & 0xFFFFFFFF, int(match.group(2), 16) & 0xFFFFFFFF)
+
+
+def join_lsn(high: int, low: int) -> int:
+    """The LSN whose halves (``%X/%X``) are ``high`` and ``low``."""
+    return high << 32 | low
 
 
 def format_lsn(lsn: int) -> str:

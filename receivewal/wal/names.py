@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from receivewal.wal.lsn import segment_start
+from receivewal.wal.timeline import is_timeline_id
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -106,7 +107,7 @@ def parse_segment_file_name(name: str, segment_size: int) -> SegmentFile | None:
     timeline = int(match.group(1), 16)
     log, seg = int(match.group(2), 16), int(match.group(3), 16)
     per_id = segments_per_xlogid(segment_size)
-    if timeline == 0 or seg >= per_id:
+    if not is_timeline_id(timeline) or seg >= per_id:
         return None
     return SegmentFile(
         segno=log * per_id + seg,

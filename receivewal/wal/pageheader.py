@@ -10,6 +10,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from receivewal.errors import ConfigurationError
+from receivewal.wal.lsn import check_segment_size, format_lsn
+
 XLOG_PAGE_MAGIC = 0xD110  # PostgreSQL 15
 XLOG_BLCKSZ = 8192
 SIZE_OF_SHORT_PHD = 24
@@ -18,6 +21,7 @@ XLP_FIRST_IS_CONTRECORD = 0x0001
 XLP_LONG_HEADER = 0x0002
 XLP_FIRST_IS_OVERWRITE_CONTRECORD = 0x0008
 XLP_ALL_FLAGS = 0x000F
+MAX_SYSTEM_IDENTIFIER = 0xFFFFFFFFFFFFFFFF  # xlp_sysid is a uint64
 
 SHORT_HEADER = struct.Struct("<HHIQI")  # xlp_magic, xlp_info, xlp_tli, xlp_pageaddr, xlp_rem_len
 LONG_FIELDS = struct.Struct("<QII")  # xlp_sysid, xlp_seg_size, xlp_xlog_blcksz (at offset 24)
@@ -48,24 +52,71 @@ def parse_long_header(data: bytes | memoryview) -> LongPageHeader | None:
         data, SIZE_OF_SHORT_PHD))
 
 
-def first_page_problem(  # noqa: PLR0911 - one return per check, as xlogreader reports
+def header_segment_size(head: bytes | memoryview) -> int:
+    """The segment size a segment's first bytes record in their long page header, valid as a
+    wal_segment_size (a power of two, 1 MiB to 1 GiB): the one rule by which verify and
+    restore take a segment size from a header. ConfigurationError saying why not."""
+    header = parse_long_header(head)
+    if header is None:
+        raise ConfigurationError("too short to hold a WAL page header")
+    return check_segment_size(header.segment_size)
+
+
+def first_page_problem(
         header: LongPageHeader, *, timeline: int, page_address: int, segment_size: int,
         system_identifier: int | None = None) -> str | None:
     """Why ``header`` cannot start the segment its file name promises, or None."""
-    if header.magic != XLOG_PAGE_MAGIC:
-        return f"invalid magic number {header.magic:04X}, expected {XLOG_PAGE_MAGIC:04X}"
-    if not header.info & XLP_LONG_HEADER or header.info & ~XLP_ALL_FLAGS:
-        return f"invalid info bits {header.info:04X} on the first page"
-    if header.page_address != page_address:
-        return (f"page address {header.page_address >> 32:X}/{header.page_address & 0xFFFFFFFF:X}"
-                f", expected {page_address >> 32:X}/{page_address & 0xFFFFFFFF:X}")
-    if header.timeline == 0 or header.timeline > timeline:
-        return f"page timeline {header.timeline} does not belong in a timeline {timeline} file"
-    if header.segment_size != segment_size:
-        return f"segment size {header.segment_size} in page header, expected {segment_size}"
-    if header.block_size != XLOG_BLCKSZ:
-        return f"block size {header.block_size} in page header, expected {XLOG_BLCKSZ}"
-    if system_identifier is not None and header.system_identifier != system_identifier:
-        return (f"system identifier {header.system_identifier}, expected "
-                f"{system_identifier}")
-    return None
+    return page_header_problem(
+        (header.magic, header.info, header.timeline, header.page_address),
+        address=page_address, timeline=timeline,
+        long_fields=(header.system_identifier, header.segment_size, header.block_size),
+        segment_size=segment_size, system_identifier=system_identifier) or None
+
+
+def page_identity_problem(magic: int, page_address: int, address: int) -> str:
+    """Whether a page header is a WAL page header at all, and the one for ``address``:
+    what is wrong with its magic number or page address ("" when nothing)."""
+    if magic != XLOG_PAGE_MAGIC:
+        return f"invalid magic number {magic:04X}, expected {XLOG_PAGE_MAGIC:04X}"
+    if page_address != address:
+        return f"page address {format_lsn(page_address)}, expected {format_lsn(address)}"
+    return ""
+
+
+def page_header_problem(  # noqa: PLR0911 - one return per check, as xlogreader reports
+        header: tuple[int, int, int, int], *, address: int, timeline: int, prev_tli: int = 0,
+        long_fields: tuple[int, int, int] | None = None, segment_size: int = 0,
+        system_identifier: int | None = None) -> str:
+    """Why a page header cannot be read where it stands ("" when nothing): the checks of
+    PostgreSQL 15's XLogReaderValidatePageHeader, the one definition of them here.
+
+    ``header`` is (xlp_magic, xlp_info, xlp_tli, xlp_pageaddr); ``address`` the LSN where the
+    page stands; ``timeline`` the file's; ``prev_tli`` the timeline of the page before it.
+    ``long_fields`` is (xlp_sysid, xlp_seg_size, xlp_xlog_blcksz) for a segment's first page
+    and None for the others; ``system_identifier`` is compared when given. The C scanner
+    (``_scan.c``, check_pages) makes the same checks in the same order.
+    """
+    magic, info, tli, page_address = header
+    if magic != XLOG_PAGE_MAGIC:
+        return page_identity_problem(magic, page_address, address)
+    if info & ~XLP_ALL_FLAGS:
+        return f"invalid info bits {info:04X}"
+    if page_address != address:
+        return page_identity_problem(magic, page_address, address)
+    if tli == 0 or tli > timeline:
+        return f"page timeline {tli} does not belong in a timeline {timeline} file"
+    if tli < prev_tli:
+        return f"out-of-sequence timeline {tli} after {prev_tli}"
+    if long_fields is None:
+        return ("long header on a page that does not start the segment"
+                if info & XLP_LONG_HEADER else "")
+    if not info & XLP_LONG_HEADER:
+        return "first page of the segment lacks the long header"
+    sysid, seg_size, blcksz = long_fields
+    if seg_size != segment_size:
+        return f"segment size {seg_size} in page header, expected {segment_size}"
+    if blcksz != XLOG_BLCKSZ:
+        return f"block size {blcksz} in page header, expected {XLOG_BLCKSZ}"
+    if system_identifier is not None and sysid != system_identifier:
+        return f"system identifier {sysid}, expected {system_identifier}"
+    return ""

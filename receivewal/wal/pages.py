@@ -1,9 +1,10 @@
 """The page headers of one WAL segment (pure): the checks PostgreSQL 15's xlogreader makes.
 
-:func:`check_pages` reads every 8 kB page header of a segment's bytes: magic ``0xD110``, flag
-bits, timeline, page address, and on the first page the long header (system identifier,
-segment size, block size). It returns a :class:`PageMap` that the record walk
-(:mod:`receivewal.wal.reader`) consults, and the problems found. One pass over the data:
+:func:`check_pages` reads every 8 kB page header of a segment's bytes and judges each with
+:func:`receivewal.wal.pageheader.page_header_problem` (magic ``0xD110``, flag bits, timeline,
+page address, and on the first page the long header: segment size, block size). It returns
+a :class:`PageMap` that the record walk (:mod:`receivewal.wal.reader`) consults, and the
+problems found. One pass over the data:
 zeros that run to the end of the data (where WAL ends in a zero-padded file) are found once,
 never per page.
 """
@@ -13,17 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from receivewal.wal import accel
-from receivewal.wal.lsn import format_lsn
 from receivewal.wal.pageheader import (
     LONG_FIELDS,
     SHORT_HEADER,
     SIZE_OF_LONG_PHD,
     SIZE_OF_SHORT_PHD,
     XLOG_BLCKSZ,
-    XLOG_PAGE_MAGIC,
-    XLP_ALL_FLAGS,
     XLP_FIRST_IS_CONTRECORD,
-    XLP_LONG_HEADER,
+    page_header_problem,
 )
 
 # (kind, LSN, detail): a problem before it is tied to a file
@@ -111,14 +109,15 @@ def check_pages(buf: bytes | bytearray, *, data_len: int, start_lsn: int, segmen
             break
         lsn = start_lsn + off
         magic, info, tli, addr, rem = SHORT_HEADER.unpack_from(buf, off)
-        bad = _page_header_problem(buf, p, header=(magic, info, tli, addr), lsn=lsn,
-                                   prev_tli=prev_tli, timeline=timeline,
-                                   segment_size=segment_size)
+        long_fields = LONG_FIELDS.unpack_from(buf, SIZE_OF_SHORT_PHD) if p == 0 else None
+        bad = page_header_problem((magic, info, tli, addr), address=lsn, timeline=timeline,
+                                  prev_tli=prev_tli, long_fields=long_fields,
+                                  segment_size=segment_size)
         if bad:
             findings.append(("bad_page_header", lsn, bad))
         else:
-            if p == 0:
-                pmap.system_identifier = LONG_FIELDS.unpack_from(buf, SIZE_OF_SHORT_PHD)[0]
+            if long_fields is not None:
+                pmap.system_identifier = long_fields[0]
             if tli != prev_tli:
                 pmap.page_tlis.append((lsn, tli))
             prev_tli = tli
@@ -127,29 +126,3 @@ def check_pages(buf: bytes | bytearray, *, data_len: int, start_lsn: int, segmen
         pmap.rems.append(rem)
     return pmap, findings
 
-
-def _page_header_problem(  # noqa: PLR0911 - one return per check, as xlogreader reports
-        buf: bytes | bytearray, p: int, *, header: tuple[int, int, int, int], lsn: int,
-        prev_tli: int, timeline: int, segment_size: int) -> str:
-    magic, info, tli, addr = header
-    if magic != XLOG_PAGE_MAGIC:
-        return f"invalid magic number {magic:04X}, expected {XLOG_PAGE_MAGIC:04X}"
-    if info & ~XLP_ALL_FLAGS:
-        return f"invalid info bits {info:04X}"
-    if addr != lsn:
-        return f"unexpected page address {format_lsn(addr)}"
-    if tli == 0 or tli > timeline:
-        return f"page timeline {tli} does not belong in a timeline {timeline} file"
-    if tli < prev_tli:
-        return f"out-of-sequence timeline {tli} after {prev_tli}"
-    if p == 0:
-        if not info & XLP_LONG_HEADER:
-            return "first page of the segment lacks the long header"
-        _sysid, seg_size, blcksz = LONG_FIELDS.unpack_from(buf, SIZE_OF_SHORT_PHD)
-        if seg_size != segment_size:
-            return f"segment size {seg_size} in page header, expected {segment_size}"
-        if blcksz != XLOG_BLCKSZ:
-            return f"block size {blcksz} in page header, expected {XLOG_BLCKSZ}"
-    elif info & XLP_LONG_HEADER:
-        return "long header on a page that does not start the segment"
-    return ""

@@ -33,21 +33,22 @@ from receivewal.wal.pageheader import (
 )
 from receivewal.wal.pages import PageMap, check_pages, maxalign
 from receivewal.wal.records import (
-    MAX_RECORD_LENGTH,
+    RECORD_HEADER,
     SIZE_OF_XLOG_RECORD,
     RmgrTotals,
     SegmentScan,
     WalProblem,
     fpi_bytes_of,
     group_totals,
+    judge_record,
+    record_length_problem,
     record_type,
 )
-from receivewal.wal.rmgr import is_switch_record, rmgr_id_is_valid
+from receivewal.wal.rmgr import RMGR_ID_VALID, is_switch_record
 
 __all__ = ["RmgrTotals", "SegmentScan", "SegmentScanner", "WalProblem", "fpi_bytes_of",
            "maxalign", "record_type"]
 
-_RECORD = struct.Struct("<IIQBBxxI")  # xl_tot_len, xl_xid, xl_prev, xl_info, xl_rmid, xl_crc
 # The header plus the first 22 bytes after it: block id, fork flags, data length of block 0,
 # and the two bytes where short main data follows a block header without an image.
 _RECORD_SHAPE = struct.Struct("<IIQBBxxIBBH16xBB")
@@ -162,6 +163,7 @@ class SegmentScanner:
         counts, rec_bytes, fpi_bytes, lsns = self.counts, self.rec_bytes, self.fpi_bytes, self.lsns
         unpack = _RECORD_SHAPE.unpack_from
         crc = crc32c.crc32c
+        valid_rmid = RMGR_ID_VALID
         prev: int | None = None
         last = self.last_record_lsn
         first = True
@@ -194,12 +196,14 @@ class SegmentScanner:
             limit = min(page_end, self.data_len)  # a .partial may end inside this page
             while page_end - pos >= _SIZE_OF_SHAPE:  # records on this page, fast path
                 # The record header and the bytes that tell the common shapes, in one call.
+                # The checks are records.judge_record's, inlined (no call per record); a
+                # record they refuse goes to _slow_record, which judges it there.
                 (tot_len, _xid, prev_link, info, rmid, stored,
                  bid, bflags, dlen, b20, b21) = unpack(buf, pos)
                 rec_end = pos + tot_len
                 if not (rec_end <= limit and tot_len >= SIZE_OF_XLOG_RECORD
                         and (prev_link == prev or prev is None)
-                        and (rmid <= 21 or rmid >= 128)
+                        and valid_rmid[rmid]
                         and crc(buf[pos + 24:rec_end] + buf[pos:pos + 20]) == stored):
                     break
                 # Nearly every record has one of two shapes: one block with data and no
@@ -258,11 +262,9 @@ class SegmentScanner:
                 self._problem("truncated_segment", lsn,
                               "WAL ends (record length 0) inside a complete segment")
             return None
-        if tot_len < SIZE_OF_XLOG_RECORD:
-            self._problem("bad_record", lsn, f"invalid record length {tot_len}")
-            return self._resync(pos)
-        if tot_len > MAX_RECORD_LENGTH:
-            self._problem("bad_record", lsn, f"record length {tot_len} too long")
+        wrong = record_length_problem(tot_len)
+        if wrong:
+            self._problem("bad_record", lsn, wrong)
             return self._resync(pos)
         gathered = self._gather(pos, tot_len)
         if gathered is None:
@@ -287,23 +289,14 @@ class SegmentScanner:
     def _accept(self, rec: Pending, continued_in: str = "") -> bool:
         """Check a gathered record's header, CRC and blocks; count it when good. A record that
         ran on into another file names the last one (``continued_in``) when its CRC fails."""
-        lsn, prev, head = rec.lsn, rec.prev, rec.head
-        tot_len, _xid, prev_link, info, rmid, stored = _RECORD.unpack_from(head)
-        if not rmgr_id_is_valid(rmid):
-            self._problem("bad_record", lsn, f"invalid resource manager id {rmid}")
-            return False
-        if prev is not None and prev_link != prev:
-            self._problem("bad_record", lsn, f"record with incorrect prev-link "
-                          f"{format_lsn(prev_link)}, expected {format_lsn(prev)}")
-            return False
-        if crc32c.crc32c(memoryview(head)[:20], rec.crc) != stored:
-            self._problem("crc_mismatch", lsn, "incorrect resource manager data checksum" + (
-                f" (the record runs on into {continued_in}: the damage is in one of the files "
-                "it spans)" if continued_in else ""))
-            return False
-        fpi = fpi_bytes_of(head, 24, tot_len)
-        if fpi < 0:
-            self._problem("bad_record", lsn, "invalid block references in record")
+        lsn, head = rec.lsn, rec.head
+        tot_len, _xid, prev_link, info, rmid, _crc = RECORD_HEADER.unpack_from(head)
+        kind, detail, fpi = judge_record(head, rec.crc, rec.prev)
+        if kind:
+            if kind == "crc_mismatch" and continued_in:
+                detail += (f" (the record runs on into {continued_in}: the damage is in one "
+                           "of the files it spans)")
+            self._problem(kind, lsn, detail)
             return False
         key = rmid << 4 | info >> 4
         self.counts[key] += 1
@@ -358,7 +351,7 @@ class SegmentScanner:
         if state == "bad":  # the damage is in ``file``, at the page that should continue it
             self._problem("bad_record", pend.next_start + end, f"the record at "
                           f"{format_lsn(pend.lsn)} in {self.file} continues here, but this page "
-                          f"header {detail}", file=file, breaks_at=pend.lsn)
+                          f"header: {detail}", file=file, breaks_at=pend.lsn)
             return
         if self._accept(pend, file):
             self.end_lsn = pend.next_start + maxalign(end)

@@ -12,13 +12,16 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import crc32c
+
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.pageheader import XLOG_BLCKSZ
 from receivewal.wal.pages import maxalign
-from receivewal.wal.rmgr import RM_XACT_ID
+from receivewal.wal.rmgr import RM_XACT_ID, rmgr_id_is_valid
 
-__all__ = ["MAX_RECORD_LENGTH", "RmgrTotals", "SegmentScan", "WalProblem", "fpi_bytes_of",
-           "group_totals", "maxalign", "record_type"]
+__all__ = ["MAX_RECORD_LENGTH", "RECORD_HEADER", "RmgrTotals", "SegmentScan", "WalProblem",
+           "fpi_bytes_of", "group_totals", "judge_record", "maxalign", "record_length_problem",
+           "record_type"]
 
 SIZE_OF_XLOG_RECORD = 24
 # The longest record PostgreSQL 15's recovery reads: its xlogreader (allocate_recordbuf)
@@ -26,10 +29,46 @@ SIZE_OF_XLOG_RECORD = 24
 # too long") what exceeds MaxAllocSize (0x3FFFFFFF) then: 1 GiB - 8 kB - 1. (PostgreSQL 16's
 # XLogRecordMaxSize, 1020 MiB, is below it and bounds what newer servers write.)
 MAX_RECORD_LENGTH = 0x3FFFDFFF
+#: xl_tot_len, xl_xid, xl_prev, xl_info, xl_rmid, (2 bytes padding), xl_crc
+RECORD_HEADER = struct.Struct("<IIQBBxxI")
 _U32 = struct.Struct("<I").unpack_from
 _IMAGE = struct.Struct("<HHB").unpack_from  # bimg_len, hole_offset, bimg_info
 _BKPIMAGE_HAS_HOLE = 0x01
 _BKPIMAGE_COMPRESSED = 0x04 | 0x08 | 0x10  # pglz, lz4, zstd (PostgreSQL 15 flag values)
+
+
+def record_length_problem(tot_len: int) -> str:
+    """Why ``xl_tot_len`` cannot be a record's length ("" when it can)."""
+    if tot_len < SIZE_OF_XLOG_RECORD:
+        return f"invalid record length {tot_len}"
+    if tot_len > MAX_RECORD_LENGTH:
+        return f"record length {tot_len} too long"
+    return ""
+
+
+def judge_record(head: bytes | bytearray, crc: int, prev: int | None) -> tuple[str, str, int]:
+    """Whether a gathered record is accepted, as PostgreSQL 15's xlogreader accepts one:
+    ``(kind, detail, fpi_bytes)``, kind "" when it is.
+
+    ``head`` holds the record from its first byte (its header and block headers), ``crc``
+    the CRC-32C of its bytes after the header, ``prev`` the start of the record before it
+    (None: not known). The checks, in order: the resource manager id, the xl_prev link, the
+    CRC (xl_crc covers the data, then the header up to xl_crc), the block references. The
+    scanner's fast path (reader.py) and the C scanner (_scan.c, walk) accept exactly the
+    records this accepts; tests/test_scanner_paths.py compares them on damaged segments.
+    """
+    tot_len, _xid, prev_link, _info, rmid, stored = RECORD_HEADER.unpack_from(head)
+    if not rmgr_id_is_valid(rmid):
+        return "bad_record", f"invalid resource manager id {rmid}", 0
+    if prev is not None and prev_link != prev:
+        return ("bad_record", f"record with incorrect prev-link {format_lsn(prev_link)}, "
+                f"expected {format_lsn(prev)}", 0)
+    if crc32c.crc32c(memoryview(head)[:20], crc) != stored:
+        return "crc_mismatch", "incorrect resource manager data checksum", 0
+    fpi = fpi_bytes_of(head, SIZE_OF_XLOG_RECORD, tot_len)
+    if fpi < 0:
+        return "bad_record", "invalid block references in record", 0
+    return "", "", fpi
 
 
 def record_type(key: int) -> int:

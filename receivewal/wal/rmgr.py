@@ -52,6 +52,10 @@ def rmgr_id_is_valid(rmid: int) -> bool:
     return rmid <= RM_MAX_BUILTIN_ID or RM_MIN_CUSTOM_ID <= rmid <= RM_MAX_ID
 
 
+#: rmgr_id_is_valid as a table, indexed by xl_rmid (for the scanner's per-record fast path)
+RMGR_ID_VALID = bytes(rmgr_id_is_valid(rmid) for rmid in range(RM_MAX_ID + 1))
+
+
 def rmgr_name(rmid: int) -> str:
     """The name pg_waldump prints for a resource manager id."""
     if rmid <= RM_MAX_BUILTIN_ID:

@@ -14,7 +14,7 @@ from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.wal.lsn import format_lsn, parse_lsn
 
 _TIMELINE_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits, as PostgreSQL's strtoul reads them
-MAX_TIMELINE = 0xFFFFFFFF
+MAX_TIMELINE = 0xFFFFFFFF  # TimeLineID is a uint32; 0 is never a timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +50,15 @@ def parse_history(text: str, timeline: int) -> list[TimelineSwitch]:
     return entries
 
 
+def is_timeline_id(value: int) -> bool:
+    """Whether ``value`` can be a timeline ID: 1 to 2^32-1 (the one rule every reader of a
+    timeline from a file, a name or the server applies)."""
+    return 0 < value <= MAX_TIMELINE
+
+
 def _timeline_id(text: str) -> int:
     """A timeline ID in ASCII digits, 1 to 2^32-1; ValueError otherwise."""
-    if not _TIMELINE_ID.fullmatch(text) or not 1 <= int(text) <= MAX_TIMELINE:
+    if not _TIMELINE_ID.fullmatch(text) or not is_timeline_id(int(text)):
         raise ValueError(f"{text[:20]!r} is not a timeline ID")
     return int(text)
 

@@ -22,6 +22,7 @@ import lz4.frame
 import zstandard
 
 from receivewal.check.crosscheck import ArchiveReport
+from receivewal.wal.lsn import parse_lsn
 from support.servers import PgServer, make_shared_dir
 
 SEGMENT_SIZE = 1 << 20
@@ -48,8 +49,7 @@ class BuiltArchive:
 
 def lsn_int(text: str) -> int:
     """An LSN printed by the server as an integer."""
-    hi, lo = text.split("/")
-    return int(hi, 16) << 32 | int(lo, 16)
+    return parse_lsn(text)
 
 
 def new_server(base: Path, name: str) -> PgServer:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from receivewal.wal.lsn import parse_lsn
 from support.servers import PgServer, pg_bin
 
 RECEIVEWAL = [sys.executable, "-m", "receivewal"]
@@ -67,8 +68,7 @@ def assert_identical_to_server(directory: Path, server: PgServer) -> list[str]:
 
 def lsn_to_int(text: str) -> int:
     """Parse X/X."""
-    hi, lo = text.split("/")
-    return (int(hi, 16) << 32) | int(lo, 16)
+    return parse_lsn(text)
 
 
 def pg_waldump(directory: Path, start: str, end: str) -> subprocess.CompletedProcess[str]:

@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from receivewal.wal.lsn import parse_lsn
 from support.servers import pg_bin
 
 _STATS_ROW = re.compile(
@@ -42,8 +43,7 @@ def parse_record_lsns(text: str) -> list[int]:
     """The LSN of every record pg_waldump lists (without --stats)."""
     lsns = []
     for match in _RECORD_LSN.finditer(text):
-        hi, lo = match.group(1).split("/")
-        lsns.append(int(hi, 16) << 32 | int(lo, 16))
+        lsns.append(parse_lsn(match.group(1)))
     return lsns
 
 

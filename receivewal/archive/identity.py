@@ -1,0 +1,68 @@
+"""Whose WAL an archive holds: the identity record, in a directory or at a bucket prefix.
+
+One JSON document (system identifier as PostgreSQL prints it, in decimal; segment size;
+timeline) read and written the same way wherever the archive lives, and one rule for a server
+that is not the archive's own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from receivewal.errors import ArchiveError, ReceivewalError
+from receivewal.wal.lsn import check_segment_size
+from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER
+from receivewal.wal.timeline import is_timeline_id
+
+IDENTITY_FILE = ".receivewal-archive.json"
+
+
+@dataclass(frozen=True)
+class ArchiveIdentity:
+    """Whose WAL an archive holds."""
+
+    system_identifier: str
+    segment_size: int
+    timeline: int
+
+
+def identity_from_json(data: object) -> ArchiveIdentity:
+    """Validate the identity file's values; ValueError or TypeError saying which is wrong."""
+    if not isinstance(data, dict):
+        raise TypeError("not a JSON object")
+    sysid, size, timeline = (data.get(key) for key in
+                             ("system_identifier", "wal_segment_size", "timeline"))
+    if not isinstance(sysid, str | int) or isinstance(sysid, bool) or not str(sysid).isdigit() \
+            or not 0 < int(sysid) <= MAX_SYSTEM_IDENTIFIER:
+        raise ValueError(f"system_identifier {sysid!r} is not a database system identifier")
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise TypeError(f"wal_segment_size {size!r} is not an integer")
+    try:
+        check_segment_size(size)
+    except ReceivewalError as exc:
+        raise ValueError(f"wal_segment_size: {exc}") from exc
+    if not isinstance(timeline, int) or isinstance(timeline, bool) \
+            or not is_timeline_id(timeline):
+        raise ValueError(f"timeline {timeline!r} is not a timeline")
+    return ArchiveIdentity(str(sysid), size, timeline)
+
+
+def identity_to_json(identity: ArchiveIdentity) -> bytes:
+    """The identity record's bytes (the file in a directory, the object at a prefix)."""
+    return json.dumps({
+        "system_identifier": identity.system_identifier,
+        "wal_segment_size": identity.segment_size,
+        "timeline": identity.timeline,
+    }, indent=2).encode() + b"\n"
+
+
+def check_same_cluster(where: str, recorded: ArchiveIdentity, server: ArchiveIdentity) -> None:
+    """ArchiveError naming both values when the archive at ``where`` (e.g. ``directory "D"``
+    or ``s3://B/P``) holds another cluster's WAL or segments of another size."""
+    if recorded.system_identifier != server.system_identifier:
+        raise ArchiveError(f"{where} belongs to database system {recorded.system_identifier}, "
+                           f"but the server is database system {server.system_identifier}")
+    if recorded.segment_size != server.segment_size:
+        raise ArchiveError(f"{where} holds segments of {recorded.segment_size} bytes, but the "
+                           f"server's wal_segment_size is {server.segment_size}")

@@ -1,0 +1,74 @@
+"""What receivewal needs of a replication connection, in its own types: psycopg's door.
+
+:class:`ReplicationLink` is what the replication commands and the session use.
+:class:`~receivewal.replication.connection.ReplicationConnection` (the one module that imports
+psycopg) is the real one; the tests' scripted connection is another. Only receivewal's types
+cross it: rows of text, a :class:`Result` with its :class:`ResultStatus`, CopyData payloads as
+bytes, and :data:`COPY_DONE` when the server ended the COPY stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final, Protocol
+
+Row = tuple[str | None, ...]
+
+CopyData = bytes | memoryview
+"""One CopyData payload as received (a message of the replication protocol)."""
+
+
+class CopyDone(Enum):
+    """The server ended its side of the COPY stream (its CopyDone)."""
+
+    COPY_DONE = "CopyDone"
+
+
+COPY_DONE: Final = CopyDone.COPY_DONE
+
+
+class ResultStatus(Enum):
+    """A command's result, in libpq's words, as far as a replication connection sees them
+    without an error."""
+
+    COMMAND_OK = "COMMAND_OK"
+    TUPLES_OK = "TUPLES_OK"
+    COPY_IN = "COPY_IN"
+    COPY_BOTH = "COPY_BOTH"
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one command: its status and rows (text values, None for NULL)."""
+
+    status: ResultStatus
+    rows: list[Row]
+
+
+class ReplicationLink(Protocol):
+    """What the session and the replication commands need of a replication connection.
+
+    Every wait for the server (a command, a flush, a result, CopyData) waits on the socket and
+    the stop signal together, in :mod:`receivewal.replication.waiting`.
+    """
+
+    @property
+    def server_version(self) -> int: ...
+
+    def describe(self) -> str: ...
+
+    def query(self, sql: str) -> list[Row]: ...
+
+    def start_copy_both(self, sql: str) -> None: ...
+
+    def read_copy(self, timeout: float) -> CopyData | CopyDone | None:
+        """The next CopyData payload, or COPY_DONE at the end of the server's stream; None
+        when none arrived within ``timeout`` seconds (0: only what has arrived) or a stop
+        signal came meanwhile (the caller looks at its stop flag)."""
+
+    def send_copy(self, data: bytes) -> None: ...
+
+    def end_copy(self) -> None: ...
+
+    def next_result(self) -> Result | None: ...

@@ -20,7 +20,8 @@ from receivewal.wal.lsn import parse_lsn
 @click.argument("archive", metavar="DIR-OR-S3-URL")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Worker processes (default: one per CPU).")
+              help="At most this many worker processes (default: one per CPU); one per GiB "
+                   "of segments, so a small archive is scanned in this process.")
 @click.option("--start", "start", default=None, metavar="LSN",
               help="Check the WAL range recovery reaches from this LSN (default: the first "
                    "segment's start).")

@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     .venv/bin/python bench/verify_throughput.py [--segments 8] [--pgbench-seconds 20]
-        [--archive DIR] [--spark]
+        [--archive DIR] [--spark] [--only-command] [--repeats 5]
 
 Without ``--archive`` it starts a PostgreSQL 15 server (16 MiB segments, in a temporary
 directory) and builds two archives of completed segments:
@@ -16,6 +16,12 @@ On each, in one run: ``pg_waldump --stats`` (CPU time of the child, best of 3), 
 ``verify_archive`` with one worker (CPU time of this process: read + decompress + parse) on
 the compiled scanner and on the pure-Python one (``receivewal.wal.accel``), and with a pool of
 all cores (wall time). The ratios are verify's MB/s per core over pg_waldump's.
+
+Then the whole command, start-up included: ``receivewal verify`` run as a subprocess (``-j 1``,
+``-j`` of every core, and the default), against ``pg_waldump --stats`` on the same archive;
+wall and CPU seconds of each child, best of ``--repeats``. The ratio is pg_waldump's wall time
+over verify's (>= 0.5 is the target: verify takes at most twice as long). ``--only-command``
+prints only this table.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -140,6 +147,37 @@ def time_spark(archive: Path) -> tuple[float, float, float]:
     return started, jobs[0], jobs[1]
 
 
+def time_command(argv: list[str], repeats: int) -> tuple[float, float]:
+    """Best wall and best CPU seconds (of the child) of running ``argv`` to its end."""
+    best_wall = best_cpu = float("inf")
+    for _ in range(repeats):
+        cpu0, began = child_cpu(), time.perf_counter()
+        subprocess.run(argv, capture_output=True, check=False)
+        best_wall = min(best_wall, time.perf_counter() - began)
+        best_cpu = min(best_cpu, child_cpu() - cpu0)
+    return best_wall, best_cpu
+
+
+def bench_command(label: str, archive: Path, repeats: int) -> None:
+    """The whole ``receivewal verify`` command against ``pg_waldump --stats``: wall and CPU."""
+    names = sorted(p.name for p in archive.iterdir() if len(p.name) == 24)
+    mb = sum((archive / n).stat().st_size for n in names) / 1e6
+    verify = [sys.executable, "-m", "receivewal", "verify"]
+    runs = [("pg_waldump --stats", [pg_bin("pg_waldump"), "--stats", "-p", str(archive),
+                                    names[0], names[-1]]),
+            ("receivewal verify -j 1", [*verify, "-j", "1", str(archive)]),
+            (f"receivewal verify -j {os.cpu_count()}",
+             [*verify, "-j", str(os.cpu_count()), str(archive)]),
+            ("receivewal verify (default -j)", [*verify, str(archive)])]
+    timed = [(what, *time_command(argv, repeats)) for what, argv in runs]
+    wd_wall = timed[0][1]
+    print(f"\n{label}, whole command, start-up included ({len(names)} segments, {mb:.0f} MB; "
+          f"best of {repeats}):")
+    print(f"  {'what':<36} {'wall s':>8} {'CPU s':>8} {'MB/s':>8} {'x pg_waldump':>13}")
+    for what, wall, cpu in timed:
+        print(f"  {what:<36} {wall:>8.3f} {cpu:>8.3f} {mb / wall:>8.1f} {wd_wall / wall:>13.2f}")
+
+
 def bench_archive(label: str, archive: Path) -> None:
     """Time pg_waldump --stats and verify (both paths) on one archive; print the rows."""
     names = sorted(p.name for p in archive.iterdir() if len(p.name) == 24)
@@ -172,6 +210,9 @@ def main() -> None:
                         help="pgbench -T of each round, until --segments are full")
     parser.add_argument("--archive", type=Path, help="time this archive instead")
     parser.add_argument("--spark", action="store_true", help="also time analyze on Spark")
+    parser.add_argument("--only-command", action="store_true",
+                        help="only time the whole command against pg_waldump --stats")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each whole command")
     args = parser.parse_args()
     print(f"scanner: {accel.scanner_path()}; {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,7 +223,9 @@ def main() -> None:
                         ("bulk load", Path(tmp) / "bulk")]
             build_archives(archives[0][1], archives[1][1], args.segments, args.pgbench_seconds)
         for label, archive in archives:
-            bench_archive(label, archive)
+            if not args.only_command:
+                bench_archive(label, archive)
+            bench_command(label, archive, args.repeats)
         if args.spark:
             started, first, second = time_spark(archives[-1][1])
             print(f"spark local[*]: session start {started:.1f} s, analyze job {first:.1f} s "

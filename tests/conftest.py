@@ -44,7 +44,8 @@ def archive_dir() -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-SPARK_MODULES = ("test_analyze.py", "test_analyze_connect.py", "test_analyze_cluster.py")
+SPARK_MODULES = ("test_analyze.py", "test_analyze_connect.py", "test_analyze_cluster.py",
+                 "test_analyze_bucket.py")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

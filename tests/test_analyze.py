@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.sparkarchives import SEGMENT_SIZE, archive_key, two_server_archives
+from support.sparkarchives import (
+    SEGMENT_SIZE,
+    archive_key,
+    rmgr_table_totals,
+    two_server_archives,
+)
 
 from receivewal.check.analyze import (
     AnalyzeResult,
@@ -80,13 +85,8 @@ def test_segment_table_agrees_with_verify(spark: Any, result: AnalyzeResult,
 def test_rmgr_table_agrees_with_verify(spark: Any, result: AnalyzeResult,
                                        archives: tuple[Path, Path, str]) -> None:
     """Records, record bytes and FPI bytes per resource manager equal verify's totals."""
-    table = spark.read.parquet(result.tables["segment_rmgr"])
     for archive in archives[:2]:
-        totals: dict[str, tuple[int, int, int]] = {}
-        for r in table.where(table.archive == key(archive)).collect():
-            acc = totals.get(r["rmgr"], (0, 0, 0))
-            totals[r["rmgr"]] = (acc[0] + r["records"], acc[1] + r["record_bytes"],
-                                 acc[2] + r["fpi_bytes"])
+        totals = rmgr_table_totals(spark, result.tables["segment_rmgr"], key(archive))
         report, _ = verify_archive(archive, jobs=1)
         assert totals == rmgr_totals(report.scans)
         assert "Heap" in totals

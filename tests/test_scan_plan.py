@@ -18,6 +18,7 @@ from receivewal.check.crosscheck import (
     followers_needed,
     plan_scans,
 )
+from receivewal.check.verify import BYTES_PER_WORKER, worker_count
 from receivewal.wal.names import SegmentFile
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, SIZE_OF_SHORT_PHD, XLOG_BLCKSZ
 from receivewal.wal.records import MAX_RECORD_LENGTH
@@ -82,3 +83,17 @@ def test_a_long_archive_plans_one_run_as_long_as_the_longest_record() -> None:
     assert tasks[0].followers == (FollowerRun(1, 2, need, "", False),)
     assert tasks[-2].followers == (FollowerRun(1, 2000, 1, "", False),)
     assert tasks[-1].followers == ()
+
+
+def test_workers_follow_the_archive_size_never_more_than_asked() -> None:
+    """A small archive is scanned in the process itself whatever -j says (a worker's start-up
+    costs more than it saves there); a large one gets one worker per BYTES_PER_WORKER of WAL,
+    at most -j and at most one per segment."""
+    mib16 = 16 << 20
+    small = BYTES_PER_WORKER // mib16 - 1
+    assert worker_count(8, small, mib16) == 1
+    assert worker_count(8, 1, mib16) == 1
+    assert worker_count(2, 3 * BYTES_PER_WORKER // mib16, mib16) == 2
+    assert worker_count(8, 3 * BYTES_PER_WORKER // mib16, mib16) == 3
+    assert worker_count(1, 1000, mib16) == 1
+    assert worker_count(8, 0, mib16) == 1

@@ -33,7 +33,13 @@ from receivewal.archive.identity import (
     identity_from_json,
     identity_to_json,
 )
-from receivewal.archive.objectstore import BucketUrl, RetryPolicy, parse_bucket_url, with_retries
+from receivewal.archive.objectstore import (
+    BucketUrl,
+    ObjectStream,
+    RetryPolicy,
+    parse_bucket_url,
+    with_retries,
+)
 from receivewal.errors import (
     ArchiveError,
     ConfigurationError,
@@ -260,20 +266,39 @@ class Bucket:
     def list_names(self, page_size: int = 1000) -> list[str]:
         """The file names directly under the prefix, sorted (every page: for verify and
         analyze only; uploads and restores go by exact key, as listings lag on some stores)."""
+        return [name for name, _ in self.list_files(page_size)]
+
+    def list_files(self, page_size: int = 1000) -> list[tuple[str, int]]:
+        """(file name, size) of every object directly under the prefix, sorted by name."""
         return self._retried(lambda: self._list_once(page_size))
 
-    def _list_once(self, page_size: int) -> list[str]:
+    def _list_once(self, page_size: int) -> list[tuple[str, int]]:
         start = f"{self.url.prefix}/" if self.url.prefix else ""
-        names: list[str] = []
+        files: list[tuple[str, int]] = []
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.url.bucket, Prefix=start, Delimiter="/",
                 PaginationConfig={"PageSize": page_size})
             for page in pages:
-                names.extend(item["Key"][len(start):] for item in page.get("Contents", ()))
+                files.extend((item["Key"][len(start):], int(item.get("Size", 0)))
+                             for item in page.get("Contents", ()))
         except self._library_errors as exc:
             raise self._error(exc, "") from exc
-        return sorted(names)
+        return sorted(files)
+
+    def open_object(self, name: str) -> IO[bytes]:
+        """``PREFIX/name`` as a buffered stream read from the network as it is consumed
+        (bounded memory whatever the object's size). The request is retried; an error while
+        reading is the project's error, not retried (the reader reports the file)."""
+        body = self._retried(lambda: self._open_once(name))
+        return io.BufferedReader(ObjectStream(body, lambda exc: self._error(exc, name),
+                                               self._library_errors), CHUNK)
+
+    def _open_once(self, name: str) -> Any:
+        try:
+            return self.client.get_object(Bucket=self.url.bucket, Key=self.key(name))["Body"]
+        except self._library_errors as exc:
+            raise self._error(exc, name) from exc
 
     # -- the prefix's owner ------------------------------------------------------------------
     def claim_prefix(self, identity: ArchiveIdentity) -> ArchiveIdentity:
@@ -350,3 +375,4 @@ class _HashingSink:
     def write(self, data: bytes) -> int:
         self.digest.update(data)
         return len(data)
+

@@ -20,6 +20,7 @@ paths themselves.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import zlib
@@ -31,7 +32,7 @@ import lz4.frame
 import zstandard
 
 from receivewal.archive.reading import open_regular
-from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import PARTIAL_SUFFIX, AtRest
 
@@ -375,14 +376,23 @@ def read_wal_file(path: str, compression: str, limit: int | None = None,
     it; so is a damaged stream, or one that ends early unless the file is a ``.partial``.
     An unreadable file is an ArchiveError naming it.
     """
-    opener = open_binary or open_local
+    with reading(path, open_binary) as raw:
+        if limit is not None:
+            return b"".join(_decode(raw, codec_of(compression), limit, truncated_ok=True))
+        return b"".join(decompress_chunks(
+            raw, compression, truncated_ok=path.endswith(PARTIAL_SUFFIX), cap=cap))
+
+
+@contextlib.contextmanager
+def reading(path: str, open_binary: Opener | None = None) -> Iterator[BinaryIO]:
+    """An archive file opened for reading; any failure to open, read or decode it is an
+    ArchiveError naming it (CorruptFile when its content is at fault)."""
     try:
-        with opener(path) as raw:
-            if limit is not None:
-                return b"".join(_decode(raw, codec_of(compression), limit, truncated_ok=True))
-            return b"".join(decompress_chunks(
-                raw, compression, truncated_ok=path.endswith(PARTIAL_SUFFIX), cap=cap))
+        with (open_binary or open_local)(path) as raw:
+            yield raw
     except CorruptFile as exc:
         raise CorruptFile(f"cannot read {path}: {exc}") from exc
     except OSError as exc:
         raise ArchiveError(f"cannot read {path}: {exc}") from exc
+    except StoreError as exc:  # an object of an archive in a bucket: the store's own words
+        raise ArchiveError(str(exc)) from exc

@@ -6,12 +6,13 @@ Pure functions, so that parsing an archive argument never imports boto3. The sto
 
 from __future__ import annotations
 
+import io
 import random as _random
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from receivewal.errors import ConfigurationError, ReceivewalError
 
@@ -105,3 +106,31 @@ def with_retries(action: Callable[[], T], policy: RetryPolicy, *,
                 raise
         sleep(backoff_delay(policy, attempt, random))
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+class ObjectStream(io.RawIOBase):
+    """An object's body (a GET's streaming body) as a raw file: the store's library errors while
+    reading become the project's (``error``), so a reader never sees a library exception."""
+
+    def __init__(self, body: Any, error: Callable[[Exception], ReceivewalError],
+                 library_errors: tuple[type[Exception], ...]) -> None:
+        super().__init__()
+        self._body, self._error = body, error
+        self._library_errors: tuple[type[Exception], ...] = (*library_errors, OSError)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        try:
+            data = self._body.read(len(view))
+        except self._library_errors as exc:
+            raise self._error(exc) from exc
+        view[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._body.close()
+        super().close()

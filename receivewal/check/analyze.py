@@ -1,10 +1,10 @@
 """The ``analyze`` job: the verify work as a PySpark job over many archives (one per server).
 
-The driver lists each archive (a local directory, or a Hadoop path listed through Spark's
-``binaryFile`` source without reading contents), plans one task per segment with the same
-rules as ``verify``, and ships *file paths* to the executors. Each executor reads and scans its
-segments itself (a Python UDF calling :func:`receivewal.check.verify.scan_file`; Hadoop paths
-are opened with pyarrow's file systems), so no segment byte passes through the JVM; it also
+The driver lists each archive (a directory; ``s3://`` with boto3; a Hadoop path with Spark's
+``binaryFile`` source, contents unread), plans one task per segment with the same rules as
+``verify``, and ships *file paths* to the executors. Each executor reads and scans its segments
+itself (a Python UDF calling :func:`receivewal.check.verify.scan_file`; objects streamed with
+boto3, Hadoop paths with pyarrow), so no segment byte passes through the JVM; it also
 picks the timestamps out of commit and checkpoint records (:mod:`receivewal.check.walclock`).
 The driver then cross-checks each archive's per-segment summaries (a few hundred bytes per
 segment), spreads its WAL over the hours, and writes Parquet tables and a report
@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
+from receivewal.archive.objectstore import is_bucket_url
+from receivewal.archive.sources import BucketOpener, connect
 from receivewal.check.crosscheck import (
     ArchiveReport,
     FollowerRun,
@@ -139,12 +141,18 @@ def open_uri(uri: str) -> BinaryIO:
 
 
 def opener_for(base: str) -> Opener | None:
-    """How executors open files under ``base`` (None: the local file system)."""
+    """How executors open files under ``base``: an ``s3://`` archive with boto3 (through
+    :mod:`receivewal.archive.bucket`), other URIs with pyarrow, None for local files."""
+    if is_bucket_url(base):
+        return BucketOpener(base)
     return open_uri if is_uri(base) else None
 
 
 def list_archive(spark: Any, root: str) -> list[tuple[str, int]]:
-    """(file name, size) of every file directly under ``root``; contents are not read."""
+    """(file name, size) of every file directly under ``root``; contents are not read (an
+    ``s3://`` archive: one listing of the prefix, on the driver)."""
+    if is_bucket_url(root):
+        return connect(root).list_files()
     if not is_uri(root):
         with os.scandir(root) as entries:
             return sorted((e.name, e.stat().st_size) for e in entries if e.is_file())

@@ -13,7 +13,6 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -23,7 +22,9 @@ import zstandard
 
 from receivewal.archive.compression import Opener, read_wal_file
 from receivewal.archive.partials import rank_partials
-from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
+from receivewal.archive.reading import HISTORY_FILE_CAP
+from receivewal.archive.segmentbuffer import read_segment
+from receivewal.archive.sources import ArchiveSource, list_source, read_capped
 from receivewal.check.crosscheck import (
     ArchiveReport,
     ScanTask,
@@ -52,6 +53,10 @@ from receivewal.wal.reader import (
 from receivewal.wal.rmgr import rmgr_name
 
 _AGREEING_HEADERS = 3
+#: WAL each worker process must have before verify starts another, so that -j never makes a
+#: small archive slower: the compiled scanner reads and checks a 16 MiB segment in ~4 ms, and
+#: bench/verify_throughput.py found a pool of two slower than one process at 35 segments.
+BYTES_PER_WORKER = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,7 @@ class FileResult:
     problems: tuple[WalProblem, ...] = field(default_factory=tuple)
 
 
-def compressed_sizes(data: bytes) -> tuple[int, int]:
+def compressed_sizes(data: bytes | bytearray) -> tuple[int, int]:
     """Bytes after zstd level 1 and after LZ4 (frame, default level): what streampack saves."""
     return (len(zstandard.ZstdCompressor(level=1).compress(data)),
             len(lz4.frame.compress(data)))
@@ -81,8 +86,7 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
     seg = task.segment
     join = _join(base)
     try:
-        data = read_wal_file(join(task.file), seg.compression, open_binary=open_binary,
-                             cap=segment_size)
+        data = read_segment(join(task.file), seg.compression, segment_size, open_binary)
     except ArchiveError as exc:
         problem = WalProblem("unreadable", task.file, seg.start_lsn(segment_size), str(exc))
         return FileResult(task, None, file_bytes or 0, problems=(problem,))
@@ -194,26 +198,28 @@ def guess_compression(name: str) -> str:
     return at_rest_of(name)
 
 
-def verify_archive(directory: Path, *, jobs: int | None = None, start_lsn: int | None = None,
-                   segment_size: int | None = None, compressibility: bool = False,
-                   collect_lsns: bool = False) -> tuple[ArchiveReport, list[FileResult]]:
-    """Scan and cross-check one archive directory."""
-    if not directory.is_dir():
-        raise ArchiveError(f"{directory} is not a directory")
-    # Not only regular files: a dangling symlink or a symlink loop under a segment's name is
-    # an unreadable segment, never a file that is not there.
-    names = sorted(p.name for p in directory.iterdir() if not p.is_dir())
+def verify_archive(archive: Path | str, *, jobs: int | None = None,
+                   start_lsn: int | None = None, segment_size: int | None = None,
+                   compressibility: bool = False, collect_lsns: bool = False,
+                   ) -> tuple[ArchiveReport, list[FileResult]]:
+    """Scan and cross-check one archive: a directory, or ``s3://BUCKET/PREFIX`` (listed once,
+    each object then streamed through the same reader and scanner as a local file)."""
+    source = list_source(archive)
+    names = source.names
     if segment_size is None:
-        segment_size = detect_segment_size(str(directory), names)
+        segment_size = detect_segment_size(source.base, names, source.open_binary)
     segments, history_names = classify(names, segment_size)
-    preferred, problems = longest_partials(directory, segments, segment_size)
+    # several .partial forms of one segment: only a local archive has them (uploads are of
+    # completed files)
+    preferred, problems = longest_partials(Path(source.base), segments, segment_size) \
+        if source.is_local else ([], [])
     chosen, duplicates = choose_files(segments, preferred)
     problems += duplicates
     problems += misnamed(names, segment_size)
     tasks = plan_scans(chosen, segment_size=segment_size)
-    results = run_scans(tasks, str(directory), segment_size, jobs=jobs,
+    results = run_scans(tasks, source, segment_size, jobs=jobs,
                         compressibility=compressibility, collect_lsns=collect_lsns)
-    histories = histories_of(directory, history_names, problems)
+    histories = histories_of(source, history_names, problems)
     for r in results:
         problems.extend(r.problems)
     report = check_archive(segment_size, [r.scan for r in results if r.scan is not None],
@@ -246,18 +252,29 @@ def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
     return preferred, problems
 
 
-def run_scans(tasks: list[ScanTask], base: str, segment_size: int, *, jobs: int | None,
-              compressibility: bool, collect_lsns: bool = False) -> list[FileResult]:
-    """Scan every task; in a process pool unless ``jobs`` is 1."""
-    jobs = jobs or os.cpu_count() or 1
-    if jobs == 1 or len(tasks) < 2:
-        return [scan_file(t, base, segment_size, compressibility=compressibility,
-                          collect_lsns=collect_lsns) for t in tasks]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-        futures = [pool.submit(scan_file, t, base, segment_size,
-                               compressibility=compressibility, collect_lsns=collect_lsns)
-                   for t in tasks]
+def run_scans(tasks: list[ScanTask], source: ArchiveSource, segment_size: int, *,
+              jobs: int | None, compressibility: bool, collect_lsns: bool = False,
+              ) -> list[FileResult]:
+    """Scan every task; in a process pool of at most ``jobs`` (default: the CPUs) workers,
+    one per :data:`BYTES_PER_WORKER` of segments, and in this process when that is one."""
+    jobs = worker_count(jobs or os.cpu_count() or 1, len(tasks), segment_size)
+    sizes = dict(source.files)
+    options: dict[str, Any] = {"compressibility": compressibility,
+                               "collect_lsns": collect_lsns, "open_binary": source.open_binary}
+    if jobs == 1:
+        return [scan_file(t, source.base, segment_size, file_bytes=sizes.get(t.file), **options)
+                for t in tasks]
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415 - 10 ms, when used
+
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(scan_file, t, source.base, segment_size,
+                               file_bytes=sizes.get(t.file), **options) for t in tasks]
         return [f.result() for f in futures]
+
+
+def worker_count(jobs: int, segments: int, segment_size: int) -> int:
+    """Workers for ``segments`` scans: at most ``jobs``, one per BYTES_PER_WORKER of WAL."""
+    return max(1, min(jobs, segments, segments * segment_size // BYTES_PER_WORKER))
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -359,7 +376,7 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
     return lines
 
 
-def histories_of(directory: Path, names: Iterable[str], problems: list[WalProblem],
+def histories_of(source: ArchiveSource, names: Iterable[str], problems: list[WalProblem],
                  ) -> Mapping[int, str]:
     """The text of each history file among ``names``; one that cannot be read (not a regular
     file, too large) is left out, with a problem naming it added to ``problems``."""
@@ -369,10 +386,10 @@ def histories_of(directory: Path, names: Iterable[str], problems: list[WalProble
         if tli is None:
             continue
         try:
-            out[tli] = read_small_file(directory / name, HISTORY_FILE_CAP).decode(
-                errors="replace")
+            out[tli] = read_capped(source.path(name), HISTORY_FILE_CAP,
+                                   source.open_binary).decode(errors="replace")
         except (ArchiveError, OSError) as exc:
             detail = str(exc) if isinstance(exc, ArchiveError) else \
-                f'cannot read "{directory / name}": {exc.strerror or exc}'
+                f'cannot read "{source.path(name)}": {exc.strerror or exc}'
             problems.append(WalProblem("unreadable", name, 0, detail))
     return out

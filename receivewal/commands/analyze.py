@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 
 EXIT_CODES = """\b
 Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed."""
@@ -33,8 +33,8 @@ Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed."""
               help="Skip measuring each segment after zstd level 1 and lz4.")
 def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, master: str,
                     no_compressibility: bool) -> None:
-    """Verify and analyse WAL archives (directories or Hadoop URIs such as hdfs://, s3a://)
-    as a Spark job: Parquet tables and a report with charts.
+    """Verify and analyse WAL archives (directories, s3://BUCKET/PREFIX read with boto3, or
+    Hadoop URIs such as hdfs://) as a Spark job: Parquet tables and a report with charts.
 
     Needs the spark extra: pip install 'receivewal[spark]' (pyspark, pyarrow, matplotlib;
     Java for the embedded session).
@@ -53,7 +53,7 @@ def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, m
             result = analyze.run_analyze(
                 spark, [i if analyze.is_uri(i) else str(Path(i).resolve()) for i in inputs],
                 output, compressibility=not no_compressibility)
-        except (ArchiveError, ConfigurationError) as exc:
+        except (ArchiveError, ConfigurationError, StoreError) as exc:
             raise click.ClickException(str(exc)) from exc
         finally:
             spark.stop()  # releases a Connect session on the server; ends a local one

@@ -1,4 +1,5 @@
-"""``receivewal verify DIR``: click parses, :mod:`receivewal.check.verify` does the work.
+"""``receivewal verify DIR`` (or ``s3://BUCKET/PREFIX``): click parses,
+:mod:`receivewal.check.verify` does the work.
 
 Exit code 0 only when the archive is recoverable end to end; 1 otherwise, or on an error
 (printed as one line).
@@ -7,38 +8,39 @@ Exit code 0 only when the archive is recoverable end to end; 1 otherwise, or on 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
 from receivewal.check.verify import report_json, report_lines, verify_archive
-from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 from receivewal.wal.lsn import parse_lsn
 
 
 @click.command("verify")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("archive", metavar="DIR-OR-S3-URL")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Worker processes (default: one per CPU).")
+              help="At most this many worker processes (default: one per CPU); one per GiB "
+                   "of segments, so a small archive is scanned in this process.")
 @click.option("--start", "start", default=None, metavar="LSN",
               help="Check the WAL range recovery reaches from this LSN (default: the first "
                    "segment's start).")
 @click.option("--compressibility", is_flag=True,
               help="Also measure each segment's size after zstd level 1 and lz4.")
-def verify_command(directory: Path, as_json: bool, jobs: int | None, start: str | None,
+def verify_command(archive: str, as_json: bool, jobs: int | None, start: str | None,
                    compressibility: bool) -> None:
-    """Check every page, record and CRC of a WAL archive; exit 0 only if it is recoverable."""
+    """Check every page, record and CRC of a WAL archive (a directory, or s3://BUCKET/PREFIX
+    listed once and read object by object); exit 0 only if it is recoverable."""
     try:
         start_lsn = parse_lsn(start) if start else None
-        report, results = verify_archive(directory, jobs=jobs, start_lsn=start_lsn,
+        report, results = verify_archive(archive, jobs=jobs, start_lsn=start_lsn,
                                          compressibility=compressibility)
-    except (ArchiveError, ConfigurationError) as exc:
+    except (ArchiveError, ConfigurationError, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(report_json(report, results), indent=2))
     else:
-        click.echo("\n".join(report_lines(report, str(directory), results)))
+        click.echo("\n".join(report_lines(report, archive, results)))
     if not report.recoverable:
         raise click.exceptions.Exit(1)
 

@@ -64,7 +64,7 @@ class Pending:
         self.got += len(piece)
 
 
-def gather(data: bytes, pages: PageMap, pos: int, tot_len: int, *, start_lsn: int,
+def gather(data: bytes | bytearray, pages: PageMap, pos: int, tot_len: int, *, start_lsn: int,
            segment_size: int) -> tuple[Pending, int] | Pending | Refusal:
     """The record at ``pos`` gathered, and the offset where it ends, checking each
     continuation header; a :class:`Pending` record when the data ends first."""

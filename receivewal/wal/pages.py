@@ -65,7 +65,7 @@ class PageMap:
 _ZERO_PAGE = bytes(XLOG_BLCKSZ)
 
 
-def zero_tail_start(buf: bytes, size: int) -> int:
+def zero_tail_start(buf: bytes | bytearray, size: int) -> int:
     """The first page offset from which ``buf[:size]`` (whole pages) holds only zeros: one
     look at each page of the zero tail, from the end."""
     view = memoryview(buf)
@@ -84,7 +84,7 @@ def readable_pages(data_len: int, partial: bool) -> int:
     return pages
 
 
-def check_pages(buf: bytes, *, data_len: int, start_lsn: int, segment_size: int,
+def check_pages(buf: bytes | bytearray, *, data_len: int, start_lsn: int, segment_size: int,
                 timeline: int, partial: bool, first_page: int = 0,
                 pages: PageMap | None = None) -> tuple[PageMap, list[Finding]]:
     """Check page headers from ``first_page`` on (the ones before it are in ``pages``)."""

@@ -61,7 +61,7 @@ _MAX_PROBLEMS = 50
 class SegmentScanner:
     """Checks one segment's pages and records; a small stateful object without IO."""
 
-    def __init__(self, data: bytes, file: str, *, start_lsn: int, segment_size: int,
+    def __init__(self, data: bytes | bytearray, file: str, *, start_lsn: int, segment_size: int,
                  timeline: int, segno: int, partial: bool = False,
                  collect_lsns: bool = False) -> None:
         self.data_len = len(data)

@@ -16,10 +16,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lz4.frame
 import zstandard
 
+from receivewal.check.crosscheck import ArchiveReport
 from receivewal.wal.lsn import parse_lsn
 from support.servers import PgServer, make_shared_dir
 
@@ -187,3 +189,28 @@ def compressed_copy(src: Path, dst: Path) -> dict[str, str]:
         (dst / new).write_bytes(COMPRESSORS[suffix](path.read_bytes()))
         renamed[path.name] = new
     return renamed
+
+
+def rmgr_table_totals(spark: Any, table: str, key: str) -> dict[str, tuple[int, int, int]]:
+    """(records, record bytes, FPI bytes) per resource manager of archive ``key`` in analyze's
+    segment_rmgr table: what verify's ``rmgr_totals`` gives for the same archive."""
+    rows = spark.read.parquet(table)
+    totals: dict[str, tuple[int, int, int]] = {}
+    for r in rows.where(rows.archive == key).collect():
+        acc = totals.get(r["rmgr"], (0, 0, 0))
+        totals[r["rmgr"]] = (acc[0] + r["records"], acc[1] + r["record_bytes"],
+                             acc[2] + r["fpi_bytes"])
+    return totals
+
+
+def segment_table_rows(spark: Any, table: str, key: str) -> dict[str, tuple[int, ...]]:
+    """(records, record bytes, FPI bytes, valid end) per segment file of archive ``key`` in
+    analyze's segments table, as :func:`verify_segment_rows` gives them from verify."""
+    rows = spark.read.parquet(table)
+    return {r["file"]: (r["records"], r["record_bytes"], r["fpi_bytes"], r["valid_end"])
+            for r in rows.where(rows.archive == key).collect()}
+
+
+def verify_segment_rows(report: ArchiveReport) -> dict[str, tuple[int, ...]]:
+    """The same per-segment figures from a verify report."""
+    return {s.file: (s.records, s.record_bytes, s.fpi_bytes, s.valid_end) for s in report.scans}

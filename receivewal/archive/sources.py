@@ -1,0 +1,106 @@
+"""Where an archive's files are read from: a local directory or ``s3://BUCKET/PREFIX``.
+
+Readers of a whole archive (verify, analyze) name files as ``BASE/<name>`` and open them with an
+:data:`~receivewal.archive.compression.Opener`: the local one (regular files only, see
+:mod:`receivewal.archive.reading`), or :class:`BucketOpener`, which streams the object from the
+store (:meth:`~receivewal.archive.bucket.Bucket.open_object`). Everything after the open (the
+decompression, the caps, the scanner) is the same code for both. Listing is the one thing that
+differs: a directory's entries, or one ListBucket over the prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+from receivewal.archive.compression import Opener, open_local
+from receivewal.archive.objectstore import is_bucket_url, parse_bucket_url
+from receivewal.errors import ArchiveError, StoreError
+
+if TYPE_CHECKING:
+    from receivewal.archive.bucket import Bucket
+
+_BUCKETS: dict[str, Bucket] = {}  # a worker's clients, one per archive: connect once
+
+
+class BucketOpener:
+    """Opens ``BASE/<name>`` by streaming the object ``PREFIX/<name>``. Picklable: the
+    client stays behind, and a worker process or Spark task connects on its first call."""
+
+    def __init__(self, base: str, bucket: Bucket | None = None) -> None:
+        self.base, self._bucket = base, bucket
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"base": self.base, "_bucket": None}
+
+    def __call__(self, path: str) -> BinaryIO:
+        root = self.base.rstrip("/") + "/"
+        if not path.startswith(root):
+            raise ArchiveError(f"{path} is not in the archive {self.base}")
+        if self._bucket is None:
+            self._bucket = _BUCKETS.get(self.base) or _BUCKETS.setdefault(
+                self.base, connect(self.base))
+        return cast(BinaryIO, self._bucket.open_object(path[len(root):]))
+
+
+def connect(base: str) -> Bucket:
+    """A client for the archive at ``base`` (no request sent yet)."""
+    from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - boto3 only if used
+
+    return Bucket.connect(base)
+
+
+@dataclass(frozen=True)
+class ArchiveSource:
+    """An archive's location, how to open its files, and its files (name, size if known)."""
+
+    base: str
+    open_binary: Opener | None  # None: local files
+    files: tuple[tuple[str, int | None], ...]
+
+    @property
+    def names(self) -> list[str]:
+        """The file names, sorted."""
+        return [name for name, _ in self.files]
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the archive is a local directory."""
+        return self.open_binary is None
+
+    def path(self, name: str) -> str:
+        """How readers name the file ``name``."""
+        return self.base.rstrip("/") + "/" + name
+
+
+def list_source(archive: str | Path) -> ArchiveSource:
+    """The files of an archive: a directory's entries other than directories (a dangling
+    symlink under a segment's name is an unreadable segment, never a file that is not there),
+    or one listing of a bucket prefix. ArchiveError when there is no such directory; a
+    store's error (StoreError) names the bucket and the endpoint."""
+    text = str(archive)
+    if is_bucket_url(text):
+        base = str(parse_bucket_url(text))
+        bucket = connect(base)
+        files = bucket.list_files()
+        return ArchiveSource(base, BucketOpener(base, bucket), tuple((n, s) for n, s in files))
+    directory = Path(archive)
+    if not directory.is_dir():
+        raise ArchiveError(f"{directory} is not a directory")
+    names = sorted(p.name for p in directory.iterdir() if not p.is_dir())
+    return ArchiveSource(str(directory), None, tuple((n, None) for n in names))
+
+
+def read_capped(path: str, cap: int, open_binary: Opener | None = None) -> bytes:
+    """A small file's content (at most ``cap`` bytes, else ArchiveError naming it). Raises
+    OSError for a local file that cannot be read, ArchiveError for an object that cannot."""
+    try:
+        with (open_binary or open_local)(path) as fh:
+            data = fh.read(cap + 1)
+    except StoreError as exc:
+        raise ArchiveError(str(exc)) from exc
+    if len(data) > cap:
+        raise ArchiveError(f'"{path}" is larger than {cap} bytes, too large for what it '
+                           "should hold")
+    return data

@@ -158,7 +158,7 @@ def test_same_files_and_progress_lines_as_pg_receivewal(dropin: Path, pg: PgServ
     pg.generate_wal(2)
     pg.sql("CREATE TABLE t (x int)")
     pg.sql("INSERT INTO t SELECT generate_series(1, 5000)")
-    endpos = pg.current_lsn()
+    endpos = pg.endpos_inside_the_wal()
     their_dir, our_dir = tmp_path / "theirs", tmp_path / "ours"
     their_dir.mkdir()
     our_dir.mkdir()

@@ -22,6 +22,7 @@ import zstandard
 
 from receivewal.check.verify import rmgr_totals, verify_archive
 from support.servers import PgServer, make_shared_dir
+from support.streams import wait_for
 
 SEGMENT_SIZE = 1 << 20
 INITDB_ARGS = ("--wal-segsize=1",)
@@ -93,13 +94,12 @@ def build_two_timeline_archive(base: Path, out: Path, rows: int = 12000) -> Buil
         standby = primary.make_standby("standby")
         write_wal(primary, rows // 2, "t2")
         target = primary.sql("SELECT pg_current_wal_lsn()")
-        deadline = time.monotonic() + 60
-        while lsn_int(standby.current_lsn()) < lsn_int(target):
-            if time.monotonic() > deadline:
-                raise TimeoutError("standby did not catch up")
-            time.sleep(0.1)
+        wait_for(lambda: lsn_int(standby.current_lsn()) >= lsn_int(target),
+                 what="the standby to catch up")
         primary.stop("fast")
-        time.sleep(0.5)
+        wait_for(lambda: standby.sql("SELECT count(*) FROM pg_stat_wal_receiver "
+                                     "WHERE status = 'streaming'") == "0",
+                 what="the standby to see the primary gone")
         standby.promote()
         history = (standby.pg_wal / "00000002.history").read_text()
         switchpoint = history.split()[1]

@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.package import built_deb
 from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import PG_BIN, PgServer, make_shared_dir
+from support.sparkarchives import TwoArchives, build_two_server_archives
 
 DATA = Path(__file__).parent / "data"
 
@@ -42,6 +44,21 @@ def archive_dir() -> Iterator[Path]:
     path.mkdir()
     yield path
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def two_archives(tmp_path_factory: pytest.TempPathFactory) -> TwoArchives:
+    """Two archives from two servers, built once for the analyze modules (local, Spark Connect,
+    standalone cluster), which only read them."""
+    return build_two_server_archives(tmp_path_factory.mktemp("archives"), "receivewal-analyze-")
+
+
+@pytest.fixture(scope="session")
+def deb() -> Iterator[Path]:
+    """scripts/build-deb's package, built once for the package and systemd tests, removed at
+    the end of the session."""
+    with built_deb() as path:
+        yield path
 
 
 SPARK_MODULES = ("test_analyze.py", "test_analyze_connect.py", "test_analyze_cluster.py",

@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,9 @@ from typing import Any
 import pytest
 from support.sparkarchives import (
     SEGMENT_SIZE,
+    TwoArchives,
     archive_key,
     rmgr_table_totals,
-    two_server_archives,
 )
 
 from receivewal.check.analyze import (
@@ -48,12 +47,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, str]]:
+def archives(two_archives: TwoArchives) -> tuple[Path, Path, str]:
     """Two archives from two servers; the second lacks one segment (its name is returned)."""
-    began = time.time()
-    with two_server_archives(tmp_path_factory.mktemp("archives"), "receivewal-analyze-") as built:
-        BUILT[:] = [began, time.time()]
-        yield built
+    BUILT[:] = two_archives.built
+    return two_archives.alpha, two_archives.beta, two_archives.removed
 
 
 key = archive_key

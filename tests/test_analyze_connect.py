@@ -23,10 +23,9 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 from support.servers import free_port
-from support.sparkarchives import SEGMENT_SIZE, archive_key, two_server_archives
+from support.sparkarchives import TwoArchives, archive_key, assert_tables_agree_with_verify
 
 from receivewal.check.analyze import LOG4J2
-from receivewal.check.verify import rmgr_totals, verify_archive
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
 
@@ -90,11 +89,9 @@ def wait_listening(url: str, log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, str]]:
+def archives(two_archives: TwoArchives) -> tuple[Path, Path, str]:
     """Two archives from two servers; the second lacks one segment (its name is returned)."""
-    root = tmp_path_factory.mktemp("archives")
-    with two_server_archives(root, "receivewal-analyze-connect-") as built:
-        yield built
+    return two_archives.alpha, two_archives.beta, two_archives.removed
 
 
 key = archive_key
@@ -135,34 +132,10 @@ def test_remote_run_exits_1_and_names_each_archive(run: tuple[Any, Path],
     assert "FutureWarning" not in proc.stderr
 
 
-def test_remote_tables_agree_with_verify(run: tuple[Any, Path],
-                                         archives: tuple[Path, Path, str]) -> None:
+def test_remote_tables_agree_with_verify(run: tuple[Any, Path], two_archives: TwoArchives) -> None:
     """Segments, per-rmgr totals, problems and archive verdicts equal verify's on each archive."""
-    alpha, beta, removed = archives
     _, out = run
-    segments, rmgr = rows(out, "segments"), rows(out, "segment_rmgr")
-    for archive in (alpha, beta):
-        report, _ = verify_archive(archive, jobs=1)
-        own = [r for r in segments if r["archive"] == key(archive)]
-        assert len(own) == len(report.scans) == len(list(archive.iterdir()))
-        assert sum(r["records"] for r in own) == sum(s.records for s in report.scans)
-        assert sum(r["fpi_bytes"] for r in own) == sum(s.fpi_bytes for s in report.scans)
-        assert all(r["data_bytes"] == SEGMENT_SIZE > r["zstd_bytes"] for r in own)
-        totals: dict[str, tuple[int, int, int]] = {}
-        for r in (r for r in rmgr if r["archive"] == key(archive)):
-            acc = totals.get(r["rmgr"], (0, 0, 0))
-            totals[r["rmgr"]] = (acc[0] + r["records"], acc[1] + r["record_bytes"],
-                                 acc[2] + r["fpi_bytes"])
-        assert totals == rmgr_totals(report.scans)
-    problems = rows(out, "problems")
-    assert not [p for p in problems if p["archive"] == key(alpha)]
-    assert [(p["archive"], p["file"], p["lsn"]) for p in problems
-            if p["kind"] == "missing_segment"] == [
-        (key(beta), removed, int(removed[16:], 16) * SEGMENT_SIZE)]
-    verdicts = {r["archive"]: r for r in rows(out, "archives")}
-    assert verdicts[key(alpha)]["recoverable"] is True
-    assert verdicts[key(beta)]["recoverable"] is False
-    assert verdicts[key(alpha)]["system_identifier"] != verdicts[key(beta)]["system_identifier"]
+    assert_tables_agree_with_verify(lambda table: rows(out, table), two_archives)
 
 
 def test_remote_report_pages_and_charts(run: tuple[Any, Path]) -> None:

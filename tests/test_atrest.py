@@ -292,7 +292,7 @@ def test_pg_receivewal_15_resumes_from_our_compressed_files(
     last_ours = complete_files(archive_dir)[-1]
 
     pg.generate_wal(1)
-    endpos2 = pg.mid_segment_lsn()
+    endpos2 = pg.endpos_inside_the_wal()
     theirs = pg_receivewal_15("-D", str(archive_dir), "-d", pg.dsn, "-S", "arch", "-Z", method,
                               "-E", endpos2, "-n", "-v")
     assert theirs.returncode == 0, theirs.stderr
@@ -316,7 +316,7 @@ def test_pg_receivewal_15_resumes_from_our_compressed_files(
         os.unlink(archive_dir / name)
     pg.generate_wal(1)
     theirs2 = pg_receivewal_15("-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
-                               "-Z", method, "-E", pg.mid_segment_lsn(), "-n", "-v")
+                               "-Z", method, "-E", pg.endpos_inside_the_wal(), "-n", "-v")
     assert theirs2.returncode == 0, theirs2.stderr
     started = re.search(r"starting log streaming at ([0-9A-F]+/[0-9A-F]+)", theirs2.stderr)
     assert started, theirs2.stderr

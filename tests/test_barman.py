@@ -43,8 +43,8 @@ def test_barman_streams_backs_up_and_recovers_with_the_dropin(
         assert f"pg_receivexlog_path: {barman.bin / 'pg_receivewal'}" in shown.stdout
         assert "pg_receivexlog_version: 15.18" in shown.stdout
 
-        switched = barman.run("switch-wal", "--force", "--archive", "--archive-timeout", "60",
-                              SERVER)
+        switched = barman.run_while_writing(pg, "switch-wal", "--force", "--archive",
+                                            "--archive-timeout", "60", SERVER)
         assert switched.returncode == 0, switched.stdout + switched.stderr
         archived = sorted(p.name for p in barman.wals_dir.rglob("0*"))
         assert archived, switched.stdout
@@ -64,8 +64,8 @@ def test_barman_streams_backs_up_and_recovers_with_the_dropin(
         assert "FAILED" not in listed.stdout
         assert len(listed.stdout.strip().splitlines()) == 1, listed.stdout
         pg.sql("INSERT INTO accounts SELECT g, 1 FROM generate_series(30001, 31000) g")
-        switched = barman.run("switch-wal", "--force", "--archive", "--archive-timeout", "60",
-                              SERVER)
+        switched = barman.run_while_writing(pg, "switch-wal", "--force", "--archive",
+                                            "--archive-timeout", "60", SERVER)
         assert switched.returncode == 0, switched.stdout + switched.stderr
     finally:
         receiver.send_signal(signal.SIGINT)

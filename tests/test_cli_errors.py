@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from support.servers import IS_ROOT, PgServer, free_port, pg_bin
-from support.streams import receivewal, start_receivewal, stop
+from support.streams import receivewal, start_receivewal, stop, wait_for
 
 
 def error_line(stderr: str) -> str:
@@ -165,6 +165,10 @@ class SilentServer:
                        + b"S" + struct.pack(">I", 4 + len(version)) + version
                        + b"Z" + struct.pack(">I", 5) + b"I")
 
+    def client_sent(self) -> bool:
+        """The accepted client has sent bytes (its first packet) that nobody read."""
+        return bool(self.clients) and bool(select.select(self.clients[:1], [], [], 0)[0])
+
     def close(self) -> None:
         for client in self.clients:
             client.close()
@@ -179,7 +183,8 @@ def test_stop_signal_during_a_connect_the_server_never_answers(archive_dir: Path
                             "-p", str(server.port), "-U", "postgres", "--receive-timeout", "0")
     try:
         assert server.accepted.wait(30), "receivewal never connected"
-        time.sleep(0.5)  # let it settle in the wait for the server's answer
+        # its first packet sent, it waits for the server's answer
+        wait_for(server.client_sent, timeout=30, what="receivewal's first packet")
         assert stop(proc, timeout=10) == 0
     finally:
         if proc.poll() is None:

@@ -132,7 +132,9 @@ def test_daemon_notifies_systemd_serves_metrics_and_reports_status(
         lsn = pg.current_lsn()
         flushed = f"SELECT flush_lsn >= '{lsn}' FROM pg_stat_replication"
         wait_for(lambda: pg.sql(flushed) == "t", what="WAL to be flushed")
-        time.sleep(2.5)  # a few ticks: watchdog pings, STATUS refresh, state file rewrite
+        wait_for(lambda: sum("WATCHDOG" in m for m in fake_systemd.messages) >= 2 and any(
+            m.get("STATUS", "").startswith("Streaming timeline 1, flushed ")
+            for m in fake_systemd.messages), timeout=15, what="watchdog pings, STATUS refresh")
         messages = list(fake_systemd.messages)
         assert sum("WATCHDOG" in m for m in messages) >= 2, messages
         assert sum("READY" in m for m in messages) == 1
@@ -191,7 +193,12 @@ def test_watchdog_pings_go_on_while_the_server_is_down(
         pg.stop("fast")
         fake_systemd.wait("STATUS", timeout=5)
         down = time.monotonic()
-        time.sleep(10)
+
+        def retries() -> int:
+            return sum(m.get("STATUS", "").startswith("Reconnecting in ") and t >= down
+                       for t, m in zip(fake_systemd.times, fake_systemd.messages, strict=True))
+        # two retries after the outage began: a whole 4 s reconnect delay lies between them
+        wait_for(lambda: retries() >= 2, timeout=30, what="two reconnect attempts")
         pings = [t for t, m in zip(fake_systemd.times, fake_systemd.messages, strict=True)
                  if "WATCHDOG" in m and t >= down]
         assert any(m.get("STATUS", "").startswith("Reconnecting in ")

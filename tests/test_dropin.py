@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -159,7 +158,7 @@ def test_same_files_and_progress_lines_as_pg_receivewal(dropin: Path, pg: PgServ
     pg.generate_wal(2)
     pg.sql("CREATE TABLE t (x int)")
     pg.sql("INSERT INTO t SELECT generate_series(1, 5000)")
-    endpos = pg.current_lsn()
+    endpos = pg.endpos_inside_the_wal()
     their_dir, our_dir = tmp_path / "theirs", tmp_path / "ours"
     their_dir.mkdir()
     our_dir.mkdir()
@@ -206,7 +205,9 @@ def test_slot_actions_and_signals_as_pg_receivewal(dropin: Path, pg: PgServer,
     try:
         wait_for(lambda: pg.sql("SELECT application_name FROM pg_stat_replication")
                  == "pg_receivewal", what="the drop-in to stream")
-        time.sleep(0.3)
+        # its first status update came back: it is in the receive loop
+        wait_for(lambda: pg.sql("SELECT flush_lsn IS NOT NULL FROM pg_stat_replication") == "t",
+                 what="the drop-in's first status update")
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.package import built_deb
 from support.servers import IS_ROOT, PgServer, make_shared_dir
 from support.streams import lsn_to_int, wait_for
 from support.systemd import parse_unit
@@ -52,12 +51,11 @@ def package_status() -> str:
 
 
 @pytest.fixture(scope="module")
-def installed() -> Iterator[Path]:
+def installed(deb: Path) -> Iterator[Path]:
     """Build the package, dpkg -i it; afterwards apt-get remove it, checking that it went."""
     if package_status().startswith("install ok"):
         pytest.fail("a receivewal package is already installed on this machine; this test "
                     "installs and removes its own (dpkg --purge receivewal first)")
-    deb = built_deb()
     run("dpkg", "-i", str(deb))
     try:
         yield deb
@@ -75,10 +73,10 @@ def as_postgres(*argv: str, env: dict[str, str] | None = None,
                           text=True, check=False, timeout=60, env={**os.environ, **(env or {})})
 
 
-def test_package_ships_the_readme_and_every_docs_page() -> None:
+def test_package_ships_the_readme_and_every_docs_page(deb: Path) -> None:
     """/usr/share/doc/receivewal holds README.md and docs/ beside it, so that the README's
     relative links (docs/faults.md, ...) and the unit's Documentation= lines resolve there."""
-    listing = run("dpkg-deb", "--contents", str(built_deb())).stdout
+    listing = run("dpkg-deb", "--contents", str(deb)).stdout
     shipped = {line.split()[-1].removeprefix(".") for line in listing.splitlines()}
     wanted = {"/usr/share/doc/receivewal/README.md"} | {
         f"/usr/share/doc/receivewal/docs/{page.name}" for page in (ROOT / "docs").glob("*.md")}

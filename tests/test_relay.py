@@ -388,7 +388,9 @@ def test_relay_forwards_a_cancel_request(pg: PgServer) -> None:
         conn = connect(relay.port, None, replication=None)
         try:
             conn.send_query(b"SELECT pg_sleep(60)")
-            time.sleep(0.5)
+            wait_for(lambda: "pg_sleep" in pg.sql(
+                "SELECT string_agg(query, ' ') FROM pg_stat_activity WHERE state = 'active'"),
+                what="the query to run")
             conn.get_cancel().cancel()
             began = time.monotonic()
             res = conn.get_result()

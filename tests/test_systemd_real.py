@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.package import built_deb
 from support.servers import PG_BIN, PgServer, make_shared_dir, pg_bin
 from support.streams import wait_for
 from support.systemd import NamespacedSystemd, namespaced_systemd, unavailable
@@ -79,10 +78,9 @@ class Rig:
 
 
 @pytest.fixture(scope="module")
-def rig() -> Iterator[Rig]:
+def rig(deb: Path) -> Iterator[Rig]:
     if PG_BIN is None:
         pytest.fail("PostgreSQL server binaries are required (install postgresql or set PG_BIN)")
-    deb = built_deb()
     base = make_shared_dir("receivewal-pg-")
     server = PgServer(base, "primary")
     server.init()

@@ -3,7 +3,6 @@ hot standby feedback on a slot, and failover across a two-host connection string
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -191,7 +190,10 @@ def test_feedback_clears_slot_xmin_left_by_a_standby(pg: PgServer, archive_dir: 
     try:
         wait_for(lambda: pg.sql("SELECT flush_lsn IS NOT NULL FROM pg_stat_replication") == "t",
                  what="status updates")
-        time.sleep(1.0)
+        first = pg.sql("SELECT reply_time FROM pg_stat_replication")
+        wait_for(lambda: pg.sql(f"SELECT reply_time > '{first}'::timestamptz + interval '0.5 s' "
+                                "FROM pg_stat_replication") == "t",
+                 what="two more status updates (every 0.3 s) without feedback")
         assert pg.sql("SELECT xmin IS NOT NULL FROM pg_replication_slots "
                       "WHERE slot_name = 'sb'") == "t"
     finally:

@@ -6,6 +6,7 @@ import os
 import pwd
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from support.dropin import install_dropin
@@ -57,6 +58,28 @@ path_prefix = {self.bin}
         env = {**os.environ, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         return subprocess.run(self.argv(*args), capture_output=True, text=True, env=env,
                               timeout=timeout, check=False)
+
+    def run_while_writing(self, server: PgServer, *args: str,
+                          timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run a barman command that waits for a WAL file to be archived (switch-wal
+        --archive), writing a row to ``server`` every half second meanwhile. Barman archives a
+        streamed segment only once the next one's ``.partial`` exists, and an idle server
+        writes the WAL that opens it only with its next running-xacts snapshot, up to 15 s on."""
+        server.sql("CREATE TABLE IF NOT EXISTS barman_nudge (at timestamptz)")
+        env = {**os.environ, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        with subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) as proc:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    out, err = proc.communicate(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() > deadline:
+                        proc.kill()
+                        raise
+                    server.sql("INSERT INTO barman_nudge VALUES (now())")
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def start(self, *args: str, output: Path) -> subprocess.Popen[bytes]:
         """Start a long-running barman command (receive-wal) in the background."""

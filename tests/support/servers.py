@@ -222,6 +222,15 @@ class PgServer:
         self.sql("INSERT INTO tail SELECT generate_series(1, 3000)")
         return self.current_lsn()
 
+    def endpos_inside_the_wal(self) -> str:
+        """An LSN inside a segment (as :meth:`mid_segment_lsn`) with WAL written past it.
+        pg_receivewal -E stops once it receives WAL beyond the position (``endpos < received``):
+        at an endpos that is the end of the server's WAL it waits for the next record, the
+        running-xacts snapshot up to 15 s later."""
+        endpos = self.mid_segment_lsn()
+        self.sql("INSERT INTO tail SELECT generate_series(1, 10)")
+        return endpos
+
     def switch_wal(self) -> str:
         """Force a segment switch; return the LSN of the switch record's end."""
         self.sql("CREATE TABLE IF NOT EXISTS switch_marker (t timestamptz)")

@@ -9,11 +9,10 @@ them, a zstd frame).
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,10 @@ import lz4.frame
 import zstandard
 
 from receivewal.check.crosscheck import ArchiveReport
+from receivewal.check.verify import rmgr_totals, verify_archive
 from receivewal.wal.lsn import parse_lsn
 from support.servers import PgServer, make_shared_dir
+from support.streams import wait_for
 
 SEGMENT_SIZE = 1 << 20
 INITDB_ARGS = ("--wal-segsize=1",)
@@ -94,13 +95,12 @@ def build_two_timeline_archive(base: Path, out: Path, rows: int = 12000) -> Buil
         standby = primary.make_standby("standby")
         write_wal(primary, rows // 2, "t2")
         target = primary.sql("SELECT pg_current_wal_lsn()")
-        deadline = time.monotonic() + 60
-        while lsn_int(standby.current_lsn()) < lsn_int(target):
-            if time.monotonic() > deadline:
-                raise TimeoutError("standby did not catch up")
-            time.sleep(0.1)
+        wait_for(lambda: lsn_int(standby.current_lsn()) >= lsn_int(target),
+                 what="the standby to catch up")
         primary.stop("fast")
-        time.sleep(0.5)
+        wait_for(lambda: standby.sql("SELECT count(*) FROM pg_stat_wal_receiver "
+                                     "WHERE status = 'streaming'") == "0",
+                 what="the standby to see the primary gone")
         standby.promote()
         history = (standby.pg_wal / "00000002.history").read_text()
         switchpoint = history.split()[1]
@@ -154,19 +154,30 @@ def copy_completed_segments(server: PgServer, out: Path) -> list[str]:
     return names
 
 
-@contextlib.contextmanager
-def two_server_archives(root: Path, prefix: str) -> Iterator[tuple[Path, Path, str]]:
-    """Two archives from two servers under ``root``; the second lacks one segment (its name is
-    the third value). The servers' scratch directory is removed afterwards."""
+@dataclass(frozen=True)
+class TwoArchives:
+    """Two archives from two servers (different system identifiers); ``beta`` lacks the
+    segment ``removed``. ``built`` is when the first server started and the last stopped."""
+
+    alpha: Path
+    beta: Path
+    removed: str
+    built: tuple[float, float]
+
+
+def build_two_server_archives(root: Path, prefix: str) -> TwoArchives:
+    """Two archives from two servers under ``root``; the servers' scratch directory (named
+    with ``prefix``) is removed once they are built."""
+    began = time.time()
     base = make_shared_dir(prefix)
     try:
         build_single_archive(base, "alpha", root / "alpha")
         names = build_single_archive(base, "beta", root / "beta", rows=9000)
-        removed = names[len(names) // 2]
-        (root / "beta" / removed).unlink()
-        yield root / "alpha", root / "beta", removed
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    removed = names[len(names) // 2]
+    (root / "beta" / removed).unlink()
+    return TwoArchives(root / "alpha", root / "beta", removed, (began, time.time()))
 
 
 def archive_key(archive: Path) -> str:
@@ -214,3 +225,35 @@ def segment_table_rows(spark: Any, table: str, key: str) -> dict[str, tuple[int,
 def verify_segment_rows(report: ArchiveReport) -> dict[str, tuple[int, ...]]:
     """The same per-segment figures from a verify report."""
     return {s.file: (s.records, s.record_bytes, s.fpi_bytes, s.valid_end) for s in report.scans}
+
+
+def assert_tables_agree_with_verify(rows: Callable[[str], list[dict[str, Any]]],
+                                    archives: TwoArchives) -> None:
+    """The analyze tables of a run over ``archives`` (alpha by path, beta by URI; ``rows``
+    reads one table by name) equal verify's on each archive: one segments row per file with
+    verify's records and FPI bytes, every segment 1 MiB and smaller in zstd, per-rmgr totals;
+    no problem in alpha, beta's removed segment its one missing_segment; alpha is
+    recoverable, beta is not, and their system identifiers differ."""
+    segments, rmgr = rows("segments"), rows("segment_rmgr")
+    for archive in (archives.alpha, archives.beta):
+        report, _ = verify_archive(archive, jobs=1)
+        own = [r for r in segments if r["archive"] == archive_key(archive)]
+        assert len(own) == len(report.scans) == len(list(archive.iterdir()))
+        assert sum(r["records"] for r in own) == sum(s.records for s in report.scans)
+        assert sum(r["fpi_bytes"] for r in own) == sum(s.fpi_bytes for s in report.scans)
+        assert all(r["data_bytes"] == SEGMENT_SIZE > r["zstd_bytes"] for r in own)
+        totals: dict[str, tuple[int, int, int]] = {}
+        for r in (r for r in rmgr if r["archive"] == archive_key(archive)):
+            acc = totals.get(r["rmgr"], (0, 0, 0))
+            totals[r["rmgr"]] = (acc[0] + r["records"], acc[1] + r["record_bytes"],
+                                 acc[2] + r["fpi_bytes"])
+        assert totals == rmgr_totals(report.scans)
+    alpha, beta, removed = archive_key(archives.alpha), archive_key(archives.beta), archives.removed
+    problems = rows("problems")
+    assert not [p for p in problems if p["archive"] == alpha]
+    assert [(p["archive"], p["file"], p["lsn"]) for p in problems
+            if p["kind"] == "missing_segment"] == [
+        (beta, removed, int(removed[16:], 16) * SEGMENT_SIZE)]
+    verdicts = {r["archive"]: r for r in rows("archives")}
+    assert {name: r["recoverable"] for name, r in verdicts.items()} == {alpha: True, beta: False}
+    assert verdicts[alpha]["system_identifier"] != verdicts[beta]["system_identifier"]

@@ -46,6 +46,8 @@ class TcpProxy:
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        """Forward between ``a`` and ``b`` until either side ends; this thread alone closes the
+        two sockets (closing them elsewhere would leave select() a descriptor of -1)."""
         peers = {a: b, b: a}
         try:
             while not self.closed.is_set():
@@ -69,14 +71,14 @@ class TcpProxy:
                     sock.close()
 
     def cut(self) -> None:
-        """Close every open connection (both directions), as a broken network would."""
+        """End every open connection (both directions), as a broken network would: both peers
+        see the end at once, and each pump closes its sockets when it wakes on it."""
         with self.lock:
             pairs, self.pairs = self.pairs, []
         for a, b in pairs:
             for sock in (a, b):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                    sock.close()
 
     def stall(self) -> None:
         """Stop forwarding: connections stay open but nothing passes."""
@@ -90,5 +92,7 @@ class TcpProxy:
         """Stop accepting and drop everything."""
         self.closed.set()
         self.forwarding.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the thread
         self.listener.close()
         self.cut()

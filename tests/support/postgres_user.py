@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import compileall
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,9 @@ def install_for_postgres(base: Path, extra: tuple[str, ...] = ()) -> str:
             shutil.copy(site / dep, lib / dep)
             continue
         shutil.copytree(site / dep, lib / dep, ignore=shutil.ignore_patterns("__pycache__"))
+    # byte-compiled as an installation is (pip, the .deb): the postgres user cannot write
+    # __pycache__ here, and would otherwise compile every module on every call
+    compileall.compile_dir(lib, quiet=1)
     for path in [lib, *lib.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return f"PYTHONPATH={lib} /usr/bin/python3 -m receivewal restore"

@@ -109,23 +109,25 @@ def test_store_down_or_wrong_credentials_is_126(url: str, tmp_path: Path, fault:
 
 
 def test_prefetch_serves_later_calls_from_the_spool(url: str, tmp_path: Path) -> None:
-    """After N is restored, N+1..N+k arrive in pg_wal/.receivewal/prefetch and the call for
-    N+1 is a rename from there; the spool never holds more than k files."""
+    """After N is restored, N+1..N+k are fetched into pg_wal/.receivewal/prefetch; the call for
+    N+1, made at once, waits for the filler rather than fetching the object again, and is a
+    rename from the spool; the spool never holds more than k files."""
     for segno in range(3, 8):
         put(url, name_of(segno), segment(segno))
     target = tmp_path / "RECOVERYXLOG"
     assert restore(url, name_of(3), target, "--prefetch", "2").returncode == 0
-    spool = Spool.beside(target, source_id(url))
-    wait_for_file(spool.dir / name_of(5), "the prefetched segment")
-    wait_for_file(spool.dir / name_of(4), "the prefetched segment")
     done = restore(url, name_of(4), target, "--prefetch", "2")
     assert done.returncode == 0, done.stderr
     assert "from the prefetch spool" in done.stderr
     assert target.read_bytes() == segment(4)
+    spool = Spool.beside(target, source_id(url))
     wait_for_file(spool.dir / name_of(6), "the next window")
     while spool.busy():
         time.sleep(0.05)
     assert sorted(os.listdir(spool.dir)) == [name_of(5), name_of(6)]
+    done = restore(url, name_of(5), target, "--prefetch", "2")
+    assert "from the prefetch spool" in done.stderr
+    assert target.read_bytes() == segment(5)
 
 
 def test_leftovers_of_a_killed_prefetch_are_never_served(url: str, tmp_path: Path) -> None:

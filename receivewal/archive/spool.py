@@ -22,6 +22,8 @@ import fcntl
 import hashlib
 import os
 import shutil
+import sys
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -34,6 +36,9 @@ from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, pars
 
 SPOOL_DIR = Path(".receivewal") / "prefetch"
 LOCK_FILE = ".lock"
+WINDOW_FILE = ".window"  # the names a filler at work is fetching, in its archive's directory
+WAIT_LIMIT = 30.0  # seconds a call waits for a file being prefetched before fetching it itself
+_POLL = 0.005
 
 
 def following_names(name: str, count: int, segment_size: int) -> list[str]:
@@ -92,29 +97,55 @@ class Spool:
             os.close(fd)
         return False
 
-    def fill(self, names: list[str], fetch: Callable[[str, Path], bool]) -> int:
-        """Fetch each of ``names`` not yet spooled, in order, with ``fetch(name, path)`` (which
-        writes ``path`` atomically and returns False when the archive lacks the file: the
-        window stops there). Nothing when another filler holds the lock. Returns the files
-        fetched."""
+    def wait_for(self, name: str) -> bool:
+        """When a filler at work has ``name`` in its window, wait until the file is spooled or
+        the filler is gone (at most :data:`WAIT_LIMIT` seconds); whether it was waited for."""
+        try:
+            window = (self.dir / WINDOW_FILE).read_text().split()
+        except (OSError, UnicodeDecodeError):
+            return False
+        if name not in window:
+            return False
+        deadline = time.monotonic() + WAIT_LIMIT
+        while not (self.dir / name).exists() and self.busy() and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        return True
+
+    def claim(self, names: list[str]) -> int | None:
+        """Take the spool's lock for a filler of ``names`` (None when another filler holds it):
+        remove what is outside the window and record the window. The returned descriptor
+        holds the lock, across a fork too, until :meth:`fill` closes it."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return 0
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self._prune(names)
-            fetched = 0
+            (self.dir / WINDOW_FILE).write_text("\n".join(names) + "\n")
+        except BaseException:
+            os.close(fd)
+            if isinstance(sys.exc_info()[1], BlockingIOError):
+                return None
+            raise
+        return fd
+
+    def fill(self, lock: int, names: list[str], fetch: Callable[[str, Path], bool]) -> int:
+        """Fetch each of ``names`` not yet spooled, in order, with ``fetch(name, path)`` (which
+        writes ``path`` atomically and returns False when the archive lacks the file: the
+        window stops there), then release ``lock`` (from :meth:`claim`). Returns the files
+        fetched."""
+        fetched = 0
+        try:
             for name in names:
                 if (self.dir / name).exists():
                     continue
                 if not fetch(name, self.dir / name):
                     break
                 fetched += 1
-            return fetched
         finally:
-            os.close(fd)  # releases the lock
+            with contextlib.suppress(OSError):
+                (self.dir / WINDOW_FILE).unlink()
+            os.close(lock)  # releases the lock
+        return fetched
 
     def _prune(self, keep: Iterable[str]) -> None:
         """Remove other archives' subdirectories, leftovers of killed fillers and every file

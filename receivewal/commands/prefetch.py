@@ -31,8 +31,15 @@ def start_prefetch(directory: str, source: str, name: str, target: Path, count: 
     spool = Spool.beside(target, source)
     if not names or spool.busy():
         return
+    try:
+        lock = spool.claim(names)  # before the fork: a call that comes next sees the window
+    except (OSError, ReceivewalError):
+        return
+    if lock is None:
+        return
     pid = os.fork()
     if pid:
+        os.close(lock)  # the child's copy keeps the lock
         os.waitpid(pid, 0)  # the intermediate child exits at once
         return
     try:
@@ -40,7 +47,7 @@ def start_prefetch(directory: str, source: str, name: str, target: Path, count: 
         if os.fork():
             os._exit(0)
         _detach()
-        spool.fill(names, _fetcher(directory))
+        spool.fill(lock, names, _fetcher(directory))
     except BaseException:  # noqa: BLE001, S110 - the child's failure is never the call's
         pass
     os._exit(0)

@@ -21,6 +21,7 @@ the restored one are fetched into a spool next to ``%p`` by a detached child
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -138,8 +139,10 @@ def run(call: Call) -> int:
     if call.window > 0:
         from receivewal.commands.prefetch import start_prefetch  # noqa: PLC0415
 
-        start_prefetch(call.directory, source_id(call.directory), call.wal_name,
-                       Path(call.target), call.window)
+        # prefetching only saves later calls time: this call has succeeded whatever happens
+        with contextlib.suppress(OSError, ReceivewalError):
+            start_prefetch(call.directory, source_id(call.directory), call.wal_name,
+                           Path(call.target), call.window)
     return 0
 
 
@@ -151,7 +154,9 @@ def _restore(call: Call) -> str:
     if call.window > 0 and call.target and is_wal_file_name(call.wal_name):
         from receivewal.archive.spool import Spool  # noqa: PLC0415
 
-        if Spool.beside(target, source_id(call.directory)).take(call.wal_name, target):
+        spool = Spool.beside(target, source_id(call.directory))
+        if spool.take(call.wal_name, target) or (spool.wait_for(call.wal_name)
+                                                 and spool.take(call.wal_name, target)):
             return "the prefetch spool"
     if not call.target:
         from receivewal.errors import ConfigurationError  # noqa: PLC0415

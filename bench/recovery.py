@@ -119,12 +119,12 @@ def report(runs: list[Run]) -> None:
     best = {mode: min(r.seconds for r in runs if r.mode == mode)
             for mode in dict.fromkeys(r.mode for r in runs)}
     calls = max(r.restored for r in runs)
-    print(f"\n{'mode':<6} {'runs s':<24} {'best s':>7} {'vs cp':>6} {'ms/call extra':>13}")
+    print(f"\n{'mode':<18} {'runs s':<24} {'best s':>7} {'vs cp':>6} {'ms/call extra':>13}")
     for mode, seconds in best.items():
         each = " ".join(f"{r.seconds:.2f}" for r in runs if r.mode == mode)
         ratio = seconds / best["cp"] if "cp" in best else float("nan")
         extra = (seconds - best["cp"]) / calls * 1000 if "cp" in best else float("nan")
-        print(f"{mode:<6} {each:<24} {seconds:>7.2f} {ratio:>5.2f}x {extra:>13.1f}")
+        print(f"{mode:<18} {each:<24} {seconds:>7.2f} {ratio:>5.2f}x {extra:>13.1f}")
     print(f"({calls} files restored per recovery)")
 
 

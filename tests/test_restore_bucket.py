@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -153,6 +154,42 @@ def test_leftovers_of_a_killed_prefetch_are_never_served(url: str, tmp_path: Pat
         time.sleep(0.05)
     assert sorted(os.listdir(tmp_path / SPOOL_DIR)) == [".lock", spool.dir.name]
     assert os.listdir(spool.dir) == [name_of(5)]
+
+
+def holders_of(path: Path) -> list[int]:
+    """The processes that have ``path`` open (read from /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) == str(path) for fd in (proc / "fd").iterdir()):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_sigkill_of_the_filler_mid_prefetch_then_calls_are_correct(url: str,
+                                                                   tmp_path: Path) -> None:
+    """The detached filler SIGKILLed while it fetches (it holds the spool's lock): every
+    later call still restores the right bytes, and the next filler starts afresh."""
+    for segno in range(3, 9):
+        put(url, name_of(segno), segment(segno))
+    target = tmp_path / "RECOVERYXLOG"
+    assert restore(url, name_of(3), target, "--prefetch", "4").returncode == 0
+    lock = tmp_path / SPOOL_DIR / ".lock"
+    fillers = holders_of(lock)
+    assert fillers, "the filler holds the spool's lock while it works"
+    for pid in fillers:
+        os.kill(pid, signal.SIGKILL)
+    spool = Spool.beside(target, source_id(url))
+    while spool.busy():
+        time.sleep(0.05)
+    for segno in range(4, 9):
+        done = restore(url, name_of(segno), target, "--prefetch", "4")
+        assert done.returncode == 0, done.stderr
+        assert target.read_bytes() == segment(segno)
 
 
 def test_two_concurrent_calls_for_the_same_file_both_succeed(url: str, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ the modes alternating, with:
 
 - ``cp``: ``cp ARCHIVE/%f %p`` on the plain archive (the baseline);
 - ``plain`` / ``zstd``: ``receivewal restore -D ARCHIVE %f %p`` on each archive;
-- ``zstd-prefetch``: the same on the zstd archive with ``--prefetch 8``;
+- ``plain-prefetch`` / ``zstd-prefetch``: the same with ``--prefetch 8``;
 - ``bucket``: ``receivewal restore -D s3://BUCKET/PREFIX %f %p`` (prefetch on, its default);
 - ``bucket-noprefetch``: the same with ``--prefetch 0``.
 
@@ -44,7 +44,8 @@ from receivewal.wal.lsn import format_lsn, parse_lsn
 from receivewal.wal.names import is_other_wal_file_name, parse_segment_file_name
 
 SEGMENT = 16 << 20
-MODES = ("cp", "plain", "zstd", "zstd-prefetch", "bucket", "bucket-noprefetch")
+MODES = ("cp", "plain", "plain-prefetch", "zstd", "zstd-prefetch", "bucket",
+         "bucket-noprefetch")
 CHECK = "SELECT count(*), sum(delta) FROM pgbench_history"
 
 
@@ -154,6 +155,7 @@ def main() -> None:
         restore = install_for_postgres(base, S3_PACKAGES)
         commands = {"cp": f'cp "{base / "plain"}/%f" "%p"',
                     "plain": f"{restore} -D {base / 'plain'} %f %p",
+                    "plain-prefetch": f"{restore} -D {base / 'plain'} --prefetch 8 %f %p",
                     "zstd": f"{restore} -D {base / 'zstd'} %f %p",
                     "zstd-prefetch": f"{restore} -D {base / 'zstd'} --prefetch 8 %f %p"}
         if {"bucket", "bucket-noprefetch"} & set(modes):

@@ -63,5 +63,5 @@ def test_recovery_bench_runs() -> None:
     zstd archive's files in a local S3 server) each recover the base backup to the primary's
     data."""
     out = run_bench("recovery.py", "--segments", "1", "--rounds", "1")
-    assert out.count("data equal") == 6
+    assert out.count("data equal") == 7
     assert "vs cp" in out

@@ -1,15 +1,19 @@
 """Point-in-time recovery of a base backup: ``cp`` against ``receivewal restore`` as PostgreSQL's
 restore_command, on the same WAL. Run by hand (not in CI)::
 
-    .venv/bin/python bench/recovery.py [--segments 48] [--rounds 2] [--modes cp,plain,zstd]
+    .venv/bin/python bench/recovery.py [--segments 48] [--rounds 2] [--modes cp,plain,...]
 
 It starts a private PostgreSQL 15, takes a base backup, writes ``--segments`` segments of
 pgbench WAL after it and archives them twice with ``receivewal stream --endpos``: plain and
-``-Z zstd``. Then it recovers a fresh copy of the backup ``--rounds`` times per mode, the modes
-alternating, with:
+``-Z zstd``; the zstd archive's files are also uploaded to a local S3 server (SeaweedFS, started
+as the tests start it). Then it recovers a fresh copy of the backup ``--rounds`` times per mode,
+the modes alternating, with:
 
 - ``cp``: ``cp ARCHIVE/%f %p`` on the plain archive (the baseline);
-- ``plain`` / ``zstd``: ``receivewal restore -D ARCHIVE %f %p`` on each archive.
+- ``plain`` / ``zstd``: ``receivewal restore -D ARCHIVE %f %p`` on each archive;
+- ``plain-prefetch`` / ``zstd-prefetch``: the same with ``--prefetch 8``;
+- ``bucket``: ``receivewal restore -D s3://BUCKET/PREFIX %f %p`` (prefetch on, its default);
+- ``bucket-noprefetch``: the same with ``--prefetch 0``.
 
 Each recovery is timed from ``pg_ctl start`` to the end of recovery (the server leaves recovery
 when the archive has no next file), and the recovered server must hold the primary's rows.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -30,13 +35,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.postgres_user import install_for_postgres, readable_by_postgres
+from support.postgres_user import S3_PACKAGES, install_for_postgres, readable_by_postgres
+from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import IS_ROOT, PgServer, make_shared_dir, pg_bin
 
+from receivewal.archive.bucket import Bucket
 from receivewal.wal.lsn import format_lsn, parse_lsn
+from receivewal.wal.names import is_other_wal_file_name, parse_segment_file_name
 
 SEGMENT = 16 << 20
-MODES = ("cp", "plain", "zstd")
+MODES = ("cp", "plain", "plain-prefetch", "zstd", "zstd-prefetch", "bucket",
+         "bucket-noprefetch")
 CHECK = "SELECT count(*), sum(delta) FROM pgbench_history"
 
 
@@ -75,6 +84,18 @@ def archive(server: PgServer, directory: Path, slot: str, end: int, *method: str
     readable_by_postgres(directory)
 
 
+def upload(store: SeaweedS3, directory: Path) -> str:
+    """Put the archive's WAL files (segments, history files) under a prefix; its URL."""
+    os.environ.update(store.env())
+    url = f"s3://{store.bucket}/recovery"
+    bucket = Bucket.connect(url)
+    for path in sorted(directory.iterdir()):
+        parsed = parse_segment_file_name(path.name, SEGMENT)
+        if (parsed is not None and not parsed.partial) or is_other_wal_file_name(path.name):
+            bucket.put_new(path.name, path)
+    return url
+
+
 def recover(backup: PgServer, base: Path, name: str, command: str, expected: str) -> Run:
     """Recover a fresh copy of the backup with ``command``; time start to promotion."""
     server = PgServer(base, name)
@@ -92,19 +113,19 @@ def recover(backup: PgServer, base: Path, name: str, command: str, expected: str
     finally:
         server.stop("immediate")
         shutil.rmtree(server.datadir, ignore_errors=True)
-    return Run(name.split("-", maxsplit=1)[0], seconds, restored)
+    return Run(name.rsplit("-", maxsplit=1)[0], seconds, restored)
 
 
 def report(runs: list[Run]) -> None:
     best = {mode: min(r.seconds for r in runs if r.mode == mode)
             for mode in dict.fromkeys(r.mode for r in runs)}
     calls = max(r.restored for r in runs)
-    print(f"\n{'mode':<6} {'runs s':<24} {'best s':>7} {'vs cp':>6} {'ms/call extra':>13}")
+    print(f"\n{'mode':<18} {'runs s':<24} {'best s':>7} {'vs cp':>6} {'ms/call extra':>13}")
     for mode, seconds in best.items():
         each = " ".join(f"{r.seconds:.2f}" for r in runs if r.mode == mode)
         ratio = seconds / best["cp"] if "cp" in best else float("nan")
         extra = (seconds - best["cp"]) / calls * 1000 if "cp" in best else float("nan")
-        print(f"{mode:<6} {each:<24} {seconds:>7.2f} {ratio:>5.2f}x {extra:>13.1f}")
+        print(f"{mode:<18} {each:<24} {seconds:>7.2f} {ratio:>5.2f}x {extra:>13.1f}")
     print(f"({calls} files restored per recovery)")
 
 
@@ -131,10 +152,18 @@ def main() -> None:
         expected = server.sql(CHECK)
         server.stop()
         print(f"{args.segments}+ segments of pgbench WAL up to {format_lsn(end)}", flush=True)
-        restore = install_for_postgres(base)
+        restore = install_for_postgres(base, S3_PACKAGES)
         commands = {"cp": f'cp "{base / "plain"}/%f" "%p"',
                     "plain": f"{restore} -D {base / 'plain'} %f %p",
-                    "zstd": f"{restore} -D {base / 'zstd'} %f %p"}
+                    "plain-prefetch": f"{restore} -D {base / 'plain'} --prefetch 8 %f %p",
+                    "zstd": f"{restore} -D {base / 'zstd'} %f %p",
+                    "zstd-prefetch": f"{restore} -D {base / 'zstd'} --prefetch 8 %f %p"}
+        if {"bucket", "bucket-noprefetch"} & set(modes):
+            store = stack.enter_context(running_seaweed(base / "s3"))
+            url = upload(store, base / "zstd")
+            env = " ".join(f"{k}={v}" for k, v in store.env().items())
+            commands["bucket"] = f"{env} {restore} -D {url} %f %p"
+            commands["bucket-noprefetch"] = f"{env} {restore} -D {url} --prefetch 0 %f %p"
         runs = []
         for i in range(args.rounds):
             for mode in modes:

@@ -59,10 +59,11 @@ def test_slow_link_bench_runs_through_the_relay() -> None:
 
 
 def test_recovery_bench_runs() -> None:
-    """cp and receivewal restore (plain and zstd archives) each recover the base backup to the
-    primary's data."""
+    """cp and receivewal restore (plain and zstd archives, with and without prefetch, and the
+    zstd archive's files in a local S3 server) each recover the base backup to the primary's
+    data."""
     out = run_bench("recovery.py", "--segments", "1", "--rounds", "1")
-    assert out.count("data equal") == 3
+    assert out.count("data equal") == 7
     assert "vs cp" in out
 
 

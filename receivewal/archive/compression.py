@@ -28,24 +28,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-import lz4.frame
-import zstandard
-
+from receivewal.archive.codecs import (
+    GZIP_WBITS,
+    Compressor,
+    GzipCompressor,
+    Lz4Compressor,
+    ZstdCompressor,
+    bounded_zstd,
+    lz4_frame,
+)
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import PARTIAL_SUFFIX, AtRest
 
-if sys.version_info >= (3, 14):
-    from compression import zstd as bounded_zstd
-else:  # the same module, backported: a zstd decoder with an output limit (max_length)
-    from backports import zstd as bounded_zstd
-
 METHODS = {"none": "", **{fmt.value: fmt.value for fmt in AtRest if fmt}}
 # (min, max, default) levels, as PostgreSQL 15 validates them
 _LEVELS = {"gzip": (1, 9, -1), "lz4": (1, 12, 0), "zstd": (-131072, 22, 3)}
 _C_INTEGER = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")  # what strtol() consumes entirely
-_GZIP_WBITS = 31  # a gzip header and trailer around the deflate stream
 _CHUNK = 1 << 20
 
 
@@ -140,90 +140,6 @@ def _validate(algorithm: str, level: int | None, workers: int | None) -> str | N
     return None
 
 
-# -- compressors -------------------------------------------------------------------------------
-class Compressor(Protocol):
-    """Turns WAL into the bytes of one compressed file, in order."""
-
-    def begin(self) -> bytes:
-        """Bytes that start the file (a frame header), possibly empty."""
-
-    def compress(self, data: bytes | memoryview) -> bytes:
-        """Feed WAL; return whatever compressed output is ready."""
-
-    def flush(self) -> bytes:
-        """Everything fed so far, decodable by a reader, without ending the file."""
-
-    def finish(self) -> bytes:
-        """End the file (trailer, end mark, checksum)."""
-
-
-class GzipCompressor:
-    """One gzip member through zlib, as pg_receivewal's gzdopen/gzwrite write it."""
-
-    def __init__(self, level: int | None) -> None:
-        self._z = zlib.compressobj(-1 if level is None else level, zlib.DEFLATED, _GZIP_WBITS)
-
-    def begin(self) -> bytes:
-        return b""  # zlib writes the header with the first output
-
-    def compress(self, data: bytes | memoryview) -> bytes:
-        return self._z.compress(data)
-
-    def flush(self) -> bytes:
-        return self._z.flush(zlib.Z_SYNC_FLUSH)
-
-    def finish(self) -> bytes:
-        return self._z.flush(zlib.Z_FINISH)
-
-
-class Lz4Compressor:
-    """One LZ4 frame (linked 64 kB blocks), flushed with LZ4F_flush as pg_receivewal does.
-
-    Unlike pg_receivewal we set the frame's content checksum flag, so that a damaged file is
-    caught when it is read (LZ4 readers, pg_receivewal's included, check it when present).
-    """
-
-    def __init__(self, level: int | None) -> None:
-        self._level = level or 0
-        self._ctx = lz4.frame.create_compression_context()
-
-    def begin(self) -> bytes:
-        return bytes(lz4.frame.compress_begin(
-            self._ctx, compression_level=self._level, block_linked=True, content_checksum=True,
-            auto_flush=False,
-        ))
-
-    def compress(self, data: bytes | memoryview) -> bytes:
-        return bytes(lz4.frame.compress_chunk(self._ctx, data))
-
-    def flush(self) -> bytes:
-        return bytes(lz4.frame.compress_flush(self._ctx, end_frame=False))
-
-    def finish(self) -> bytes:
-        return bytes(lz4.frame.compress_flush(self._ctx, end_frame=True))
-
-
-class ZstdCompressor:
-    """One zstd frame with a content checksum; a flush ends the current block."""
-
-    def __init__(self, level: int | None, workers: int = 0) -> None:
-        compressor = zstandard.ZstdCompressor(level=3 if level is None else level,
-                                              write_checksum=True, threads=workers)
-        self._z = compressor.compressobj()
-
-    def begin(self) -> bytes:
-        return b""
-
-    def compress(self, data: bytes | memoryview) -> bytes:
-        return self._z.compress(data)
-
-    def flush(self) -> bytes:
-        return self._z.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-
-    def finish(self) -> bytes:
-        return self._z.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
-
-
 # -- the table of at-rest formats ---------------------------------------------------------------
 class Decoder(Protocol):
     """A decoder of one compressed stream, as bz2, lzma, lz4 and zstd decompressors are:
@@ -245,7 +161,7 @@ class GzipDecoder:
     """zlib's decompressor (gzip or zlib header) in the :class:`Decoder` interface."""
 
     def __init__(self) -> None:
-        self._z = zlib.decompressobj(_GZIP_WBITS + 16)  # 47: gzip or zlib header, detected
+        self._z = zlib.decompressobj(GZIP_WBITS + 16)  # 47: gzip or zlib header, detected
         self.needs_input = True
 
     @property
@@ -263,22 +179,37 @@ class GzipDecoder:
         return out
 
 
+def _lz4_decoder() -> Decoder:
+    decoder: Decoder = lz4_frame().LZ4FrameDecompressor()
+    return decoder
+
+
+def _zstd_decoder() -> Decoder:
+    decoder: Decoder = bounded_zstd().ZstdDecompressor()
+    return decoder
+
+
+def _no_errors() -> tuple[type[Exception], ...]:
+    return ()
+
+
 @dataclass(frozen=True)
 class Codec:
-    """How one at-rest format is written and read (None: plain bytes, no codec)."""
+    """How one at-rest format is written and read (None: plain bytes, no codec); ``errors``
+    are the decoder's own exceptions for damaged data besides zlib's, RuntimeError, EOFError."""
 
     fmt: AtRest
     compressor: Callable[[CompressSpec], Compressor] | None
     decoder: Callable[[], Decoder] | None
+    errors: Callable[[], tuple[type[Exception], ...]] = _no_errors
 
 
 FORMATS: dict[AtRest, Codec] = {
     AtRest.PLAIN: Codec(AtRest.PLAIN, None, None),
     AtRest.GZIP: Codec(AtRest.GZIP, lambda spec: GzipCompressor(spec.level), GzipDecoder),
-    AtRest.LZ4: Codec(AtRest.LZ4, lambda spec: Lz4Compressor(spec.level),
-                      lz4.frame.LZ4FrameDecompressor),
+    AtRest.LZ4: Codec(AtRest.LZ4, lambda spec: Lz4Compressor(spec.level), _lz4_decoder),
     AtRest.ZSTD: Codec(AtRest.ZSTD, lambda spec: ZstdCompressor(spec.level, spec.workers),
-                       bounded_zstd.ZstdDecompressor),
+                       _zstd_decoder, lambda: (bounded_zstd().ZstdError,)),
 }
 assert set(FORMATS) == set(AtRest), "every at-rest format has a codec"
 
@@ -341,6 +272,8 @@ def _decode(fh: BinaryIO, codec: Codec, limit: int | None, *, truncated_ok: bool
             room -= len(chunk)
             yield chunk
         return
+    damaged: tuple[type[Exception], ...] = (zlib.error, RuntimeError, EOFError,
+                                            *codec.errors())
     decoder, pending, complete = codec.decoder(), b"", True  # an empty file holds no data
     try:
         while room > 0:
@@ -356,7 +289,7 @@ def _decode(fh: BinaryIO, codec: Codec, limit: int | None, *, truncated_ok: bool
                 yield out
             if decoder.eof:  # the next member or frame, if any, starts in the unused input
                 complete, pending, decoder = True, decoder.unused_data, codec.decoder()
-    except (zlib.error, RuntimeError, bounded_zstd.ZstdError, EOFError) as exc:
+    except damaged as exc:
         raise CorruptFile(f"{codec.fmt.value} data is damaged: {exc}") from exc
     if room > 0 and not complete and not truncated_ok:
         raise CorruptFile(f"{codec.fmt.value} data ends before the end of its stream")

@@ -15,9 +15,10 @@ size, so memory and the temporary file stay bounded whatever the file holds.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -25,7 +26,6 @@ from typing import BinaryIO
 from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
 from receivewal.archive.directory import Archive, fsync_path
 from receivewal.archive.identity import IDENTITY_FILE
-from receivewal.archive.partials import rank_partials
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size
@@ -77,6 +77,8 @@ def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> lis
     """``partials`` ranked by the valid WAL they hold (:mod:`receivewal.archive.partials`)."""
     if len(partials) < 2:
         return partials
+    from receivewal.archive.partials import rank_partials  # noqa: PLC0415 - the WAL reader
+    # only where two .partial forms compete, not on every restore_command call
     size = segment_size(directory, partials[0])
     forms = []
     for c in partials:
@@ -121,18 +123,33 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
 
 def _restore_from(directory: Path, candidate: Candidate, source: BinaryIO, target: Path,
                   ) -> None:
-    size = segment_size(directory, candidate)
-    chunks = decompress_chunks(source, candidate.fmt, truncated_ok=candidate.partial, cap=size)
+    write_restored(source, candidate, segment_size(directory, candidate), target,
+                   str(candidate.path), on_disk=True)
+
+
+def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Path,
+                   what: str, *, on_disk: bool = False) -> None:
+    """Decode ``source`` (the file ``candidate`` names, ``what`` in messages) into ``target``
+    atomically, checked against the segment ``size``: a complete segment must hold exactly
+    ``size`` bytes, a ``.partial`` at most (padded with zeros), any file at most ``size``.
+    A plain file ``on_disk`` is copied by the kernel."""
     if not candidate.segment:
         expect = None
     elif candidate.partial:
         expect = (0, size)  # padded with zeros: where the received WAL ends
     else:
         expect = (size, size)
+    fill: Callable[[BinaryIO], int]
+    if on_disk and candidate.fmt is AtRest.PLAIN and not candidate.partial:
+        fill = lambda out: _copy_plain(source, out, size)  # noqa: E731 - one line
+    else:
+        chunks = decompress_chunks(source, candidate.fmt, truncated_ok=candidate.partial,
+                                   cap=size)
+        fill = lambda out: _write_chunks(out, chunks)  # noqa: E731 - one line
     try:
-        _copy_atomically(chunks, target, expect)
+        _write_atomically(fill, target, expect)
     except CorruptFile as exc:
-        raise CorruptFile(f'"{candidate.path}" {exc}') from exc
+        raise CorruptFile(f'"{what}" {exc}') from exc
 
 
 def segment_size(directory: Path, candidate: Candidate) -> int:
@@ -170,15 +187,16 @@ def _identity_segment_size(directory: Path) -> int | None:
     return identity.segment_size
 
 
-def _copy_atomically(chunks: Iterable[bytes], target: Path,
-                     expect: tuple[int, int] | None) -> None:
-    """Write ``chunks`` to a new temporary file, pad it to ``expect`` = (least, pad to)
-    bytes, fsync, rename to ``target``, fsync the directory. The temporary file is removed on
-    any error, SIGTERM (raised as an exception by the command) included."""
+def _write_atomically(fill: Callable[[BinaryIO], int], target: Path,
+                      expect: tuple[int, int] | None) -> None:
+    """Write a new temporary file with ``fill`` (which returns the bytes it wrote), pad it to
+    ``expect`` = (least, pad to) bytes, fsync, rename to ``target``, fsync the directory. The
+    temporary file is removed on any error, SIGTERM (raised as an exception by the command)
+    included."""
     fd, tmp = _create_temporary(target)
     try:
         with os.fdopen(fd, "wb") as out:
-            _write_padded(out, chunks, expect)
+            _write_padded(out, fill, expect)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)
@@ -188,16 +206,41 @@ def _copy_atomically(chunks: Iterable[bytes], target: Path,
     fsync_path(target.parent)
 
 
-def _write_padded(out: BinaryIO, chunks: Iterable[bytes], expect: tuple[int, int] | None,
-                  ) -> None:
-    written = 0
-    for chunk in chunks:
-        written += out.write(chunk)
+def _write_padded(out: BinaryIO, fill: Callable[[BinaryIO], int],
+                  expect: tuple[int, int] | None) -> None:
+    written = fill(out)
     if expect is not None:
         least, pad_to = expect
         if written < least:
             raise CorruptFile(f"holds {written} bytes, a segment has {least}")
         out.truncate(pad_to)  # zeros past the received WAL of a .partial
+
+
+def _write_chunks(out: BinaryIO, chunks: Iterable[bytes]) -> int:
+    return sum(out.write(chunk) for chunk in chunks)
+
+
+def _copy_plain(source: BinaryIO, out: BinaryIO, cap: int) -> int:
+    """Copy a plain file of at most ``cap`` bytes in the kernel (copy_file_range, else
+    sendfile): no byte passes through Python. Returns the bytes copied."""
+    size = os.fstat(source.fileno()).st_size
+    if size > cap:
+        raise CorruptFile(f"holds more than {cap} bytes")
+    out.flush()
+    src, dst, copied = source.fileno(), out.fileno(), 0
+    while copied < size:
+        try:
+            step = os.copy_file_range(src, dst, size - copied, copied, copied)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            os.lseek(dst, copied, os.SEEK_SET)
+            step = os.sendfile(dst, src, copied, size - copied)
+        if step == 0:
+            break  # the file shrank while it was copied: the size check judges it
+        copied += step
+    out.seek(copied)
+    return copied
 
 
 def _create_temporary(target: Path) -> tuple[int, Path]:

@@ -21,12 +21,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from receivewal.archive.compression import (
-    NO_COMPRESSION,
-    Compressor,
-    CompressSpec,
-    new_compressor,
-)
+from receivewal.archive.codecs import Compressor
+from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, new_compressor
 from receivewal.archive.directory import (
     Archive,
     create_exclusive,

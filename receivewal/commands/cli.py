@@ -1,75 +1,39 @@
-"""Command line: click parses, each command builds a settings object and hands it over.
+"""Entry point of the ``receivewal`` console script (and ``python -m receivewal``).
 
-Each subcommand lives in the module that owns its work and is registered here.
-Errors are printed as one line, ``receivewal: error: ...``, with exit code 1, as
-pg_receivewal does.
+A ``restore`` call is PostgreSQL's restore_command, run once per WAL file during recovery, and
+recovery waits for each: :mod:`receivewal.commands.restore_call` reads its usual command line
+itself and runs it without importing click (or structlog, or psycopg). Everything else, and any
+restore command line it does not take (``--help``, an unknown option, a usage error), goes to
+the click group in :mod:`receivewal.commands.group`, which owns the options and their help.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
-
-import click
-
-from receivewal import __version__
-
-#: Subcommands and where they live; each module is imported only when its command runs, so
-#: the daemon does not pay at start-up for Spark, the relay or the verifier.
-LAZY_COMMANDS = {
-    "stream": "receivewal.commands.stream:stream_command",
-    "status": "receivewal.commands.status:status_command",
-    "relay": "receivewal.commands.relay:relay_command",
-    "verify": "receivewal.commands.verify:verify_command",
-    "analyze": "receivewal.commands.analyze:analyze_command",
-    "restore": "receivewal.commands.restore:restore_command",
-}
-
-
-class LazyGroup(click.Group):
-    """A click group that imports a subcommand's module on first use."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
-            module, attr = LAZY_COMMANDS[cmd_name].split(":")
-            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
-        return super().get_command(ctx, cmd_name)
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The command list with each command's whole first sentence (click would cut it
-        to the terminal width with "..."); long ones wrap."""
-        rows = []
-        for name in self.list_commands(ctx):
-            cmd = self.get_command(ctx, name)
-            if cmd is not None and not cmd.hidden:
-                rows.append((name, cmd.get_short_help_str(limit=200)))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-?", "--help"]})
-@click.version_option(__version__, "-V", "--version", prog_name="receivewal")
-def cli() -> None:
-    """Stream and archive PostgreSQL WAL, with pg_streampack compression."""
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``receivewal`` console script."""
-    try:
-        rv = cli.main(args=argv, prog_name="receivewal", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("receivewal: error: aborted", err=True)
-        return 1
-    except click.ClickException as exc:
-        click.echo(f"receivewal: error: {exc.format_message()}", err=True)
-        return 1
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    return int(rv or 0)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["restore"]:
+        from receivewal.commands import restore_call  # noqa: PLC0415 - the lean path
+
+        call = restore_call.parse(args[1:])
+        if call is not None:
+            return restore_call.run(call)
+    from receivewal.commands.group import main as click_main  # noqa: PLC0415
+
+    return click_main(args)
+
+
+def __getattr__(name: str) -> Any:
+    """The click group's names (``cli``, ``LAZY_COMMANDS``), imported on first use."""
+    if name in {"cli", "LAZY_COMMANDS", "LazyGroup"}:
+        from receivewal.commands import group  # noqa: PLC0415
+
+        return getattr(group, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

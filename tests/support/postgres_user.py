@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import compileall
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+#: What ``restore -D s3://...`` needs besides the package (the s3 extra, pure Python).
+S3_PACKAGES = ("boto3", "botocore", "s3transfer", "jmespath", "urllib3", "dateutil", "six.py")
 
-def install_for_postgres(base: Path) -> str:
+
+def install_for_postgres(base: Path, extra: tuple[str, ...] = ()) -> str:
     """The restore helper runnable by the postgres user: the package and its compiled
     dependencies copied where that user can read them, run by the system python3 (as a
     system-wide installation would be). Returns the command prefix."""
@@ -24,8 +28,14 @@ def install_for_postgres(base: Path) -> str:
     package = Path(__file__).resolve().parent.parent.parent / "receivewal"
     shutil.copytree(package, lib / "receivewal", ignore=shutil.ignore_patterns("__pycache__"))
     metadata = [p.name for p in site.glob("crc32c-*.dist-info")]  # crc32c reads its version
-    for dep in ("lz4", "zstandard", "click", "backports", "crc32c", *metadata):
+    for dep in ("lz4", "zstandard", "click", "backports", "crc32c", *metadata, *extra):
+        if (site / dep).is_file():
+            shutil.copy(site / dep, lib / dep)
+            continue
         shutil.copytree(site / dep, lib / dep, ignore=shutil.ignore_patterns("__pycache__"))
+    # byte-compiled as an installation is (pip, the .deb): the postgres user cannot write
+    # __pycache__ here, and would otherwise compile every module on every call
+    compileall.compile_dir(lib, quiet=1)
     for path in [lib, *lib.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return f"PYTHONPATH={lib} /usr/bin/python3 -m receivewal restore"

@@ -1,0 +1,104 @@
+"""Restoring one file from an archive in object storage (``receivewal restore -D s3://...``).
+
+The same at-rest forms as a local archive, in the same order (plain, then compressed), each
+fetched by its exact key: no listing, which lags on some stores and needs s3:ListBucket. Each
+object is read into a bounded buffer (in memory up to 64 MiB, beyond that an unnamed file next
+to ``%p``), then decoded, checked and written to ``%p`` exactly as a local file is
+(:func:`receivewal.archive.restore.write_restored`).
+
+Only when the store says "no such key" for every form is the file :class:`NotInArchive` (exit 1
+ends recovery there). Network, throttling and access errors are retried with backoff a few
+times (:data:`RESTORE_RETRY`) and then raised: the command exits 126 and PostgreSQL retries
+later, rather than end recovery early. On AWS, a GET of a missing key without s3:ListBucket on
+the bucket is answered 403, not 404: it reads as access denied, never as absent.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from receivewal.archive.bucket import Bucket
+from receivewal.archive.compression import read_wal_file
+from receivewal.archive.objectstore import RetryPolicy
+from receivewal.archive.restore import Candidate, NotInArchive, write_restored
+from receivewal.errors import ConfigurationError, ObjectNotFound
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, MAX_SEGMENT_SIZE, check_segment_size
+from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_name
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, parse_long_header
+
+#: A restore_command call retries a failing store for a few seconds at most, then exits 126.
+RESTORE_RETRY = RetryPolicy(attempts=4, base_delay=0.25, max_delay=2.0)
+_IN_MEMORY = 64 << 20
+# the largest object any archive file can be: a segment of the largest size, compressed by a
+# codec that expands incompressible input a little
+_MAX_OBJECT = MAX_SEGMENT_SIZE + MAX_SEGMENT_SIZE // 64
+
+
+class BucketSource:
+    """An archive at ``s3://BUCKET/PREFIX`` to restore files from (one client, reused)."""
+
+    def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY) -> None:
+        self.bucket = Bucket.connect(url, retry)
+
+    def restore(self, name: str, target: Path) -> str:
+        """Restore ``name`` to ``target``; the URL of the object it came from.
+
+        Raises NotInArchive when the store has no form of it, the store's errors after the
+        retries, ConfigurationError for a bad name, ArchiveError naming a damaged object.
+        """
+        for candidate in _forms(name):
+            key = candidate.path.name
+            with tempfile.SpooledTemporaryFile(max_size=_IN_MEMORY, dir=str(target.parent)) as buf:
+                try:
+                    self.bucket.get(key, buf, _MAX_OBJECT)
+                except ObjectNotFound:
+                    continue
+                url = self.bucket.url.url(key)
+                size = _segment_size(buf, candidate, url)
+                buf.seek(0)
+                write_restored(buf, candidate, size, target, url)  # type: ignore[arg-type]
+            return url
+        raise NotInArchive(f'"{name}" is not in the archive "{self.bucket.url}" (no such key '
+                           "in any of its forms)")
+
+
+def _forms(name: str) -> list[Candidate]:
+    if is_other_wal_file_name(name):
+        return [Candidate(Path(name), AtRest.PLAIN, partial=False, segment=False)]
+    if not is_wal_file_name(name):
+        raise ConfigurationError(f"{name!r} is not a WAL segment or history file name")
+    return [Candidate(Path(name + fmt.suffix), fmt, partial=False, segment=True)
+            for fmt in AtRest]
+
+
+def _segment_size(buf: tempfile.SpooledTemporaryFile[bytes], candidate: Candidate,
+                  url: str) -> int:
+    """The segment size the object's own first page header states (checked), else
+    PostgreSQL's default: the size checks of the restore then judge the object."""
+    if not candidate.segment:
+        return DEFAULT_SEGMENT_SIZE
+    buf.seek(0)
+    head = read_wal_file(url, candidate.fmt, SIZE_OF_LONG_PHD,
+                         open_binary=lambda _: _Unclosed(buf))  # type: ignore[arg-type,return-value]
+    header = parse_long_header(head)
+    if header is not None:
+        try:
+            return check_segment_size(header.segment_size)
+        except ConfigurationError:
+            pass
+    return DEFAULT_SEGMENT_SIZE
+
+
+class _Unclosed:
+    """``buf`` as a context manager that leaves it open."""
+
+    def __init__(self, buf: tempfile.SpooledTemporaryFile[bytes]) -> None:
+        self.buf = buf
+
+    def __enter__(self) -> tempfile.SpooledTemporaryFile[bytes]:
+        return self.buf
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+

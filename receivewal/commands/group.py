@@ -1,0 +1,74 @@
+"""The click command group: click parses, each command builds a settings object and hands it
+over.
+
+Each subcommand lives in the module that owns its work and is registered here.
+Errors are printed as one line, ``receivewal: error: ...``, with exit code 1, as
+pg_receivewal does. The console script enters through :mod:`receivewal.commands.cli`, which
+hands a plain ``restore`` call over before click is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from receivewal import __version__
+
+#: Subcommands and where they live; each module is imported only when its command runs, so
+#: the daemon does not pay at start-up for Spark, the relay or the verifier.
+LAZY_COMMANDS = {
+    "stream": "receivewal.commands.stream:stream_command",
+    "status": "receivewal.commands.status:status_command",
+    "relay": "receivewal.commands.relay:relay_command",
+    "verify": "receivewal.commands.verify:verify_command",
+    "analyze": "receivewal.commands.analyze:analyze_command",
+    "restore": "receivewal.commands.restore:restore_command",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group that imports a subcommand's module on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            module, attr = LAZY_COMMANDS[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list with each command's whole first sentence (click would cut it
+        to the terminal width with "..."); long ones wrap."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=200)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-?", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="receivewal")
+def cli() -> None:
+    """Stream and archive PostgreSQL WAL, with pg_streampack compression."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the click group on ``argv`` (the command line without the program name)."""
+    try:
+        rv = cli.main(args=argv, prog_name="receivewal", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("receivewal: error: aborted", err=True)
+        return 1
+    except click.ClickException as exc:
+        click.echo(f"receivewal: error: {exc.format_message()}", err=True)
+        return 1
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    return int(rv or 0)
+

@@ -1,0 +1,88 @@
+"""Prefetching for restore_command: after a call restored segment N, a detached child fetches
+N+1..N+k into the spool (:mod:`receivewal.archive.spool`) while PostgreSQL replays N.
+
+The child is forked from the call (which has imported what restoring needs already), leaves
+its session and process group, and closes the call's output, so PostgreSQL (which waits for
+the call, not for the child) goes on at once. No child is started while another fills the
+spool. The child's failures are its own: a file it cannot fetch is left to the call that asks
+for it, which reports it as any call does. Nothing here can change a call's exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from receivewal.archive.objectstore import is_bucket_url
+from receivewal.archive.spool import Spool, following_names
+from receivewal.errors import ReceivewalError
+
+
+def start_prefetch(directory: str, source: str, name: str, target: Path, count: int) -> None:
+    """Fill the spool with the ``count`` segments after ``name`` (just restored to
+    ``target``) in a detached child, unless one is at work already."""
+    try:
+        size = target.stat().st_size
+    except OSError:
+        return
+    names = following_names(name, count, size)
+    spool = Spool.beside(target, source)
+    if not names or spool.busy():
+        return
+    try:
+        lock = spool.claim(names)  # before the fork: a call that comes next sees the window
+    except (OSError, ReceivewalError):
+        return
+    if lock is None:
+        return
+    pid = os.fork()
+    if pid:
+        os.close(lock)  # the child's copy keeps the lock
+        os.waitpid(pid, 0)  # the intermediate child exits at once
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        _detach()
+        spool.fill(lock, names, _fetcher(directory))
+    except BaseException:  # noqa: BLE001, S110 - the child's failure is never the call's
+        pass
+    os._exit(0)
+
+
+def _detach() -> None:
+    """No output to PostgreSQL's log or pipes, default signals."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _fetcher(directory: str) -> Callable[[str, Path], bool]:
+    """``fetch(name, path)`` for the spool: True when restored to ``path``, False when the
+    archive does not have it (or it cannot be fetched now: the call will say why)."""
+    from receivewal.archive.restore import NotInArchive, restore_file  # noqa: PLC0415
+
+    if is_bucket_url(directory):
+        from receivewal.archive.bucketrestore import BucketSource  # noqa: PLC0415
+
+        bucket = BucketSource(directory)
+
+        def restore(name: str, path: Path) -> object:
+            return bucket.restore(name, path)
+    else:
+        def restore(name: str, path: Path) -> object:
+            return restore_file(Path(directory), name, str(path))
+
+    def fetch(name: str, path: Path) -> bool:
+        try:
+            restore(name, path)
+        except (NotInArchive, ReceivewalError, OSError):
+            return False
+        return True
+
+    return fetch

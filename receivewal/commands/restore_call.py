@@ -1,0 +1,197 @@
+"""``receivewal restore %f %p`` as PostgreSQL runs it: the lean path, without click.
+
+PostgreSQL runs the restore_command once per WAL file and waits for each, so a call imports
+only what restoring needs: no click, structlog or psycopg, and a codec only for a compressed
+file. :func:`parse` reads the command line PostgreSQL's configuration gives (``-D DIR``,
+``--directory[=]DIR``, ``--partial``, ``--prefetch[=]N``, the two names, and the
+``RECEIVEWAL_DIRECTORY``/``RECEIVEWAL_PREFETCH`` variables); anything else (``--help``, an
+unknown option, a missing argument) is left to the click command in
+:mod:`receivewal.commands.restore`, which owns the options' help and usage errors.
+
+Exit status is what recovery understands: 0 when the file was restored, 1 only when the archive
+definitely does not have it (every form missing; for a bucket, "no such key"), 126 for anything
+else (damage, a store that cannot be reached or refuses the credentials after a few retries, a
+bad ``%f``/``%p``, the unforeseen): PostgreSQL stops recovery on a status above 125 instead of
+ending it early. On SIGTERM the temporary file is removed and the helper dies of the signal.
+
+With ``--prefetch N`` (default 8 for a bucket, 0 for a local directory), the N segments after
+the restored one are fetched into a spool next to ``%p`` by a detached child
+(:mod:`receivewal.commands.prefetch`), and a later call finds its file there: a rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from receivewal.archive.objectstore import is_bucket_url
+from receivewal.errors import ReceivewalError
+
+NOT_FOUND = 1
+DAMAGED = 126
+BUCKET_PREFETCH = 8
+
+
+@dataclass(frozen=True)
+class Call:
+    """One restore_command call."""
+
+    wal_name: str
+    target: str
+    directory: str
+    partial: bool = False
+    prefetch: int | None = None  # None: the default for the archive's kind
+
+    @property
+    def window(self) -> int:
+        """How many segments to prefetch after this one."""
+        if self.prefetch is not None:
+            return self.prefetch
+        return BUCKET_PREFETCH if is_bucket_url(self.directory) else 0
+
+
+def parse(args: list[str]) -> Call | None:
+    """The call ``args`` (after ``restore``) asks for, or None for click to handle."""
+    directory = os.environ.get("RECEIVEWAL_DIRECTORY")
+    prefetch_text = os.environ.get("RECEIVEWAL_PREFETCH")
+    partial, names = False, []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in {"-D", "--directory", "--prefetch"}:
+            if i + 1 >= len(args):
+                return None
+            if arg == "--prefetch":
+                prefetch_text = args[i + 1]
+            else:
+                directory = args[i + 1]
+            i += 2
+            continue
+        if arg.startswith("--directory="):
+            directory = arg.partition("=")[2]
+        elif arg.startswith("--prefetch="):
+            prefetch_text = arg.partition("=")[2]
+        elif arg.startswith("-D") and len(arg) > 2:
+            directory = arg[2:]
+        elif arg == "--partial":
+            partial = True
+        elif arg.startswith("-"):
+            return None
+        else:
+            names.append(arg)
+        i += 1
+    prefetch = _count(prefetch_text)
+    if directory is None or len(names) != 2 or prefetch == -1:
+        return None
+    return Call(names[0], names[1], directory, partial, prefetch)
+
+
+def _count(text: str | None) -> int | None:
+    """A prefetch count (None when not given, -1 when invalid: click then says why)."""
+    if text is None:
+        return None
+    return int(text) if text.isascii() and text.isdigit() and int(text) <= 64 else -1
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived: unwind (removing the temporary file), then die of the signal."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
+def run(call: Call) -> int:
+    """Restore the file; the exit status for PostgreSQL."""
+    if not call.directory:  # Path("") would be the current directory
+        return _say("error: the archive directory (-D) is empty", DAMAGED)
+    previous: Any = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        # Imported here, so that a broken installation (a codec or boto3 that fails to load)
+        # is exit 126 as well, not a traceback and exit 1.
+        from receivewal.archive.restore import NotInArchive  # noqa: PLC0415
+
+        source = _restore(call)
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    except (ReceivewalError, OSError) as exc:
+        if isinstance(exc, NotInArchive):
+            return _say(str(exc), NOT_FOUND)
+        return _say(f"error: cannot restore {_quoted(call.wal_name)} from "
+                    f"{_quoted(call.directory)}: {_detail(exc)}", DAMAGED)
+    except Exception as exc:  # noqa: BLE001 - anything unforeseen stops recovery (126), as
+        # damage does: exit 1 would tell PostgreSQL the file is absent and end recovery early
+        return _say(f"error: cannot restore {_quoted(call.wal_name)} from "
+                    f"{_quoted(call.directory)}: unexpected {type(exc).__name__}: "
+                    f"{_detail(exc)}", DAMAGED)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _say(f"restored {_quoted(call.wal_name)} from {source}", 0)
+    if call.window > 0:
+        from receivewal.commands.prefetch import start_prefetch  # noqa: PLC0415
+
+        # prefetching only saves later calls time: this call has succeeded whatever happens
+        with contextlib.suppress(OSError, ReceivewalError):
+            start_prefetch(call.directory, source_id(call.directory), call.wal_name,
+                           Path(call.target), call.window)
+    return 0
+
+
+def _restore(call: Call) -> str:
+    """Restore the file (from the spool when prefetched); where it came from, for the log."""
+    from receivewal.wal.names import is_wal_file_name  # noqa: PLC0415
+
+    target = Path(call.target)
+    if call.window > 0 and call.target and is_wal_file_name(call.wal_name):
+        from receivewal.archive.spool import Spool  # noqa: PLC0415
+
+        spool = Spool.beside(target, source_id(call.directory))
+        if spool.take(call.wal_name, target) or (spool.wait_for(call.wal_name)
+                                                 and spool.take(call.wal_name, target)):
+            return "the prefetch spool"
+    if not call.target:
+        from receivewal.errors import ConfigurationError  # noqa: PLC0415
+
+        raise ConfigurationError("the target file name (%p) is empty")
+    if is_bucket_url(call.directory):
+        from receivewal.archive.bucketrestore import BucketSource  # noqa: PLC0415
+
+        return _quoted(BucketSource(call.directory).restore(call.wal_name, target))
+    from receivewal.archive.restore import restore_file  # noqa: PLC0415
+
+    path = restore_file(Path(call.directory), call.wal_name, call.target, partial=call.partial)
+    return _quoted(path.name)
+
+
+def source_id(directory: str) -> str:
+    """Where an archive is, for the prefetch spool: a bucket's URL and endpoint, or a local
+    directory's resolved path."""
+    if is_bucket_url(directory):
+        return f"{directory}|{os.environ.get('AWS_ENDPOINT_URL', '')}"
+    return os.path.realpath(directory)
+
+
+def _say(message: str, status: int) -> int:
+    sys.stderr.write(f"receivewal restore: {message}\n")
+    sys.stderr.flush()
+    return status
+
+
+def _quoted(text: str) -> str:
+    """``text`` in double quotes, control characters escaped: the message stays one line."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _detail(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f'"{exc.filename}": {exc.strerror}' if exc.filename else exc.strerror
+    return " ".join(str(exc).split())

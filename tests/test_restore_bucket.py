@@ -1,0 +1,248 @@
+"""``receivewal restore -D s3://BUCKET/PREFIX %f %p`` against a real S3 server (SeaweedFS) and
+a real PostgreSQL recovery: exact keys, exit 1 only for "no such key", 126 when the store cannot
+answer, and the prefetch spool."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+from support.postgres_user import S3_PACKAGES, install_for_postgres
+from support.seaweed import SeaweedS3, free_port_pairs
+from support.servers import PgServer
+
+from receivewal.archive.bucket import Bucket
+from receivewal.archive.objectstore import RetryPolicy
+from receivewal.archive.spool import SPOOL_DIR, Spool
+from receivewal.commands.restore_call import source_id
+
+pytestmark = pytest.mark.server
+
+SEGMENT = 16 << 20
+SYSID = 7311231231231231231
+_prefixes = itertools.count()
+
+
+def segment(segno: int, timeline: int = 1) -> bytes:
+    """A segment with its first page's long header and some bytes that differ per segment."""
+    header = struct.pack("<HHIQIxxxx", 0xD110, 2, timeline, segno * SEGMENT, 0)
+    header += struct.pack("<QII", SYSID, SEGMENT, 8192)
+    body = (f"segment {segno} of timeline {timeline} ".encode() * 4096)[:1 << 16]
+    return (header + body).ljust(SEGMENT, b"\0")
+
+
+def name_of(segno: int, timeline: int = 1) -> str:
+    return f"{timeline:08X}{segno // 256:08X}{segno % 256:08X}"
+
+
+@pytest.fixture
+def url(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh prefix; this process and its children reach the store through boto3's chain."""
+    for key, value in seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    return f"s3://{seaweed.bucket}/restore-{next(_prefixes)}/wal"
+
+
+def put(url: str, name: str, body: bytes) -> None:
+    Bucket.connect(url, RetryPolicy(attempts=2, base_delay=0.01)).put_new(name, body)
+
+
+def restore(directory: str, name: str, target: Path, *args: str,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D", directory, *args,
+                           name, str(target)], capture_output=True, text=True, check=False,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def wait_for_file(path: Path, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{what} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("form", ["plain", "zstd"])
+def test_restores_plain_and_zstd_objects_byte_identical(url: str, tmp_path: Path,
+                                                        form: str) -> None:
+    """The object under PREFIX/<name> (or <name>.zst) comes back to %p exactly as written."""
+    data = segment(3)
+    if form == "zstd":
+        put(url, name_of(3) + ".zst",
+            zstandard.ZstdCompressor(write_checksum=True).compress(data))
+    else:
+        put(url, name_of(3), data)
+    target = tmp_path / "RECOVERYXLOG"
+    done = restore(url, name_of(3), target, "--prefetch", "0")
+    assert done.returncode == 0, done.stderr
+    assert target.read_bytes() == data
+    assert os.listdir(tmp_path) == ["RECOVERYXLOG"]
+
+
+def test_missing_key_is_exit_1(url: str, tmp_path: Path) -> None:
+    """"No such key" for every form is the only exit 1: recovery may end there."""
+    put(url, name_of(3), segment(3))
+    done = restore(url, name_of(4), tmp_path / "RECOVERYXLOG")
+    assert done.returncode == 1, done.stderr
+    assert "is not in the archive" in done.stderr
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("fault", ["store-down", "wrong-secret"])
+def test_store_down_or_wrong_credentials_is_126(url: str, tmp_path: Path, fault: str) -> None:
+    """A store that cannot be reached or rejects the credentials is retried a few times, then
+    exit 126 (never 1, which would end recovery early), with one line naming the object."""
+    put(url, name_of(3), segment(3))
+    env = ({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port_pairs(1)[0]}"}
+           if fault == "store-down" else {"AWS_SECRET_ACCESS_KEY": "not-the-secret"})
+    done = restore(url, name_of(3), tmp_path / "RECOVERYXLOG", env=env)
+    assert done.returncode == 126, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert name_of(3) in done.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_prefetch_serves_later_calls_from_the_spool(url: str, tmp_path: Path) -> None:
+    """After N is restored, N+1..N+k are fetched into pg_wal/.receivewal/prefetch; the call for
+    N+1, made at once, waits for the filler rather than fetching the object again, and is a
+    rename from the spool; the spool never holds more than k files."""
+    for segno in range(3, 8):
+        put(url, name_of(segno), segment(segno))
+    target = tmp_path / "RECOVERYXLOG"
+    assert restore(url, name_of(3), target, "--prefetch", "2").returncode == 0
+    done = restore(url, name_of(4), target, "--prefetch", "2")
+    assert done.returncode == 0, done.stderr
+    assert "from the prefetch spool" in done.stderr
+    assert target.read_bytes() == segment(4)
+    spool = Spool.beside(target, source_id(url))
+    wait_for_file(spool.dir / name_of(6), "the next window")
+    while spool.busy():
+        time.sleep(0.05)
+    assert sorted(os.listdir(spool.dir)) == [name_of(5), name_of(6)]
+    done = restore(url, name_of(5), target, "--prefetch", "2")
+    assert "from the prefetch spool" in done.stderr
+    assert target.read_bytes() == segment(5)
+
+
+def test_leftovers_of_a_killed_prefetch_are_never_served(url: str, tmp_path: Path) -> None:
+    """What a SIGKILLed filler can leave (a temporary file, and here even a torn file under
+    the segment's name, or another archive's spool) is not served: the call fetches the
+    object, and the next filler removes the leftovers."""
+    for segno in range(3, 6):
+        put(url, name_of(segno), segment(segno))
+    target = tmp_path / "RECOVERYXLOG"
+    spool = Spool.beside(target, source_id(url))
+    spool.dir.mkdir(parents=True)
+    (spool.dir / name_of(4)).write_bytes(segment(4)[:SEGMENT // 2])
+    (spool.dir / f".{name_of(5)}.receivewal-restore-99999").write_bytes(b"torn")
+    other = Spool.beside(target, "another archive")
+    other.dir.mkdir(parents=True)
+    (other.dir / name_of(4)).write_bytes(segment(9))
+    done = restore(url, name_of(4), target, "--prefetch", "1")
+    assert done.returncode == 0, done.stderr
+    assert "prefetch spool" not in done.stderr
+    assert target.read_bytes() == segment(4)
+    wait_for_file(spool.dir / name_of(5), "the prefetched segment")
+    while spool.busy():
+        time.sleep(0.05)
+    assert sorted(os.listdir(tmp_path / SPOOL_DIR)) == [".lock", spool.dir.name]
+    assert os.listdir(spool.dir) == [name_of(5)]
+
+
+def holders_of(path: Path) -> list[int]:
+    """The processes that have ``path`` open (read from /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) == str(path) for fd in (proc / "fd").iterdir()):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_sigkill_of_the_filler_mid_prefetch_then_calls_are_correct(url: str,
+                                                                   tmp_path: Path) -> None:
+    """The detached filler SIGKILLed while it fetches (it holds the spool's lock): every
+    later call still restores the right bytes, and the next filler starts afresh."""
+    for segno in range(3, 9):
+        put(url, name_of(segno), segment(segno))
+    target = tmp_path / "RECOVERYXLOG"
+    assert restore(url, name_of(3), target, "--prefetch", "4").returncode == 0
+    lock = tmp_path / SPOOL_DIR / ".lock"
+    fillers = holders_of(lock)
+    assert fillers, "the filler holds the spool's lock while it works"
+    for pid in fillers:
+        os.kill(pid, signal.SIGKILL)
+    spool = Spool.beside(target, source_id(url))
+    while spool.busy():
+        time.sleep(0.05)
+    for segno in range(4, 9):
+        done = restore(url, name_of(segno), target, "--prefetch", "4")
+        assert done.returncode == 0, done.stderr
+        assert target.read_bytes() == segment(segno)
+
+
+def test_two_concurrent_calls_for_the_same_file_both_succeed(url: str, tmp_path: Path) -> None:
+    """Two calls racing for a spooled file: one renames it, the other fetches the object;
+    both exit 0 with the same bytes."""
+    for segno in range(3, 5):
+        put(url, name_of(segno), segment(segno))
+    first = tmp_path / "a"
+    assert restore(url, name_of(3), first, "--prefetch", "1").returncode == 0
+    spool = Spool.beside(first, source_id(url))
+    wait_for_file(spool.dir / name_of(4), "the prefetched segment")
+    argv = [sys.executable, "-m", "receivewal", "restore", "-D", url, "--prefetch", "1",
+            name_of(4)]
+    procs = [subprocess.Popen([*argv, str(tmp_path / t)], stderr=subprocess.PIPE, text=True)
+             for t in ("b", "c")]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert (tmp_path / "b").read_bytes() == (tmp_path / "c").read_bytes() == segment(4)
+
+
+def test_point_in_time_recovery_from_the_bucket_only(
+        pg: PgServer, seaweed: SeaweedS3, url: str, server_base: Path) -> None:
+    """A base backup recovers with restore_command = receivewal restore -D s3://... and no
+    local archive at all (segments uploaded plain and zstd-compressed, prefetch on): the
+    recovered server has the primary's rows."""
+    backup = pg.base_backup("from-bucket")
+    pg.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pg.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
+    pg.generate_wal(3)
+    expected = pg.sql("SELECT count(*), sum(id) FROM t")
+    pg.switch_wal()
+    pg.stop()
+    wal = pg.datadir / "pg_wal"
+    names = sorted(p.name for p in wal.iterdir() if len(p.name) == 24 and p.is_file())
+    label = (backup.datadir / "backup_label").read_text()
+    first = label.split("(file ")[1][:24]
+    uploaded = [n for n in names if n >= first]
+    for i, name in enumerate(uploaded):
+        data = (wal / name).read_bytes()
+        if i % 2:
+            put(url, name + ".zst", zstandard.ZstdCompressor(write_checksum=True).compress(data))
+        else:
+            put(url, name, data)
+    for path in wal.glob("*.history"):
+        put(url, path.name, path.read_bytes())
+    command = install_for_postgres(server_base, S3_PACKAGES)
+    env = " ".join(f"{k}={v}" for k, v in seaweed.env().items())
+    try:
+        backup.recover_from_archive(f"{env} {command} -D {url} --prefetch 3 %f %p")
+        assert backup.sql("SELECT count(*), sum(id) FROM t") == expected
+        log = backup.logfile.read_text()
+        assert "from the prefetch spool" in log
+        for name in uploaded[:3]:
+            assert f'restored log file "{name}" from archive' in log
+    finally:
+        backup.stop("immediate")

@@ -132,7 +132,8 @@ def time_verify(archive: Path, jobs: int, native: bool, wall: bool = False) -> f
 
 def time_spark(archive: Path) -> tuple[float, float, float]:
     """Session start-up, first and second job wall seconds on local[*]."""
-    from receivewal.check.analyze import make_session, run_analyze  # noqa: PLC0415 - optional extra
+    from receivewal.check.analyze import run_analyze  # noqa: PLC0415 - optional extra
+    from receivewal.check.sparksession import make_session  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp:
         began = time.perf_counter()

@@ -27,12 +27,12 @@ from support.sparkarchives import (
 
 from receivewal.check.analyze import (
     AnalyzeResult,
-    make_session,
     run_analyze,
     scan_from_json,
     scan_to_json,
 )
 from receivewal.check.report import utc
+from receivewal.check.sparksession import make_session
 from receivewal.check.verify import rmgr_totals, verify_archive
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]

@@ -27,7 +27,8 @@ from support.sparkarchives import (
 )
 
 from receivewal.archive.bucket import Bucket
-from receivewal.check.analyze import AnalyzeResult, make_session, run_analyze
+from receivewal.check.analyze import AnalyzeResult, run_analyze
+from receivewal.check.sparksession import make_session
 from receivewal.check.verify import rmgr_totals, verify_archive
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]

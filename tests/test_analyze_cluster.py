@@ -33,7 +33,7 @@ from support.sparkarchives import (
     assert_tables_agree_with_verify,
 )
 
-from receivewal.check.analyze import LOG4J2
+from receivewal.check.sparksession import LOG4J2
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ import pytest
 from support.servers import free_port
 from support.sparkarchives import TwoArchives, archive_key, assert_tables_agree_with_verify
 
-from receivewal.check.analyze import LOG4J2
+from receivewal.check.sparksession import LOG4J2
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
 

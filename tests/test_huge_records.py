@@ -259,7 +259,7 @@ def test_verify_memory_is_bounded_by_segments_not_by_the_record(huge: HugeArchiv
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """An embedded Spark session (two cores: the machine is shared)."""
-    from receivewal.check.analyze import make_session  # noqa: PLC0415 - the spark extra
+    from receivewal.check.sparksession import make_session  # noqa: PLC0415 - the spark extra
 
     session = make_session(scratch=tmp_path_factory.mktemp("spark"), master="local[2]")
     yield session

@@ -23,15 +23,11 @@ the ``spark`` extra, so the CLI and ``verify`` work without it.
 # ruff: noqa: PLC0415 - pyspark, pyarrow and matplotlib are the optional spark extra: lazy
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import datetime
 import io
 import json
 import os
-import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -57,17 +53,6 @@ from receivewal.wal.names import SegmentFile, parse_history_file_name
 from receivewal.wal.reader import RmgrTotals, SegmentScan, WalProblem
 from receivewal.wal.rmgr import rmgr_name
 
-#: Error-level logs to stderr. The two named loggers are the ones Spark reads to set the
-#: console level of an interactive driver (the Scala shell's, and PySpark's gateway): when
-#: they differ from the root level Spark prints 'Setting default log level to "WARN"'.
-LOG4J2 = "\n".join([
-    "rootLogger.level = error", "rootLogger.appenderRef.stderr.ref = console",
-    "appender.console.type = Console", "appender.console.name = console",
-    "appender.console.target = SYSTEM_ERR", "appender.console.layout.type = PatternLayout",
-    "logger.repl.name = org.apache.spark.repl.Main", "logger.repl.level = error",
-    "logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer",
-    "logger.gateway.level = error", ""])
-
 TASK_SCHEMA = ("archive string, base string, file string, compression string, timeline long, "
                "segno long, partial boolean, followers string, file_bytes long, "
                "segment_size long, compressibility boolean")
@@ -81,47 +66,6 @@ RESULT_SCHEMA = (
     "severity: string>>, "
     "marks: array<struct<lsn: bigint, time: double>>>"
 )
-
-
-# -- sessions ----------------------------------------------------------------------------------
-def make_session(remote: str | None = None, scratch: Path | None = None,
-                 master: str = "local[*]") -> Any:
-    """The Spark session: Spark Connect with ``remote``; the cluster's under spark-submit;
-    else an embedded local session with settings fit for one machine."""
-    from pyspark.sql import SparkSession
-
-    if remote:
-        return SparkSession.builder.remote(remote).getOrCreate()
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: its conf applies
-        return SparkSession.builder.getOrCreate()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this environment
-    if scratch is None:
-        scratch = Path(tempfile.mkdtemp(prefix="receivewal-spark-"))
-        atexit.register(shutil.rmtree, scratch, True)
-    scratch.mkdir(parents=True, exist_ok=True)
-    log_conf = scratch / "log4j2.properties"
-    log_conf.write_text(LOG4J2)
-    java_opts = f"-Dlog4j2.configurationFile=file:{log_conf} -Dderby.system.home={scratch}"
-    spark = (
-        SparkSession.builder.master(master).appName("receivewal-analyze")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.local.dir", str(scratch))
-        .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
-        .config("spark.driver.extraJavaOptions", java_opts)
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", str(os.cpu_count() or 2))
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.ui.enabled", "false")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 # -- files -------------------------------------------------------------------------------------

@@ -44,11 +44,11 @@ def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, m
     except ImportError as exc:
         raise click.ClickException("analyze needs the spark extra: "
                                    "pip install 'receivewal[spark]'") from exc
-    from receivewal.check import analyze  # noqa: PLC0415 - imports pyspark lazily itself
+    from receivewal.check import analyze, sparksession  # noqa: PLC0415 - pyspark lazily
 
     scratch = Path(tempfile.mkdtemp(prefix="receivewal-spark-"))
     try:
-        spark = analyze.make_session(remote, scratch=scratch, master=master)
+        spark = sparksession.make_session(remote, scratch=scratch, master=master)
         try:
             result = analyze.run_analyze(
                 spark, [i if analyze.is_uri(i) else str(Path(i).resolve()) for i in inputs],

@@ -93,13 +93,13 @@ def run_pgbench(pg: PgServer, seconds: int) -> subprocess.Popen[bytes]:
                              "postgres"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def test_uploads_are_the_servers_segments_plain_with_the_identity_object(
-        pg: PgServer, seaweed: SeaweedS3, prefix: str, tmp_path: Path) -> None:
-    """Plain at rest: each uploaded segment is byte for byte the server's own file, and the
-    prefix carries the cluster's identity object."""
+def upload_two_segments(pg: PgServer, seaweed: SeaweedS3, prefix: str, tmp_path: Path,
+                        *extra: str) -> tuple[Path, dict[str, bytes]]:
+    """Stream with --upload-to (and ``extra``) until two segments are complete and uploaded,
+    stop cleanly; the archive directory and the objects under the prefix."""
     archive = tmp_path / "archive"
     archive.mkdir()
-    proc = stream(pg, archive, f"s3://{seaweed.bucket}/{prefix}", tmp_path / "log",
+    proc = stream(pg, archive, f"s3://{seaweed.bucket}/{prefix}", tmp_path / "log", *extra,
                   env=store_env(seaweed))
     try:
         pg.generate_wal(2)
@@ -107,7 +107,14 @@ def test_uploads_are_the_servers_segments_plain_with_the_identity_object(
         wait_for(lambda: uploaded_all(seaweed, prefix, archive), what="uploads")
     finally:
         assert stop(proc) == 0
-    stored = objects(seaweed, prefix)
+    return archive, objects(seaweed, prefix)
+
+
+def test_uploads_are_the_servers_segments_plain_with_the_identity_object(
+        pg: PgServer, seaweed: SeaweedS3, prefix: str, tmp_path: Path) -> None:
+    """Plain at rest: each uploaded segment is byte for byte the server's own file, and the
+    prefix carries the cluster's identity object."""
+    archive, stored = upload_two_segments(pg, seaweed, prefix, tmp_path)
     names = complete_segments(archive)
     for name in names:
         assert stored[name] == (pg.pg_wal / name).read_bytes(), name
@@ -119,17 +126,7 @@ def test_uploads_are_the_servers_segments_plain_with_the_identity_object(
 def test_uploads_are_the_archive_files_as_they_sit_with_zstd(
         pg: PgServer, seaweed: SeaweedS3, prefix: str, tmp_path: Path) -> None:
     """-Z zstd: the objects are the .zst files, and they decompress to the server's segments."""
-    archive = tmp_path / "archive"
-    archive.mkdir()
-    proc = stream(pg, archive, f"s3://{seaweed.bucket}/{prefix}", tmp_path / "log",
-                  "-Z", "zstd", env=store_env(seaweed))
-    try:
-        pg.generate_wal(2)
-        wait_for(lambda: len(complete_segments(archive)) >= 2, what="two segments")
-        wait_for(lambda: uploaded_all(seaweed, prefix, archive), what="uploads")
-    finally:
-        assert stop(proc) == 0
-    stored = objects(seaweed, prefix)
+    archive, stored = upload_two_segments(pg, seaweed, prefix, tmp_path, "-Z", "zstd")
     for name in complete_segments(archive):
         assert name.endswith(".zst")
         assert stored[name] == (archive / name).read_bytes()

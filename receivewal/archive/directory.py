@@ -166,6 +166,17 @@ class Archive:
             except OSError as exc:
                 raise os_error(exc, f'could not fsync directory "{self.directory}"') from exc
 
+    def remove_superseded(self, path: Path) -> bool:
+        """Remove a file another one supersedes; False when it was not there (the caller
+        fsyncs the directory once for all it removed)."""
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise os_error(exc, f'could not remove superseded file "{path}"') from exc
+        return True
+
     def file_completed(self, name: str) -> None:
         """``name`` (a completed segment or a history file) is durable under its final name."""
         if self.on_completed is not None:

@@ -163,7 +163,7 @@ def settle_partials(archive: Archive, segment_size: int, files: Sequence[Segment
                         f"{keep.valid} bytes of WAL")
         for other in ranked:
             if other.path != keep.path:
-                _remove(archive, other.path)
+                archive.remove_superseded(other.path)
                 done.append(f"{other.path.name}: removed, {keep.path.name} holds its WAL")
         archive.fsync_directory()
     return done
@@ -198,12 +198,3 @@ def _convert(archive: Archive, source: PartialFile, form: AtRest, compress: Comp
         raise os_error(exc, f'could not convert "{source.path}" to "{target}"') from exc
     archive.fsync_directory()
     return PartialFile(target, segment, source.valid, target.stat().st_mtime_ns)
-
-
-def _remove(archive: Archive, path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise os_error(exc, f'could not remove superseded file "{path}"') from exc

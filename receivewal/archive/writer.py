@@ -266,13 +266,7 @@ class SegmentWriter:
         removed = False
         for suffix in COMPRESSION_SUFFIXES.values():
             stale = self.archive.directory / (wal + suffix + PARTIAL_SUFFIX)
-            try:
-                stale.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise os_error(exc, f'could not remove superseded file "{stale}"') from exc
-            removed = True
+            removed = self.archive.remove_superseded(stale) or removed
         if removed:
             self.archive.fsync_directory()
 

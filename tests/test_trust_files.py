@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import lz4.frame
 import pytest
 from support.archives import SEGMENT, proven_segment
 
@@ -160,20 +161,21 @@ def test_unexpected_exception_in_restore_is_exit_126(
 
 
 def test_broken_installation_is_exit_126(dirs: tuple[Path, Path], tmp_path: Path) -> None:
-    """A codec that fails to import (here a ``zstandard`` module on PYTHONPATH that raises
-    ImportError, as a half-upgraded installation might) stops recovery: exit 126 with one
-    line, not a traceback and exit 1."""
+    """A codec that fails to import (here an ``lz4`` package on PYTHONPATH that raises
+    ImportError, as a half-upgraded installation might) stops recovery when a file needs it
+    (codecs are imported only then): exit 126 with one line, not a traceback and exit 1."""
     archive, pg_wal = dirs
-    (archive / NAME).write_bytes(proven_segment(3))
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "zstandard.py").write_text("raise ImportError('injected: zstandard is broken')\n")
+    (archive / (NAME + ".lz4")).write_bytes(lz4.frame.compress(proven_segment(3)))
+    broken = tmp_path / "broken" / "lz4"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('injected: lz4 is broken')\n")
+    broken = broken.parent
     done = subprocess.run(
         [sys.executable, "-m", "receivewal", "restore", "-D", str(archive), NAME,
          str(pg_wal / "RECOVERYXLOG")], capture_output=True, text=True, check=False,
         timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(broken)})
     assert done.returncode == DAMAGED, done.stderr
-    one_line(done.stderr, NAME, "ImportError", "zstandard is broken")
+    one_line(done.stderr, NAME, "ImportError", "lz4 is broken")
     assert os.listdir(pg_wal) == []
 
 

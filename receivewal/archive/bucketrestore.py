@@ -23,9 +23,9 @@ from receivewal.archive.compression import read_wal_file
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.restore import Candidate, NotInArchive, write_restored
 from receivewal.errors import ConfigurationError, ObjectNotFound
-from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, MAX_SEGMENT_SIZE, check_segment_size
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, MAX_SEGMENT_SIZE
 from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_name
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, parse_long_header
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, header_segment_size
 
 #: A restore_command call retries a failing store for a few seconds at most, then exits 126.
 RESTORE_RETRY = RetryPolicy(attempts=4, base_delay=0.25, max_delay=2.0)
@@ -81,13 +81,10 @@ def _segment_size(buf: tempfile.SpooledTemporaryFile[bytes], candidate: Candidat
     buf.seek(0)
     head = read_wal_file(url, candidate.fmt, SIZE_OF_LONG_PHD,
                          open_binary=lambda _: _Unclosed(buf))  # type: ignore[arg-type,return-value]
-    header = parse_long_header(head)
-    if header is not None:
-        try:
-            return check_segment_size(header.segment_size)
-        except ConfigurationError:
-            pass
-    return DEFAULT_SEGMENT_SIZE
+    try:
+        return header_segment_size(head)
+    except ConfigurationError:
+        return DEFAULT_SEGMENT_SIZE
 
 
 class _Unclosed:

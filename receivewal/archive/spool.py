@@ -30,9 +30,13 @@ from pathlib import Path
 from receivewal.archive.directory import fsync_path
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ConfigurationError, ReceivewalError
-from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.names import parse_segment_file_name, wal_file_name
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
+from receivewal.wal.pageheader import (
+    SIZE_OF_LONG_PHD,
+    first_page_problem,
+    header_segment_size,
+    parse_long_header,
+)
 
 SPOOL_DIR = Path(".receivewal") / "prefetch"
 LOCK_FILE = ".lock"
@@ -172,13 +176,14 @@ def _is_segment(path: Path, name: str) -> bool:
     is its page header's segment size, and the header is that segment's first page."""
     with open_regular(path) as fh:
         size = os.fstat(fh.fileno()).st_size
-        header = parse_long_header(fh.read(SIZE_OF_LONG_PHD))
-    if header is None or header.segment_size != size:
-        return False
+        head = fh.read(SIZE_OF_LONG_PHD)
     try:
-        check_segment_size(size)
+        if header_segment_size(head) != size:
+            return False
     except ConfigurationError:
         return False
+    header = parse_long_header(head)
+    assert header is not None  # header_segment_size read it
     parsed = parse_segment_file_name(name, size)
     if parsed is None:
         return False

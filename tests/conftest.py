@@ -46,6 +46,15 @@ def archive_dir() -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """An empty archive directory and an empty pg_wal, for restore's tests on files."""
+    archive, pg_wal = tmp_path / "archive", tmp_path / "pg_wal"
+    archive.mkdir()
+    pg_wal.mkdir()
+    return archive, pg_wal
+
+
 @pytest.fixture(scope="session")
 def two_archives(tmp_path_factory: pytest.TempPathFactory) -> TwoArchives:
     """Two archives from two servers, built once for the analyze modules (local, Spark Connect,

@@ -98,12 +98,6 @@ def _close_sockets() -> Iterator[None]:
         _SOCKETS.pop().close()
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    archive, pg_wal = tmp_path / "archive", tmp_path / "pg_wal"
-    archive.mkdir()
-    pg_wal.mkdir()
-    return archive, pg_wal
 
 
 # -- item 4: restore ----------------------------------------------------------------------------

@@ -57,12 +57,6 @@ def assert_nothing_at(target: Path) -> None:
 
 
 
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    archive, pg_wal = tmp_path / "archive", tmp_path / "pg_wal"
-    archive.mkdir()
-    pg_wal.mkdir()
-    return archive, pg_wal
 
 
 # -- memory and size: anything bigger than a segment is damaged ------------------------------

@@ -22,7 +22,7 @@ from receivewal.commands.cli import cli
 from receivewal.daemon.health import CRITICAL, OK, WARNING, UploadLimits, evaluate
 from receivewal.daemon.metrics import Metrics
 from receivewal.daemon.state import LastError, State, decode_state, encode_state
-from receivewal.daemon.uploader import UploadError, UploadStatus, confirmable_flush
+from receivewal.daemon.uploader import UploadStatus, confirmable_flush
 from receivewal.errors import ArchiveError
 
 SEGMENT = 16 * 1024 * 1024
@@ -141,7 +141,7 @@ def test_the_metrics_show_the_backlog_and_the_last_upload_error() -> None:
     metrics = Metrics(clock=lambda: 1000.0)
     metrics.set_uploads(UploadStatus(URL, pending_files=2, pending_bytes=2 * SEGMENT,
                                      oldest_pending=970.0, uploaded_files=5,
-                                     last_error=UploadError("StoreAccessDenied", "denied", 990.0),
+                                     last_error=LastError("StoreAccessDenied", "denied", 990.0),
                                      failing_since=990.0))
     samples = {(sample.name, tuple(sample.labels.items())): sample.value
                for family in metrics.collect() for sample in family.samples}

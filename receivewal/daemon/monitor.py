@@ -35,7 +35,6 @@ from receivewal.daemon.state import (
     LastError,
     State,
     previous_flush,
-    upload_fields,
     write_state,
 )
 from receivewal.daemon.uploader import UploadStatus
@@ -335,7 +334,7 @@ class Monitor:
 
     def snapshot(self) -> State:
         """The state as it would be written now."""
-        uploads = {} if self._uploads is None else upload_fields(self._uploads())
+        uploads = {} if self._uploads is None else self._uploads().state_fields()
         return replace(
             self._state,
             **uploads,

@@ -20,7 +20,6 @@ from typing import Any
 
 from receivewal.archive.directory import write_file_durably
 from receivewal.archive.reading import read_small_file
-from receivewal.daemon.uploader import UploadStatus
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.logs import get_logger
 from receivewal.wal.lsn import format_lsn, parse_lsn
@@ -85,22 +84,6 @@ class State:
     last_uploaded: str | None = None
     upload_error: LastError | None = None
     upload_failing_since: float | None = None
-
-
-def upload_fields(status: UploadStatus) -> dict[str, Any]:
-    """The State fields that show the uploader's ``status``."""
-    error = status.last_error
-    return {
-        "upload_to": status.destination,
-        "upload_pending_files": status.pending_files,
-        "upload_pending_bytes": status.pending_bytes,
-        "upload_oldest_pending": status.oldest_pending,
-        "uploaded_files": status.uploaded_files,
-        "last_uploaded": status.last_uploaded,
-        "upload_error": None if error is None else LastError(error.kind, error.message,
-                                                             error.at),
-        "upload_failing_since": status.failing_since,
-    }
 
 
 def state_path(directory: Path) -> Path:

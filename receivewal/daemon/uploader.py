@@ -47,6 +47,7 @@ from receivewal.archive.uploads import (
     segment_end,
     write_upload_record,
 )
+from receivewal.daemon.state import LastError
 from receivewal.errors import ObjectConflict, ReceivewalError
 from receivewal.wal.names import parse_history_file_name
 
@@ -67,15 +68,6 @@ def retry_policy(environ: Mapping[str, str]) -> RetryPolicy:
 
 
 @dataclass(frozen=True)
-class UploadError:
-    """The last failed try: the error's class name, its message, when."""
-
-    kind: str
-    message: str
-    at: float
-
-
-@dataclass(frozen=True)
 class UploadStatus:
     """What ``status`` and the metrics show of the uploads."""
 
@@ -87,8 +79,21 @@ class UploadStatus:
     uploaded_bytes: int = 0
     last_uploaded: str | None = None
     uploaded_end: int | None = None  # LSN: end of the last segment confirmed uploaded
-    last_error: UploadError | None = None
+    last_error: LastError | None = None
     failing_since: float | None = None  # None: the last try succeeded
+
+    def state_fields(self) -> dict[str, Any]:
+        """The State fields that show this status (the state file, ``status``)."""
+        return {
+            "upload_to": self.destination,
+            "upload_pending_files": self.pending_files,
+            "upload_pending_bytes": self.pending_bytes,
+            "upload_oldest_pending": self.oldest_pending,
+            "uploaded_files": self.uploaded_files,
+            "last_uploaded": self.last_uploaded,
+            "upload_error": self.last_error,
+            "upload_failing_since": self.failing_since,
+        }
 
 
 def confirmable_flush(flush: int, uploaded_end: int | None, floor: int) -> int:
@@ -277,7 +282,7 @@ class Uploader:
 
     def _failed(self, exc: ReceivewalError, event: str) -> None:
         now = self.clock()
-        error = UploadError(type(exc).__name__, str(exc), now)
+        error = LastError(type(exc).__name__, str(exc), now)
         since = self._status.failing_since or now
         self._update(last_error=error, failing_since=since)
         if exc.retryable:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from receivewal.replication import connection
 
@@ -104,3 +108,13 @@ def test_the_replication_connection_hands_out_only_receivewal_types() -> None:
                         if not (owner := getattr(getattr(connection, name), "__module__",
                                                  door)).startswith("receivewal."))
     assert foreign == []
+
+
+@pytest.mark.parametrize("module", ["receivewal.daemon.monitor", "receivewal.daemon.proctitle"])
+def test_masking_passwords_does_not_load_psycopg(module: str) -> None:
+    """The monitor and the process title mask passwords in connection strings without loading
+    psycopg: the masking is the root module receivewal.secrets, not the connection's."""
+    code = f"import sys, {module}; print('psycopg' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr

@@ -39,7 +39,7 @@ from receivewal.daemon.state import (
 )
 from receivewal.daemon.uploader import UploadStatus
 from receivewal.logs import get_logger
-from receivewal.replication.connection import redacted
+from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
 
 log = get_logger(component="monitor")

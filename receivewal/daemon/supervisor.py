@@ -36,8 +36,9 @@ from receivewal.errors import (
 )
 from receivewal.logs import get_logger
 from receivewal.replication.commands import create_slot, drop_slot
-from receivewal.replication.connection import ReplicationConnection, redacted
+from receivewal.replication.connection import ReplicationConnection
 from receivewal.replication.waiting import Selector
+from receivewal.secrets import redacted
 
 
 class StopSignal:

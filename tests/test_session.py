@@ -104,7 +104,7 @@ def make_session(tmp_path: Path, script: list[bytes], **settings: Any
     link: ReplicationLink = conn
     session = Session(link, settings=Settings(directory=tmp_path, conninfo="",
                                               status_interval=0, **settings),
-                      archive=archive, monitor=Monitor.null(), stop=stop, log=get_logger())
+                      archive=archive, events=Monitor.null(), stop=stop, log=get_logger())
     session.info = ServerInfo("1", 1, START, SEG, 0o600, 150000)
     return session, conn
 

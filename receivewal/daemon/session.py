@@ -23,7 +23,25 @@ from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
-from receivewal.daemon.events import SessionMonitor
+from receivewal.daemon.events import (
+    ArchiveWarning,
+    CompressionKnown,
+    Connected,
+    EndposReached,
+    EventSink,
+    FileModeChosen,
+    Flushed,
+    FlushReported,
+    Keepalive,
+    Received,
+    SegmentCompleted,
+    SlotState,
+    StopNoticed,
+    StreamingStarted,
+    Tick,
+    TimelineSwitched,
+    Written,
+)
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.uploader import Uploader
 from receivewal.errors import (
@@ -72,17 +90,12 @@ class Session:
     """Streams from one open connection until stopped, at endpos, or on an error."""
 
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
-                 monitor: SessionMonitor, stop: StopFlag, log: FilteringBoundLogger,
+                 events: EventSink, stop: StopFlag, log: FilteringBoundLogger,
                  clock: Callable[[], float] = time.monotonic,
                  uploads: Uploader | None = None) -> None:
-        self.conn = conn
-        self.uploads = uploads
-        self.settings = settings
-        self.archive = archive
-        self.monitor = monitor
-        self.stop = stop
-        self.log = log
-        self.clock = clock
+        self.conn, self.uploads, self.settings, self.archive = conn, uploads, settings, archive
+        self.events = events  # every fact the session reports goes there (daemon/events.py)
+        self.stop, self.log, self.clock = stop, log, clock
         self.decoder = StreampackDecoder(settings.compression)
         self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
         self.info: ServerInfo | None = None
@@ -91,9 +104,9 @@ class Session:
         self.pinged = False
         self.first_frame = True
         self.pending_wire = self.pending_wal = 0
-        self.server_wal_end: int | None = None  # walEnd of the last XLogData, for the monitor
+        self.server_wal_end: int | None = None  # walEnd of the last XLogData, for Received
         self.reported_algorithm: str | None = None
-        self.announced = False  # monitor.connected() said (after the first START, so that
+        self.announced = False  # Connected said (after the first START, so that
         # the state file's fsynced write does not delay START_REPLICATION)
 
     # -- setup -------------------------------------------------------------------------------
@@ -103,8 +116,8 @@ class Session:
         if self.uploads is not None:  # another cluster's prefix: refused before any write
             self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
                                                info.timeline))
-        self.archive.file_mode = self.monitor.file_mode = \
-            self.archive.file_mode_for(info.file_mode)
+        self.archive.file_mode = self.archive.file_mode_for(info.file_mode)
+        self.events(FileModeChosen(self.archive.file_mode))
         self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
                                                     info.timeline))
         newest, rejected = self.archive.resume_point(info.segment_size,
@@ -124,8 +137,7 @@ class Session:
         if self.settings.slot and info.version >= 150000 \
                 and (newest is None or self.settings.create_slot_if_missing):
             slot_restart = self._read_or_create_slot(self.settings.slot)
-            self.monitor.slot_state(self.settings.slot,
-                                    slot_restart[0] if slot_restart else None)
+            self.events(SlotState(self.settings.slot, slot_restart[0] if slot_restart else None))
         start = choose_start(newest, slot_restart, (info.xlogpos, info.timeline),
                              info.segment_size)
         if start.timeline > info.timeline:
@@ -149,7 +161,7 @@ class Session:
                              "after the newest run")
             texts.append(f"older island {first} .. {last} before a hole ({hole_from} .. "
                          f"{hole_to} missing), not resumed from")
-        self.monitor.archive_warning("; ".join(texts) or None)
+        self.events(ArchiveWarning("; ".join(texts) or None))
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
         """READ_REPLICATION_SLOT; with --create-slot-if-missing, create a missing slot."""
@@ -190,9 +202,7 @@ class Session:
             outcome = self._stream_timeline(timeline, lsn)
             if isinstance(outcome, str):
                 return outcome
-            self.log.info("timeline_switched", timeline=outcome.timeline,
-                          previous_timeline=timeline, start_lsn=format_lsn(outcome.start))
-            self.monitor.timeline_switched(outcome.timeline)
+            self.events(TimelineSwitched(outcome.timeline, timeline, outcome.start))
             timeline, lsn = outcome.timeline, outcome.start
 
     def _stream_timeline(self, timeline: int, lsn: int) -> TimelineEnd | str:
@@ -206,13 +216,10 @@ class Session:
             )
             self.last_received, self.pinged = self.clock(), False
             if not self.announced:
-                self.monitor.connected(self.conn.describe(), self.info.system_identifier,
-                                       self.info.timeline, self.settings.slot,
-                                       server_wal_end=self.info.xlogpos)
+                self.events(Connected(self.conn.describe(), self.info.system_identifier,
+                                      self.info.timeline, self.settings.slot, self.info.xlogpos))
                 self.announced = True
-            self.log.info("streaming_started", timeline=timeline, start_lsn=format_lsn(lsn),
-                          slot=self.settings.slot)
-            self.monitor.streaming_started(timeline, lsn)
+            self.events(StreamingStarted(timeline, lsn, self.settings.slot))
             return self._copy_loop(writer)
         except WalRemovedError as exc:
             segsize = self.info.segment_size
@@ -236,7 +243,7 @@ class Session:
         wait = 0.0  # how long the next read may wait for a message: after one, not at all
         while True:
             if self.stop.requested:
-                self.log.info("stop_requested", lsn=format_lsn(writer.position))
+                self.events(StopNoticed(writer.position))
                 self._finish(writer)
                 return "stopped"
             message = self.conn.read_copy(wait)
@@ -289,27 +296,24 @@ class Session:
         if endpos is None or writer.position < endpos:
             return False
         self._tick(writer)
-        self.log.info("endpos_reached", lsn=format_lsn(writer.position),
-                      endpos=format_lsn(endpos), timeline=writer.timeline)
+        self.events(EndposReached(writer.position, endpos, writer.timeline))
         self._finish(writer)
         return True
 
     def _tick(self, writer: SegmentWriter) -> None:
-        """Hand the monitor what arrived since the last tick, then let it do its periodic work."""
+        """Report what arrived since the last tick, then the tick (the monitor's periodic work)."""
         if self.pending_wire:
-            self.monitor.received(writer.position, self.pending_wire, self.pending_wal,
-                                  self.server_wal_end)
-            self.monitor.written(writer.position)
+            self.events(Received(writer.position, self.pending_wire, self.pending_wal,
+                                 self.server_wal_end))
+            self.events(Written(writer.position))
             self.pending_wire = self.pending_wal = 0
-        self.monitor.tick(time.time())
+        self.events(Tick(time.time()))
 
     def _report_compression(self) -> None:
         """Say which stream we got: pg_streampack with an algorithm, or plain."""
         self.first_frame = False
         self.reported_algorithm = self.decoder.algorithm
-        self.log.info("stream_compression", algorithm=self.decoder.algorithm or "none",
-                      requested=",".join(self.settings.compression) or "none")
-        self.monitor.compression(self.decoder.algorithm)
+        self.events(CompressionKnown(self.decoder.algorithm, ",".join(self.settings.compression)))
 
     def log_compression_summary(self) -> None:
         """The receiver-side counterpart of the module's shutdown statistics."""
@@ -339,16 +343,17 @@ class Session:
         self.pending_wire += wire
         self.pending_wal += len(xlog.payload)
         self.server_wal_end = xlog.wal_end
+        segment_size = writer.segment_size
+        end = round_down_to_segment(writer.position, segment_size) - len(completed) * segment_size
         for name in completed:
-            self.log.info("segment_completed", segment=name, timeline=writer.timeline,
-                          lsn=format_lsn(writer.position))
+            end += segment_size
+            self.events(SegmentCompleted(name, writer.timeline, writer.position, end))
             self._tick(writer)
-            self.monitor.segment_completed(name)
-            self.monitor.flushed(writer.flushed)
+            self.events(Flushed(writer.flushed))
             self.log.debug("compression_stats", **self.decoder.stats().as_dict())
 
     def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentWriter) -> None:
-        self.monitor.keepalive(keepalive.wal_end)
+        self.events(Keepalive(keepalive.wal_end))
         if keepalive.reply_requested:
             self.send_status(writer)
 
@@ -357,20 +362,19 @@ class Session:
         flush = 0
         if self.settings.report_flush:
             flush = writer.flush(wait=self.settings.synchronous)
-            self.monitor.flushed(flush)
+            self.events(Flushed(flush))
             if self.uploads is not None and self.settings.confirm_after == "upload":
                 flush = self.uploads.confirmable(flush)  # the slot keeps what is not uploaded
         now = postgres_time(time.time())
         self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
                                                        reply_requested))
-        self.monitor.flush_reported(flush)
         if self.settings.hot_standby_feedback:
             self.conn.send_copy(build_hot_standby_feedback(now))
-        self.log.debug("status_sent", write=format_lsn(writer.position), flush=format_lsn(flush))
+        self.events(FlushReported(writer.position, flush))
 
     def _finish(self, writer: SegmentWriter) -> None:
         """Stop on our side: fsync, report, end the copy, and let the server finish."""
-        self._tick(writer)  # the monitor's counters get the last batch too
+        self._tick(writer)  # Received: the monitor's counters get the last batch too
         writer.flush(wait=True)
         self.send_status(writer)
         self.conn.end_copy()

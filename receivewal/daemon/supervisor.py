@@ -12,7 +12,6 @@ import contextlib
 import getpass
 import os
 import random
-import selectors
 import signal
 import socket
 import sys
@@ -51,7 +50,7 @@ from receivewal.errors import (
 from receivewal.logs import get_logger
 from receivewal.replication.commands import create_slot, drop_slot
 from receivewal.replication.connection import ReplicationConnection
-from receivewal.replication.waiting import Selector
+from receivewal.replication.waiting import pause
 from receivewal.secrets import redacted
 
 
@@ -102,13 +101,10 @@ class StopSignal:
     def sleep(self, seconds: float, on_tick: Callable[[], None] | None = None) -> None:
         """Sleep, waking early when a stop signal arrives; call ``on_tick`` 4 times a second."""
         deadline = time.monotonic() + seconds
-        with Selector() as sel:
-            sel.register(self._reader, selectors.EVENT_READ)
-            while not self.requested and (left := deadline - time.monotonic()) > 0:
-                sel.select(min(left, TICK_SECONDS))
-                self.drain()
-                if on_tick is not None:
-                    on_tick()
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            pause(self, min(left, TICK_SECONDS))
+            if on_tick is not None:
+                on_tick()
 
 
 def backoff_delay(attempt: int, base: float, cap: float,

@@ -23,25 +23,7 @@ from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
-from receivewal.daemon.events import (
-    ArchiveWarning,
-    CompressionKnown,
-    Connected,
-    EndposReached,
-    EventSink,
-    FileModeChosen,
-    Flushed,
-    FlushReported,
-    Keepalive,
-    Received,
-    SegmentCompleted,
-    SlotState,
-    StopNoticed,
-    StreamingStarted,
-    Tick,
-    TimelineSwitched,
-    Written,
-)
+from receivewal.daemon import events as ev
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.uploader import Uploader
 from receivewal.errors import (
@@ -90,12 +72,17 @@ class Session:
     """Streams from one open connection until stopped, at endpos, or on an error."""
 
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
-                 events: EventSink, stop: StopFlag, log: FilteringBoundLogger,
+                 events: ev.EventSink, stop: StopFlag, log: FilteringBoundLogger,
                  clock: Callable[[], float] = time.monotonic,
                  uploads: Uploader | None = None) -> None:
-        self.conn, self.uploads, self.settings, self.archive = conn, uploads, settings, archive
-        self.events = events  # every fact the session reports goes there (daemon/events.py)
-        self.stop, self.log, self.clock = stop, log, clock
+        self.conn = conn
+        self.uploads = uploads
+        self.settings = settings
+        self.archive = archive
+        self.events = events  # every fact the session reports goes there
+        self.stop = stop
+        self.log = log
+        self.clock = clock
         self.decoder = StreampackDecoder(settings.compression)
         self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
         self.info: ServerInfo | None = None
@@ -117,7 +104,7 @@ class Session:
             self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
                                                info.timeline))
         self.archive.file_mode = self.archive.file_mode_for(info.file_mode)
-        self.events(FileModeChosen(self.archive.file_mode))
+        self.events(ev.FileModeChosen(self.archive.file_mode))
         self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
                                                     info.timeline))
         newest, rejected = self.archive.resume_point(info.segment_size,
@@ -137,7 +124,8 @@ class Session:
         if self.settings.slot and info.version >= 150000 \
                 and (newest is None or self.settings.create_slot_if_missing):
             slot_restart = self._read_or_create_slot(self.settings.slot)
-            self.events(SlotState(self.settings.slot, slot_restart[0] if slot_restart else None))
+            self.events(ev.SlotState(self.settings.slot,
+                                     slot_restart[0] if slot_restart else None))
         start = choose_start(newest, slot_restart, (info.xlogpos, info.timeline),
                              info.segment_size)
         if start.timeline > info.timeline:
@@ -161,7 +149,7 @@ class Session:
                              "after the newest run")
             texts.append(f"older island {first} .. {last} before a hole ({hole_from} .. "
                          f"{hole_to} missing), not resumed from")
-        self.events(ArchiveWarning("; ".join(texts) or None))
+        self.events(ev.ArchiveWarning("; ".join(texts) or None))
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
         """READ_REPLICATION_SLOT; with --create-slot-if-missing, create a missing slot."""
@@ -202,7 +190,7 @@ class Session:
             outcome = self._stream_timeline(timeline, lsn)
             if isinstance(outcome, str):
                 return outcome
-            self.events(TimelineSwitched(outcome.timeline, timeline, outcome.start))
+            self.events(ev.TimelineSwitched(outcome.timeline, timeline, outcome.start))
             timeline, lsn = outcome.timeline, outcome.start
 
     def _stream_timeline(self, timeline: int, lsn: int) -> TimelineEnd | str:
@@ -216,10 +204,11 @@ class Session:
             )
             self.last_received, self.pinged = self.clock(), False
             if not self.announced:
-                self.events(Connected(self.conn.describe(), self.info.system_identifier,
-                                      self.info.timeline, self.settings.slot, self.info.xlogpos))
+                self.events(ev.Connected(self.conn.describe(), self.info.system_identifier,
+                                         self.info.timeline, self.settings.slot,
+                                         self.info.xlogpos))
                 self.announced = True
-            self.events(StreamingStarted(timeline, lsn, self.settings.slot))
+            self.events(ev.StreamingStarted(timeline, lsn, self.settings.slot))
             return self._copy_loop(writer)
         except WalRemovedError as exc:
             segsize = self.info.segment_size
@@ -243,7 +232,7 @@ class Session:
         wait = 0.0  # how long the next read may wait for a message: after one, not at all
         while True:
             if self.stop.requested:
-                self.events(StopNoticed(writer.position))
+                self.events(ev.StopNoticed(writer.position))
                 self._finish(writer)
                 return "stopped"
             message = self.conn.read_copy(wait)
@@ -296,24 +285,25 @@ class Session:
         if endpos is None or writer.position < endpos:
             return False
         self._tick(writer)
-        self.events(EndposReached(writer.position, endpos, writer.timeline))
+        self.events(ev.EndposReached(writer.position, endpos, writer.timeline))
         self._finish(writer)
         return True
 
     def _tick(self, writer: SegmentWriter) -> None:
         """Report what arrived since the last tick, then the tick (the monitor's periodic work)."""
         if self.pending_wire:
-            self.events(Received(writer.position, self.pending_wire, self.pending_wal,
-                                 self.server_wal_end))
-            self.events(Written(writer.position))
+            self.events(ev.Received(writer.position, self.pending_wire, self.pending_wal,
+                                    self.server_wal_end))
+            self.events(ev.Written(writer.position))
             self.pending_wire = self.pending_wal = 0
-        self.events(Tick(time.time()))
+        self.events(ev.Tick(time.time()))
 
     def _report_compression(self) -> None:
         """Say which stream we got: pg_streampack with an algorithm, or plain."""
         self.first_frame = False
         self.reported_algorithm = self.decoder.algorithm
-        self.events(CompressionKnown(self.decoder.algorithm, ",".join(self.settings.compression)))
+        self.events(ev.CompressionKnown(self.decoder.algorithm,
+                                        ",".join(self.settings.compression)))
 
     def log_compression_summary(self) -> None:
         """The receiver-side counterpart of the module's shutdown statistics."""
@@ -347,13 +337,13 @@ class Session:
         end = round_down_to_segment(writer.position, segment_size) - len(completed) * segment_size
         for name in completed:
             end += segment_size
-            self.events(SegmentCompleted(name, writer.timeline, writer.position, end))
+            self.events(ev.SegmentCompleted(name, writer.timeline, writer.position, end))
             self._tick(writer)
-            self.events(Flushed(writer.flushed))
+            self.events(ev.Flushed(writer.flushed))
             self.log.debug("compression_stats", **self.decoder.stats().as_dict())
 
     def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentWriter) -> None:
-        self.events(Keepalive(keepalive.wal_end))
+        self.events(ev.Keepalive(keepalive.wal_end))
         if keepalive.reply_requested:
             self.send_status(writer)
 
@@ -362,7 +352,7 @@ class Session:
         flush = 0
         if self.settings.report_flush:
             flush = writer.flush(wait=self.settings.synchronous)
-            self.events(Flushed(flush))
+            self.events(ev.Flushed(flush))
             if self.uploads is not None and self.settings.confirm_after == "upload":
                 flush = self.uploads.confirmable(flush)  # the slot keeps what is not uploaded
         now = postgres_time(time.time())
@@ -370,7 +360,7 @@ class Session:
                                                        reply_requested))
         if self.settings.hot_standby_feedback:
             self.conn.send_copy(build_hot_standby_feedback(now))
-        self.events(FlushReported(writer.position, flush))
+        self.events(ev.FlushReported(writer.position, flush))
 
     def _finish(self, writer: SegmentWriter) -> None:
         """Stop on our side: fsync, report, end the copy, and let the server finish."""

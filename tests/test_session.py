@@ -13,6 +13,7 @@ import pytest
 
 from receivewal.archive.directory import Archive
 from receivewal.archive.layout import StartPoint
+from receivewal.daemon.events import Event, SegmentCompleted
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
@@ -195,3 +196,17 @@ def test_payload_crossing_a_segment_completes_the_first(tmp_path: Path) -> None:
     assert done == b"p" * (SEG - 100) + b"q" * 100
     nxt = (tmp_path / "000000010000000000000004.partial").read_bytes()
     assert nxt[:200] == b"q" * 200
+
+
+def test_one_message_completing_two_segments_reports_each_with_its_end(tmp_path: Path) -> None:
+    """A payload running over two segment boundaries: two SegmentCompleted events, in order,
+    each with the LSN its segment ends at (the writer is already past both)."""
+    session, _ = make_session(tmp_path, [build_xlogdata(START, 0, 0, b"m" * (2 * SEG + 100))])
+    seen: list[Event] = []
+    session.events = seen.append
+    session.run(StartPoint(START, 1, "server"))
+    completed = [event for event in seen if isinstance(event, SegmentCompleted)]
+    assert [(event.segment, event.end_lsn, event.lsn) for event in completed] == [
+        ("000000010000000000000003", START + SEG, START + 2 * SEG + 100),
+        ("000000010000000000000004", START + 2 * SEG, START + 2 * SEG + 100),
+    ]

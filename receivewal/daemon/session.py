@@ -333,10 +333,9 @@ class Session:
         self.pending_wire += wire
         self.pending_wal += len(xlog.payload)
         self.server_wal_end = xlog.wal_end
-        segment_size = writer.segment_size
-        end = round_down_to_segment(writer.position, segment_size) - len(completed) * segment_size
-        for name in completed:
-            end += segment_size
+        for index, name in enumerate(completed, 1 - len(completed)):  # the last ends nearest
+            end = round_down_to_segment(writer.position, writer.segment_size) \
+                + index * writer.segment_size
             self.events(ev.SegmentCompleted(name, writer.timeline, writer.position, end))
             self._tick(writer)
             self.events(ev.Flushed(writer.flushed))

@@ -23,6 +23,7 @@ from typing import Any
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
+from receivewal.archive.listing import Listing
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
@@ -122,6 +123,7 @@ class Supervisor:
         self.prompt = prompt
         self.stop = StopSignal()
         self.monitor = monitor
+        self._listing: Listing | None = None  # the lock's listing, for the first session
 
     def connect(self) -> ReplicationConnection:
         """Open a replication connection (the password never reaches a log line)."""
@@ -160,7 +162,8 @@ class Supervisor:
         assert self.settings.directory is not None
         archive = Archive(self.settings.directory, sync=self.settings.sync)
         try:
-            for name in archive.lock():  # one writer per archive, before touching anything
+            self._listing = archive.lock()  # one writer per archive, before touching anything
+            for name in self._listing.removed:
                 self.log.info("temporary_file_removed", file=name)
             archive.check_usable()
         except ReceivewalError as exc:
@@ -212,7 +215,8 @@ class Supervisor:
                 connected_once = True
                 session = Session(conn, settings=self.settings, archive=archive,
                                   monitor=monitor, stop=self.stop, log=self.log,
-                                  uploads=uploads)
+                                  uploads=uploads, listing=self._listing)
+                self._listing = None  # later sessions list the archive as it is then
                 try:
                     with descriptors_retryable():
                         start = session.prepare()
@@ -273,6 +277,7 @@ class Supervisor:
                 self.log.warning("waiting_for_server", error=str(exc), attempt=attempt,
                                  delay=round(delay, 2))
                 monitor.waiting_for_server(str(exc))
+                self._listing = None  # the wait may be long: the session lists anew
                 self.stop.sleep(delay, on_tick=lambda: monitor.tick(time.time()))
                 if self.stop.requested:
                     raise

@@ -1,7 +1,7 @@
 """What ``receivewal stream`` does before START_REPLICATION, seen from inside a real start-up
 against a real server: the archive directory is listed once (the lock's listing serves the
 temporaries, the identity, the resume point, the islands, the .partial files and the upload
-backlog)."""
+backlog), and nothing is imported that a plain stream does not use."""
 
 from __future__ import annotations
 
@@ -47,6 +47,29 @@ def probe_stream(archive: Path, *args: str, env: dict[str, str] | None = None,
     result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
     assert result["status"] == 0, done.stderr[-2000:]
     return result
+
+
+# Loaded only when used: a compressed frame's codec, --upload-to's store and uploader,
+# --metrics-address's exporter, the WAL reader (when .partial forms compete) and its CRC.
+NOT_NEEDED_PACKAGES = {"zstandard", "lz4", "backports", "compression", "crc32c", "boto3",
+                       "botocore", "prometheus_client"}
+NOT_NEEDED_MODULES = {"receivewal.archive.bucket", "receivewal.archive.objectstore",
+                      "receivewal.archive.uploads", "receivewal.daemon.uploader",
+                      "receivewal.wal.reader"}
+
+
+def test_a_plain_stream_start_up_imports_no_codec_store_exporter_or_wal_reader(
+        pg: PgServer, archive_dir: Path) -> None:
+    """A stream from a server without pg_streampack (compression asked for, as by default,
+    but not granted) into a new archive, then resumed: no codec library, no object store
+    client, no metrics exporter, no WAL reader is loaded."""
+    for _ in range(2):
+        pg.generate_wal(1)
+        result = probe_stream(archive_dir, "-d", pg.dsn, "-E", pg.mid_segment_lsn(), "-n")
+        modules = result["modules"]
+        assert isinstance(modules, list)
+        assert [m for m in modules if m in NOT_NEEDED_MODULES
+                or m.split(".")[0] in NOT_NEEDED_PACKAGES] == []
 
 
 def resumable_archive(pg: PgServer, archive: Path) -> str:

@@ -198,7 +198,9 @@ class Archive:
         path = self.directory / LOCK_FILE
         record = f"{os.getpid()} {socket.gethostname()}\n".encode()
         try:
-            write_file_durably(self.directory, LOCK_FILE, record, mode=0o644, sync=self.sync)
+            # atomic but not fsynced: it only names the holder to a second writer while this
+            # process lives (the flock is the lock), and two fsyncs would delay every start
+            write_file_durably(self.directory, LOCK_FILE, record, mode=0o644, sync=False)
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

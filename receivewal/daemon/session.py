@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from structlog.typing import FilteringBoundLogger
 
@@ -26,7 +27,6 @@ from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
 from receivewal.daemon.events import SessionMonitor
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.uploader import Uploader
 from receivewal.errors import (
     ArchiveError,
     ConnectionLost,
@@ -56,6 +56,9 @@ from receivewal.replication.waiting import StopFlag
 from receivewal.wal.lsn import format_lsn, round_down_to_segment
 from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
 from receivewal.wal.timeline import check_follows, parse_history
+
+if TYPE_CHECKING:  # loaded only with --upload-to
+    from receivewal.daemon.uploader import Uploader
 
 STOP_DRAIN_SECONDS = 10.0
 TICK_SECONDS = 0.25  # how often the monitor gets a pulse (watchdog, state file, STATUS)

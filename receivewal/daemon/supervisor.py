@@ -19,15 +19,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from receivewal.archive.bucket import Bucket
 from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
 from receivewal.archive.listing import Listing
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.uploader import Uploader, retry_policy
 from receivewal.errors import (
     ConnectionLost,
     DescriptorLimitError,
@@ -39,6 +37,9 @@ from receivewal.logs import get_logger
 from receivewal.replication.commands import create_slot, drop_slot
 from receivewal.replication.connection import ReplicationConnection, redacted
 from receivewal.replication.waiting import Selector
+
+if TYPE_CHECKING:  # loaded only with --upload-to
+    from receivewal.daemon.uploader import Uploader
 
 
 class StopSignal:
@@ -194,6 +195,9 @@ class Supervisor:
         """The uploader of --upload-to (its client is made now; nothing is sent yet)."""
         if self.settings.upload_to is None:
             return None
+        from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
+        from receivewal.daemon.uploader import Uploader, retry_policy  # noqa: PLC0415
+
         retry = retry_policy(os.environ)
         bucket = Bucket.connect(self.settings.upload_to, retry)
         return Uploader(archive, bucket, self.log, retry, environ=os.environ)

@@ -29,19 +29,21 @@ def count_listings(event, args):
         listed.append(event)
 
 sys.addaudithook(count_listings)
-from receivewal.commands.cli import main
-status = main(sys.argv[2:])
+import importlib
+status = importlib.import_module(sys.argv[2]).main(sys.argv[3:])
 print(json.dumps({"status": status, "listed": listed, "modules": sorted(sys.modules)}))
 """
 
 
 def probe_stream(archive: Path, *args: str, env: dict[str, str] | None = None,
-                 ) -> dict[str, object]:
-    """Run ``receivewal stream -D ARCHIVE ARGS`` through the console script's entry point in a
-    fresh interpreter; its exit status, its listings of the archive directory (audit events)
-    and the modules it had loaded at the end."""
-    done = subprocess.run([sys.executable, "-c", PROBE, str(archive), "stream", "--log-format",
-                           "json", "-D", str(archive), *args], capture_output=True, text=True,
+                 entry: str = "receivewal.commands.cli") -> dict[str, object]:
+    """Run ``receivewal stream -D ARCHIVE ARGS`` through the console script's entry point
+    (``entry``: the drop-in's takes its arguments without ``stream``) in a fresh interpreter;
+    its exit status, its listings of the archive directory (audit events) and the modules it
+    had loaded at the end."""
+    command = ["stream", "--log-format", "json"] if entry.endswith(".cli") else []
+    done = subprocess.run([sys.executable, "-c", PROBE, str(archive), entry, *command, "-D",
+                           str(archive), *args], capture_output=True, text=True,
                           timeout=120, check=False, env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stderr[-2000:]
     result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
@@ -102,4 +104,13 @@ def test_an_uploading_start_up_lists_the_archive_directory_once(
     env = {**seaweed.env(), "RECEIVEWAL_TEST_UPLOAD_RETRY": "0.05"}
     result = probe_stream(archive_dir, "-d", pg.dsn, "-E", endpos, "-n", "--upload-to",
                           f"s3://{seaweed.bucket}/startup", env=env)
+    assert result["listed"] == ["os.scandir"]
+
+
+def test_the_drop_in_lists_the_archive_directory_once(pg: PgServer, archive_dir: Path) -> None:
+    """pg_receivewal's check that the directory can be opened lists nothing: the daemon's one
+    listing is the only one."""
+    endpos = resumable_archive(pg, archive_dir)
+    result = probe_stream(archive_dir, "-d", pg.dsn, "-E", endpos, "-n",
+                          entry="receivewal.commands.pg_receivewal")
     assert result["listed"] == ["os.scandir"]

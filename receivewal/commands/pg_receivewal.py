@@ -208,8 +208,8 @@ def check_args(opts: StreamOptions, rest: list[str], directory: str | None) -> N
     except ConfigurationError as exc:
         raise UsageError(str(exc), hint=False) from exc
     if not (opts.drop_slot or opts.create_slot):
-        try:
-            os.listdir(directory or "")
+        try:  # opendir() in pg_receivewal; the daemon lists the directory itself, once
+            os.close(os.open(directory or "", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         except OSError as exc:
             raise UsageError(f'could not open directory "{directory}": '
                              f"{exc.strerror}", hint=False) from exc

@@ -28,16 +28,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from receivewal.daemon.events import Event
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.progress import ProgressLine, Sample
 from receivewal.daemon.state import LastError, State, previous_flush, write_state
-from receivewal.daemon.uploader import UploadStatus
 from receivewal.logs import get_logger
 from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
+
+if TYPE_CHECKING:  # the uploader's modules are loaded only with --upload-to
+    from receivewal.daemon.uploader import UploadStatus
 
 log = get_logger(component="monitor")
 

@@ -13,19 +13,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.layout import StartPoint, choose_start, island_names
+from receivewal.archive.listing import Listing
 from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
 from receivewal.daemon import events as ev
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.uploader import Uploader
 from receivewal.errors import (
     ArchiveError,
     ConnectionLost,
@@ -56,6 +57,9 @@ from receivewal.wal.lsn import format_lsn, round_down_to_segment
 from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
 from receivewal.wal.timeline import check_follows, parse_history
 
+if TYPE_CHECKING:  # loaded only with --upload-to
+    from receivewal.daemon.uploader import Uploader
+
 STOP_DRAIN_SECONDS = 10.0
 TICK_SECONDS = 0.25  # how often the monitor gets a pulse (watchdog, state file, STATUS)
 
@@ -74,8 +78,9 @@ class Session:
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
                  events: ev.EventSink, stop: StopFlag, log: FilteringBoundLogger,
                  clock: Callable[[], float] = time.monotonic,
-                 uploads: Uploader | None = None) -> None:
+                 uploads: Uploader | None = None, listing: Listing | None = None) -> None:
         self.conn = conn
+        self.listing = listing  # the start-up's listing of the archive (the lock took it)
         self.uploads = uploads
         self.settings = settings
         self.archive = archive
@@ -98,21 +103,25 @@ class Session:
 
     # -- setup -------------------------------------------------------------------------------
     def prepare(self) -> StartPoint:
-        """Identify the server, check the archive is this server's, and choose the start."""
+        """Identify the server, check the archive is this server's, and choose the start.
+
+        The archive directory is listed once per connection: the first uses the listing the
+        lock took at start-up."""
         info = self.info = identify_server(self.conn)
+        listing, self.listing = self.listing or self.archive.listing(), None
+        files = listing.segments(info.segment_size)
         if self.uploads is not None:  # another cluster's prefix: refused before any write
             self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                               info.timeline))
+                                               info.timeline), listing)
         self.archive.file_mode = self.archive.file_mode_for(info.file_mode)
         self.events(ev.FileModeChosen(self.archive.file_mode))
         self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                                    info.timeline))
+                                                    info.timeline), files)
         newest, rejected = self.archive.resume_point(info.segment_size,
-                                                     int(info.system_identifier))
+                                                     int(info.system_identifier), files)
         for reason in rejected:
             name, _, why = reason.partition(": ")
             self.log.warning("segment_file_rejected", file=name, reason=why)
-        files = self.archive.segment_names(info.segment_size)
         self._report_islands(files, newest, info.segment_size)
         newest = restart_point(newest, files)
         for line in settle_partials(self.archive, info.segment_size, files,

@@ -18,10 +18,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from receivewal.archive.bucket import Bucket
 from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
+from receivewal.archive.listing import Listing
 from receivewal.daemon.events import (
     Disconnected,
     DiskFull,
@@ -39,7 +39,6 @@ from receivewal.daemon.events import (
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.uploader import Uploader, retry_policy
 from receivewal.errors import (
     ConnectionLost,
     DescriptorLimitError,
@@ -52,6 +51,9 @@ from receivewal.replication.commands import create_slot, drop_slot
 from receivewal.replication.connection import ReplicationConnection
 from receivewal.replication.waiting import pause
 from receivewal.secrets import redacted
+
+if TYPE_CHECKING:  # loaded only with --upload-to
+    from receivewal.daemon.uploader import Uploader
 
 
 class StopSignal:
@@ -138,6 +140,7 @@ class Supervisor:
         self.stop = StopSignal()
         self.listeners = listeners
         self.events = EventStream(EventLog(self.log), *listeners)
+        self._listing: Listing | None = None  # the lock's listing, for the first session
 
     def connect(self) -> ReplicationConnection:
         """Open a replication connection (the password never reaches a log line)."""
@@ -176,7 +179,8 @@ class Supervisor:
         assert self.settings.directory is not None
         archive = Archive(self.settings.directory, sync=self.settings.sync)
         try:
-            for name in archive.lock():  # one writer per archive, before touching anything
+            self._listing = archive.lock()  # one writer per archive, before touching anything
+            for name in self._listing.removed:
                 self.log.info("temporary_file_removed", file=name)
             archive.check_usable()
         except ReceivewalError as exc:
@@ -208,6 +212,9 @@ class Supervisor:
         """The uploader of --upload-to (its client is made now; nothing is sent yet)."""
         if self.settings.upload_to is None:
             return None
+        from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
+        from receivewal.daemon.uploader import Uploader, retry_policy  # noqa: PLC0415
+
         retry = retry_policy(os.environ)
         bucket = Bucket.connect(self.settings.upload_to, retry)
         return Uploader(archive, bucket, self.log, retry, environ=os.environ)
@@ -229,7 +236,8 @@ class Supervisor:
                 connected_once = True
                 session = Session(conn, settings=self.settings, archive=archive,
                                   events=self.events, stop=self.stop, log=self.log,
-                                  uploads=uploads)
+                                  uploads=uploads, listing=self._listing)
+                self._listing = None  # later sessions list the archive as it is then
                 try:
                     with descriptors_retryable():
                         start = session.prepare()
@@ -286,6 +294,7 @@ class Supervisor:
                 delay = backoff_delay(attempt, self.settings.reconnect_delay,
                                       self.settings.reconnect_delay_max)
                 self.events(WaitingForServer(str(exc), attempt, delay))
+                self._listing = None  # the wait may be long: the session lists anew
                 self.stop.sleep(delay, on_tick=self._tick)
                 if self.stop.requested:
                     raise

@@ -7,6 +7,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,12 +19,8 @@ from support.servers import PgServer, free_port, running_server
 from test_relay import running_relay
 
 from receivewal.errors import ConfigurationError
-from receivewal.relay.protocol import (
-    MAX_STARTUP_PACKET,
-    SSL_REQUEST,
-    BackendStream,
-    build_startup_packet,
-)
+from receivewal.relay.backend import BackendStream
+from receivewal.relay.protocol import MAX_STARTUP_PACKET, SSL_REQUEST, build_startup_packet
 from receivewal.relay.settings import ClientAccess, build_relay_settings
 from receivewal.replication.messages import build_xlogdata
 from receivewal.replication.streampack import StreampackDecoder, StreampackEncoder, is_compressed
@@ -69,9 +66,14 @@ class RawClient:
 
 @pytest.mark.server
 @pytest.mark.slow
-def test_a_huge_row_to_a_streampack_client_passes_in_bounded_memory(pg: PgServer) -> None:
+@pytest.mark.parametrize("pause", [0.0, 3.0])
+def test_a_huge_row_to_a_streampack_client_passes_in_bounded_memory(
+    pg: PgServer, pause: float
+) -> None:
     """A replication=database client that asked for streampack runs a query returning one
-    200 MB value: the row arrives whole and the relay's peak memory stays under 100 MB."""
+    200 MB value: the row arrives whole and the relay's peak memory stays under 100 MB, also
+    when the client reads nothing for a while after its query (the relay stops reading from
+    the upstream while the client's side holds more than its high-water mark)."""
     with running_relay(pg.port) as relay:
         client = RawClient(relay.port)
         try:
@@ -81,6 +83,7 @@ def test_a_huge_row_to_a_streampack_client_passes_in_bounded_memory(pg: PgServer
             client.until_ready()
             query = f"SELECT repeat('x', {HUGE_VALUE})".encode() + b"\x00"
             client.sock.sendall(b"Q" + struct.pack(">I", 4 + len(query)) + query)
+            time.sleep(pause)  # the server has long produced the row by then
             kind, length = client.header()
             assert kind == b"T"
             client.exactly(length)

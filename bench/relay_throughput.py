@@ -37,6 +37,7 @@ from pathlib import Path
 
 from psycopg import pq
 from support.certs import CertPair, TestCA
+from support.memory import cpu_seconds
 from support.servers import PgServer, free_port, pg_bin, running_server
 
 from receivewal.replication.messages import XLOGDATA_TAG, XLogData, parse_copy_data
@@ -54,12 +55,6 @@ class Result:
     wire_bytes: int
     relay_cpu: float
     decode_cpu: float
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 PROFILED = """

@@ -1,7 +1,7 @@
 """The relay's receive buffer: the upstream's bytes land in it as a socket would put them
 (BufferedProtocol: ``buffer()`` then ``received(n)``), and the client gets every message in
 order, compressed XLogData restorable, whatever the reads' sizes and wherever a message is
-cut by the end of the buffer."""
+cut by the end of the buffer; and the relay process keeps its freed read buffers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import random
 import struct
 
 import pytest
-from test_relay import backend_message
+from support.servers import free_port
+from test_relay import backend_message, running_relay
 
 from receivewal.relay.backend import BUFFER_SIZE, MIN_ROOM, BackendStream
+from receivewal.relay.pump import keep_freed_buffers
 from receivewal.replication.messages import build_xlogdata
 from receivewal.replication.streampack import StreampackDecoder, StreampackEncoder, is_compressed
 
@@ -96,3 +98,15 @@ def test_without_an_encoder_the_bytes_pass_as_they_came() -> None:
     stream = BackendStream(None, authenticating=False)
     data = struct.pack(">I", 7) * 100_000
     assert receive(stream, data, seeded(6)) == data
+
+
+def test_the_relay_keeps_freed_read_buffers_unless_the_environment_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On glibc the relay raises the heap's trim and mmap thresholds (a read's buffers are
+    reused, not faulted in again); a MALLOC_*_THRESHOLD_ variable set by the user wins."""
+    with running_relay(free_port()) as relay:  # no upstream needed to start listening
+        pass
+    assert [e["allocator_tuned"] for e in relay.named("relay_listening")] == [True]
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert keep_freed_buffers() is False

@@ -106,7 +106,7 @@ class UpstreamPump(asyncio.BufferedProtocol):
 
     async def _wait_for_client(self) -> None:
         try:
-            with contextlib.suppress(ConnectionError):  # the client's side ends the pump
+            with contextlib.suppress(OSError):  # incl. TLS errors: the client's side ends it
                 await self.client.drain()
         finally:
             self._waiting = None

@@ -149,3 +149,34 @@ def test_a_stop_signal_ends_the_supervisors_sleep() -> None:
         stop.uninstall()
     assert stop.signal_name == "SIGTERM"
     assert ticks
+
+
+DURABILITY = "receivewal.archive.durable"
+_DURABLE_OS_CALLS = {"fsync", "fdatasync", "rename", "replace", "renames", "mkstemp"}
+
+
+def durability_calls(path: Path) -> list[str]:
+    """Where ``path`` fsyncs, renames or makes temporary files itself: ``os.fsync``,
+    ``os.rename``, ``os.replace`` (also imported by name from os) and any use of tempfile."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "os" and node.attr in _DURABLE_OS_CALLS:
+            found.append(f"os.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found.extend(f"from os import {a.name}" for a in node.names
+                         if a.name in _DURABLE_OS_CALLS)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            names = [module or "", *(a.name for a in node.names)]
+            found.extend("import tempfile" for n in names if n.split(".")[0] == "tempfile")
+    return [f"{module_name(path)}:{node_line}" for node_line in found]
+
+
+def test_durability_calls_are_in_the_durable_module_only() -> None:
+    """One module creates temporary files, fsyncs and renames (the writer seam of issue 19):
+    no other module of the package calls os.fsync, os.rename or os.replace, or uses tempfile."""
+    assert durability_calls(PACKAGE / "archive" / "durable.py")  # the check sees them
+    elsewhere = [call for path in sorted(PACKAGE.rglob("*.py"))
+                 if module_name(path) != DURABILITY for call in durability_calls(path)]
+    assert elsewhere == []

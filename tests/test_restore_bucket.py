@@ -20,6 +20,7 @@ from support.seaweed import SeaweedS3, free_port_pairs
 from support.servers import PgServer
 
 from receivewal.archive.bucket import Bucket
+from receivewal.archive.durable import temporary_name
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.spool import SPOOL_DIR, Spool
 from receivewal.commands.restore_call import source_id
@@ -141,7 +142,7 @@ def test_leftovers_of_a_killed_prefetch_are_never_served(url: str, tmp_path: Pat
     spool = Spool.beside(target, source_id(url))
     spool.dir.mkdir(parents=True)
     (spool.dir / name_of(4)).write_bytes(segment(4)[:SEGMENT // 2])
-    (spool.dir / f".{name_of(5)}.receivewal-restore-99999").write_bytes(b"torn")
+    (spool.dir / temporary_name(name_of(5), "99999")).write_bytes(b"torn")
     other = Spool.beside(target, "another archive")
     other.dir.mkdir(parents=True)
     (other.dir / name_of(4)).write_bytes(segment(9))

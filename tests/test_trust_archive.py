@@ -38,6 +38,7 @@ from support.streams import (
 
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.directory import Archive
+from receivewal.archive.durable import TEMP_SUFFIX, temporary_name
 from receivewal.archive.files import CRASH_ENV, PREALLOCATE_ENV, preallocate
 from receivewal.archive.layout import older_islands
 from receivewal.archive.writer import open_segment_writer
@@ -260,6 +261,25 @@ def test_compressed_restart_keeps_durable_wal_at_every_step(pg: PgServer, archiv
     assert not [n for n in os.listdir(archive_dir) if n.endswith(".receivewal-tmp")]
 
 
+def test_the_lock_holder_removes_the_temporaries_of_every_version(tmp_path: Path) -> None:
+    """At start-up the lock holder removes the temporary files a crash left: of the one naming
+    rule (this process's, another's) and of earlier versions (the writer's fixed name,
+    mkstemp's random one, the writable-directory probe), and nothing else."""
+    seg = "000000010000000000000003.partial"
+    leftovers = [temporary_name(seg), temporary_name(seg, "4242-0badcafe"),
+                 f".{seg}.receivewal-tmp", ".receivewal-state.json.k3j2_x0q.receivewal-tmp",
+                 ".receivewal-probe-a1b2c3d4"]
+    kept = ["000000010000000000000001", seg, ".receivewal-archive.json", "notes.tmp"]
+    for name in leftovers + kept:
+        (tmp_path / name).write_bytes(b"x")
+    archive = Archive(tmp_path)
+    try:
+        assert sorted(archive.lock().removed) == sorted(leftovers)
+    finally:
+        archive.unlock()
+    assert sorted(os.listdir(tmp_path)) == sorted([*kept, ".receivewal.lock"])
+
+
 # -- 9. preallocation a crash cannot leave half done ----------------------------------------------
 @pytest.mark.parametrize("zeros", [False, True])
 def test_preallocate_reserves_the_whole_segment(tmp_path: Path, zeros: bool) -> None:
@@ -284,7 +304,8 @@ def test_killed_during_preallocation_restart_works(pg: PgServer, archive_dir: Pa
                         env={PREALLOCATE_ENV: "zeros", CRASH_ENV: "preallocating"})
     assert killed.returncode == KILLED, killed.stderr[-2000:]
     assert wal_files(archive_dir) == []  # no .partial of the wrong size: only a temporary
-    assert [n for n in os.listdir(archive_dir) if n.endswith(".partial.receivewal-tmp")]
+    assert [n for n in os.listdir(archive_dir) if n.startswith(".000000010")
+            and ".partial." in n and n.endswith(TEMP_SUFFIX)]
     pg.generate_wal(1)
     done = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                       "-E", pg.mid_segment_lsn(), "-n", env={PREALLOCATE_ENV: "zeros"})

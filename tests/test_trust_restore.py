@@ -15,6 +15,7 @@ import pytest
 from support.archives import SEGMENT, zstd_bomb
 from support.memory import PEAK_RSS_KB
 
+from receivewal.archive.durable import temporary_name
 from receivewal.commands.cli import main
 
 NAME = "000000010000000000000003"
@@ -174,7 +175,7 @@ def test_planted_symlink_at_temp_name_is_not_written_through(
     (archive / NAME).write_bytes(segment)
     victim = archive / "victim"
     victim.write_bytes(b"keep me")
-    planted = pg_wal / f".RECOVERYXLOG.receivewal-restore-{os.getpid()}"
+    planted = pg_wal / temporary_name("RECOVERYXLOG")
     planted.symlink_to(victim)
     assert main(["restore", "-D", str(archive), NAME, str(pg_wal / "RECOVERYXLOG")]) == 0
     assert victim.read_bytes() == b"keep me"

@@ -15,11 +15,12 @@ the bucket is answered 403, not 404: it reads as access denied, never as absent.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
+from typing import IO
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.compression import read_wal_file
+from receivewal.archive.durable import spooled_buffer
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.restore import Candidate, NotInArchive, write_restored
 from receivewal.errors import ConfigurationError, ObjectNotFound
@@ -49,7 +50,7 @@ class BucketSource:
         """
         for candidate in _forms(name):
             key = candidate.path.name
-            with tempfile.SpooledTemporaryFile(max_size=_IN_MEMORY, dir=str(target.parent)) as buf:
+            with spooled_buffer(target.parent, _IN_MEMORY) as buf:
                 try:
                     self.bucket.get(key, buf, _MAX_OBJECT)
                 except ObjectNotFound:
@@ -72,7 +73,7 @@ def _forms(name: str) -> list[Candidate]:
             for fmt in AtRest]
 
 
-def _segment_size(buf: tempfile.SpooledTemporaryFile[bytes], candidate: Candidate,
+def _segment_size(buf: IO[bytes], candidate: Candidate,
                   url: str) -> int:
     """The segment size by the one rule (:func:`~receivewal.wal.pageheader.
     archive_segment_size`, no identity read here): the object's own first page header's when
@@ -89,10 +90,10 @@ def _segment_size(buf: tempfile.SpooledTemporaryFile[bytes], candidate: Candidat
 class _Unclosed:
     """``buf`` as a context manager that leaves it open."""
 
-    def __init__(self, buf: tempfile.SpooledTemporaryFile[bytes]) -> None:
+    def __init__(self, buf: IO[bytes]) -> None:
         self.buf = buf
 
-    def __enter__(self) -> tempfile.SpooledTemporaryFile[bytes]:
+    def __enter__(self) -> IO[bytes]:
         return self.buf
 
     def __exit__(self, *exc: object) -> None:

@@ -1,30 +1,33 @@
-"""The archive directory on disk: the only package that writes, fsyncs and renames files.
+"""The archive directory on disk: its lock, the scan where streaming resumes, its identity.
 
 This module holds the directory itself: the one-writer lock (taken as
 :mod:`receivewal.archive.lock` says), the scan that decides where streaming resumes, the
 identity file, and durable writes of small files. The segment writers are in
 :mod:`receivewal.archive.writer`.
 
-Every file receivewal creates is first written under a fresh temporary name (a dotfile ending
-in ``.receivewal-tmp``, opened with ``O_CREAT|O_EXCL|O_NOFOLLOW``), fsynced, renamed into place
-and the directory fsynced; the lock holder removes temporaries a crash left behind. Nothing is
-ever written through a symbolic link.
+Every file receivewal creates is written as :mod:`receivewal.archive.durable` says (a new
+temporary file, fsync, rename, fsync of the directory); the lock holder removes the temporaries
+a crash left behind. Nothing is ever written through a symbolic link.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import socket
 import stat
 import struct
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
+from receivewal.archive.durable import (
+    is_temporary,
+    probe_writable,
+    sync_path,
+    write_file_durably,
+)
 from receivewal.archive.identity import (
     IDENTITY_FILE,
     ArchiveIdentity,
@@ -40,7 +43,6 @@ from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError
 from receivewal.wal.names import SegmentFile
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
-TEMP_SUFFIX = ".receivewal-tmp"
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
@@ -56,63 +58,6 @@ def os_error(exc: OSError, what: str) -> ArchiveError:
         return ArchiveError(f"{what}: it is a symbolic link, which receivewal never follows "
                             "when writing")
     return ArchiveError(f"{what}: {exc.strerror or exc}")
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory by path."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def temporary_name(name: str) -> str:
-    """The fixed temporary name under which ``name`` is prepared (a leftover is removed)."""
-    return f".{name}{TEMP_SUFFIX}"
-
-
-def create_exclusive(path: Path, mode: int) -> int:
-    """Open a new file for writing; never an existing file, never through a symlink."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    os.fchmod(fd, mode)  # O_CREAT's mode is filtered by the umask
-    return fd
-
-
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """os.write until every byte is written."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def write_file_durably(directory: Path, name: str, body: bytes, *, mode: int = 0o600,
-                       sync: bool = True) -> None:
-    """Write ``directory/name`` through a fresh temporary file: fsync, rename, fsync the dir.
-
-    The temporary file is created with ``O_EXCL|O_NOFOLLOW`` under a random name, so a symlink
-    or a file planted at any name is never written through. Raises OSError.
-    """
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=TEMP_SUFFIX, dir=directory)
-    try:
-        os.fchmod(fd, mode)
-        write_all(fd, body)
-        if sync:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, directory / name)
-    except OSError:  # e.g. a directory stands at the name: leave no temporary behind
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if sync:
-        fsync_path(directory)
 
 
 class Archive:
@@ -139,9 +84,7 @@ class Archive:
         """Raise ArchiveError unless the directory exists and we can create files in it."""
         self.check_exists()
         try:
-            fd, probe = tempfile.mkstemp(prefix=".receivewal-probe-", dir=self.directory)
-            os.close(fd)
-            os.unlink(probe)
+            probe_writable(self.directory)
         except OSError as exc:
             raise ArchiveError(
                 f'directory "{self.directory}" is not writable: {exc.strerror or exc}'
@@ -163,7 +106,7 @@ class Archive:
         """Make renames and new entries in the directory durable (raises ArchiveError)."""
         if self.sync:
             try:
-                fsync_path(self.directory)
+                sync_path(self.directory)
             except OSError as exc:
                 raise os_error(exc, f'could not fsync directory "{self.directory}"') from exc
 
@@ -224,7 +167,7 @@ class Archive:
         if listing is None:
             listing = self.listing()
         removed = [entry.name for entry in listing.entries
-                   if entry.name.startswith(".") and entry.name.endswith(TEMP_SUFFIX)]
+                   if is_temporary(entry.name)]
         for name in removed:
             try:
                 (self.directory / name).unlink()
@@ -346,6 +289,7 @@ class Archive:
             write_file_durably(self.directory, name, body, mode=self.file_mode, sync=self.sync)
         except OSError as exc:
             raise os_error(exc, f'could not write file "{self.directory / name}"') from exc
+
 
 
 def _first_bytes(path: Path, parsed: SegmentFile, count: int) -> bytes:

@@ -16,7 +16,6 @@ drops WAL that was durable.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +27,8 @@ from receivewal.archive.compression import (
     new_compressor,
     open_local,
 )
-from receivewal.archive.directory import (
-    Archive,
-    create_exclusive,
-    os_error,
-    temporary_name,
-    write_all,
-)
+from receivewal.archive.directory import Archive, os_error
+from receivewal.archive.durable import durable_file
 from receivewal.archive.files import preallocate
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
@@ -178,25 +172,14 @@ def _convert(archive: Archive, source: PartialFile, form: AtRest, compress: Comp
     segment = SegmentFile(source.segment.segno, source.segment.timeline, form, partial=True)
     target = archive.directory / segment.file_name(segment_size)
     wal = read_partial(source.path, source.segment, segment_size)[:source.valid]
-    tmp = target.with_name(temporary_name(target.name))
     try:
-        tmp.unlink(missing_ok=True)
-        fd = create_exclusive(tmp, archive.file_mode)
-        try:
+        with durable_file(target, archive.file_mode, sync=archive.sync) as out:
             if form == AtRest.PLAIN:
-                preallocate(fd, segment_size)
-                write_all(fd, wal)
+                preallocate(out.fileno(), segment_size)
+                out.write(wal)
             else:
                 compressor = new_compressor(compress)
-                write_all(fd, compressor.begin() + compressor.compress(wal)
-                          + compressor.finish())
-            if archive.sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
+                out.write(compressor.begin() + compressor.compress(wal) + compressor.finish())
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise os_error(exc, f'could not convert "{source.path}" to "{target}"') from exc
-    archive.fsync_directory()
     return PartialFile(target, segment, source.valid, target.stat().st_mtime_ns)

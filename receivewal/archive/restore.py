@@ -1,9 +1,9 @@
 """Restoring one file from the archive for PostgreSQL's ``restore_command`` (``%f`` to ``%p``).
 
 The archive may hold the segment plain or compressed (any :class:`~receivewal.wal.names.AtRest`
-format); it is decoded into a new temporary file next to ``%p`` (created with O_CREAT|O_EXCL|
-O_NOFOLLOW, so never through a planted symlink), fsynced, renamed into place and the directory
-fsynced: recovery never sees half a file.
+format); it is decoded into a new temporary file next to ``%p``, fsynced, renamed into place and
+the directory fsynced (:mod:`receivewal.archive.durable`, never through a planted symlink):
+recovery never sees half a file.
 
 Nothing the archive holds can make recovery end early by mistake: only a file the archive does
 not have is :class:`NotInArchive`. A file that is there but cannot be trusted (damaged, larger
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
-from receivewal.archive.directory import Archive, fsync_path
+from receivewal.archive.directory import Archive
+from receivewal.archive.durable import durable_file
 from receivewal.archive.identity import IDENTITY_FILE
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
@@ -195,20 +195,11 @@ def _identity_segment_size(directory: Path) -> int | None:
 def _write_atomically(fill: Callable[[BinaryIO], int], target: Path,
                       expect: tuple[int, int] | None) -> None:
     """Write a new temporary file with ``fill`` (which returns the bytes it wrote), pad it to
-    ``expect`` = (least, pad to) bytes, fsync, rename to ``target``, fsync the directory. The
-    temporary file is removed on any error, SIGTERM (raised as an exception by the command)
-    included."""
-    fd, tmp = _create_temporary(target)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            _write_padded(out, fill, expect)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_path(target.parent)
+    ``expect`` = (least, pad to) bytes, fsync, rename to ``target``, fsync the directory
+    (:func:`~receivewal.archive.durable.durable_file`: the temporary file is removed on any
+    error, SIGTERM raised as an exception by the command included)."""
+    with durable_file(target) as out:
+        _write_padded(out, fill, expect)
 
 
 def _write_padded(out: BinaryIO, fill: Callable[[BinaryIO], int],
@@ -246,14 +237,3 @@ def _copy_plain(source: BinaryIO, out: BinaryIO, cap: int) -> int:
         copied += step
     out.seek(copied)
     return copied
-
-
-def _create_temporary(target: Path) -> tuple[int, Path]:
-    """A new file next to ``target``: never an existing file, never through a symlink."""
-    first = target.with_name(f".{target.name}.receivewal-restore-{os.getpid()}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        return os.open(first, flags, 0o666), first  # the umask applies, as for a copy
-    except FileExistsError:  # a leftover, or something planted: leave it, take a fresh name
-        fd, name = tempfile.mkstemp(prefix=f"{first.name}-", dir=target.parent)
-        return fd, Path(name)

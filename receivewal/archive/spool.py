@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from receivewal.archive.directory import fsync_path
+from receivewal.archive.durable import rename, sync_path
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.wal.names import parse_segment_file_name, wal_file_name
@@ -81,10 +81,10 @@ class Spool:
                 path.unlink()
             return False
         try:
-            os.rename(path, target)  # another call may have taken it first: then fetch
+            rename(path, target)  # another call may have taken it first: then fetch
         except FileNotFoundError:
             return False
-        fsync_path(target.parent)
+        sync_path(target.parent)
         return True
 
     def busy(self) -> bool:

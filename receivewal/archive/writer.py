@@ -23,13 +23,8 @@ from pathlib import Path
 
 from receivewal.archive.codecs import Compressor
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, new_compressor
-from receivewal.archive.directory import (
-    Archive,
-    create_exclusive,
-    os_error,
-    temporary_name,
-    write_all,
-)
+from receivewal.archive.directory import Archive, os_error
+from receivewal.archive.durable import create_temporary, rename, sync_file, write_all
 from receivewal.archive.files import (
     CRASH_ENV,
     PREALLOCATE_ENV,
@@ -110,7 +105,7 @@ class SegmentWriter:
         if self._fd is not None and self.flushed < self.position:
             if self.archive.sync:
                 try:
-                    os.fsync(self._fd)
+                    sync_file(self._fd)
                 except OSError as exc:
                     raise os_error(exc, f'could not fsync file "{self._path}"') from exc
             self._synced()
@@ -170,14 +165,12 @@ class SegmentWriter:
         return fd, path
 
     def _create_temporary(self, path: Path) -> tuple[int, Path]:
-        """A new empty file under ``path``'s temporary name (a leftover one is replaced), never
-        through a symbolic link; return its descriptor and path."""
-        tmp = path.with_name(temporary_name(path.name))
+        """A new empty file under ``path``'s temporary name (a leftover of this process is
+        replaced), never through a symbolic link; return its descriptor and path."""
         try:
-            tmp.unlink(missing_ok=True)
-            return create_exclusive(tmp, self.archive.file_mode), tmp
+            return create_temporary(path, self.archive.file_mode, replace_own=True)
         except OSError as exc:
-            raise os_error(exc, f'could not create file "{tmp}"') from exc
+            raise os_error(exc, f'could not create a temporary file for "{path}"') from exc
 
     def _create_preallocated(self, path: Path) -> int:
         """Preallocate under a temporary name; rename to ``.partial`` once complete, fsynced."""
@@ -190,9 +183,8 @@ class SegmentWriter:
                 # before that leaves only the temporary file, removed at the next start)
                 self.syncer.submit(self.position, lambda: self._promote(fd, tmp, path))
                 return fd
-            if self.archive.sync:
-                os.fsync(fd)
-            os.rename(tmp, path)
+            sync_file(fd, sync=self.archive.sync)
+            rename(tmp, path)
         except OSError as exc:
             os.close(fd)
             tmp.unlink(missing_ok=True)
@@ -204,8 +196,8 @@ class SegmentWriter:
         """The syncer's job for a new segment: make the preallocated file durable, then give it
         its ``.partial`` name and make that durable."""
         try:
-            os.fsync(fd)
-            os.rename(tmp, path)
+            sync_file(fd)
+            rename(tmp, path)
         except OSError as exc:
             raise os_error(exc, f'could not preallocate file "{path}"') from exc
         self.archive.fsync_directory()
@@ -249,11 +241,10 @@ class SegmentWriter:
         segment's ``.partial`` files in other forms."""
         try:
             try:
-                if self.archive.sync:
-                    os.fsync(fd)
+                sync_file(fd, sync=self.archive.sync)
             finally:
                 os.close(fd)
-            os.replace(path, self.archive.directory / name)
+            rename(path, self.archive.directory / name)
         except OSError as exc:
             raise os_error(exc, f'could not complete segment "{name}"') from exc
         self.archive.fsync_directory()
@@ -342,7 +333,7 @@ class CompressedSegmentWriter(SegmentWriter):
         if self.position - self._segno * self.segment_size < old:
             return
         try:
-            os.replace(self._path, partial)
+            rename(self._path, partial)
         except OSError as exc:
             raise os_error(exc, f'could not replace "{partial}"') from exc
         self.archive.fsync_directory()

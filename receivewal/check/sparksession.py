@@ -10,9 +10,10 @@ import atexit
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from receivewal.archive.durable import scratch_directory
 
 #: Error-level logs to stderr. The two named loggers are the ones Spark reads to set the
 #: console level of an interactive driver (the Scala shell's, and PySpark's gateway): when
@@ -50,7 +51,7 @@ def make_session(remote: str | None = None, scratch: Path | None = None,
         return SparkSession.builder.getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this environment
     if scratch is None:
-        scratch = Path(tempfile.mkdtemp(prefix="receivewal-spark-"))
+        scratch = scratch_directory("receivewal-spark-")
         atexit.register(shutil.rmtree, scratch, True)
     scratch.mkdir(parents=True, exist_ok=True)
     log_conf = scratch / "log4j2.properties"

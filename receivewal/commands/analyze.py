@@ -8,11 +8,11 @@ command ends.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import click
 
+from receivewal.archive.durable import scratch_directory
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 
 EXIT_CODES = """\b
@@ -46,7 +46,7 @@ def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, m
                                    "pip install 'receivewal[spark]'") from exc
     from receivewal.check import analyze, sparksession  # noqa: PLC0415 - pyspark lazily
 
-    scratch = Path(tempfile.mkdtemp(prefix="receivewal-spark-"))
+    scratch = scratch_directory("receivewal-spark-")
     try:
         spark = sparksession.make_session(remote, scratch=scratch, master=master)
         try:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from receivewal.archive.directory import write_file_durably
+from receivewal.archive.durable import write_file_durably
 from receivewal.archive.reading import read_small_file
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.logs import get_logger

@@ -1,0 +1,157 @@
+"""Durable writes: the one module that creates temporary files, fsyncs and renames.
+
+Every file receivewal writes, in the archive or for a restore (``%p``, the prefetch spool), is
+made the same way, as pg_receivewal's walmethods.c does: a new temporary file next to its
+target, written, fsynced, renamed into place, and the directory fsynced. With the archive's
+``--no-sync`` the two fsyncs are skipped; nothing else changes.
+
+One naming rule for the temporary files: ``.<name>.<pid>.receivewal-tmp`` next to ``<name>``
+(``.<name>.<pid>-<random>.receivewal-tmp`` when that is taken: a leftover, or something
+planted, which is left alone). It is created with ``O_CREAT|O_EXCL|O_NOFOLLOW``, so nothing is
+ever written through a planted file or symbolic link. :func:`is_temporary` recognises it, and
+the names earlier versions used, so that the archive's lock holder removes what a crash left
+behind (:meth:`receivewal.archive.directory.Archive.remove_temporaries`).
+
+Errors are OSError: the caller names the file in the project's error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, BinaryIO
+
+TEMP_SUFFIX = ".receivewal-tmp"
+# what earlier versions left: the writable-directory probe (mkstemp) in the archive
+_OLD_PREFIXES = (".receivewal-probe-",)
+_AS_A_COPY = 0o666  # a restored file's mode: the umask applies, as for a copy
+
+
+def temporary_name(name: str, unique: str = "") -> str:
+    """The temporary name under which ``name`` is prepared by this process."""
+    return f".{name}.{unique or os.getpid()}{TEMP_SUFFIX}"
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary file of this rule, or of an earlier version's (the fixed
+    ``.<name>.receivewal-tmp`` and mkstemp's ``.<name>.<random>.receivewal-tmp`` match it)."""
+    return (name.startswith(".") and name.endswith(TEMP_SUFFIX)) \
+        or name.startswith(_OLD_PREFIXES)
+
+
+def create_temporary(target: Path, mode: int | None = None, *, replace_own: bool = False,
+                     ) -> tuple[int, Path]:
+    """A new empty file under ``target``'s temporary name; its descriptor and path.
+
+    ``mode`` is set exactly (None: 0666 less the umask, as a copy). Never opens an existing
+    file, never through a symbolic link: when the name is taken, the file there is left
+    alone and a fresh random name is taken, unless ``replace_own`` (the archive's lock holder
+    replaces a leftover of its own process).
+    """
+    first = target.with_name(temporary_name(target.name))
+    if replace_own:
+        first.unlink(missing_ok=True)
+    try:
+        return _create_exclusive(first, mode), first
+    except FileExistsError:
+        pass
+    while True:
+        fresh = target.with_name(temporary_name(target.name,
+                                                f"{os.getpid()}-{secrets.token_hex(4)}"))
+        try:
+            return _create_exclusive(fresh, mode), fresh
+        except FileExistsError:
+            continue
+
+
+def _create_exclusive(path: Path, mode: int | None) -> int:
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, _AS_A_COPY if mode is None else mode)
+    if mode is not None:
+        try:
+            os.fchmod(fd, mode)  # O_CREAT's mode is filtered by the umask
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+    return fd
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """os.write until every byte is written."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def sync_file(fd: int, *, sync: bool = True) -> None:
+    """fsync an open file (nothing with ``sync`` off)."""
+    if sync:
+        os.fsync(fd)
+
+
+def sync_path(path: Path, *, sync: bool = True) -> None:
+    """fsync a file or a directory by path (nothing with ``sync`` off)."""
+    if not sync:
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rename(source: Path, target: Path) -> None:
+    """Give ``source`` the name ``target`` atomically (replacing what is there); the caller
+    fsyncs the directory."""
+    os.replace(source, target)
+
+
+@contextlib.contextmanager
+def durable_file(target: Path, mode: int | None = None, *, sync: bool = True,
+                 ) -> Iterator[BinaryIO]:
+    """Write ``target`` atomically: yields a new temporary file next to it; once the block
+    ends, flushes, fsyncs, renames it to ``target`` and fsyncs the directory. On any error
+    (SIGTERM raised as an exception included) the temporary file is removed and ``target``
+    is untouched."""
+    fd, tmp = create_temporary(target, mode)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield out
+            out.flush()
+            sync_file(out.fileno(), sync=sync)
+        rename(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    sync_path(target.parent, sync=sync)
+
+
+def write_file_durably(directory: Path, name: str, body: bytes, *, mode: int = 0o600,
+                       sync: bool = True) -> None:
+    """Write ``directory/name`` through a new temporary file: fsync, rename, fsync the
+    directory. Raises OSError."""
+    with durable_file(directory / name, mode, sync=sync) as out:
+        out.write(body)
+
+
+def probe_writable(directory: Path) -> None:
+    """Create and remove a temporary file in ``directory``; raises OSError when it cannot."""
+    fd, path = create_temporary(directory / "receivewal-probe")
+    os.close(fd)
+    path.unlink()
+
+
+def spooled_buffer(directory: Path, max_size: int) -> IO[bytes]:
+    """A scratch buffer: in memory up to ``max_size`` bytes, beyond that an unnamed file in
+    ``directory`` (gone when closed, whatever happens)."""
+    return tempfile.SpooledTemporaryFile(max_size=max_size, dir=str(directory))
+
+
+def scratch_directory(prefix: str) -> Path:
+    """A new private directory for scratch files (not durable; its user removes it)."""
+    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -180,3 +180,15 @@ def test_durability_calls_are_in_the_durable_module_only() -> None:
     elsewhere = [call for path in sorted(PACKAGE.rglob("*.py"))
                  if module_name(path) != DURABILITY for call in durability_calls(path)]
     assert elsewhere == []
+
+
+def test_the_session_writes_through_the_segment_sink_interface() -> None:
+    """The receive loop knows the SegmentSink Protocol, not the directory's writer classes, and
+    no daemon module hooks into the archive's completions other than by subscribing."""
+    graph = import_graph()
+    assert "receivewal.archive.sink" in graph["receivewal.daemon.session"]
+    assert "receivewal.archive.writer" not in graph["receivewal.daemon.session"]
+    session = (PACKAGE / "daemon" / "session.py").read_text()
+    assert "SegmentWriter" not in session
+    assert not [path for path in sorted(PACKAGE.rglob("*.py")) if "on_completed" in
+                path.read_text()]

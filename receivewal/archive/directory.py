@@ -18,9 +18,9 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Callable
 from pathlib import Path
 
+from receivewal.archive.completions import Completions, FileCompleted, FileKind
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
 from receivewal.archive.durable import (
     is_temporary,
@@ -68,9 +68,9 @@ class Archive:
         self.sync = sync
         self.file_mode = file_mode
         self._lock_fd: int | None = None
-        # told the name of each segment or history file once it is complete and durable (the
-        # uploader follows these); called from the thread that made the file durable
-        self.on_completed: Callable[[str], None] | None = None
+        # each segment or history file once it is complete and durable (the uploader follows
+        # them), delivered on the thread that made the file durable
+        self.completions = Completions()
 
     # -- checks ------------------------------------------------------------------------------
     def check_exists(self) -> None:
@@ -120,11 +120,6 @@ class Archive:
         except OSError as exc:
             raise os_error(exc, f'could not remove superseded file "{path}"') from exc
         return True
-
-    def file_completed(self, name: str) -> None:
-        """``name`` (a completed segment or a history file) is durable under its final name."""
-        if self.on_completed is not None:
-            self.on_completed(name)
 
     # -- the one-writer lock ------------------------------------------------------------------
     def lock(self) -> Listing:
@@ -290,6 +285,10 @@ class Archive:
         except OSError as exc:
             raise os_error(exc, f'could not write file "{self.directory / name}"') from exc
 
+    def write_history(self, name: str, body: bytes) -> None:
+        """Write the timeline history file ``name`` durably, then tell the subscribers."""
+        self.write_file_durably(name, body)
+        self.completions.publish(FileCompleted(name, FileKind.HISTORY))
 
 
 def _first_bytes(path: Path, parsed: SegmentFile, count: int) -> bytes:

@@ -23,8 +23,8 @@ from receivewal.archive.layout import StartPoint, choose_start, island_names
 from receivewal.archive.listing import Listing
 from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
+from receivewal.archive.sink import SegmentSink, open_segment_sink
 from receivewal.archive.syncer import restart_point
-from receivewal.archive.writer import SegmentWriter, open_segment_writer
 from receivewal.daemon import events as ev
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
@@ -91,7 +91,7 @@ class Session:
         self.decoder = StreampackDecoder(settings.compression)
         self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
         self.info: ServerInfo | None = None
-        self.writer: SegmentWriter | None = None
+        self.writer: SegmentSink | None = None
         self.last_received = clock()
         self.pinged = False
         self.first_frame = True
@@ -184,8 +184,7 @@ class Session:
         except UnicodeDecodeError as exc:
             raise ArchiveError(f'history file "{path}" is not text: {exc}') from exc
         name, content = timeline_history(self.conn, timeline)
-        self.archive.write_file_durably(name, content.encode())
-        self.archive.file_completed(name)
+        self.archive.write_history(name, content.encode())
         self.log.info("history_file_written", file=name, timeline=timeline)
         return content
 
@@ -205,8 +204,8 @@ class Session:
     def _stream_timeline(self, timeline: int, lsn: int) -> TimelineEnd | str:
         assert self.info is not None
         slot = f"SLOT {self.settings.slot} " if self.settings.slot else ""
-        self.writer = writer = open_segment_writer(self.archive, self.info.segment_size, timeline,
-                                                   lsn, self.settings.at_rest)
+        self.writer = writer = open_segment_sink(self.archive, self.info.segment_size, timeline,
+                                                 lsn, self.settings.at_rest)
         try:
             self.conn.start_copy_both(
                 f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"
@@ -230,7 +229,7 @@ class Session:
         finally:
             writer.close()
 
-    def _copy_loop(self, writer: SegmentWriter) -> TimelineEnd | str:
+    def _copy_loop(self, writer: SegmentSink) -> TimelineEnd | str:
         """receivelog.c's HandleCopyStream, the hot loop. Take what has arrived; when nothing
         has, do the periodic work (endpos, synchronous flush, liveness, status, monitor tick)
         and let the next read wait, on the socket and the stop signal, until the next status
@@ -275,7 +274,7 @@ class Session:
                 self._tick(writer)
                 next_tick = now + TICK_SECONDS
 
-    def _idle(self, writer: SegmentWriter, now: float, next_status: float) -> float:
+    def _idle(self, writer: SegmentSink, now: float, next_status: float) -> float:
         """The periodic work once nothing more has arrived: the synchronous flush, liveness,
         a status update when due, the monitor's tick. Returns when the next status is due."""
         if self.settings.synchronous and writer.flushed < writer.position:
@@ -288,7 +287,7 @@ class Session:
         self._tick(writer)
         return next_status
 
-    def _at_endpos(self, writer: SegmentWriter) -> bool:
+    def _at_endpos(self, writer: SegmentSink) -> bool:
         """Stop (and say so) once everything up to --endpos is received."""
         endpos = self.settings.endpos
         if endpos is None or writer.position < endpos:
@@ -298,7 +297,7 @@ class Session:
         self._finish(writer)
         return True
 
-    def _tick(self, writer: SegmentWriter) -> None:
+    def _tick(self, writer: SegmentSink) -> None:
         """Report what arrived since the last tick, then the tick (the monitor's periodic work)."""
         if self.pending_wire:
             self.events(ev.Received(writer.position, self.pending_wire, self.pending_wal,
@@ -321,7 +320,7 @@ class Session:
             self.log.info("compression_summary",
                           **{**stats.as_dict(), "algorithm": stats.algorithm or "none"})
 
-    def _check_liveness(self, writer: SegmentWriter, now: float) -> None:
+    def _check_liveness(self, writer: SegmentSink, now: float) -> None:
         """Like wal_receiver_timeout: ping at half the timeout, give up at the full one."""
         timeout = self.settings.receive_timeout
         if timeout <= 0:
@@ -335,7 +334,7 @@ class Session:
             self.send_status(writer, reply_requested=True)
             self.pinged = True
 
-    def _process_xlogdata(self, xlog: XLogData, wire: int, writer: SegmentWriter) -> None:
+    def _process_xlogdata(self, xlog: XLogData, wire: int, writer: SegmentSink) -> None:
         if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
             self._report_compression()
         completed = writer.write(xlog.wal_start, xlog.payload)
@@ -350,12 +349,12 @@ class Session:
             self.events(ev.Flushed(writer.flushed))
             self.log.debug("compression_stats", **self.decoder.stats().as_dict())
 
-    def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentWriter) -> None:
+    def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentSink) -> None:
         self.events(ev.Keepalive(keepalive.wal_end))
         if keepalive.reply_requested:
             self.send_status(writer)
 
-    def send_status(self, writer: SegmentWriter, reply_requested: bool = False) -> None:
+    def send_status(self, writer: SegmentSink, reply_requested: bool = False) -> None:
         """Send ``r`` (and ``h`` unless disabled); fsync first when flush is reported."""
         flush = 0
         if self.settings.report_flush:
@@ -370,7 +369,7 @@ class Session:
             self.conn.send_copy(build_hot_standby_feedback(now))
         self.events(ev.FlushReported(writer.position, flush))
 
-    def _finish(self, writer: SegmentWriter) -> None:
+    def _finish(self, writer: SegmentSink) -> None:
         """Stop on our side: fsync, report, end the copy, and let the server finish."""
         self._tick(writer)  # Received: the monitor's counters get the last batch too
         writer.flush(wait=True)
@@ -386,7 +385,7 @@ class Session:
             if result.status not in (ResultStatus.COMMAND_OK, ResultStatus.TUPLES_OK):
                 break
 
-    def _end_of_copy(self, writer: SegmentWriter) -> TimelineEnd:
+    def _end_of_copy(self, writer: SegmentSink) -> TimelineEnd:
         """The server ended the copy: a timeline switch, or a shutdown."""
         writer.close()
         next_tli, next_start = read_timeline_end(self.conn, writer.timeline, writer.position)

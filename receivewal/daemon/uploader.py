@@ -1,10 +1,11 @@
 """The uploader: completed archive files go to object storage, in order, from a thread of their
 own, so that the receive loop never waits for the network.
 
-The archive tells it of each segment or history file once that is durable under its final name
-(:attr:`Archive.on_completed`); at start it takes the backlog from the archive directory and
-the local upload record (:mod:`receivewal.archive.uploads`), never from a listing of the
-bucket. Before the first upload, the prefix is claimed for this cluster (the identity object).
+It subscribes to the archive's completed files (``FileCompleted`` events of
+:mod:`receivewal.archive.completions`, told once a segment or history file is durable under
+its final name); at start it takes the backlog from the archive directory and the local upload
+record (:mod:`receivewal.archive.uploads`), never from a listing of the bucket. Before the
+first upload, the prefix is claimed for this cluster (the identity object).
 
 Failures never skip a file. A retryable one (the store down, throttled, credentials rejected)
 is retried with exponential backoff and full jitter, without end, while streaming goes on
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from structlog.typing import FilteringBoundLogger
 
+from receivewal.archive.completions import FileCompleted
 from receivewal.archive.directory import Archive
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.listing import Listing
@@ -131,6 +133,7 @@ class Uploader:
         self._pause = environ.get(PAUSE_ENV)
         self._status = UploadStatus(str(bucket.url))
         self._floor = 0  # where the current session streams from
+        self._unsubscribe: Callable[[], None] = lambda: None  # from the archive's completions
 
     # -- the session's side ------------------------------------------------------------------
     def begin(self, identity: ArchiveIdentity, listing: Listing | None = None) -> None:
@@ -156,15 +159,16 @@ class Uploader:
         for pending in pending_files(self.archive, self._record, self.segment_size,
                                      listing):
             self._enqueue(pending)
-        self.archive.on_completed = self.follow
+        self._unsubscribe = self.archive.completions.subscribe(self.follow)
         self._thread = threading.Thread(target=self._work, name="uploader", daemon=True)
         self._thread.start()
         self.log.info("uploads_started", destination=str(self.bucket.url),
                       backlog=len(self._pending), last_uploaded=self._record.segment)
 
-    def follow(self, name: str) -> None:
-        """The archive's hook: ``name`` is complete and durable; queue it (never blocks on the
+    def follow(self, completed: FileCompleted) -> None:
+        """A file is complete and durable in the archive: queue it (never blocks on the
         network)."""
+        name = completed.name
         if not is_uploadable(name, self.segment_size):
             return
         try:
@@ -196,7 +200,7 @@ class Uploader:
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(CLOSE_SECONDS)
-        self.archive.on_completed = None
+        self._unsubscribe()
 
     # -- the thread --------------------------------------------------------------------------
     def _work(self) -> None:

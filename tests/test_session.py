@@ -26,6 +26,7 @@ from receivewal.replication.link import (
     ReplicationLink,
     Result,
     ResultStatus,
+    WalRun,
 )
 from receivewal.replication.messages import build_xlogdata
 
@@ -72,6 +73,12 @@ class ScriptedConnection:
 
     def start_copy_both(self, sql: str) -> None:
         self.started = sql
+
+    receive_path = "python"
+
+    def read_batch(self, timeout: float, until: int | None = None
+                   ) -> WalRun | CopyData | CopyDone | None:
+        return self.read_copy(timeout)
 
     def read_copy(self, timeout: float) -> CopyData | CopyDone | None:
         if self.ended:

@@ -41,7 +41,7 @@ from receivewal.replication.commands import (
     slot_exists,
     timeline_history,
 )
-from receivewal.replication.link import COPY_DONE, ReplicationLink, ResultStatus
+from receivewal.replication.link import COPY_DONE, ReplicationLink, ResultStatus, WalRun
 from receivewal.replication.messages import (
     PrimaryKeepalive,
     XLogData,
@@ -211,7 +211,7 @@ class Session:
                                        server_wal_end=self.info.xlogpos)
                 self.announced = True
             self.log.info("streaming_started", timeline=timeline, start_lsn=format_lsn(lsn),
-                          slot=self.settings.slot)
+                          slot=self.settings.slot, receive_path=self.conn.receive_path)
             self.monitor.streaming_started(timeline, lsn)
             return self._copy_loop(writer)
         except WalRemovedError as exc:
@@ -239,7 +239,7 @@ class Session:
                 self.log.info("stop_requested", lsn=format_lsn(writer.position))
                 self._finish(writer)
                 return "stopped"
-            message = self.conn.read_copy(wait)
+            message = self.conn.read_batch(wait, self.settings.endpos)
             now = self.clock()
             if message is None:
                 if self.stop.requested:  # the signal ended the wait
@@ -256,8 +256,10 @@ class Session:
                 return self._end_of_copy(writer)
             wait = 0.0
             self.last_received, self.pinged = now, False
-            received = parse_copy_data(message, self._read_xlogdata)
-            if isinstance(received, XLogData):
+            if isinstance(message, WalRun):  # plain XLogData frames, from the compiled loop
+                self.decoder.count_plain(len(message.payload), message.wire)
+                self._process_xlogdata(message, message.wire, writer)
+            elif isinstance(received := parse_copy_data(message, self._read_xlogdata), XLogData):
                 self._process_xlogdata(received, len(message), writer)
             else:
                 self._process_keepalive(received, writer)
@@ -332,12 +334,13 @@ class Session:
             self.send_status(writer, reply_requested=True)
             self.pinged = True
 
-    def _process_xlogdata(self, xlog: XLogData, wire: int, writer: SegmentWriter) -> None:
+    def _process_xlogdata(self, xlog: XLogData | WalRun, wire: int,
+                          writer: SegmentWriter) -> None:
         if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
             self._report_compression()
         completed = writer.write(xlog.wal_start, xlog.payload)
         self.pending_wire += wire
-        self.pending_wal += len(xlog.payload)
+        self.pending_wal += xlog.end - xlog.wal_start
         self.server_wal_end = xlog.wal_end
         for name in completed:
             self.log.info("segment_completed", segment=name, timeline=writer.timeline,

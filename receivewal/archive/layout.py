@@ -43,7 +43,7 @@ def take_range(pieces: list[memoryview], start: int, length: int) -> list[memory
     at = 0
     for piece in pieces:
         size = len(piece)
-        if at < end and at + size > start:
+        if max(start, at) < min(end, at + size):  # they overlap
             taken.append(piece[max(start - at, 0) : min(end - at, size)])
         at += size
     return taken

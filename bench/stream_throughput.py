@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -78,7 +79,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per tool and durability")
     parser.add_argument("--python-too", action="store_true",
                         help="also run receivewal with its pure-Python receive loop")
+    parser.add_argument("--pool", nargs="+", metavar="LOG", type=Path,
+                        help="run nothing: summarise the runs printed in these saved outputs")
     args = parser.parse_args()
+    if args.pool:
+        pool_outputs(args.pool)
+        return
     modes = [("--no-sync", ["--no-sync"]), ("default", [])]
     tools = [*TOOLS, PURE_TOOL] if args.python_too else list(TOOLS)
     slots = [slot_name(t, m[0], i) for t in tools for m in modes for i in range(args.runs)]
@@ -127,6 +133,29 @@ def main() -> None:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     print_summary(results, wal_bytes, args.runs, tuple(tools))
+
+
+RUN_LINE = re.compile(r"run \d+ (\S+)\s+(\S+)\s+([\d.]+) MB/s\s+cpu\s+([\d.]+)s\s+"
+                      r"rss\s+([\d.]+) MB\s+start-up ([\d.]+)s")
+
+
+def pool_outputs(paths: list[Path]) -> None:
+    """One summary of the runs several invocations printed (same WAL size), pooled in order."""
+    results: dict[tuple[str, str], list[Sample]] = {}
+    sizes = set()
+    for path in paths:
+        text = path.read_text()
+        found = re.search(r"WAL to stream per run: (\d+) MB", text)
+        assert found is not None, f"{path}: not an output of this benchmark"
+        wal_mb = int(found.group(1))
+        sizes.add(wal_mb)
+        for mode, tool, mbs, cpu, rss, startup in RUN_LINE.findall(text):
+            results.setdefault((tool, mode), []).append(
+                (wal_mb / float(mbs), float(cpu), int(float(rss) * 1024), float(startup)))
+    tools = tuple(t for t in (*TOOLS, PURE_TOOL) if (t, "default") in results)
+    print(f"pooled from {len(paths)} outputs ({', '.join(str(p) for p in paths)})")
+    print_summary(results, max(sizes) * 1_000_000, len(results[("receivewal", "default")]),
+                  tools)
 
 
 def print_summary(results: dict[tuple[str, str], list[Sample]], wal_bytes: int,

@@ -3,6 +3,7 @@ Run by hand as root, not in CI::
 
     .venv/bin/python bench/slow_link.py [--rates 10,100] [--rounds 1] [--scale 5]
                                         [--transactions 3000] [--modes pg_receivewal,...]
+                                        [--baseline DIR]
 
 It makes two network namespaces of its own joined by a veth pair (10.200.0.1 on the primary's
 side, 10.200.0.2 on the receiver's side: the addresses exist only on those two veth ends, in
@@ -10,17 +11,21 @@ those two namespaces) and shapes both directions with ``tc qdisc ... tbf`` (this
 netem, so no added delay). A PostgreSQL primary (without pg_streampack) and ``receivewal relay``
 run in the primary's namespace; the receivers run in the other one, so every byte they get
 crosses the shaped link. A fixed range of pgbench WAL (whole segments, held by replication
-slots) ``--rounds`` times per link rate and mode (the fastest round is shown):
+slots) ``--rounds`` times per link rate and mode, the modes alternating within each round (the
+fastest round is shown):
 
 - ``pg_receivewal``: the C tool, straight to the primary;
 - ``receivewal zstd`` / ``lz4`` / ``none``: ``receivewal stream --compression ...`` through the
-  relay, which compresses next to the primary.
+  relay, which compresses next to the primary;
+- with ``--baseline DIR``, each ``receivewal`` mode again through the relay of the source tree
+  DIR (e.g. ``git archive main | tar -x -C DIR``), the receiver unchanged: the relay's change.
 
 Every archive is compared byte for byte with the server's pg_wal. Reported per run: link bytes
 (both directions, counted on the veth), wall time (process start to exit), the time from
 START_REPLICATION to exit (pg_receivewal: its ``-v`` line "starting log streaming"; receivewal:
-its ``streaming_started`` event; both stamped when the line reaches this script), and the
-speed-up over pg_receivewal next to the byte ratio (WAL bytes / link bytes). Namespaces, veth,
+its ``streaming_started`` event; both stamped when the line reaches this script), the time the
+link was busy (from 1 % to 99 % of its bytes, sampled every 2 ms), the relay's CPU seconds, and
+the speed-up over pg_receivewal next to the byte ratio (WAL bytes / link bytes). Namespaces, veth,
 processes and temporary directories are removed on exit, also on failure.
 """
 
@@ -46,6 +51,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from support.memory import cpu_seconds
 from support.servers import PgServer, make_shared_dir, pg_bin
 
 from receivewal.wal.lsn import format_lsn, parse_lsn
@@ -57,6 +63,7 @@ CLONE_NEWNET = 0x40000000
 SERVER_ADDR = "10.200.0.1"
 CLIENT_ADDR = "10.200.0.2"
 MODES = ("pg_receivewal", "receivewal zstd", "receivewal lz4", "receivewal none")
+BASELINE = " (baseline)"
 #: The line each receiver prints once START_REPLICATION is under way.
 START_MARKERS = {"pg_receivewal": "starting log streaming", "receivewal": '"streaming_started"'}
 #: receivewal -v says "connecting" once imported and set up, just before libpq connects.
@@ -82,6 +89,8 @@ class Run:
     wall: float
     streaming: float  # seconds from START_REPLICATION to exit
     connecting: float | None  # receivewal: seconds from exec to its "connecting" event
+    link_busy: float  # seconds from 1 % to 99 % of the link bytes
+    relay_cpu: float | None  # CPU seconds of the relay during the run (receivewal)
 
 
 # -- namespaces and the shaped link ------------------------------------------------------------
@@ -141,6 +150,37 @@ def shape(link: Link, mbit: int) -> None:
     for ns, dev in ((link.server_ns, link.server_if), (link.client_ns, link.client_if)):
         run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
             "rate", f"{mbit}mbit", "burst", str(burst), "latency", "50ms")
+
+
+class LinkWatch:
+    """Samples a device's byte count every 2 ms in a thread, to say when the link was busy."""
+
+    def __init__(self, dev: str) -> None:
+        self.dev = dev
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)  # same namespace as this thread
+
+    def __enter__(self) -> LinkWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            self.samples.append((time.monotonic(), link_bytes(self.dev)))
+
+    def busy(self) -> float:
+        """Seconds from the sample that passed 1 % of the bytes moved to the one that passed
+        99 % (the transfer itself, without the hand-shakes before and the tail after)."""
+        first, last = self.samples[0][1], self.samples[-1][1]
+        moved = max(last - first, 1)
+        begin = next(t for t, n in self.samples if n - first >= moved / 100)
+        end = next(t for t, n in self.samples if n - first >= moved * 99 / 100)
+        return end - begin
 
 
 def link_bytes(dev: str) -> int:
@@ -211,16 +251,22 @@ def free_port(host: str) -> int:
 
 
 @contextlib.contextmanager
-def relay(server: PgServer, compression: str) -> Iterator[int]:
-    """``receivewal relay`` on the primary's side of the link; yields its port."""
+def relay(server: PgServer, compression: str,
+          source: Path | None = None) -> Iterator[tuple[int, int]]:
+    """``receivewal relay`` on the primary's side of the link (imported from the source tree
+    ``source`` if given); yields its port and pid."""
     port = free_port(SERVER_ADDR)
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(source),
+                                                          env.get("PYTHONPATH"))))
     proc = subprocess.Popen(
         [sys.executable, "-m", "receivewal", "relay", "--listen", f"{SERVER_ADDR}:{port}",
          "--upstream", f"127.0.0.1:{server.port}", "--compression", compression,
          # the link is a private veth pair between two namespaces of this script's own: plain
          # TCP to the one client address there (a non-loopback listener requires TLS otherwise)
          "--client-tls", "disable", "--allow", f"{CLIENT_ADDR}/32"],
-        stderr=subprocess.DEVNULL)
+        stderr=subprocess.DEVNULL, env=env, cwd=source)  # -m puts the cwd first on sys.path
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -231,7 +277,7 @@ def relay(server: PgServer, compression: str) -> Iterator[int]:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise
                 time.sleep(0.05)
-        yield port
+        yield port, proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -289,21 +335,26 @@ def time_receiver(argv: list[str], marker: str,
 
 
 def run_once(server: PgServer, link: Link, wal: WalRange, *, rate: int, mode: str, slot: str,
-             workdir: Path) -> Run:
+             workdir: Path, baseline: Path | None) -> Run:
     directory = Path(tempfile.mkdtemp(prefix="archive-", dir=workdir))
     tool = mode.split(maxsplit=1)[0]
     with contextlib.ExitStack() as stack:
-        port = server.port
+        port, pid = server.port, 0
         if tool == "receivewal":
-            port = stack.enter_context(relay(server, mode.split()[1]))
-        argv = receiver_argv(mode, port, directory, slot, wal.end)
+            port, pid = stack.enter_context(relay(
+                server, mode.split()[1], baseline if mode.endswith(BASELINE) else None))
+        argv = receiver_argv(mode.removesuffix(BASELINE), port, directory, slot, wal.end)
         before = link_bytes(link.server_if)
-        wall, streaming, connecting = time_receiver(argv, START_MARKERS[tool],
-                                        lambda: setns(f"/run/netns/{link.client_ns}"))
+        cpu = cpu_seconds(pid) if pid else 0.0
+        with LinkWatch(link.server_if) as watch:
+            wall, streaming, connecting = time_receiver(
+                argv, START_MARKERS[tool], lambda: setns(f"/run/netns/{link.client_ns}"))
+        relay_cpu = cpu_seconds(pid) - cpu if pid else None
         moved = link_bytes(link.server_if) - before
     check_archive(server, directory, wal)
     shutil.rmtree(directory)
-    return Run(rate, mode, wal.end - wal.start, moved, wall, streaming, connecting)
+    return Run(rate, mode, wal.end - wal.start, moved, wall, streaming, connecting,
+               watch.busy(), relay_cpu)
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -311,9 +362,12 @@ def run_once(server: PgServer, link: Link, wal: WalRange, *, rate: int, mode: st
 
 def report(runs: list[Run]) -> None:
     """One line per run; start = exec to START_REPLICATION, of which boot = exec to libpq's
-    connect (receivewal only); speed-up over pg_receivewal's wall time at the same rate."""
-    print(f"{'Mbit/s':>6} {'mode':<16} {'link MB':>8} {'ratio':>6} {'wall s':>7} "
-          f"{'start s':>7} {'boot s':>6} {'stream s':>8} {'speed-up':>8} {'of ratio':>8}")
+    connect (receivewal only); link = the transfer (1 % to 99 % of the link bytes); relay =
+    the relay's CPU seconds during the run; speed-up over pg_receivewal's wall time at the
+    same rate."""
+    print(f"{'Mbit/s':>6} {'mode':<27} {'link MB':>8} {'ratio':>6} {'wall s':>7} "
+          f"{'start s':>7} {'boot s':>6} {'stream s':>8} {'link s':>6} {'relay s':>7} "
+          f"{'speed-up':>8} {'of ratio':>8}")
     for rate in sorted({r.rate for r in runs}):
         group = [r for r in runs if r.rate == rate]
         base = next((r for r in group if r.mode == "pg_receivewal"), None)
@@ -321,9 +375,10 @@ def report(runs: list[Run]) -> None:
             ratio = r.wal_bytes / r.link_bytes
             speedup = base.wall / r.wall if base else math.nan
             boot = "-" if r.connecting is None else f"{r.connecting:.2f}"
-            print(f"{rate:>6} {r.mode:<16} {r.link_bytes / MB:>8.1f} {ratio:>5.2f}x "
+            relay_cpu = "-" if r.relay_cpu is None else f"{r.relay_cpu:.2f}"
+            print(f"{rate:>6} {r.mode:<27} {r.link_bytes / MB:>8.1f} {ratio:>5.2f}x "
                   f"{r.wall:>7.2f} {r.wall - r.streaming:>7.2f} {boot:>6} {r.streaming:>8.2f} "
-                  f"{speedup:>7.2f}x {speedup / ratio:>8.1%}")
+                  f"{r.link_busy:>6.2f} {relay_cpu:>7} {speedup:>7.2f}x {speedup / ratio:>8.1%}")
 
 
 def on_sigterm(signum: int, _frame: FrameType | None) -> None:
@@ -339,6 +394,8 @@ def main() -> None:
     parser.add_argument("--scale", type=int, default=5, help="pgbench -i scale factor")
     parser.add_argument("--transactions", type=int, default=3000,
                         help="pgbench -t per client (2 clients)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a source tree whose relay runs too, alternated with this one's")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("slow_link.py: must run as root (network namespaces, tc)")
@@ -349,6 +406,9 @@ def main() -> None:
     unknown = set(modes) - set(MODES)
     if unknown:
         sys.exit(f"slow_link.py: unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    if args.baseline is not None:
+        modes = [m for mode in modes
+                 for m in ([mode] if mode == "pg_receivewal" else [mode, mode + BASELINE])]
     signal.signal(signal.SIGTERM, on_sigterm)
     runs: list[Run] = []
     with private_link() as link, contextlib.ExitStack() as stack:
@@ -370,14 +430,18 @@ def main() -> None:
         slots = iter(wal.slots)
         for rate in rates:
             shape(link, rate)
-            for mode in modes:
-                tries = []
-                for _ in range(args.rounds):
-                    tries.append(run_once(server, link, wal, rate=rate, mode=mode,
-                                          slot=next(slots), workdir=base))
-                    print(f"  {rate} Mbit/s {mode}: {tries[-1].wall:.2f} s, archive identical",
+            tries: dict[str, list[Run]] = {mode: [] for mode in modes}
+            for _ in range(args.rounds):
+                for mode in modes:  # alternate the modes within each round
+                    done = run_once(server, link, wal, rate=rate, mode=mode, slot=next(slots),
+                                    workdir=base, baseline=args.baseline)
+                    tries[mode].append(done)
+                    print(f"  {rate} Mbit/s {mode}: {done.wall:.2f} s (start "
+                          f"{done.wall - done.streaming:.2f} s, stream {done.streaming:.2f} s, "
+                          f"relay cpu {done.relay_cpu or 0:.2f} s), archive identical",
                           flush=True)
-                runs.append(min(tries, key=lambda r: r.wall))
+            runs.extend(min(group, key=lambda r: r.wall) for group in tries.values())
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     report(runs)
 
 

@@ -42,6 +42,15 @@ def test_relay_throughput_bench_runs() -> None:
     assert "lz4" in out
 
 
+def test_relay_throughput_bench_runs_bulk_wal_against_a_baseline_tree() -> None:
+    """The 2 GB mode's set-up (bulk-INSERT WAL held by a slot) and a relay imported from
+    another source tree (here this one), alternated with this tree's."""
+    out = run_bench("relay_throughput.py", "--gb", "0.03", "--modes", "relay zstd",
+                    "--rounds", "1", "--baseline", str(ROOT))
+    assert "bulk INSERTs" in out
+    assert "relay zstd (baseline)" in out.splitlines()[-1]
+
+
 def test_verify_throughput_bench_runs() -> None:
     out = run_bench("verify_throughput.py", "--segments", "1", "--pgbench-seconds", "1")
     assert "pg_waldump" in out

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import ast
+import os
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
+import pytest
+
+from receivewal.daemon.supervisor import StopSignal
 from receivewal.replication import connection
 
 PACKAGE = Path(__file__).parent.parent / "receivewal"
@@ -104,3 +112,40 @@ def test_the_replication_connection_hands_out_only_receivewal_types() -> None:
                         if not (owner := getattr(getattr(connection, name), "__module__",
                                                  door)).startswith("receivewal."))
     assert foreign == []
+
+
+@pytest.mark.parametrize("module", ["receivewal.daemon.monitor", "receivewal.daemon.proctitle"])
+def test_masking_passwords_does_not_load_psycopg(module: str) -> None:
+    """The monitor and the process title mask passwords in connection strings without loading
+    psycopg: the masking is the root module receivewal.secrets, not the connection's."""
+    code = f"import sys, {module}; print('psycopg' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_only_the_waiting_module_waits_on_descriptors() -> None:
+    """One waiting machinery: replication/waiting.py is the only module that makes a selector
+    (the supervisor's sleep between reconnects waits through it too)."""
+    waiting = "receivewal.replication.waiting"
+    makers = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
+              if module_name(path) != waiting
+              and ("import selectors" in path.read_text() or "Selector()" in path.read_text())]
+    assert makers == []
+
+
+def test_a_stop_signal_ends_the_supervisors_sleep() -> None:
+    """SIGTERM during the sleep between reconnects: the sleep returns with the stop requested
+    (instead of running its 60 seconds), having ticked while it waited."""
+    stop = StopSignal()
+    stop.install()
+    ticks: list[None] = []
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    try:
+        timer.start()
+        stop.sleep(60, on_tick=lambda: ticks.append(None))
+    finally:
+        timer.cancel()
+        stop.uninstall()
+    assert stop.signal_name == "SIGTERM"
+    assert ticks

@@ -39,7 +39,8 @@ from support.streams import (
 
 from receivewal.addresses import parse_address
 from receivewal.errors import ConfigurationError
-from receivewal.relay.protocol import BackendStream, build_startup_packet, decide_startup
+from receivewal.relay.backend import BackendStream
+from receivewal.relay.protocol import build_startup_packet, decide_startup
 from receivewal.replication.messages import (
     KEEPALIVE,
     PrimaryKeepalive,

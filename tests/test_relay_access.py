@@ -7,7 +7,8 @@ import struct
 import pytest
 
 from receivewal.errors import ConfigurationError
-from receivewal.relay.protocol import BackendStream, strip_channel_binding
+from receivewal.relay.backend import BackendStream
+from receivewal.relay.protocol import strip_channel_binding
 from receivewal.relay.settings import client_tls_mode, is_allowed, is_loopback_host, parse_allow
 
 # -- the pure parts --------------------------------------------------------------------------

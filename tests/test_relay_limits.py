@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,12 +20,8 @@ from support.servers import PgServer, free_port, running_server
 from test_relay import running_relay
 
 from receivewal.errors import ConfigurationError
-from receivewal.relay.protocol import (
-    MAX_STARTUP_PACKET,
-    SSL_REQUEST,
-    BackendStream,
-    build_startup_packet,
-)
+from receivewal.relay.backend import BackendStream
+from receivewal.relay.protocol import MAX_STARTUP_PACKET, SSL_REQUEST, build_startup_packet
 from receivewal.relay.settings import ClientAccess, build_relay_settings
 from receivewal.replication.messages import build_xlogdata
 from receivewal.replication.streampack import StreampackDecoder, StreampackEncoder, is_compressed
@@ -35,8 +33,15 @@ HUGE_VALUE = 200_000_000  # one DataRow of 200 MB
 class RawClient:
     """A protocol 3.0 client on a plain socket that reads messages without keeping them."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, tls: bool = False) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+        if tls:
+            self.sock.sendall(struct.pack(">II", 8, SSL_REQUEST))
+            assert self.sock.recv(1) == b"S"
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            self.sock = context.wrap_socket(self.sock)
 
     def exactly(self, size: int) -> bytes:
         data = b""
@@ -69,11 +74,18 @@ class RawClient:
 
 @pytest.mark.server
 @pytest.mark.slow
-def test_a_huge_row_to_a_streampack_client_passes_in_bounded_memory(pg: PgServer) -> None:
+@pytest.mark.parametrize(("pause", "tls"), [(0.0, False), (3.0, False), (3.0, True)])
+def test_a_huge_row_to_a_streampack_client_passes_in_bounded_memory(
+    pg: PgServer, tmp_path: Path, pause: float, tls: bool
+) -> None:
     """A replication=database client that asked for streampack runs a query returning one
-    200 MB value: the row arrives whole and the relay's peak memory stays under 100 MB."""
-    with running_relay(pg.port) as relay:
-        client = RawClient(relay.port)
+    200 MB value: the row arrives whole and the relay's peak memory stays under 100 MB, also
+    when the client, in plaintext or TLS, reads nothing for a while after its query (the relay
+    stops reading from the upstream until the client's connection takes more)."""
+    pair = TestCA.create(tmp_path).issue("relay", "127.0.0.1", ip="127.0.0.1")
+    with running_relay(pg.port, extra=("--tls-cert", str(pair.cert), "--tls-key",
+                                       str(pair.key))) as relay:
+        client = RawClient(relay.port, tls)
         try:
             client.sock.sendall(build_startup_packet({
                 "user": "postgres", "database": "postgres", "replication": "database",
@@ -81,6 +93,7 @@ def test_a_huge_row_to_a_streampack_client_passes_in_bounded_memory(pg: PgServer
             client.until_ready()
             query = f"SELECT repeat('x', {HUGE_VALUE})".encode() + b"\x00"
             client.sock.sendall(b"Q" + struct.pack(">I", 4 + len(query)) + query)
+            time.sleep(pause)  # the server has long produced the row by then
             kind, length = client.header()
             assert kind == b"T"
             client.exactly(length)

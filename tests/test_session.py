@@ -13,6 +13,7 @@ import pytest
 
 from receivewal.archive.directory import Archive
 from receivewal.archive.layout import StartPoint
+from receivewal.daemon.events import Event, SegmentCompleted
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
@@ -113,7 +114,7 @@ def make_session(tmp_path: Path, script: Sequence[bytes | WalRun], **settings: A
     link: ReplicationLink = conn
     session = Session(link, settings=Settings(directory=tmp_path, conninfo="",
                                               status_interval=0, **settings),
-                      archive=archive, monitor=Monitor.null(), stop=stop, log=get_logger())
+                      archive=archive, events=Monitor.null(), stop=stop, log=get_logger())
     session.info = ServerInfo("1", 1, START, SEG, 0o600, 150000)
     return session, conn
 
@@ -224,3 +225,17 @@ def test_run_of_the_compiled_loop_is_written_across_a_segment_boundary(tmp_path:
     assert status_updates(conn)[0][0] == START + SEG + 200
     stats = session.decoder.stats()
     assert (stats.frames, stats.wal_bytes) == (4, SEG + 250)
+
+
+def test_one_message_completing_two_segments_reports_each_with_its_end(tmp_path: Path) -> None:
+    """A payload running over two segment boundaries: two SegmentCompleted events, in order,
+    each with the LSN its segment ends at (the writer is already past both)."""
+    session, _ = make_session(tmp_path, [build_xlogdata(START, 0, 0, b"m" * (2 * SEG + 100))])
+    seen: list[Event] = []
+    session.events = seen.append
+    session.run(StartPoint(START, 1, "server"))
+    completed = [event for event in seen if isinstance(event, SegmentCompleted)]
+    assert [(event.segment, event.end_lsn, event.lsn) for event in completed] == [
+        ("000000010000000000000003", START + SEG, START + 2 * SEG + 100),
+        ("000000010000000000000004", START + 2 * SEG, START + 2 * SEG + 100),
+    ]

@@ -27,7 +27,7 @@ from receivewal.errors import (
 )
 from receivewal.logs import configure_logging, get_logger
 from receivewal.replication.commands import parse_size
-from receivewal.replication.connection import build_conninfo, redacted
+from receivewal.replication.connection import build_conninfo
 from receivewal.replication.messages import (
     PrimaryKeepalive,
     XLogData,
@@ -36,6 +36,7 @@ from receivewal.replication.messages import (
     build_xlogdata,
     parse_copy_data,
 )
+from receivewal.secrets import redacted
 from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn
 from receivewal.wal.names import (
     SegmentFile,

@@ -25,7 +25,7 @@ from receivewal.archive.restore import Candidate, NotInArchive, write_restored
 from receivewal.errors import ConfigurationError, ObjectNotFound
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, MAX_SEGMENT_SIZE
 from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_name
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, header_segment_size
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size
 
 #: A restore_command call retries a failing store for a few seconds at most, then exits 126.
 RESTORE_RETRY = RetryPolicy(attempts=4, base_delay=0.25, max_delay=2.0)
@@ -74,17 +74,16 @@ def _forms(name: str) -> list[Candidate]:
 
 def _segment_size(buf: tempfile.SpooledTemporaryFile[bytes], candidate: Candidate,
                   url: str) -> int:
-    """The segment size the object's own first page header states (checked), else
-    PostgreSQL's default: the size checks of the restore then judge the object."""
+    """The segment size by the one rule (:func:`~receivewal.wal.pageheader.
+    archive_segment_size`, no identity read here): the object's own first page header's when
+    its page address is where its name puts it, else PostgreSQL's default: the size checks
+    of the restore then judge the object."""
     if not candidate.segment:
         return DEFAULT_SEGMENT_SIZE
     buf.seek(0)
     head = read_wal_file(url, candidate.fmt, SIZE_OF_LONG_PHD,
                          open_binary=lambda _: _Unclosed(buf))  # type: ignore[arg-type,return-value]
-    try:
-        return header_segment_size(head)
-    except ConfigurationError:
-        return DEFAULT_SEGMENT_SIZE
+    return archive_segment_size(None, [(candidate.path.name, head)]) or DEFAULT_SEGMENT_SIZE
 
 
 class _Unclosed:

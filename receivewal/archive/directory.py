@@ -33,10 +33,11 @@ from receivewal.archive.identity import (
     identity_to_json,
 )
 from receivewal.archive.layout import resume_order
+from receivewal.archive.listing import Listing
 from receivewal.archive.lock import LOCK_FILE, lock_directory
 from receivewal.archive.reading import open_regular, read_small_file
 from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError
-from receivewal.wal.names import SegmentFile, parse_segment_file_name
+from receivewal.wal.names import SegmentFile
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
 TEMP_SUFFIX = ".receivewal-tmp"
@@ -183,20 +184,23 @@ class Archive:
             self.on_completed(name)
 
     # -- the one-writer lock ------------------------------------------------------------------
-    def lock(self) -> list[str]:
+    def lock(self) -> Listing:
         """Become the archive's only writer for the life of the process (flock on the
         directory itself, see :mod:`receivewal.archive.lock`), and record pid and host in
         LOCK_FILE.
 
-        Raises ArchiveError naming the holder when another process has it. Then removes the
-        temporary files a crashed writer left, and returns their names.
+        Raises ArchiveError naming the holder when another process has it. Then lists the
+        directory, removes the temporary files a crashed writer left, and returns the listing
+        (without them; their names in its ``removed``) for the rest of the start-up.
         """
         self.check_exists()
         fd = lock_directory(self.directory)
         path = self.directory / LOCK_FILE
         record = f"{os.getpid()} {socket.gethostname()}\n".encode()
         try:
-            write_file_durably(self.directory, LOCK_FILE, record, mode=0o644, sync=self.sync)
+            # atomic but not fsynced: it only names the holder to a second writer while this
+            # process lives (the flock is the lock), and two fsyncs would delay every start
+            write_file_durably(self.directory, LOCK_FILE, record, mode=0o644, sync=False)
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -205,7 +209,8 @@ class Archive:
                                    ) from exc
             raise os_error(exc, f'could not write the lock record "{path}"') from exc
         self._lock_fd = fd
-        return self.remove_temporaries()
+        listing = self.listing()
+        return listing.without(self.remove_temporaries(listing))
 
     def unlock(self) -> None:
         """Give the archive up (the lock record stays; the directory's lock is what counts)."""
@@ -213,9 +218,12 @@ class Archive:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def remove_temporaries(self) -> list[str]:
-        """Remove temporary files a crash left behind; return their names."""
-        removed = [entry.name for entry in os.scandir(self.directory)
+    def remove_temporaries(self, listing: Listing | None = None) -> list[str]:
+        """Remove temporary files a crash left behind (those of ``listing``, else of a new
+        one); return their names."""
+        if listing is None:
+            listing = self.listing()
+        removed = [entry.name for entry in listing.entries
                    if entry.name.startswith(".") and entry.name.endswith(TEMP_SUFFIX)]
         for name in removed:
             try:
@@ -227,13 +235,16 @@ class Archive:
         return removed
 
     # -- scanning ----------------------------------------------------------------------------
+    def listing(self) -> Listing:
+        """The directory's entries now (one ``os.scandir``)."""
+        return Listing.take(self.directory)
+
     def segment_names(self, segment_size: int) -> list[SegmentFile]:
         """Every segment file in the directory, by name only (nothing is opened)."""
-        return [parsed for entry in os.scandir(self.directory)
-                if (parsed := parse_segment_file_name(entry.name, segment_size)) is not None
-                and entry.is_file()]
+        return self.listing().segments(segment_size)
 
     def resume_point(self, segment_size: int, system_identifier: int | None = None,
+                     files: list[SegmentFile] | None = None,
                      ) -> tuple[SegmentFile | None, list[str]]:
         """The newest segment file whose content proves it, and the files passed over.
 
@@ -242,10 +253,13 @@ class Archive:
         system identifier) and, for a complete file, its size. Streaming resumes in the run
         of consecutive segments that ends at the archive's end: an island of older segments
         before a hole is never resumed from (the server has long removed the WAL after it);
-        :func:`~receivewal.archive.layout.older_islands` names such islands.
+        :func:`~receivewal.archive.layout.older_islands` names such islands. ``files`` are
+        the segment files of a listing already taken (else the directory is listed).
         """
         rejected: list[str] = []
-        for parsed in sorted(self.segment_names(segment_size), key=resume_order, reverse=True):
+        if files is None:
+            files = self.segment_names(segment_size)
+        for parsed in sorted(files, key=resume_order, reverse=True):
             reason = self._content_problem(parsed, segment_size, system_identifier)
             if reason is None:
                 return parsed, rejected
@@ -307,15 +321,18 @@ class Archive:
         """Record whose archive this is (durably)."""
         self.write_file_durably(IDENTITY_FILE, identity_to_json(identity))
 
-    def adopt_identity(self, server: ArchiveIdentity) -> None:
+    def adopt_identity(self, server: ArchiveIdentity,
+                       files: list[SegmentFile] | None = None) -> None:
         """Make sure the archive is the server's: record its identity in a new archive (unless
-        the WAL already there says another system wrote it), refuse another cluster's."""
+        the WAL already there, ``files`` or the directory's, says another system wrote it),
+        refuse another cluster's."""
         recorded = self.read_identity()
         where = f'directory "{self.directory}"'
         if recorded is not None:
             check_same_cluster(where, recorded, server)
             return
-        files = self.segment_names(server.segment_size)
+        if files is None:
+            files = self.segment_names(server.segment_size)
         sniffed = self.sniff_system_identifier(files, server.segment_size)
         if sniffed is not None and sniffed != server.system_identifier:
             raise ArchiveError(f"{where} holds WAL of database system {sniffed}, but the server "

@@ -39,7 +39,6 @@ from receivewal.archive.files import preallocate
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import AtRest, SegmentFile
-from receivewal.wal.reader import SegmentScanner
 
 
 @dataclass(frozen=True)
@@ -78,6 +77,9 @@ def read_partial(path: Path, segment: SegmentFile, segment_size: int) -> bytes:
 
 def valid_wal(data: bytes, name: str, segment: SegmentFile, segment_size: int) -> int:
     """How many bytes from the segment's start hold WAL the reader accepts."""
+    from receivewal.wal.reader import SegmentScanner  # noqa: PLC0415 - only when .partial
+    # forms compete: the daemon's start-up imports no WAL reader otherwise
+
     start = segment.start_lsn(segment_size)
     scanner = SegmentScanner(data, name, start_lsn=start, segment_size=segment_size,
                              timeline=segment.timeline, segno=segment.segno, partial=True)

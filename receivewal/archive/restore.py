@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -36,7 +36,11 @@ from receivewal.wal.names import (
     is_wal_file_name,
     parse_segment_file_name,
 )
-from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER, SIZE_OF_LONG_PHD, header_segment_size
+from receivewal.wal.pageheader import (
+    MAX_SYSTEM_IDENTIFIER,
+    SIZE_OF_LONG_PHD,
+    archive_segment_size,
+)
 from receivewal.wal.timeline import is_timeline_id
 
 
@@ -153,18 +157,19 @@ def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Pa
 
 
 def segment_size(directory: Path, candidate: Candidate) -> int:
-    """The archive's segment size: from its identity file (validated), else from the file's
-    own first page header, else PostgreSQL's default."""
-    recorded = _identity_segment_size(directory)
-    if recorded is not None:
-        return recorded
+    """The archive's segment size by the one rule, :func:`~receivewal.wal.pageheader.
+    archive_segment_size` (verify's too): its identity file's (validated), else the size the
+    file's own first page header states when its page address is where its name puts it,
+    else PostgreSQL's default (the size checks below then judge the file)."""
+    return archive_segment_size(_identity_segment_size(directory), _head(candidate)) \
+        or DEFAULT_SEGMENT_SIZE
+
+
+def _head(candidate: Candidate) -> Iterator[tuple[str, bytes]]:
+    """The candidate's name and first bytes, read when asked for (a segment's only)."""
     if candidate.segment:
-        head = read_wal_file(str(candidate.path), candidate.fmt, SIZE_OF_LONG_PHD)
-        try:
-            return header_segment_size(head)
-        except ConfigurationError:
-            pass  # no plausible header: the size checks below judge the file
-    return DEFAULT_SEGMENT_SIZE
+        yield candidate.path.name, read_wal_file(str(candidate.path), candidate.fmt,
+                                                 SIZE_OF_LONG_PHD)
 
 
 def _identity_segment_size(directory: Path) -> int | None:

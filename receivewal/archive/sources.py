@@ -10,17 +10,21 @@ differs: a directory's entries, or one ListBucket over the prefix.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local
+from receivewal.archive.identity import IDENTITY_FILE, identity_from_json
 from receivewal.archive.objectstore import is_bucket_url, parse_bucket_url
 from receivewal.errors import ArchiveError, StoreError
 
 if TYPE_CHECKING:
     from receivewal.archive.bucket import Bucket
 
+IDENTITY_CAP = 64 * 1024  # an identity record is a few lines
 _BUCKETS: dict[str, Bucket] = {}  # a worker's clients, one per archive: connect once
 
 
@@ -104,3 +108,22 @@ def read_capped(path: str, cap: int, open_binary: Opener | None = None) -> bytes
         raise ArchiveError(f'"{path}" is larger than {cap} bytes, too large for what it '
                            "should hold")
     return data
+
+
+def recorded_segment_size(base: str, names: Iterable[str],
+                          open_binary: Opener | None = None) -> int | None:
+    """The segment size the archive's identity record states (its file among ``names``, at
+    ``base``); None when it has none. ArchiveError naming the record when it cannot be read
+    or is not a valid one."""
+    if IDENTITY_FILE not in names:
+        return None
+    path = base.rstrip("/") + "/" + IDENTITY_FILE
+    try:
+        return identity_from_json(json.loads(read_capped(path, IDENTITY_CAP, open_binary))
+                                  ).segment_size
+    except RecursionError:
+        raise ArchiveError(f'invalid archive identity file "{path}": nested too deeply'
+                           ) from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise ArchiveError(f'invalid archive identity file "{path}": {str(exc)[:200]}'
+                           ) from exc

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 
 from receivewal.archive.directory import Archive
+from receivewal.archive.listing import Listing
 from receivewal.archive.reading import read_small_file
 from receivewal.errors import ArchiveError
 from receivewal.wal.names import SegmentFile, parse_history_file_name, parse_segment_file_name
@@ -126,9 +127,12 @@ def write_upload_record(archive: Archive, record: UploadRecord) -> None:
 
 
 def pending_files(archive: Archive, record: UploadRecord, segment_size: int,
-                  ) -> list[PendingFile]:
-    """The archive's completed files that ``record`` does not cover, in upload order."""
-    names = [entry.name for entry in os.scandir(archive.directory)
+                  listing: Listing | None = None) -> list[PendingFile]:
+    """The archive's completed files that ``record`` does not cover, in upload order (from
+    ``listing`` when one was taken, else from a new one)."""
+    if listing is None:
+        listing = archive.listing()
+    names = [entry.name for entry in listing.entries
              if is_uploadable(entry.name, segment_size) and entry.is_file()
              and not record.covers(entry.name, segment_size)]
     names.sort(key=lambda name: upload_order(name, segment_size))

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any
 
 import lz4.frame
 import zstandard
@@ -24,7 +23,12 @@ from receivewal.archive.compression import Opener, read_wal_file
 from receivewal.archive.partials import rank_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.segmentbuffer import read_segment
-from receivewal.archive.sources import ArchiveSource, list_source, read_capped
+from receivewal.archive.sources import (
+    ArchiveSource,
+    list_source,
+    read_capped,
+    recorded_segment_size,
+)
 from receivewal.check.crosscheck import (
     ArchiveReport,
     ScanTask,
@@ -43,7 +47,11 @@ from receivewal.wal.names import (
     parse_history_file_name,
     parse_segment_file_name,
 )
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, header_segment_size
+from receivewal.wal.pageheader import (
+    SIZE_OF_LONG_PHD,
+    archive_segment_size,
+    header_segment_size,
+)
 from receivewal.wal.reader import (
     RmgrTotals,
     SegmentScan,
@@ -52,7 +60,6 @@ from receivewal.wal.reader import (
 )
 from receivewal.wal.rmgr import rmgr_name
 
-_AGREEING_HEADERS = 3
 #: WAL each worker process must have before verify starts another, so that -j never makes a
 #: small archive slower: the compiled scanner reads and checks a 16 MiB segment in ~4 ms, and
 #: bench/verify_throughput.py found a pool of two slower than one process at 35 segments.
@@ -117,27 +124,6 @@ def _join(base: str) -> Any:
     return lambda name: base.rstrip("/") + "/" + name
 
 
-@overload
-def segment_size_of(path: str, compression: str, open_binary: Opener | None = None, *,
-                    address: Literal[False] = False) -> int: ...
-
-
-@overload
-def segment_size_of(path: str, compression: str, open_binary: Opener | None = None, *,
-                    address: Literal[True]) -> tuple[int, int]: ...
-
-
-def segment_size_of(path: str, compression: str, open_binary: Opener | None = None, *,
-                    address: bool = False) -> int | tuple[int, int]:
-    """The segment size recorded in a segment's long page header (and its page address)."""
-    head = read_wal_file(path, compression, SIZE_OF_LONG_PHD, open_binary)
-    try:
-        size = header_segment_size(head)
-    except ConfigurationError as exc:
-        raise ArchiveError(f"{path}: {exc}") from exc
-    return (size, int.from_bytes(head[8:16], "little")) if address else size
-
-
 def classify(names: Iterable[str], segment_size: int
              ) -> tuple[list[tuple[str, SegmentFile]], list[str]]:
     """Segment files (parsed) and history file names among ``names``."""
@@ -163,34 +149,40 @@ def misnamed(names: Iterable[str], segment_size: int) -> list[WalProblem]:
 
 def detect_segment_size(base: str, names: Iterable[str],
                         open_binary: Opener | None = None) -> int:
-    """The segment size that most segment-named files' long headers record.
+    """The archive's segment size by the one rule, :func:`~receivewal.wal.pageheader.
+    archive_segment_size` (restore's too): its identity file's, else the size most
+    segment-named files' long headers state (a header whose page address is not where its
+    file name puts the segment decides nothing: its scan reports it). When nothing decides and
+    a file could not be read or had no valid header, ArchiveError says so; else PostgreSQL's
+    default."""
+    names = list(names)
+    problems: list[ArchiveError] = []
+    size = archive_segment_size(recorded_segment_size(base, names, open_binary),
+                                _segment_heads(base, names, open_binary, problems))
+    if size is not None:
+        return size
+    if problems:
+        raise problems[-1]
+    return DEFAULT_SEGMENT_SIZE
 
-    A header votes only when its page address is where its file name puts the segment at the
-    size it claims, so one damaged header does not decide for the archive: that file is then
-    reported by its scan (its page header names another size). Reading stops once a few
-    headers agree.
-    """
-    last: ArchiveError | None = None
-    sizes: Counter[int] = Counter()
+
+def _segment_heads(base: str, names: list[str], open_binary: Opener | None,
+                   problems: list[ArchiveError]) -> Iterator[tuple[str, bytes]]:
+    """(name, first bytes) of each segment-named file, read when asked for; what makes one
+    unusable goes to ``problems``."""
     for name in names:
         if not looks_like_segment(name):
             continue
+        path = base.rstrip("/") + "/" + name
         try:
-            size, address = segment_size_of(base.rstrip("/") + "/" + name,
-                                            guess_compression(name), open_binary, address=True)
+            head = read_wal_file(path, guess_compression(name), SIZE_OF_LONG_PHD, open_binary)
+            header_segment_size(head)
         except ArchiveError as exc:
-            last = exc
+            problems.append(exc)
             continue
-        seg = parse_segment_file_name(name, size)
-        if seg is not None and seg.start_lsn(size) == address:
-            sizes[size] += 1
-            if sizes[size] == _AGREEING_HEADERS:  # enough: analyze's driver reads remotely
-                break
-    if sizes:
-        return max(sizes.items(), key=lambda kv: (kv[1], kv[0] == DEFAULT_SEGMENT_SIZE))[0]
-    if last is not None:
-        raise last
-    return DEFAULT_SEGMENT_SIZE
+        except ConfigurationError as exc:
+            problems.append(ArchiveError(f"{path}: {exc}"))
+        yield name, head
 
 
 def guess_compression(name: str) -> str:

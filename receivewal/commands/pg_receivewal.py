@@ -28,16 +28,23 @@ from receivewal import __version__
 from receivewal.archive.compression import parse_compress_option
 from receivewal.commands.options import StreamOptions, declared_options, options_from, takes_value
 from receivewal.commands.stream import build_settings
+from receivewal.daemon.events import (
+    Disconnected,
+    DiskFull,
+    EndposReached,
+    Event,
+    Failed,
+    GapDetected,
+    Reconnecting,
+    SegmentCompleted,
+    StopNoticed,
+    StreamingStarted,
+    TimelineSwitched,
+)
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
-from receivewal.wal.lsn import (
-    MIN_SEGMENT_SIZE,
-    format_lsn,
-    parse_lsn,
-    round_down_to_segment,
-    scan_lsn,
-)
+from receivewal.wal.lsn import format_lsn, scan_lsn
 
 PROGNAME = "pg_receivewal"
 PG_VERSION = "15.18"  # the pg_receivewal whose behaviour this reproduces
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             _hint()
         return 1
-    configure_messages(opts.verbose)
+    messages = configure_messages(opts.verbose)
     os.environ.setdefault("PGAPPNAME", PROGNAME)  # libpq's fallback_application_name, in effect
     try:
         settings = build_settings(opts)
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     scrub_passwords()  # parsed: ps need not show a password for the daemon's whole life
     prompt = None if opts.no_password else prompt_password
-    return Supervisor(settings, prompt=prompt).run()
+    return Supervisor(settings, prompt=prompt, listeners=(messages.on_event,)).run()
 
 
 def parse_args(args: list[str]) -> StreamOptions:
@@ -201,8 +208,8 @@ def check_args(opts: StreamOptions, rest: list[str], directory: str | None) -> N
     except ConfigurationError as exc:
         raise UsageError(str(exc), hint=False) from exc
     if not (opts.drop_slot or opts.create_slot):
-        try:
-            os.listdir(directory or "")
+        try:  # opendir() in pg_receivewal; the daemon lists the directory itself, once
+            os.close(os.open(directory or "", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         except OSError as exc:
             raise UsageError(f'could not open directory "{directory}": '
                              f"{exc.strerror}", hint=False) from exc
@@ -261,18 +268,27 @@ def _hint() -> None:
 
 
 # -- pg_receivewal's messages from the daemon's events ------------------------------------------
-def configure_messages(verbose: int) -> None:
-    """Print the daemon's events as pg_receivewal prints its messages, on stderr."""
+def configure_messages(verbose: int) -> PgReceivewalMessages:
+    """Print the daemon's events as pg_receivewal prints its messages, on stderr: the typed
+    events through :meth:`PgReceivewalMessages.on_event` (a listener of the Supervisor's
+    event stream), every other log event through the structlog renderer."""
+    messages = PgReceivewalMessages(verbose)
     structlog.configure(
-        processors=[PgReceivewalMessages(verbose)],
+        processors=[messages],
         wrapper_class=structlog.make_filtering_bound_logger(0),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
+    return messages
+
+
+#: The log events that also come as typed events: rendered from those, not from the log.
+_TYPED = frozenset(kind.name for kind in Event.__subclasses__() if kind.name is not None)
 
 
 class PgReceivewalMessages:
-    """A structlog renderer: one event in, one pg_receivewal line out (or nothing).
+    """One event in, one pg_receivewal line out (or nothing): a typed event from the daemon's
+    event stream (:meth:`on_event`), or, as a structlog renderer, any other log event.
 
     Without ``-v`` only errors, warnings and the reconnect notice are printed, as pg_receivewal
     does; with ``-v`` its progress lines too; with ``-vv`` every other event as key=value.
@@ -287,46 +303,62 @@ class PgReceivewalMessages:
             raise structlog.DropEvent
         return f"{PROGNAME}: {line}"
 
-    def message(self, level: str, ev: dict[str, Any]) -> str | None:  # noqa: PLR0911
-        name = ev.pop("event")
+    def on_event(self, event: Event) -> None:
+        """Print the line of a typed event of the daemon, if it has one."""
+        line = self.event_line(event)
+        if line is not None:
+            print(f"{PROGNAME}: {line}", file=sys.stderr, flush=True)
+
+    def event_line(self, event: Event) -> str | None:  # noqa: PLR0911
+        """pg_receivewal's words for a typed event; its LSNs are the event's numbers."""
         verbose = self.verbose > 0
-        if name in ("failed", "gap_detected", "disk_full", "disconnected"):
-            return f"error: {ev.get('error')}"
-        if name == "reconnecting":
-            delay = round(float(ev.get("delay", RECONNECT_SLEEP_TIME)))
-            return f"disconnected; waiting {delay} seconds to try again"
+        match event:
+            case Failed() | GapDetected() | DiskFull() | Disconnected():
+                return f"error: {event.error}"
+            case Reconnecting():  # whole seconds of the delay as the log spells it
+                return f"disconnected; waiting {round(round(event.delay, 2))} seconds to try " \
+                    "again"
+            case StreamingStarted() if verbose:
+                return f"starting log streaming at {format_lsn(event.start_lsn)} (timeline " \
+                    f"{event.timeline})"
+            case SegmentCompleted() if verbose:
+                return f"finished segment at {format_lsn(event.end_lsn)} (timeline " \
+                    f"{event.timeline})"
+            case TimelineSwitched() if verbose:
+                return f"switched to timeline {event.timeline} at {format_lsn(event.start_lsn)}"
+            case EndposReached() if verbose:
+                return f"stopped log streaming at {format_lsn(event.lsn)} (timeline " \
+                    f"{event.timeline})"
+            case StopNoticed() if verbose:
+                return "received interrupt signal, exiting"
+            case StreamingStarted() | SegmentCompleted() | TimelineSwitched() | \
+                    EndposReached() | StopNoticed():
+                return None
+        if event.name is None:
+            return None
+        return self.other(event.level, event.name, event.log_fields())
+
+    def message(self, level: str, ev: dict[str, Any]) -> str | None:
+        """pg_receivewal's words for a log event (None: not printed)."""
+        name = ev.pop("event")
+        if name in _TYPED:  # printed from the typed event
+            return None
         if name == "segment_file_rejected":
             return f'warning: segment file "{ev.get("file")}" {ev.get("reason")}, skipping'
-        if name == "streaming_started":
-            return f"starting log streaming at {ev['start_lsn']} (timeline {ev['timeline']})" \
-                if verbose else None
-        if name == "segment_completed":
-            return f"finished segment at {_segment_end(str(ev['lsn']))} (timeline " \
-                f"{ev['timeline']})" if verbose else None
-        if name == "timeline_switched":
-            return f"switched to timeline {ev['timeline']} at {ev['start_lsn']}" \
-                if verbose else None
-        if name == "endpos_reached":
-            return f"stopped log streaming at {ev['lsn']} (timeline {ev['timeline']})" \
-                if verbose else None
-        if name == "stop_requested":
-            return "received interrupt signal, exiting" if verbose else None
         if name in ("creating_replication_slot", "dropping_replication_slot"):
             what = name.split("_")[0]
-            return f'{what} replication slot "{ev["slot"]}"' if verbose else None
+            return f'{what} replication slot "{ev["slot"]}"' if self.verbose > 0 else None
         if name in ("stopped", "replication_slot_exists"):
             return None
+        return self.other(level, name, ev)
+
+    def other(self, level: str, name: str, fields: dict[str, Any]) -> str | None:
+        """An event pg_receivewal has no words for: warnings and errors, and all with -vv."""
         if level in ("warning", "error", "critical"):
-            return f"{level}: {name}: " + " ".join(f"{k}={v}" for k, v in ev.items())
+            return f"{level}: {name}: " + " ".join(f"{k}={v}" for k, v in fields.items())
         if self.verbose > 1:
-            return f"{name}: " + " ".join(f"{k}={v}" for k, v in ev.items())
+            return f"{name}: " + " ".join(f"{k}={v}" for k, v in fields.items())
         return None
-
-
-def _segment_end(lsn_text: str) -> str:
-    """The segment boundary a completing write crossed (writes are far smaller than 1 MB,
-    the smallest segment size, so the boundary is the LSN rounded down to 1 MB)."""
-    return format_lsn(round_down_to_segment(parse_lsn(lsn_text), MIN_SEGMENT_SIZE))
 
 
 def run() -> NoReturn:

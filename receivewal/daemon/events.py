@@ -1,41 +1,377 @@
-"""What a streaming session reports, as a Protocol: the session depends on this, not on the
-monitor that implements it (:class:`receivewal.daemon.monitor.Monitor`), so tests can hand it a
-scripted observer and mypy checks both against the same list."""
+"""What a streaming session and its supervisor report, as typed events in one stream.
+
+The session and the supervisor state each fact once, as a frozen dataclass handed to an
+:class:`EventStream`; the consumers subscribe to that stream: :class:`EventLog` (each event's
+structlog line: its ``name``, ``level`` and :meth:`Event.log_fields`), the monitor (each
+event's :meth:`Event.tell` calls the matching :class:`SessionMonitor` method, which feeds the
+state file, the metrics, systemd and the progress line) and the pg_receivewal drop-in's
+messages. The LSNs travel as numbers: no consumer reads one back from a log line.
+
+The flushed position has one holder, the segment writer: a :class:`Flushed` event carries its
+value, and the monitor keeps what the last one said.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Protocol
+
+from receivewal.wal.lsn import format_lsn
 
 
 class SessionMonitor(Protocol):
-    """What the streaming session reports to: :class:`Monitor` is the one implementation."""
+    """What the events tell the monitor: :class:`Monitor` is the one implementation."""
 
     file_mode: int
 
     def connected(self, server: str, system_identifier: str, timeline: int,
                   slot: str | None, server_wal_end: int | None = None) -> None: ...
-
     def slot_state(self, slot: str | None, restart_lsn: int | None) -> None: ...
-
     def streaming_started(self, timeline: int, start_lsn: int) -> None: ...
-
     def received(self, end_lsn: int, wire_bytes: int, wal_bytes: int,
                  server_wal_end: int | None = None) -> None: ...
-
     def written(self, lsn: int) -> None: ...
-
     def flushed(self, lsn: int) -> None: ...
-
     def flush_reported(self, lsn: int) -> None: ...
-
     def keepalive(self, server_wal_end: int) -> None: ...
-
     def segment_completed(self, name: str) -> None: ...
-
     def timeline_switched(self, timeline: int) -> None: ...
-
     def archive_warning(self, text: str | None) -> None: ...
-
     def compression(self, algorithm: str | None) -> None: ...
-
     def tick(self, now: float) -> None: ...
+    def error(self, kind: str, message: str) -> None: ...
+    def disconnected(self, message: str) -> None: ...
+    def reconnecting(self, delay: float) -> None: ...
+    def waiting_for_server(self, message: str) -> None: ...
+    def stopping(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A fact. ``name`` is its log event (None: not logged), ``level`` the log level."""
+
+    name: ClassVar[str | None] = None
+    level: ClassVar[str] = "info"
+    lsns: ClassVar[tuple[str, ...]] = ()  # the fields that are LSNs, logged as 0/16B3F08
+    unlogged: ClassVar[tuple[str, ...]] = ()  # the fields not in the log line
+
+    def log_fields(self) -> dict[str, Any]:
+        """The key/values of its log line: its fields in order, LSNs spelled as LSNs."""
+        return {f.name: format_lsn(getattr(self, f.name)) if f.name in self.lsns
+                else getattr(self, f.name) for f in fields(self) if f.name not in self.unlogged}
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        """Hand the fact to the monitor (nothing, unless the monitor keeps it)."""
+
+
+#: Something that takes the events: a subscriber, or the stream itself.
+EventSink = Callable[[Event], None]
+
+
+class EventStream:
+    """Hands every event to each subscriber, in the order they subscribed."""
+
+    def __init__(self, *subscribers: EventSink) -> None:
+        self._subscribers = list(subscribers)
+
+    def subscribe(self, subscriber: EventSink) -> None:
+        """Hand ``subscriber`` every event from now on."""
+        self._subscribers.append(subscriber)
+
+    def __call__(self, event: Event) -> None:
+        for subscriber in self._subscribers:
+            subscriber(event)
+
+
+class EventLog:
+    """The consumer that logs: each event with a name as one structlog line."""
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+
+    def __call__(self, event: Event) -> None:
+        if event.name is not None:
+            getattr(self.log, event.level)(event.name, **event.log_fields())
+
+
+# -- the session's facts ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class FileModeChosen(Event):
+    """The archive's files (and the state file) get ``file_mode``, the server's group access."""
+
+    file_mode: int
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.file_mode = self.file_mode
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState(Event):
+    """The replication slot's restart_lsn as the server reports it (None: unknown)."""
+
+    slot: str | None
+    restart_lsn: int | None
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.slot_state(self.slot, self.restart_lsn)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveWarning(Event):
+    """What is wrong with the archive that streaming goes on despite (None: nothing)."""
+
+    text: str | None
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.archive_warning(self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class Connected(Event):
+    """Connected to ``server`` (no password in it) and identified it."""
+
+    server: str
+    system_identifier: str
+    timeline: int
+    slot: str | None
+    server_wal_end: int | None
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.connected(self.server, self.system_identifier, self.timeline, self.slot,
+                          server_wal_end=self.server_wal_end)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingStarted(Event):
+    """START_REPLICATION succeeded: WAL flows from ``start_lsn`` on ``timeline``."""
+
+    name, lsns = "streaming_started", ("start_lsn",)
+    timeline: int
+    start_lsn: int
+    slot: str | None
+    receive_path: str = "python"  # the receive loop: "c" (compiled) or "python"
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.streaming_started(self.timeline, self.start_lsn)
+
+
+@dataclass(frozen=True, slots=True)
+class Received(Event):
+    """WAL up to ``end_lsn`` arrived since the last report: bytes on the wire and of WAL;
+    ``server_wal_end`` is the walEnd of the last XLogData."""
+
+    end_lsn: int
+    wire_bytes: int
+    wal_bytes: int
+    server_wal_end: int | None
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.received(self.end_lsn, self.wire_bytes, self.wal_bytes, self.server_wal_end)
+
+
+@dataclass(frozen=True, slots=True)
+class Written(Event):
+    """WAL up to ``lsn`` is written to the archive (not yet durable)."""
+
+    lsn: int
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.written(self.lsn)
+
+
+@dataclass(frozen=True, slots=True)
+class Flushed(Event):
+    """The segment writer's flushed position: WAL up to ``lsn`` is durable."""
+
+    lsn: int
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.flushed(self.lsn)
+
+
+@dataclass(frozen=True, slots=True)
+class FlushReported(Event):
+    """A standby status update went to the server: ``write_lsn``, ``flush_lsn`` (0: none)."""
+
+    name, level, lsns = "status_sent", "debug", ("write", "flush")
+    write: int
+    flush: int
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.flush_reported(self.flush)
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive(Event):
+    """A primary keepalive arrived, saying the server's WAL ends at ``server_wal_end``."""
+
+    server_wal_end: int
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.keepalive(self.server_wal_end)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentCompleted(Event):
+    """Segment ``segment`` is complete, ending at ``end_lsn``; the writer is at ``lsn``."""
+
+    name, lsns, unlogged = "segment_completed", ("lsn",), ("end_lsn",)
+    segment: str
+    timeline: int
+    lsn: int
+    end_lsn: int
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.segment_completed(self.segment)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineSwitched(Event):
+    """Streaming continues on ``timeline`` at ``start_lsn``."""
+
+    name, lsns = "timeline_switched", ("start_lsn",)
+    timeline: int
+    previous_timeline: int
+    start_lsn: int
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.timeline_switched(self.timeline)
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionKnown(Event):
+    """The stream's compression, known from its first XLogData (None: plain); ``requested``
+    is what was asked for, comma-separated (empty: nothing)."""
+
+    name = "stream_compression"
+    algorithm: str | None
+    requested: str
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm or "none", "requested": self.requested or "none"}
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.compression(self.algorithm)
+
+
+@dataclass(frozen=True, slots=True)
+class EndposReached(Event):
+    """Everything up to --endpos is received; the writer is at ``lsn``."""
+
+    name, lsns = "endpos_reached", ("lsn", "endpos")
+    lsn: int
+    endpos: int
+    timeline: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopNoticed(Event):
+    """The session saw the stop signal with the writer at ``lsn``."""
+
+    name, lsns = "stop_requested", ("lsn",)
+    lsn: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """The periodic pulse (at least once a second): ``now`` is the wall clock."""
+
+    now: float
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.tick(self.now)
+
+
+# -- the supervisor's facts ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Failed(Event):
+    """The daemon gives up with ``error`` (exit code 1); ``kind`` as errors are counted."""
+
+    name, level = "failed", "error"
+    error: str
+    kind: str | None = None
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"error": self.error} if self.kind is None else \
+            {"error": self.error, "kind": self.kind}
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCounted(Event):
+    """A session ended with an error of ``kind`` (exception class name, ``disk_full``,
+    ``gap``...): the state file and the metrics count it."""
+
+    kind: str
+    message: str
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.error(self.kind, self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class GapDetected(Event):
+    """The server no longer has the WAL the archive needs next."""
+
+    name, level = "gap_detected", "error"
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class DiskFull(Event):
+    """The archive's file system is full."""
+
+    name, level = "disk_full", "error"
+    error: str
+    directory: str
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected(Event):
+    """The connection is gone because of ``error`` (of ``kind``)."""
+
+    name, level = "disconnected", "warning"
+    error: str
+    kind: str
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.disconnected(self.error)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnecting(Event):
+    """The supervisor connects again in ``delay`` seconds (try number ``attempt``)."""
+
+    name = "reconnecting"
+    delay: float
+    attempt: int
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"delay": round(self.delay, 2), "attempt": self.attempt}
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.reconnecting(self.delay)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingForServer(Event):
+    """The first connection failed with ``error``; try ``attempt`` again in ``delay`` s."""
+
+    name, level = "waiting_for_server", "warning"
+    error: str
+    attempt: int
+    delay: float
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"error": self.error, "attempt": self.attempt, "delay": round(self.delay, 2)}
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.waiting_for_server(self.error)
+
+
+@dataclass(frozen=True, slots=True)
+class Stopping(Event):
+    """The daemon shuts down (a signal, --endpos or a fatal error)."""
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.stopping()

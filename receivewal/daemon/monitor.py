@@ -1,7 +1,8 @@
-"""The one interface the streaming session reports to: :class:`Monitor`.
+"""The consumer of the session's events that tells the outside: :class:`Monitor`.
 
-The session calls a handful of cheap methods (``received``, ``flushed``, ``segment_completed``
-...); the monitor fans them out to the three side channels:
+Subscribed to the :class:`~receivewal.daemon.events.EventStream`, it takes each event through
+one of a handful of cheap methods (``received``, ``flushed``, ``segment_completed`` ...) and
+fans them out to the side channels:
 
 - systemd, through sd_notify (:mod:`receivewal.notify`): READY=1 once streaming has started,
   STATUS lines, WATCHDOG=1 pings, STOPPING=1;
@@ -15,7 +16,7 @@ The session calls a handful of cheap methods (``received``, ``flushed``, ``segme
 No method raises because a side channel failed: the failure is logged (``notify_failed``,
 ``state_write_failed``) and streaming goes on. Only the constructor raises, with
 ConfigurationError, when the metrics address cannot be parsed or bound. The monitor logs nothing
-about streaming itself; those events are the session's to log.
+about streaming itself: :class:`~receivewal.daemon.events.EventLog` does.
 """
 
 from __future__ import annotations
@@ -27,20 +28,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
+from receivewal.daemon.events import Event
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.progress import ProgressLine, Sample
-from receivewal.daemon.state import (
-    LastError,
-    State,
-    previous_flush,
-    write_state,
-)
-from receivewal.daemon.uploader import UploadStatus
+from receivewal.daemon.state import LastError, State, previous_flush, write_state
 from receivewal.logs import get_logger
-from receivewal.replication.connection import redacted
+from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
+
+if TYPE_CHECKING:  # the uploader's modules are loaded only with --upload-to
+    from receivewal.daemon.uploader import UploadStatus
 
 log = get_logger(component="monitor")
 
@@ -85,15 +85,14 @@ class Monitor:
         # Values that change per message are kept apart and merged in snapshot().
         self._received: int | None = None
         self._written: int | None = None
-        self._flushed: int | None = None
+        self._flushed: tuple[int | None, int] | None = None  # (timeline, lsn): the last Flushed
         self._server_wal_end: int | None = None
         self._last_contact: float | None = None
         self._wire_bytes = 0  # since start
         self._wal_bytes = 0
         self._keeps_partials = keeps_partials
-        self._flush_floor: tuple[int, int] | None = None  # (timeline, lsn) durable in .partial
-        if keeps_partials and directory is not None:
-            self._flush_floor = previous_flush(directory)
+        # (timeline, lsn) the last run flushed, still durable in a .partial that keeps its bytes
+        self._last_run = previous_flush(directory) if keeps_partials and directory else None
         self._conn_wire_bytes = 0  # on the current connection (the same batches)
         self._conn_wal_bytes = 0
 
@@ -122,6 +121,9 @@ class Monitor:
         return cls(None, None, clock=clock, environ={})
 
     # -- what the session reports ------------------------------------------------------------
+    def __call__(self, event: Event) -> None:
+        """Take one event of the stream (it calls the method below that keeps it)."""
+        event.tell(self)
 
     def connected(
         self, server: str, system_identifier: str, timeline: int, slot: str | None,
@@ -182,13 +184,15 @@ class Monitor:
         self.metrics.set_written(lsn)
 
     def flushed(self, lsn: int) -> None:
-        """WAL up to ``lsn`` is fsynced in the archive."""
-        floor = self._flush_floor
-        if floor is not None and floor[0] == self._state.timeline:
-            lsn = max(lsn, floor[1])
-        self._flushed = lsn
-        if self._keeps_partials and self._state.timeline is not None:
-            self._flush_floor = (self._state.timeline, lsn)
+        """WAL up to ``lsn`` is fsynced in the archive: the writer's position, which starts
+        again at a segment's start when a .partial is restreamed; a plain one keeps the bytes
+        flushed before (by the last run, or this one on this timeline): no going back."""
+        timeline = self._state.timeline
+        if self._keeps_partials and timeline is not None:
+            for kept in (self._last_run, self._flushed):
+                if kept is not None and kept[0] == timeline:
+                    lsn = max(lsn, kept[1])
+        self._flushed = (timeline, lsn)
         self.metrics.set_flushed(lsn)
 
     def flush_reported(self, lsn: int) -> None:
@@ -341,7 +345,7 @@ class Monitor:
             updated_at=self._clock(),
             received_lsn=self._received,
             written_lsn=self._written,
-            flushed_lsn=self._flushed,
+            flushed_lsn=None if self._flushed is None else self._flushed[1],
             server_wal_end=self._server_wal_end,
             last_contact=self._last_contact,
             wire_bytes=self._wire_bytes,
@@ -368,7 +372,7 @@ class Monitor:
             self.metrics.set_server_wal_end(lsn)
 
     def _streaming_status(self) -> str:
-        flushed = "nothing yet" if self._flushed is None else format_lsn(self._flushed)
+        flushed = "nothing yet" if self._flushed is None else format_lsn(self._flushed[1])
         return f"Streaming timeline {self._state.timeline}, flushed {flushed}"
 
     def _status(self, status: str) -> None:

@@ -3,7 +3,7 @@
 ``ps`` and ``/proc/PID/cmdline`` show every user the bytes of the process's original argument
 strings, for its whole life, so a ``-d "... password=..."`` stays visible after it has been
 read. :func:`scrub_passwords` rewrites those bytes in place (as setproctitle does): each
-argument goes through :func:`~receivewal.replication.connection.redacted` (``password=****``,
+argument goes through :func:`~receivewal.secrets.redacted` (``password=****``,
 ``postgresql://user:****@...``), the rest of the area is zeroed. Where does it live? Linux
 gives its bounds in ``/proc/self/stat`` (``arg_start``, ``arg_end``). Elsewhere nothing is
 changed: a passfile (PGPASSFILE) is the way to keep a password off the command line entirely.
@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from receivewal.replication.connection import redacted
+from receivewal.secrets import redacted
 
 _ARG_START_FIELD = 48  # arg_start, then arg_end: fields 48 and 49 of /proc/PID/stat (proc(5))
 

@@ -13,19 +13,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.layout import StartPoint, choose_start, island_names
+from receivewal.archive.listing import Listing
 from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
-from receivewal.daemon.events import SessionMonitor
+from receivewal.daemon import events as ev
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.uploader import Uploader
 from receivewal.errors import (
     ArchiveError,
     ConnectionLost,
@@ -56,6 +57,9 @@ from receivewal.wal.lsn import format_lsn, round_down_to_segment
 from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
 from receivewal.wal.timeline import check_follows, parse_history
 
+if TYPE_CHECKING:  # loaded only with --upload-to
+    from receivewal.daemon.uploader import Uploader
+
 STOP_DRAIN_SECONDS = 10.0
 TICK_SECONDS = 0.25  # how often the monitor gets a pulse (watchdog, state file, STATUS)
 
@@ -72,14 +76,15 @@ class Session:
     """Streams from one open connection until stopped, at endpos, or on an error."""
 
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
-                 monitor: SessionMonitor, stop: StopFlag, log: FilteringBoundLogger,
+                 events: ev.EventSink, stop: StopFlag, log: FilteringBoundLogger,
                  clock: Callable[[], float] = time.monotonic,
-                 uploads: Uploader | None = None) -> None:
+                 uploads: Uploader | None = None, listing: Listing | None = None) -> None:
         self.conn = conn
+        self.listing = listing  # the start-up's listing of the archive (the lock took it)
         self.uploads = uploads
         self.settings = settings
         self.archive = archive
-        self.monitor = monitor
+        self.events = events  # every fact the session reports goes there
         self.stop = stop
         self.log = log
         self.clock = clock
@@ -91,28 +96,32 @@ class Session:
         self.pinged = False
         self.first_frame = True
         self.pending_wire = self.pending_wal = 0
-        self.server_wal_end: int | None = None  # walEnd of the last XLogData, for the monitor
+        self.server_wal_end: int | None = None  # walEnd of the last XLogData, for Received
         self.reported_algorithm: str | None = None
-        self.announced = False  # monitor.connected() said (after the first START, so that
+        self.announced = False  # Connected said (after the first START, so that
         # the state file's fsynced write does not delay START_REPLICATION)
 
     # -- setup -------------------------------------------------------------------------------
     def prepare(self) -> StartPoint:
-        """Identify the server, check the archive is this server's, and choose the start."""
+        """Identify the server, check the archive is this server's, and choose the start.
+
+        The archive directory is listed once per connection: the first uses the listing the
+        lock took at start-up."""
         info = self.info = identify_server(self.conn)
+        listing, self.listing = self.listing or self.archive.listing(), None
+        files = listing.segments(info.segment_size)
         if self.uploads is not None:  # another cluster's prefix: refused before any write
             self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                               info.timeline))
-        self.archive.file_mode = self.monitor.file_mode = \
-            self.archive.file_mode_for(info.file_mode)
+                                               info.timeline), listing)
+        self.archive.file_mode = self.archive.file_mode_for(info.file_mode)
+        self.events(ev.FileModeChosen(self.archive.file_mode))
         self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                                    info.timeline))
+                                                    info.timeline), files)
         newest, rejected = self.archive.resume_point(info.segment_size,
-                                                     int(info.system_identifier))
+                                                     int(info.system_identifier), files)
         for reason in rejected:
             name, _, why = reason.partition(": ")
             self.log.warning("segment_file_rejected", file=name, reason=why)
-        files = self.archive.segment_names(info.segment_size)
         self._report_islands(files, newest, info.segment_size)
         newest = restart_point(newest, files)
         for line in settle_partials(self.archive, info.segment_size, files,
@@ -124,8 +133,8 @@ class Session:
         if self.settings.slot and info.version >= 150000 \
                 and (newest is None or self.settings.create_slot_if_missing):
             slot_restart = self._read_or_create_slot(self.settings.slot)
-            self.monitor.slot_state(self.settings.slot,
-                                    slot_restart[0] if slot_restart else None)
+            self.events(ev.SlotState(self.settings.slot,
+                                     slot_restart[0] if slot_restart else None))
         start = choose_start(newest, slot_restart, (info.xlogpos, info.timeline),
                              info.segment_size)
         if start.timeline > info.timeline:
@@ -149,7 +158,7 @@ class Session:
                              "after the newest run")
             texts.append(f"older island {first} .. {last} before a hole ({hole_from} .. "
                          f"{hole_to} missing), not resumed from")
-        self.monitor.archive_warning("; ".join(texts) or None)
+        self.events(ev.ArchiveWarning("; ".join(texts) or None))
 
     def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
         """READ_REPLICATION_SLOT; with --create-slot-if-missing, create a missing slot."""
@@ -190,9 +199,7 @@ class Session:
             outcome = self._stream_timeline(timeline, lsn)
             if isinstance(outcome, str):
                 return outcome
-            self.log.info("timeline_switched", timeline=outcome.timeline,
-                          previous_timeline=timeline, start_lsn=format_lsn(outcome.start))
-            self.monitor.timeline_switched(outcome.timeline)
+            self.events(ev.TimelineSwitched(outcome.timeline, timeline, outcome.start))
             timeline, lsn = outcome.timeline, outcome.start
 
     def _stream_timeline(self, timeline: int, lsn: int) -> TimelineEnd | str:
@@ -206,13 +213,12 @@ class Session:
             )
             self.last_received, self.pinged = self.clock(), False
             if not self.announced:
-                self.monitor.connected(self.conn.describe(), self.info.system_identifier,
-                                       self.info.timeline, self.settings.slot,
-                                       server_wal_end=self.info.xlogpos)
+                self.events(ev.Connected(self.conn.describe(), self.info.system_identifier,
+                                         self.info.timeline, self.settings.slot,
+                                         self.info.xlogpos))
                 self.announced = True
-            self.log.info("streaming_started", timeline=timeline, start_lsn=format_lsn(lsn),
-                          slot=self.settings.slot, receive_path=self.conn.receive_path)
-            self.monitor.streaming_started(timeline, lsn)
+            self.events(ev.StreamingStarted(timeline, lsn, self.settings.slot,
+                                            self.conn.receive_path))
             return self._copy_loop(writer)
         except WalRemovedError as exc:
             segsize = self.info.segment_size
@@ -236,7 +242,7 @@ class Session:
         wait = 0.0  # how long the next read may wait for a message: after one, not at all
         while True:
             if self.stop.requested:
-                self.log.info("stop_requested", lsn=format_lsn(writer.position))
+                self.events(ev.StopNoticed(writer.position))
                 self._finish(writer)
                 return "stopped"
             message = self.conn.read_batch(wait, self.settings.endpos)
@@ -291,27 +297,25 @@ class Session:
         if endpos is None or writer.position < endpos:
             return False
         self._tick(writer)
-        self.log.info("endpos_reached", lsn=format_lsn(writer.position),
-                      endpos=format_lsn(endpos), timeline=writer.timeline)
+        self.events(ev.EndposReached(writer.position, endpos, writer.timeline))
         self._finish(writer)
         return True
 
     def _tick(self, writer: SegmentWriter) -> None:
-        """Hand the monitor what arrived since the last tick, then let it do its periodic work."""
+        """Report what arrived since the last tick, then the tick (the monitor's periodic work)."""
         if self.pending_wire:
-            self.monitor.received(writer.position, self.pending_wire, self.pending_wal,
-                                  self.server_wal_end)
-            self.monitor.written(writer.position)
+            self.events(ev.Received(writer.position, self.pending_wire, self.pending_wal,
+                                    self.server_wal_end))
+            self.events(ev.Written(writer.position))
             self.pending_wire = self.pending_wal = 0
-        self.monitor.tick(time.time())
+        self.events(ev.Tick(time.time()))
 
     def _report_compression(self) -> None:
         """Say which stream we got: pg_streampack with an algorithm, or plain."""
         self.first_frame = False
         self.reported_algorithm = self.decoder.algorithm
-        self.log.info("stream_compression", algorithm=self.decoder.algorithm or "none",
-                      requested=",".join(self.settings.compression) or "none")
-        self.monitor.compression(self.decoder.algorithm)
+        self.events(ev.CompressionKnown(self.decoder.algorithm,
+                                        ",".join(self.settings.compression)))
 
     def log_compression_summary(self) -> None:
         """The receiver-side counterpart of the module's shutdown statistics."""
@@ -342,16 +346,16 @@ class Session:
         self.pending_wire += wire
         self.pending_wal += xlog.end - xlog.wal_start
         self.server_wal_end = xlog.wal_end
-        for name in completed:
-            self.log.info("segment_completed", segment=name, timeline=writer.timeline,
-                          lsn=format_lsn(writer.position))
+        for index, name in enumerate(completed, 1 - len(completed)):  # the last ends nearest
+            end = round_down_to_segment(writer.position, writer.segment_size) \
+                + index * writer.segment_size
+            self.events(ev.SegmentCompleted(name, writer.timeline, writer.position, end))
             self._tick(writer)
-            self.monitor.segment_completed(name)
-            self.monitor.flushed(writer.flushed)
+            self.events(ev.Flushed(writer.flushed))
             self.log.debug("compression_stats", **self.decoder.stats().as_dict())
 
     def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentWriter) -> None:
-        self.monitor.keepalive(keepalive.wal_end)
+        self.events(ev.Keepalive(keepalive.wal_end))
         if keepalive.reply_requested:
             self.send_status(writer)
 
@@ -360,20 +364,19 @@ class Session:
         flush = 0
         if self.settings.report_flush:
             flush = writer.flush(wait=self.settings.synchronous)
-            self.monitor.flushed(flush)
+            self.events(ev.Flushed(flush))
             if self.uploads is not None and self.settings.confirm_after == "upload":
                 flush = self.uploads.confirmable(flush)  # the slot keeps what is not uploaded
         now = postgres_time(time.time())
         self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
                                                        reply_requested))
-        self.monitor.flush_reported(flush)
         if self.settings.hot_standby_feedback:
             self.conn.send_copy(build_hot_standby_feedback(now))
-        self.log.debug("status_sent", write=format_lsn(writer.position), flush=format_lsn(flush))
+        self.events(ev.FlushReported(writer.position, flush))
 
     def _finish(self, writer: SegmentWriter) -> None:
         """Stop on our side: fsync, report, end the copy, and let the server finish."""
-        self._tick(writer)  # the monitor's counters get the last batch too
+        self._tick(writer)  # Received: the monitor's counters get the last batch too
         writer.flush(wait=True)
         self.send_status(writer)
         self.conn.end_copy()

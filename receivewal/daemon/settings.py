@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
-from receivewal.archive.objectstore import parse_bucket_url
 from receivewal.errors import ConfigurationError
 
 SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -78,6 +77,9 @@ class Settings:
         if self.reconnect_delay < 0 or self.reconnect_delay_max < self.reconnect_delay:
             raise ConfigurationError("invalid reconnect delay")
         if self.upload_to is not None:
+            from receivewal.archive.objectstore import parse_bucket_url  # noqa: PLC0415 - the
+            # object store's modules only with --upload-to
+
             parse_bucket_url(self.upload_to)
         if self.confirm_after not in CONFIRM_AFTER:
             raise ConfigurationError(f'invalid --confirm-after "{self.confirm_after}": '

@@ -12,21 +12,33 @@ import contextlib
 import getpass
 import os
 import random
-import selectors
 import signal
 import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from receivewal.archive.bucket import Bucket
 from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
+from receivewal.archive.listing import Listing
+from receivewal.daemon.events import (
+    Disconnected,
+    DiskFull,
+    ErrorCounted,
+    EventLog,
+    EventSink,
+    EventStream,
+    Failed,
+    GapDetected,
+    Reconnecting,
+    Stopping,
+    Tick,
+    WaitingForServer,
+)
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.uploader import Uploader, retry_policy
 from receivewal.errors import (
     ConnectionLost,
     DescriptorLimitError,
@@ -36,8 +48,12 @@ from receivewal.errors import (
 )
 from receivewal.logs import get_logger
 from receivewal.replication.commands import create_slot, drop_slot
-from receivewal.replication.connection import ReplicationConnection, redacted
-from receivewal.replication.waiting import Selector
+from receivewal.replication.connection import ReplicationConnection
+from receivewal.replication.waiting import pause
+from receivewal.secrets import redacted
+
+if TYPE_CHECKING:  # loaded only with --upload-to
+    from receivewal.daemon.uploader import Uploader
 
 
 class StopSignal:
@@ -87,13 +103,10 @@ class StopSignal:
     def sleep(self, seconds: float, on_tick: Callable[[], None] | None = None) -> None:
         """Sleep, waking early when a stop signal arrives; call ``on_tick`` 4 times a second."""
         deadline = time.monotonic() + seconds
-        with Selector() as sel:
-            sel.register(self._reader, selectors.EVENT_READ)
-            while not self.requested and (left := deadline - time.monotonic()) > 0:
-                sel.select(min(left, TICK_SECONDS))
-                self.drain()
-                if on_tick is not None:
-                    on_tick()
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            pause(self, min(left, TICK_SECONDS))
+            if on_tick is not None:
+                on_tick()
 
 
 def backoff_delay(attempt: int, base: float, cap: float,
@@ -113,15 +126,21 @@ def prompt_password() -> str | None:
 
 
 class Supervisor:
-    """Runs sessions until told to stop, reconnecting after failures."""
+    """Runs sessions until told to stop, reconnecting after failures.
 
-    def __init__(self, settings: Settings, monitor: Monitor | None = None,
-                 prompt: Callable[[], str | None] | None = prompt_password) -> None:
+    What the sessions and the supervisor report goes into one :class:`EventStream`: its
+    consumers are the log, then the monitor (once made), then ``listeners`` (the drop-in's
+    pg_receivewal messages)."""
+
+    def __init__(self, settings: Settings, prompt: Callable[[], str | None] | None =
+                 prompt_password, listeners: tuple[EventSink, ...] = ()) -> None:
         self.settings = settings
         self.log = get_logger()
         self.prompt = prompt
         self.stop = StopSignal()
-        self.monitor = monitor
+        self.listeners = listeners
+        self.events = EventStream(EventLog(self.log), *listeners)
+        self._listing: Listing | None = None  # the lock's listing, for the first session
 
     def connect(self) -> ReplicationConnection:
         """Open a replication connection (the password never reaches a log line)."""
@@ -155,34 +174,36 @@ class Supervisor:
             if self.settings.create_slot or self.settings.drop_slot:
                 return self.slot_command()
         except ReceivewalError as exc:
-            self.log.error("failed", error=str(exc))
+            self.events(Failed(str(exc)))
             return 1
         assert self.settings.directory is not None
         archive = Archive(self.settings.directory, sync=self.settings.sync)
         try:
-            for name in archive.lock():  # one writer per archive, before touching anything
+            self._listing = archive.lock()  # one writer per archive, before touching anything
+            for name in self._listing.removed:
                 self.log.info("temporary_file_removed", file=name)
             archive.check_usable()
         except ReceivewalError as exc:
-            self.log.error("failed", error=str(exc))
+            self.events(Failed(str(exc)))
             return 1
         try:
             uploads = self._uploader(archive)
-            monitor = self.monitor or Monitor(self.settings.directory,
-                                              self.settings.metrics_address,
-                                              keeps_partials=not self.settings.at_rest.method,
-                                              progress=self.settings.progress,
-                                              uploads=uploads.status if uploads else None)
+            monitor = Monitor(self.settings.directory, self.settings.metrics_address,
+                              keeps_partials=not self.settings.at_rest.method,
+                              progress=self.settings.progress,
+                              uploads=uploads.status if uploads else None)
         except ReceivewalError as exc:
-            self.log.error("failed", error=str(exc))
+            self.events(Failed(str(exc)))
             return 1
+        # the monitor before the listeners, so that the drop-in's line follows the log's
+        self.events = EventStream(EventLog(self.log), monitor, *self.listeners)
         self.stop.install()
         try:
-            return self._loop(archive, monitor, uploads)
+            return self._loop(archive, uploads)
         finally:
             if uploads is not None:
                 uploads.close()
-            monitor.stopping()
+            self.events(Stopping())
             monitor.close()
             self.stop.uninstall()
             archive.unlock()
@@ -191,28 +212,32 @@ class Supervisor:
         """The uploader of --upload-to (its client is made now; nothing is sent yet)."""
         if self.settings.upload_to is None:
             return None
+        from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
+        from receivewal.daemon.uploader import Uploader, retry_policy  # noqa: PLC0415
+
         retry = retry_policy(os.environ)
         bucket = Bucket.connect(self.settings.upload_to, retry)
         return Uploader(archive, bucket, self.log, retry, environ=os.environ)
 
-    def _loop(self, archive: Archive, monitor: Monitor, uploads: Uploader | None) -> int:
+    def _loop(self, archive: Archive, uploads: Uploader | None) -> int:
         attempt = 0
         connected_once = False
         while True:
             streamed = False
             try:
                 conn = self.connect() if connected_once or not self.settings.wait_for_server \
-                    else self._wait_for_server(monitor)
+                    else self._wait_for_server()
             except ReceivewalError as exc:
                 if not connected_once and not self.stop.requested:
-                    self.log.error("failed", error=str(exc))
+                    self.events(Failed(str(exc)))
                     return 1
                 error: ReceivewalError = exc
             else:
                 connected_once = True
                 session = Session(conn, settings=self.settings, archive=archive,
-                                  monitor=monitor, stop=self.stop, log=self.log,
-                                  uploads=uploads)
+                                  events=self.events, stop=self.stop, log=self.log,
+                                  uploads=uploads, listing=self._listing)
+                self._listing = None  # later sessions list the archive as it is then
                 try:
                     with descriptors_retryable():
                         start = session.prepare()
@@ -230,29 +255,27 @@ class Supervisor:
                 self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
                 return 0
             kind = error_kind(error)
-            monitor.error(kind, str(error))
+            self.events(ErrorCounted(kind, str(error)))
             if not error.retryable or self.settings.no_loop or \
                     (not streamed and not connected_once):
-                self.log.error("failed", error=str(error), kind=kind)
+                self.events(Failed(str(error), kind))
                 return 1
             if isinstance(error, WalRemovedError):
-                self.log.error("gap_detected", error=str(error))
+                self.events(GapDetected(str(error)))
             if isinstance(error, DiskFullError):
-                self.log.error("disk_full", error=str(error), directory=str(archive.directory))
-            self.log.warning("disconnected", error=str(error), kind=kind)
-            monitor.disconnected(str(error))
+                self.events(DiskFull(str(error), str(archive.directory)))
+            self.events(Disconnected(str(error), kind))
             attempt = 1 if streamed and isinstance(error, ConnectionLost) else attempt + 1
             delay = backoff_delay(attempt, self.settings.reconnect_delay,
                                   self.settings.reconnect_delay_max)
-            self.log.info("reconnecting", delay=round(delay, 2), attempt=attempt)
-            monitor.reconnecting(delay)
-            self.stop.sleep(delay, on_tick=lambda: monitor.tick(time.time()))
+            self.events(Reconnecting(delay, attempt))
+            self.stop.sleep(delay, on_tick=self._tick)
             if self.stop.requested:
                 self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
                 return 0
 
     # -- --wait-for-server: the first connection is retried (as a service), not fatal ------
-    def _wait_for_server(self, monitor: Monitor) -> ReplicationConnection:
+    def _wait_for_server(self) -> ReplicationConnection:
         """Connect, retrying with backoff while the error is retryable, until a stop signal
         (which re-raises the last error; the loop then exits 0 as for any stop).
 
@@ -270,12 +293,14 @@ class Supervisor:
                 attempt += 1
                 delay = backoff_delay(attempt, self.settings.reconnect_delay,
                                       self.settings.reconnect_delay_max)
-                self.log.warning("waiting_for_server", error=str(exc), attempt=attempt,
-                                 delay=round(delay, 2))
-                monitor.waiting_for_server(str(exc))
-                self.stop.sleep(delay, on_tick=lambda: monitor.tick(time.time()))
+                self.events(WaitingForServer(str(exc), attempt, delay))
+                self._listing = None  # the wait may be long: the session lists anew
+                self.stop.sleep(delay, on_tick=self._tick)
                 if self.stop.requested:
                     raise
+
+    def _tick(self) -> None:
+        self.events(Tick(time.time()))
 
 
 @contextlib.contextmanager

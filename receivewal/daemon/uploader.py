@@ -36,6 +36,7 @@ from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import Archive
 from receivewal.archive.identity import ArchiveIdentity
+from receivewal.archive.listing import Listing
 from receivewal.archive.objectstore import RetryPolicy, backoff_delay
 from receivewal.archive.uploads import (
     PendingFile,
@@ -132,11 +133,12 @@ class Uploader:
         self._floor = 0  # where the current session streams from
 
     # -- the session's side ------------------------------------------------------------------
-    def begin(self, identity: ArchiveIdentity) -> None:
+    def begin(self, identity: ArchiveIdentity, listing: Listing | None = None) -> None:
         """Once per daemon, when the server is identified and before anything is streamed:
         claim the prefix (a refusal raises, non-retryable: nothing is written), take the
-        backlog from the archive, follow its completions and start the thread. When the store
-        cannot be reached now, the claim is left to the thread and streaming goes on."""
+        backlog from the archive (``listing``, when the start-up took one), follow its
+        completions and start the thread. When the store cannot be reached now, the claim is
+        left to the thread and streaming goes on."""
         if self._thread is not None:
             return
         self._identity, self.segment_size = identity, identity.segment_size
@@ -151,7 +153,8 @@ class Uploader:
         end = None if self._record.segment is None else \
             segment_end(self._record.segment, self.segment_size)
         self._update(uploaded_end=end)
-        for pending in pending_files(self.archive, self._record, self.segment_size):
+        for pending in pending_files(self.archive, self._record, self.segment_size,
+                                     listing):
             self._enqueue(pending)
         self.archive.on_completed = self.follow
         self._thread = threading.Thread(target=self._work, name="uploader", daemon=True)

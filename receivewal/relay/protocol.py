@@ -1,9 +1,10 @@
 """The PostgreSQL wire protocol as the relay needs it (pure: bytes in, bytes out).
 
 Startup packets (parse, decide what goes upstream, build), the FATAL ErrorResponse the relay
-sends itself, and :class:`BackendStream`, which reframes the upstream's byte stream and
-compresses XLogData inside COPY BOTH with :class:`~receivewal.replication.streampack.
-StreampackEncoder`. The sockets are in :mod:`receivewal.relay.server`.
+sends itself and the Authentication filter. The upstream's byte stream, reframed and
+compressed, is :mod:`receivewal.relay.backend`; the sockets are in
+:mod:`receivewal.relay.server`, :mod:`~receivewal.relay.session` and
+:mod:`~receivewal.relay.pump`.
 """
 
 from __future__ import annotations
@@ -12,14 +13,7 @@ import struct
 from dataclasses import dataclass
 
 from receivewal.errors import ConfigurationError
-from receivewal.replication.messages import XLOGDATA_TAG
 from receivewal.replication.negotiation import parse_compression_list, take_streampack_option
-from receivewal.replication.streampack import (
-    MAX_RESTORED_PAYLOAD,
-    XLOGDATA_HEADER_SIZE,
-    StreampackEncoder,
-    StreampackStats,
-)
 
 PROTOCOL_3 = 196608
 SSL_REQUEST = 80877103
@@ -180,98 +174,3 @@ def strip_channel_binding(message: bytes) -> bytes:
     kept = [n for n in names[:-2] if n not in CHANNEL_BINDING_MECHANISMS]
     body = struct.pack(">I", AUTH_SASL) + b"".join(n + b"\x00" for n in kept) + b"\x00"
     return b"R" + struct.pack(">I", 4 + len(body)) + body
-
-
-HELD_AUTHENTICATION = 64 * 1024
-"""Largest Authentication message held whole to filter it (a SASL offer is a few bytes)."""
-HELD_XLOGDATA = XLOGDATA_HEADER_SIZE + MAX_RESTORED_PAYLOAD
-"""Largest XLogData held whole to compress it. A larger one (no walsender sends it; the decoder
-would refuse it compressed) passes plain, as frames the encoder leaves plain do."""
-
-
-class BackendStream:
-    """Reframes the upstream's byte stream into messages and compresses XLogData (pure).
-
-    ``feed`` takes bytes as they arrive and returns the bytes to send to the client. Until the
-    authentication ends, AuthenticationSASL messages lose their channel-binding mechanisms
-    (:func:`strip_channel_binding`). Only ``d`` (CopyData) messages starting with ``w``
-    received between CopyBothResponse (``W``) and the end of that COPY are compressed; every
-    other byte passes unchanged, and as it arrives: only the messages to change are held
-    whole (bounded by :data:`HELD_AUTHENTICATION` and :data:`HELD_XLOGDATA`), so a huge row
-    costs no memory. ``authenticating=False`` for a connection that never authenticates (a
-    forwarded CancelRequest).
-    """
-
-    def __init__(self, encoder: StreampackEncoder | None, authenticating: bool = True) -> None:
-        self.encoder = encoder
-        self.authenticating = authenticating
-        self.copy_both = False
-        self._buffer = bytearray()
-        self._passing = 0
-        """Bytes of the current message still to pass through unchanged."""
-
-    def feed(self, data: bytes) -> bytes:
-        """Bytes received from the upstream in, bytes for the client out (the hot loop)."""
-        if self.encoder is None and not self.authenticating:
-            return data
-        buf = self._buffer
-        buf += data
-        out: list[bytes] = []
-        pos = 0
-        while pos < len(buf):
-            if self._passing:
-                size = min(self._passing, len(buf) - pos)
-                out.append(bytes(buf[pos : pos + size]))
-                self._passing -= size
-                pos += size
-                continue
-            if len(buf) - pos < 5:
-                break
-            kind = buf[pos]
-            end = pos + 1 + int.from_bytes(buf[pos + 1 : pos + 5], "big")
-            copy_data = kind == 0x64 and end > pos + 5
-            if copy_data and len(buf) - pos < 6:
-                break  # the byte that says whether it is XLogData is still to come
-            if not self._holds(kind, end - pos, buf[pos + 5] if copy_data else 0):
-                self._passing = end - pos
-                self._other(kind)
-                continue
-            if end > len(buf):
-                break
-            message = bytes(buf[pos:end])
-            out.append(self._compress(message) if kind == 0x64 else self._authentication(message))
-            pos = end
-        del buf[:pos]
-        if self.encoder is None and not self.authenticating:  # nothing left to look at
-            out.append(bytes(buf))
-            buf.clear()
-        return b"".join(out)
-
-    def _holds(self, kind: int, size: int, first: int) -> bool:
-        """Whether a message is held whole: Authentication to filter, XLogData to compress."""
-        if kind == 0x52:
-            return self.authenticating and size <= HELD_AUTHENTICATION
-        return (kind == 0x64 and self.copy_both and self.encoder is not None
-                and 5 < size <= 5 + HELD_XLOGDATA and first == XLOGDATA_TAG)
-
-    def _compress(self, message: bytes) -> bytes:
-        if self.encoder is None:  # not held then (_holds)
-            return message
-        frame = self.encoder.encode(message[5:])
-        return b"d" + struct.pack(">I", 4 + len(frame)) + frame
-
-    def _authentication(self, message: bytes) -> bytes:
-        if int.from_bytes(message[5:9], "big") == AUTH_OK:
-            self.authenticating = False
-        return strip_channel_binding(message)
-
-    def _other(self, kind: int) -> None:
-        if kind == 0x57:  # CopyBothResponse
-            self.copy_both = True
-        elif kind in b"cCEZ":  # CopyDone, CommandComplete, ErrorResponse, ReadyForQuery
-            self.copy_both = False
-            self.authenticating = self.authenticating and kind != 0x45
-
-    def stats(self) -> StreampackStats | None:
-        """The encoder's statistics (None for a plain connection)."""
-        return self.encoder.stats() if self.encoder is not None else None

@@ -54,6 +54,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from receivewal.relay.protocol import CANCEL_REQUEST, build_error_response
+from receivewal.relay.pump import keep_freed_buffers
 from receivewal.relay.session import (
     Client,
     ClientGone,
@@ -98,6 +99,7 @@ class Relay:
         self._stop_requested = False
         self._sessions: set[asyncio.Task[Any]] = set()
         self._refusing: set[asyncio.Task[Any]] = set()
+        self._allocator_tuned = False
 
     @property
     def address(self) -> tuple[str, int]:
@@ -107,6 +109,7 @@ class Relay:
 
     def serve_forever(self, stop_signals: tuple[signal.Signals, ...] = ()) -> None:
         """Accept clients until :meth:`stop` (or one of ``stop_signals``); then close all."""
+        self._allocator_tuned = keep_freed_buffers()
         asyncio.run(self._serve(stop_signals))
 
     def stop(self) -> None:
@@ -132,7 +135,8 @@ class Relay:
             allow=",".join(str(n) for n in settings.allow),
             max_connections=settings.max_connections, startup_timeout=settings.startup_timeout,
             offered=",".join(settings.offered) or None,
-            min_size=settings.min_size, zstd_level=settings.zstd_level)
+            min_size=settings.min_size, zstd_level=settings.zstd_level,
+            allocator_tuned=self._allocator_tuned)
         accepting = asyncio.create_task(self._accept_forever())
         await self._stopping.wait()
         accepting.cancel()

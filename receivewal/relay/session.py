@@ -2,8 +2,9 @@
 
 :func:`negotiate` answers SSLRequest/GSSENCRequest on the raw socket and reads the startup
 packet, over TLS when the client asked for it and the relay has a certificate.
-:class:`RelaySession` then connects upstream and pumps bytes both ways through a
-:class:`~receivewal.relay.protocol.BackendStream`.
+:class:`RelaySession` then connects upstream and pumps bytes both ways: the upstream's through
+an :class:`~receivewal.relay.pump.UpstreamPump` and its
+:class:`~receivewal.relay.backend.BackendStream`.
 
 The negotiation reads the raw socket exactly as many bytes as each packet has, so no byte a
 client sends after its SSLRequest can be taken for part of the TLS session (the buffered
@@ -23,17 +24,18 @@ from typing import Any
 
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.logs import get_logger
+from receivewal.relay.backend import BackendStream
 from receivewal.relay.protocol import (
     CANCEL_REQUEST,
     GSSENC_REQUEST,
     MAX_STARTUP_PACKET,
     SSL_REQUEST,
-    BackendStream,
     build_error_response,
     decide_startup,
     format_version,
     unsupported_protocol,
 )
+from receivewal.relay.pump import UpstreamPump
 from receivewal.relay.settings import RelaySettings
 from receivewal.replication.streampack import StreampackEncoder
 
@@ -153,6 +155,8 @@ class RelaySession:
         self.ssl_context = ssl_context
         self.client = client
         self.upstream_writer: asyncio.StreamWriter | None = None
+        """The upstream until :meth:`_pump` hands it to :attr:`pump`."""
+        self.pump: UpstreamPump | None = None
         self.stream: BackendStream | None = None
         self.log = log
 
@@ -165,6 +169,8 @@ class RelaySession:
         finally:
             await close_writer(self.client.writer)
             await close_writer(self.upstream_writer)
+            if self.pump is not None:
+                await self.pump.close()
             stats = self.stream.stats() if self.stream is not None else None
             self.log.info("relay_client_disconnected",
                           **({"streampack": stats.as_dict()} if stats else {}))
@@ -209,7 +215,7 @@ class RelaySession:
             self.log.debug("relay_forwarding_cancel_request")
             if (upstream := await self._open_upstream()) is not None:
                 upstream[1].write(packet)
-                await self._pump(*upstream, BackendStream(None, authenticating=False))
+                await self._pump(upstream[1], BackendStream(None, authenticating=False))
             return
         unsupported = unsupported_protocol(code)
         if unsupported is not None:  # never passed through: no way around the TLS path
@@ -224,7 +230,7 @@ class RelaySession:
             return
         if (upstream := await self._open_upstream()) is None:
             return
-        reader, writer = upstream
+        writer = upstream[1]
         encoder = (StreampackEncoder(decision.algorithm, self.settings.min_size,
                                      self.settings.zstd_level)
                    if decision.algorithm else None)
@@ -237,32 +243,27 @@ class RelaySession:
                           options=",".join(decision.unrecognized) or None)
             self.client.writer.write(decision.negotiation)
         writer.write(decision.packet)
-        await self._pump(reader, writer, BackendStream(encoder))
+        await self._pump(writer, BackendStream(encoder))
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    stream: BackendStream) -> None:
+    async def _pump(self, upstream: asyncio.StreamWriter, stream: BackendStream) -> None:
+        """Relay until either side closes. Called with nothing read from the upstream since
+        the last write to it (the pump takes its transport over)."""
         self.stream = stream
-        client_reader, client_writer = self.client.reader, self.client.writer
+        pump = self.pump = UpstreamPump.take_over(upstream, stream, self.client.writer)
+        self.upstream_writer = None  # closed through the pump now
+        client_reader = self.client.reader
 
         async def to_upstream() -> None:
             while data := await client_reader.read(RECV_SIZE):
-                writer.write(data)
-                await writer.drain()
+                pump.send(data)
+                await pump.drained()
 
-        async def to_client() -> None:
-            while data := await reader.read(RECV_SIZE):
-                out = stream.feed(data)
-                if out:
-                    client_writer.write(out)
-                    await client_writer.drain()
-
-        tasks = [asyncio.create_task(to_upstream()), asyncio.create_task(to_client())]
+        task = asyncio.create_task(to_upstream())
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([task, pump.ended], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in tasks:
-                task.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-        for result in results:
-            if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError):
-                self.log.debug("relay_connection_error", error=str(result) or repr(result))
+            task.cancel()
+            results = await asyncio.gather(task, return_exceptions=True)
+        for error in (*results, pump.error):
+            if isinstance(error, Exception) and not isinstance(error, asyncio.CancelledError):
+                self.log.debug("relay_connection_error", error=str(error) or repr(error))

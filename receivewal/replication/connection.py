@@ -10,7 +10,6 @@ Nothing here blocks: the libpq dialogue is written as generators that
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -77,16 +76,6 @@ def build_conninfo(
 def conninfo_options(conninfo: str) -> str | None:
     """The ``options`` parameter of a connection string, if any."""
     return conninfo_to_dict(conninfo).get("options")  # type: ignore[return-value]
-
-
-_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_URI_PASSWORD_RE = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
-
-
-def redacted(text: str) -> str:
-    """``text`` with every password (``password=``, ``sslpassword=``, a URI's ``user:pw@``)
-    replaced by ``****``: for connection strings and any message that may quote one."""
-    return _URI_PASSWORD_RE.sub(r"\1****@", _PASSWORD_RE.sub(r"\1****", text))
 
 
 def one_line(text: str) -> str:

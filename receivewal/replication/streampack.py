@@ -23,18 +23,12 @@ produces them exactly as the module's sender does (used by ``receivewal relay`` 
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from dataclasses import asdict, dataclass
+from types import ModuleType
 from typing import Any
-
-import lz4.block
-import zstandard
-
-if sys.version_info >= (3, 14):
-    from compression.zstd import ZstdDecompressor, ZstdError
-else:  # the same module, backported: decompress() with an output limit (max_length)
-    from backports.zstd import ZstdDecompressor, ZstdError
 
 from receivewal.errors import ConfigurationError, StreampackError
 from receivewal.replication.messages import (
@@ -48,6 +42,28 @@ from receivewal.wal.lsn import format_lsn
 
 ALGORITHMS = ("zstd", "lz4")
 """The names pg_streampack knows, in the module's default order of preference."""
+
+
+@functools.cache
+def _lz4_block() -> ModuleType:
+    """lz4's block codec, imported with the first lz4 frame: a plain stream loads no codec."""
+    import lz4.block  # noqa: PLC0415 - lazily, see the docstring
+
+    module: ModuleType = lz4.block
+    return module
+
+
+@functools.cache
+def _zstd_codecs() -> tuple[ModuleType, ModuleType]:
+    """(zstandard, for the encoder; the bounded zstd decoder: the standard library's from 3.14
+    on, the same module backported before), imported with the first zstd frame."""
+    import zstandard  # noqa: PLC0415 - lazily, see the docstring
+
+    if sys.version_info >= (3, 14):
+        from compression import zstd  # noqa: PLC0415
+    else:
+        from backports import zstd  # noqa: PLC0415
+    return zstandard, zstd
 
 XLOGDATA_HEADER_SIZE = XLOGDATA_HEADER.size  # 25
 COMPRESSED_HEADER_SIZE = 29
@@ -188,7 +204,7 @@ class StreampackDecoder:
             raise ConfigurationError(f"unknown pg_streampack algorithm(s): {', '.join(unknown)}")
         self.requested = requested
         self._algorithm: str | None = None
-        self._zstd: ZstdDecompressor | None = None
+        self._zstd: Any = None  # the connection's zstd stream, from the first zstd frame
         self._lz4_dict = b""
         self._failed: str | None = None
         self._counter = _Counter()
@@ -293,11 +309,12 @@ class StreampackDecoder:
         """Feed ``body`` to the connection's zstd stream, taking out at most ``length + 1``
         bytes: a body that expands past its announced length is refused having cost no more
         memory than the announcement (a bomb is never expanded)."""
+        zstd = _zstd_codecs()[1]
         if self._zstd is None:
-            self._zstd = ZstdDecompressor()
+            self._zstd = zstd.ZstdDecompressor()
         try:
-            plaintext = self._zstd.decompress(body, max_length=length + 1)
-        except (ZstdError, EOFError) as exc:
+            plaintext: bytes = self._zstd.decompress(body, max_length=length + 1)
+        except (zstd.ZstdError, EOFError) as exc:
             raise self._fail(frame, f"zstd body does not decompress: {exc}") from exc
         if len(plaintext) != length:
             more = "more than " if len(plaintext) > length else ""
@@ -309,10 +326,10 @@ class StreampackDecoder:
         if length > len(body) * _LZ4_MAX_RATIO + 16:
             raise self._fail(frame, f"announced length {length} is impossible for an lz4 block "
                                     f"of {len(body)} bytes")
+        block = _lz4_block()
         try:
-            plaintext = lz4.block.decompress(body, uncompressed_size=length,
-                                             dict=self._lz4_dict)
-        except lz4.block.LZ4BlockError as exc:
+            plaintext = block.decompress(body, uncompressed_size=length, dict=self._lz4_dict)
+        except block.LZ4BlockError as exc:
             raise self._fail(frame, f"lz4 body does not decompress: {exc}") from exc
         if len(plaintext) != length:
             raise self._fail(frame, f"lz4 body yields {len(plaintext)} bytes, "
@@ -339,6 +356,7 @@ class StreampackEncoder:
             raise ConfigurationError(f"unknown pg_streampack algorithm {algorithm!r}")
         if min_size < 0:
             raise ConfigurationError(f"invalid min size {min_size}: must be 0 or more")
+        zstandard = self._zstandard = _zstd_codecs()[0]
         if not -7 <= zstd_level <= zstandard.MAX_COMPRESSION_LEVEL:
             raise ConfigurationError(f"invalid zstd level {zstd_level}: must be between -7 "
                                      f"and {zstandard.MAX_COMPRESSION_LEVEL}")
@@ -365,10 +383,10 @@ class StreampackEncoder:
             return frame
         if self._zstd is not None:
             body = self._zstd.compress(payload)
-            body += self._zstd.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+            body += self._zstd.flush(self._zstandard.COMPRESSOBJ_FLUSH_BLOCK)
             algorithm_id = 0
         else:
-            body = lz4.block.compress(payload, store_size=False, dict=self._lz4_dict)
+            body = _lz4_block().compress(payload, store_size=False, dict=self._lz4_dict)
             self._lz4_dict = _lz4_tail(bytes(payload[-LZ4_DICT_SIZE:]))
             algorithm_id = 1
         header = bytearray(frame[:XLOGDATA_HEADER_SIZE])

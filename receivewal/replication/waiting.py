@@ -6,7 +6,8 @@ yields ``(fileno, events)`` when libpq needs the socket readable or writable, an
 the events that became ready. :func:`drive` runs such a generator to its end and
 :func:`drive_within` for a bounded time (the COPY stream's reads); both wait in
 :func:`wait_for`, with a selector on the socket and on the stop signal's descriptor, so
-neither a stop signal nor ``--receive-timeout`` ever waits behind libpq.
+neither a stop signal nor ``--receive-timeout`` ever waits behind libpq. :func:`pause` is the
+supervisor's sleep between reconnects, on the stop signal alone.
 """
 
 from __future__ import annotations
@@ -77,6 +78,12 @@ def drive_within(steps: Steps[T], stop: StopFlag | None, timeout: float) -> T | 
     except StopRequested:
         return None
     return None
+
+
+def pause(stop: StopFlag, seconds: float) -> None:
+    """Wait ``seconds`` (more than 0), or less when a stop signal arrives (its flag says so)."""
+    if wait_for(stop.fileno(), READ, None, seconds):
+        stop.drain()
 
 
 def wait_for(fileno: int, events: int, stop: StopFlag | None, timeout: float,

@@ -8,10 +8,13 @@ identifier, the segment size and the block size. Layouts are PostgreSQL 15's.
 from __future__ import annotations
 
 import struct
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from receivewal.errors import ConfigurationError
-from receivewal.wal.lsn import check_segment_size, format_lsn
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size, format_lsn
+from receivewal.wal.names import parse_segment_file_name
 
 XLOG_PAGE_MAGIC = 0xD110  # PostgreSQL 15
 XLOG_BLCKSZ = 8192
@@ -22,6 +25,7 @@ XLP_LONG_HEADER = 0x0002
 XLP_FIRST_IS_OVERWRITE_CONTRECORD = 0x0008
 XLP_ALL_FLAGS = 0x000F
 MAX_SYSTEM_IDENTIFIER = 0xFFFFFFFFFFFFFFFF  # xlp_sysid is a uint64
+AGREEING_HEADERS = 3  # headers that settle an archive's segment size (analyze reads remotely)
 
 SHORT_HEADER = struct.Struct("<HHIQI")  # xlp_magic, xlp_info, xlp_tli, xlp_pageaddr, xlp_rem_len
 LONG_FIELDS = struct.Struct("<QII")  # xlp_sysid, xlp_seg_size, xlp_xlog_blcksz (at offset 24)
@@ -60,6 +64,37 @@ def header_segment_size(head: bytes | memoryview) -> int:
     if header is None:
         raise ConfigurationError("too short to hold a WAL page header")
     return check_segment_size(header.segment_size)
+
+
+def archive_segment_size(recorded: int | None,
+                         heads: Iterable[tuple[str, bytes | memoryview]]) -> int | None:
+    """An archive's segment size: the one rule of verify, analyze and restore.
+
+    The size the archive's identity record states (``recorded``) when it has one. Else the
+    size most segment files' own first page headers state: ``heads`` gives each file's name
+    and first bytes (read lazily: reading stops once AGREEING_HEADERS agree), and a header
+    counts only when its size is a valid wal_segment_size and its page address is where its
+    file name puts the segment at that size, so that one damaged header decides nothing; a
+    tie goes to PostgreSQL's default. None when nothing decides (the callers then take
+    DEFAULT_SEGMENT_SIZE, verify first saying why no file could be read).
+    """
+    if recorded is not None:
+        return check_segment_size(recorded)
+    sizes: Counter[int] = Counter()
+    for name, head in heads:
+        try:
+            size = header_segment_size(head)
+        except ConfigurationError:
+            continue
+        parsed = parse_segment_file_name(name, size)
+        if parsed is None or parsed.start_lsn(size) != SHORT_HEADER.unpack_from(head)[3]:
+            continue
+        sizes[size] += 1
+        if sizes[size] == AGREEING_HEADERS:
+            break
+    if not sizes:
+        return None
+    return max(sizes.items(), key=lambda kv: (kv[1], kv[0] == DEFAULT_SEGMENT_SIZE))[0]
 
 
 def first_page_problem(

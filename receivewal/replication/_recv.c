@@ -8,8 +8,8 @@
  *   bind(libpq_path)
  *       resolves PQgetCopyData, PQconsumeInput and PQfreemem in the libpq that is ALREADY
  *       loaded from libpq_path (dlopen with RTLD_NOLOAD): the one psycopg uses, so that the
- *       PGconn* psycopg hands out is read by the same code that made it. With glibc it also
- *       keeps libpq's message buffers on the heap (mallopt: see recv_bind).
+ *       PGconn* psycopg hands out is read by the same code that made it (the caller,
+ *       replication/accel.py, also has glibc keep freed buffers: receivewal/allocator.py).
  *   read(pgconn_ptr, max_bytes, max_messages, until)
  *       -> (wal_start, wal_end, payloads, wire, other)
  *       reads plain XLogData messages whose WAL follows on from the previous one's until
@@ -31,9 +31,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 #include <stdint.h>
 #include <string.h>
 
@@ -215,14 +212,6 @@ recv_bind(PyObject *module, PyObject *arg)
                      path);
         return NULL;
     }
-#if defined(__GLIBC__)
-    /* A run keeps up to RUN_BYTES (1 MiB) of libpq's 128 kB message buffers alive. With
-     * glibc's defaults each is mmapped, or, once the threshold adapted, the heap is trimmed
-     * when they are freed together: every message then page-faults fresh memory (190,000
-     * faults per 2 GB here). Keep messages on the heap and freed memory in it. */
-    mallopt(M_MMAP_THRESHOLD, 4 << 20);
-    mallopt(M_TRIM_THRESHOLD, 16 << 20);
-#endif
     pq_get_copy_data = get;  /* the handle stays open: the functions must outlive this call */
     pq_consume_input = consume;
     pq_freemem = freemem;

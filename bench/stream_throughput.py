@@ -9,14 +9,20 @@ durability. For every run it measures wall time, CPU time (user + system of the 
 peak RSS with wait4(), and the start-up: the time until the tool says it started streaming
 (receivewal's ``streaming_started`` event, pg_receivewal -v's "starting log streaming"). It
 prints MB/s over the whole run and in steady state (WAL bytes / (wall - start-up)), CPU seconds
-per GB, peak RSS and start-up per tool, and the ratios.
+per GB, peak RSS and start-up per tool, and the ratios: of the medians, and the spread (min,
+median, max) of the ratios of the runs paired in each round. ``--python-too`` adds receivewal
+with its pure-Python receive loop (``RECEIVEWAL_PURE_PYTHON=1``) to every round; the line of
+each receivewal says which loop ran (``streaming_started``'s ``receive_path``). Between runs
+the output is removed and ``sync`` waited for, so that no run pays for the last one's writeback.
 """
 
 from __future__ import annotations
 
 import argparse
 import compileall
+import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -32,12 +38,15 @@ RECEIVEWAL = [sys.executable, "-m", "receivewal", "stream", "--log-format", "jso
 STREAMING = (b"streaming_started", b"starting log streaming")  # receivewal, pg_receivewal -v
 
 Sample = tuple[float, float, int, float]  # wall s, CPU s, peak RSS KiB, start-up s
+TOOLS = ("receivewal", "pg_receivewal")
+PURE_TOOL = "receivewal-py"  # --python-too: receivewal with RECEIVEWAL_PURE_PYTHON=1
 
 
-def run_one(argv: list[str]) -> Sample:
-    """(wall s, CPU s, peak RSS KiB, start-up s) of one process run to completion."""
+def run_one(argv: list[str], env: dict[str, str] | None = None) -> tuple[Sample, str]:
+    """(wall s, CPU s, peak RSS KiB, start-up s) of one process run to completion, and the
+    receive loop it said it ran ("" for pg_receivewal)."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     started: list[float] = []
     lines: list[bytes] = []
 
@@ -55,7 +64,14 @@ def run_one(argv: list[str]) -> Sample:
     reader.join()
     if os.waitstatus_to_exitcode(status) != 0 or not started:
         raise RuntimeError(f"{argv[0]} failed: {b''.join(lines)[-2000:].decode()}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, started[0]
+    path = next((json.loads(line).get("receive_path", "") for line in lines
+                 if STREAMING[0] in line), "")
+    return (wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, started[0]), path
+
+
+def slot_name(tool: str, mode: str, run: int) -> str:
+    """The slot of one run (a slot name is lower-case letters, digits and underscores)."""
+    return f"s_{tool}_{mode}_{run}".replace("-", "_").replace("__", "_")
 
 
 def compile_package() -> None:
@@ -71,12 +87,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=2.0, help="GB of WAL to generate")
     parser.add_argument("--runs", type=int, default=3, help="runs per tool and durability")
+    parser.add_argument("--python-too", action="store_true",
+                        help="also run receivewal with its pure-Python receive loop")
+    parser.add_argument("--pool", nargs="+", metavar="LOG", type=Path,
+                        help="run nothing: summarise the runs printed in these saved outputs")
     args = parser.parse_args()
+    if args.pool:
+        pool_outputs(args.pool)
+        return
     compile_package()
     modes = [("--no-sync", ["--no-sync"]), ("default", [])]
-    tools = ["receivewal", "pg_receivewal"]
-    slots = [f"s_{t}_{m[0].strip('-').replace('-', '_')}_{i}" for t in tools
-             for m in modes for i in range(args.runs)]
+    tools = [*TOOLS, PURE_TOOL] if args.python_too else list(TOOLS)
+    slots = [slot_name(t, m[0], i) for t in tools for m in modes for i in range(args.runs)]
     with running_server(conf={"max_replication_slots": str(len(slots) + 4),
                               "max_wal_senders": "8", "wal_keep_size": "0",
                               "max_wal_size": "'4GB'", "checkpoint_timeout": "'30min'"}) as pg:
@@ -102,28 +124,55 @@ def main() -> None:
             for i in range(args.runs):
                 for mode, flags in modes:
                     for tool in tools:  # alternate the tools within each round
-                        slot = f"s_{tool}_{mode.strip('-').replace('-', '_')}_{i}"
+                        slot = slot_name(tool, mode, i)
                         target_dir = scratch / slot
                         target_dir.mkdir()
                         common = ["-D", str(target_dir), "-d", pg.dsn, "-S", slot,
                                   "-E", end_lsn, "-n", *flags]
-                        argv = [*RECEIVEWAL, *common, "--compression", "none"] \
-                            if tool == "receivewal" else [pg_bin("pg_receivewal"), "-v", *common]
-                        sample = run_one(argv)
+                        argv = [pg_bin("pg_receivewal"), "-v", *common] \
+                            if tool == "pg_receivewal" \
+                            else [*RECEIVEWAL, *common, "--compression", "none"]
+                        env = {**os.environ, "RECEIVEWAL_PURE_PYTHON":
+                               "1" if tool == PURE_TOOL else "0"}
+                        sample, path = run_one(argv, env)
                         results.setdefault((tool, mode), []).append(sample)
                         shutil.rmtree(target_dir)
+                        os.sync()  # the next run does not pay for this one's writeback
                         print(f"  run {i + 1} {mode:9} {tool:13} {wal_bytes / 1e6 / sample[0]:7.1f}"
                               f" MB/s  cpu {sample[1]:5.2f}s  rss {sample[2] / 1024:5.1f} MB"
-                              f"  start-up {sample[3]:.3f}s", flush=True)
+                              f"  start-up {sample[3]:.3f}s  {path}", flush=True)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    print_summary(results, wal_bytes, args.runs)
+    print_summary(results, wal_bytes, args.runs, tuple(tools))
+
+
+RUN_LINE = re.compile(r"run \d+ (\S+)\s+(\S+)\s+([\d.]+) MB/s\s+cpu\s+([\d.]+)s\s+"
+                      r"rss\s+([\d.]+) MB\s+start-up ([\d.]+)s")
+
+
+def pool_outputs(paths: list[Path]) -> None:
+    """One summary of the runs several invocations printed (same WAL size), pooled in order."""
+    results: dict[tuple[str, str], list[Sample]] = {}
+    sizes = set()
+    for path in paths:
+        text = path.read_text()
+        found = re.search(r"WAL to stream per run: (\d+) MB", text)
+        assert found is not None, f"{path}: not an output of this benchmark"
+        wal_mb = int(found.group(1))
+        sizes.add(wal_mb)
+        for mode, tool, mbs, cpu, rss, startup in RUN_LINE.findall(text):
+            results.setdefault((tool, mode), []).append(
+                (wal_mb / float(mbs), float(cpu), int(float(rss) * 1024), float(startup)))
+    tools = tuple(t for t in (*TOOLS, PURE_TOOL) if (t, "default") in results)
+    print(f"pooled from {len(paths)} outputs ({', '.join(str(p) for p in paths)})")
+    print_summary(results, max(sizes) * 1_000_000, len(results[("receivewal", "default")]),
+                  tools)
 
 
 def print_summary(results: dict[tuple[str, str], list[Sample]], wal_bytes: int,
-                  runs: int) -> None:
-    """The table (markdown) and the ratios of receivewal to pg_receivewal."""
-    modes, tools = ("--no-sync", "default"), ("receivewal", "pg_receivewal")
+                  runs: int, tools: tuple[str, ...] = TOOLS) -> None:
+    """The table (markdown), the ratios of receivewal to pg_receivewal, and their spread."""
+    modes = ("--no-sync", "default")
     gb = wal_bytes / 1e9
     print(f"\nmedians of {runs} runs of {wal_bytes / 1e6:.0f} MB (peak RSS: the largest)")
     print("| durability | tool | MB/s | steady MB/s | CPU s per GB | peak RSS MB | start-up s |")
@@ -142,10 +191,22 @@ def print_summary(results: dict[tuple[str, str], list[Sample]], wal_bytes: int,
                   f"{startup:.3f} |")
     print()
     for mode in modes:
-        ours, theirs = summary[("receivewal", mode)], summary[("pg_receivewal", mode)]
-        print(f"{mode}: receivewal/pg_receivewal throughput {ours[0] / theirs[0]:.2f}x "
-              f"(steady state {ours[1] / theirs[1]:.2f}x), CPU per GB {ours[2] / theirs[2]:.2f}x, "
-              f"peak RSS {ours[3]:.1f} MB, start-up {ours[4]:.3f} s vs {theirs[4]:.3f} s")
+        for tool in (t for t in tools if t != "pg_receivewal"):
+            ours, theirs = summary[(tool, mode)], summary[("pg_receivewal", mode)]
+            print(f"{mode}: {tool}/pg_receivewal throughput {ours[0] / theirs[0]:.2f}x "
+                  f"(steady state {ours[1] / theirs[1]:.2f}x), CPU per GB "
+                  f"{ours[2] / theirs[2]:.2f}x, peak RSS {ours[3]:.1f} MB, start-up "
+                  f"{ours[4]:.3f} s vs {theirs[4]:.3f} s")
+            print_spread(results[(tool, mode)], results[("pg_receivewal", mode)])
+
+
+def print_spread(ours: list[Sample], theirs: list[Sample]) -> None:
+    """min / median / max of the ratios of the runs paired round by round."""
+    speed = sorted(t[0] / o[0] for o, t in zip(ours, theirs, strict=True))
+    cpu = sorted(o[1] / t[1] for o, t in zip(ours, theirs, strict=True))
+    print(f"    per round ({len(speed)}): throughput {speed[0]:.2f}x / "
+          f"{statistics.median(speed):.2f}x / {speed[-1]:.2f}x, CPU per GB {cpu[0]:.2f}x / "
+          f"{statistics.median(cpu):.2f}x / {cpu[-1]:.2f}x (min / median / max)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,21 @@ from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import PG_BIN, PgServer, make_shared_dir
 from support.sparkarchives import TwoArchives, build_two_server_archives
 
+from receivewal.wal.accel import load_native
+
 DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(params=["c", "python"])
+def receive_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each receive loop in turn for the receivewal processes a test starts: the compiled one
+    (skipped only where receivewal.replication._recv is not built) and pure Python, chosen
+    with RECEIVEWAL_PURE_PYTHON."""
+    path: str = request.param
+    if path == "c" and load_native("receivewal.replication._recv") is None:
+        pytest.skip("the C extension receivewal.replication._recv is not built here")
+    monkeypatch.setenv("RECEIVEWAL_PURE_PYTHON", "0" if path == "c" else "1")
+    return path
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 from support.servers import free_port
 from test_relay import backend_message, running_relay
 
+from receivewal.allocator import keep_freed_buffers
 from receivewal.relay.backend import BUFFER_SIZE, MIN_ROOM, BackendStream
-from receivewal.relay.pump import keep_freed_buffers
 from receivewal.replication.messages import build_xlogdata
 from receivewal.replication.streampack import StreampackDecoder, StreampackEncoder, is_compressed
 

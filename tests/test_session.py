@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from receivewal.replication.link import (
     ReplicationLink,
     Result,
     ResultStatus,
+    WalRun,
 )
 from receivewal.replication.messages import build_xlogdata
 
@@ -57,7 +58,7 @@ class ScriptedConnection:
 
     server_version = 150000
 
-    def __init__(self, script: list[bytes], stop: Stop) -> None:
+    def __init__(self, script: Sequence[bytes | WalRun], stop: Stop) -> None:
         self.script = list(script)
         self.stop = stop
         self.sent: list[bytes] = []
@@ -74,7 +75,15 @@ class ScriptedConnection:
     def start_copy_both(self, sql: str) -> None:
         self.started = sql
 
+    receive_path = "python"
+
     def read_copy(self, timeout: float) -> CopyData | CopyDone | None:
+        message = self.read_batch(timeout)
+        assert not isinstance(message, WalRun), "a run after the copy loop ended"
+        return message
+
+    def read_batch(self, timeout: float, until: int | None = None
+                   ) -> WalRun | CopyData | CopyDone | None:
         if self.ended:
             return COPY_DONE
         if self.script:
@@ -97,7 +106,7 @@ def keepalive(reply: bool) -> bytes:
     return struct.pack(">cQqB", b"k", START + 10 * SEG, 0, int(reply))
 
 
-def make_session(tmp_path: Path, script: list[bytes], **settings: Any
+def make_session(tmp_path: Path, script: Sequence[bytes | WalRun], **settings: Any
                  ) -> tuple[Session, ScriptedConnection]:
     stop = Stop()
     conn = ScriptedConnection(script, stop)
@@ -196,6 +205,26 @@ def test_payload_crossing_a_segment_completes_the_first(tmp_path: Path) -> None:
     assert done == b"p" * (SEG - 100) + b"q" * 100
     nxt = (tmp_path / "000000010000000000000004.partial").read_bytes()
     assert nxt[:200] == b"q" * 200
+
+
+def test_run_of_the_compiled_loop_is_written_across_a_segment_boundary(tmp_path: Path) -> None:
+    """A WalRun (the compiled loop's batch) between plain messages and a keepalive: its pieces
+    are written in order, cut at the segment boundary, the first segment completed, the reply
+    reports its end, and the decoder counts its frames as plain ones."""
+    pieces = [memoryview(b"a" * 200), memoryview(b"b" * 300)]
+    run = WalRun(START + SEG - 300, START + 2 * SEG, pieces, wire=500 + 2 * 25)
+    script: list[bytes | WalRun] = [build_xlogdata(START, 0, 0, b"p" * (SEG - 300)), run,
+                                    keepalive(reply=True),
+                                    build_xlogdata(START + SEG + 200, 0, 0, b"c" * 50)]
+    session, conn = make_session(tmp_path, script, slot="s")
+    assert session.run(StartPoint(START, 1, "server")) == "stopped"
+    done = (tmp_path / "000000010000000000000003").read_bytes()
+    assert done == b"p" * (SEG - 300) + b"a" * 200 + b"b" * 100
+    assert (tmp_path / "000000010000000000000004.partial").read_bytes()[:250] == \
+        b"b" * 200 + b"c" * 50
+    assert status_updates(conn)[0][0] == START + SEG + 200
+    stats = session.decoder.stats()
+    assert (stats.frames, stats.wal_bytes) == (4, SEG + 250)
 
 
 def test_one_message_completing_two_segments_reports_each_with_its_end(tmp_path: Path) -> None:

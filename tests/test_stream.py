@@ -28,8 +28,10 @@ pytestmark = pytest.mark.server
 
 
 def test_streams_segments_through_slot_byte_identical_with_endpos(pg: PgServer,
-                                                                  archive_dir: Path) -> None:
-    """Five+ segments through a slot with --endpos/--no-loop: identical files, last .partial."""
+                                                                  archive_dir: Path,
+                                                                  receive_path: str) -> None:
+    """Five+ segments through a slot with --endpos/--no-loop: identical files, last .partial,
+    on each receive loop (streaming_started says which ran)."""
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
     pg.generate_wal(5)
     endpos = pg.mid_segment_lsn()
@@ -53,9 +55,10 @@ def test_streams_segments_through_slot_byte_identical_with_endpos(pg: PgServer,
     end = f"{int(last_end[8:16], 16):X}/{(int(last_end[16:24], 16) + 1) << 24:X}"
     dump = pg_waldump(archive_dir, start, end)
     assert dump.returncode == 0, dump.stderr
-    events = [json.loads(line)["event"] for line in done.stderr.splitlines()]
-    assert "streaming_started" in events
-    assert "endpos_reached" in events
+    events = [json.loads(line) for line in done.stderr.splitlines()]
+    started = [e for e in events if e["event"] == "streaming_started"]
+    assert [e["receive_path"] for e in started] == [receive_path]
+    assert "endpos_reached" in [e["event"] for e in events]
 
 
 def test_restart_continues_where_the_archive_stands(pg: PgServer, archive_dir: Path) -> None:
@@ -109,8 +112,9 @@ def test_sigkill_mid_stream_under_load_loses_nothing(pg: PgServer, archive_dir: 
 
 
 def test_slot_restart_lsn_never_passes_archived_wal_and_feedback_shape(
-        pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
-    """With a slot: restart_lsn stays within what the archive holds; replay_lsn is NULL."""
+        pg: PgServer, archive_dir: Path, tmp_path: Path, receive_path: str) -> None:
+    """With a slot: restart_lsn stays within what the archive holds; replay_lsn is NULL (on
+    each receive loop: status replies between runs of WAL)."""
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
     proc = start_receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
                             "-s", "0.2", stderr_path=tmp_path / "log")
@@ -130,6 +134,7 @@ def test_slot_restart_lsn_never_passes_archived_wal_and_feedback_shape(
         assert row == "t|t|t|receivewal"
     finally:
         assert stop(proc) == 0
+    assert f'"receive_path": "{receive_path}"' in (tmp_path / "log").read_text()
 
 
 def archived_position(directory: Path, server: PgServer) -> int:

@@ -57,8 +57,9 @@ def promote_and_write(primary: PgServer, standby: PgServer) -> str:
 
 
 def test_follows_promotion_of_cascading_source_without_restart(
-        pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
-    """Streaming from a standby that is promoted: continue on timeline 2 on the same run."""
+        pg: PgServer, archive_dir: Path, tmp_path: Path, receive_path: str) -> None:
+    """Streaming from a standby that is promoted: continue on timeline 2 on the same run, on
+    each receive loop."""
     standby = pg.make_standby("standby")
     pg.generate_wal(2)
     wait_replayed(pg, standby)
@@ -81,6 +82,7 @@ def test_follows_promotion_of_cascading_source_without_restart(
     text = log.read_text()
     assert "timeline_switched" in text
     assert text.count('"streaming_started"') == 2  # tl 1 then tl 2, one process, one connection
+    assert text.count(f'"receive_path": "{receive_path}"') == 2
     assert "disconnected" not in text
     assert_timeline_archive(archive_dir, standby)
 

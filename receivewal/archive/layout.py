@@ -36,6 +36,19 @@ def plan_writes(start_lsn: int, length: int, segment_size: int) -> list[SegmentW
     return plans
 
 
+def take_range(pieces: list[memoryview], start: int, length: int) -> list[memoryview]:
+    """Bytes ``start`` to ``start + length`` of the concatenation of ``pieces``, as views."""
+    taken: list[memoryview] = []
+    end = start + length
+    at = 0
+    for piece in pieces:
+        size = len(piece)
+        if max(start, at) < min(end, at + size):  # they overlap
+            taken.append(piece[max(start - at, 0) : min(end - at, size)])
+        at += size
+    return taken
+
+
 def check_continuity(expected_lsn: int, received_lsn: int) -> None:
     """Raise ProtocolError when WAL does not continue exactly where the archive stands."""
     if received_lsn != expected_lsn:

@@ -46,9 +46,9 @@ class SegmentSink(Protocol):
     def flushed(self) -> int:
         """The LSN up to which every byte is durable."""
 
-    def write(self, lsn: int, data: bytes | memoryview) -> list[str]:
-        """Write WAL at ``lsn`` (which must be :attr:`position`); the names of the segments
-        this write completed."""
+    def write(self, lsn: int, data: bytes | memoryview | list[memoryview]) -> list[str]:
+        """Write WAL at ``lsn`` (which must be :attr:`position`), one buffer or pieces that
+        follow on; the names of the segments this write completed."""
 
     def flush(self, wait: bool = False) -> int:
         """Make what is written durable (``wait``: also what is being completed in the

@@ -34,7 +34,7 @@ from receivewal.archive.files import (
     open_for_writing,
     preallocate,
 )
-from receivewal.archive.layout import check_continuity, plan_writes
+from receivewal.archive.layout import check_continuity, plan_writes, take_range
 from receivewal.archive.syncer import WRITE_BEHIND_BYTES, SegmentSyncer
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
@@ -76,17 +76,17 @@ class SegmentWriter:
             return None
         return wal_file_name(self.timeline, self._segno, self.segment_size)
 
-    def write(self, lsn: int, data: bytes | memoryview) -> list[str]:
-        """Append WAL at ``lsn``; return the names of segments this write completed."""
+    def write(self, lsn: int, data: bytes | memoryview | list[memoryview]) -> list[str]:
+        """Append WAL at ``lsn``, one buffer or pieces that follow on (written with one
+        ``pwritev`` per segment); return the names of segments this write completed."""
         check_continuity(self.position, lsn)
         if self.syncer is not None:
             self.syncer.check()
         completed: list[str] = []
-        view = memoryview(data)
-        for plan in plan_writes(lsn, len(view), self.segment_size):
+        pieces = data if isinstance(data, list) else [memoryview(data)]
+        for plan in plan_writes(lsn, sum(map(len, pieces)), self.segment_size):
             fd = self._open(plan.segno)
-            chunk = view[plan.data_offset : plan.data_offset + plan.length]
-            self._pwrite(fd, chunk, plan.offset)
+            self._pwrite(fd, take_range(pieces, plan.data_offset, plan.length), plan.offset)
             self.position += plan.length
             if plan.offset + plan.length == self.segment_size:
                 completed.append(self._complete())
@@ -203,11 +203,13 @@ class SegmentWriter:
             raise os_error(exc, f'could not preallocate file "{path}"') from exc
         self.archive.fsync_directory()
 
-    def _pwrite(self, fd: int, chunk: memoryview, offset: int) -> None:
+    def _pwrite(self, fd: int, pieces: list[memoryview], offset: int) -> None:
+        size = sum(map(len, pieces))
         done = 0
         try:
-            while done < len(chunk):
-                done += os.pwrite(fd, chunk[done:], offset + done)
+            while done < size:
+                done += os.pwritev(fd, take_range(pieces, done, size - done) if done else pieces,
+                                   offset + done)
             end = offset + done
             if self.syncer is not None and end - self._behind >= WRITE_BEHIND_BYTES:
                 self.syncer.write_behind(fd, self._behind, end - self._behind)
@@ -215,7 +217,7 @@ class SegmentWriter:
         except OSError as exc:
             raise os_error(
                 exc,
-                f'could not write {len(chunk)} bytes at {format_lsn(self.position)} '
+                f'could not write {size} bytes at {format_lsn(self.position)} '
                 f'to "{self._path}"',
             ) from exc
 
@@ -340,9 +342,10 @@ class CompressedSegmentWriter(SegmentWriter):
         self.archive.fsync_directory()
         self._path, self._old = partial, None
 
-    def _pwrite(self, fd: int, chunk: memoryview, offset: int) -> None:
+    def _pwrite(self, fd: int, pieces: list[memoryview], offset: int) -> None:
         assert self._compressor is not None
-        self._append(self._compressor.compress(chunk))
+        for piece in pieces:
+            self._append(self._compressor.compress(piece))
         if not self._written:
             self._written = True
             crash_point(self._crash, "first_write")

@@ -150,6 +150,7 @@ class StreamingStarted(Event):
     timeline: int
     start_lsn: int
     slot: str | None
+    receive_path: str = "python"  # the receive loop: "c" (compiled) or "python"
 
     def tell(self, monitor: SessionMonitor) -> None:
         monitor.streaming_started(self.timeline, self.start_lsn)

@@ -42,7 +42,7 @@ from receivewal.replication.commands import (
     slot_exists,
     timeline_history,
 )
-from receivewal.replication.link import COPY_DONE, ReplicationLink, ResultStatus
+from receivewal.replication.link import COPY_DONE, ReplicationLink, ResultStatus, WalRun
 from receivewal.replication.messages import (
     PrimaryKeepalive,
     XLogData,
@@ -216,7 +216,8 @@ class Session:
                                          self.info.timeline, self.settings.slot,
                                          self.info.xlogpos))
                 self.announced = True
-            self.events(ev.StreamingStarted(timeline, lsn, self.settings.slot))
+            self.events(ev.StreamingStarted(timeline, lsn, self.settings.slot,
+                                            self.conn.receive_path))
             return self._copy_loop(writer)
         except WalRemovedError as exc:
             segsize = self.info.segment_size
@@ -243,7 +244,7 @@ class Session:
                 self.events(ev.StopNoticed(writer.position))
                 self._finish(writer)
                 return "stopped"
-            message = self.conn.read_copy(wait)
+            message = self.conn.read_batch(wait, self.settings.endpos)
             now = self.clock()
             if message is None:
                 if self.stop.requested:  # the signal ended the wait
@@ -260,8 +261,10 @@ class Session:
                 return self._end_of_copy(writer)
             wait = 0.0
             self.last_received, self.pinged = now, False
-            received = parse_copy_data(message, self._read_xlogdata)
-            if isinstance(received, XLogData):
+            if isinstance(message, WalRun):  # plain XLogData frames, from the compiled loop
+                self.decoder.count_plain(len(message.payload), message.wire)
+                self._process_xlogdata(message, message.wire, writer)
+            elif isinstance(received := parse_copy_data(message, self._read_xlogdata), XLogData):
                 self._process_xlogdata(received, len(message), writer)
             else:
                 self._process_keepalive(received, writer)
@@ -334,12 +337,13 @@ class Session:
             self.send_status(writer, reply_requested=True)
             self.pinged = True
 
-    def _process_xlogdata(self, xlog: XLogData, wire: int, writer: SegmentSink) -> None:
+    def _process_xlogdata(self, xlog: XLogData | WalRun, wire: int,
+                          writer: SegmentSink) -> None:
         if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
             self._report_compression()
         completed = writer.write(xlog.wal_start, xlog.payload)
         self.pending_wire += wire
-        self.pending_wal += len(xlog.payload)
+        self.pending_wal += xlog.end - xlog.wal_start
         self.server_wal_end = xlog.wal_end
         for index, name in enumerate(completed, 1 - len(completed)):  # the last ends nearest
             end = round_down_to_segment(writer.position, writer.segment_size) \

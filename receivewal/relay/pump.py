@@ -16,44 +16,19 @@ Every read still makes a few short-lived buffers of up to a megabyte (the bytes 
 transport's encrypted copy). glibc gives such memory back to the kernel as soon as it is freed
 (a freed block at the heap's top above 128 KiB is trimmed, and a large block gets its own
 mapping), so the next read faults the same pages in again: with TLS toward the client that cost
-more CPU than the copies themselves. :func:`keep_freed_buffers` raises both thresholds for the
-relay process.
+more CPU than the copies themselves. :func:`receivewal.allocator.keep_freed_buffers` raises both
+thresholds for the relay process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import os
 from typing import cast
 
 from receivewal.relay.backend import BackendStream
 
 CLOSE_TIMEOUT = 5.0
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-TRIM_THRESHOLD = 16 * 1024 * 1024
-"""Freed memory at the top of the heap that glibc keeps for the next allocations."""
-MMAP_THRESHOLD = 4 * 1024 * 1024
-"""Allocations from this size up get a mapping of their own (and give it back when freed)."""
-ALLOCATOR_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
-
-
-def keep_freed_buffers() -> bool:
-    """Have glibc keep freed read-sized buffers for reuse (:data:`TRIM_THRESHOLD`,
-    :data:`MMAP_THRESHOLD`); whether it did. Nothing is changed outside glibc, or when the
-    environment already sets either threshold (``MALLOC_TRIM_THRESHOLD_``, ...)."""
-    if any(name in os.environ for name in ALLOCATOR_VARIABLES):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-                and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-
-
 class UpstreamPump(asyncio.BufferedProtocol):
     """Forwards the upstream's bytes through a :class:`BackendStream` to the client."""
 

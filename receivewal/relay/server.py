@@ -53,8 +53,8 @@ import socket
 from collections.abc import Coroutine
 from typing import Any
 
+from receivewal.allocator import keep_freed_buffers
 from receivewal.relay.protocol import CANCEL_REQUEST, build_error_response
-from receivewal.relay.pump import keep_freed_buffers
 from receivewal.relay.session import (
     Client,
     ClientGone,

@@ -18,6 +18,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receivewal.errors import ConfigurationError, ConnectionLost, ServerError, WalRemovedError
+from receivewal.replication.accel import receive_loop
 from receivewal.replication.link import (
     COPY_DONE,
     CopyData,
@@ -25,6 +26,7 @@ from receivewal.replication.link import (
     Result,
     ResultStatus,
     Row,
+    WalRun,
 )
 from receivewal.replication.waiting import (
     BOTH,
@@ -37,6 +39,10 @@ from receivewal.replication.waiting import (
 )
 
 T = TypeVar("T")
+
+RUN_BYTES = 1 << 20  # the compiled receive loop hands over at most this much WAL per call
+RUN_MESSAGES = 256  # ... and this many messages (one iovec each: IOV_MAX is 1024)
+_NO_LSN = (1 << 64) - 1  # no --endpos: a run never ends for reaching it
 
 #: The results a replication connection takes without an error, in receivewal's words.
 _STATUSES = {pq.ExecStatus.COMMAND_OK: ResultStatus.COMMAND_OK,
@@ -114,6 +120,12 @@ def _copy_data_steps(pgconn: pq.abc.PGconn) -> Steps[CopyData | CopyDone]:
         yield pgconn.socket, READ
 
 
+def _readable_steps(pgconn: pq.abc.PGconn) -> Steps[bool]:
+    """Wait until the socket is readable (the compiled receive loop reads it)."""
+    yield pgconn.socket, READ
+    return True
+
+
 def _result_steps(pgconn: pq.abc.PGconn) -> Steps[pq.abc.PGresult | None]:
     """The next result, once libpq has all of it."""
     pgconn.consume_input()
@@ -160,6 +172,9 @@ class ReplicationConnection:
         self.timeout = timeout
         self.closed = False
         pgconn.nonblocking = 1
+        # the compiled receive loop (None: pure Python), given psycopg's PGconn* to read
+        self.native = receive_loop() if isinstance(self._pointer(), int) else None
+        self.held: CopyData | CopyDone | ConnectionLost | None = None  # ended the last run
 
     @classmethod
     def open(
@@ -189,6 +204,11 @@ class ReplicationConnection:
         """host, port and user of this connection (never the password)."""
         host = self.pgconn.host.decode() or "local socket"
         return f"host={host} port={self.pgconn.port.decode()} user={self.pgconn.user.decode()}"
+
+    @property
+    def receive_path(self) -> str:
+        """Which receive loop runs: ``"c"`` (receivewal.replication._recv) or ``"python"``."""
+        return "python" if self.native is None else "c"
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -247,6 +267,8 @@ class ReplicationConnection:
         A payload libpq already holds is returned at once (the hot path: no generator, no
         wait); otherwise :func:`_copy_data_steps` reads and waits.
         """
+        if self.held is not None:
+            return self._take_held()
         try:
             nbytes, data = self.pgconn.get_copy_data(1)
             if nbytes:
@@ -255,6 +277,47 @@ class ReplicationConnection:
         except psycopg.Error as exc:
             raise ConnectionLost(f"could not receive data from WAL stream: "
                                  f"{one_line(str(exc))}") from exc
+
+    def read_batch(self, timeout: float, until: int | None = None
+                   ) -> WalRun | CopyData | CopyDone | None:
+        """Every plain XLogData message that has arrived, up to the one that reaches LSN
+        ``until``, as one :class:`WalRun` (the compiled loop), else as :meth:`read_copy`; the
+        message that ended a run otherwise comes next time."""
+        if self.native is None:
+            return self.read_copy(timeout)
+        if self.held is not None:
+            return self._take_held()
+        last = _NO_LSN if until is None else until
+        received = self._read_run(last)
+        if received is None and drive_within(_readable_steps(self.pgconn), self.stop, timeout):
+            received = self._read_run(last)
+        return received
+
+    def _read_run(self, until: int) -> WalRun | CopyData | CopyDone | None:
+        assert self.native is not None
+        start, end, payload, wire, other = self.native.read(self._pointer() or 0, RUN_BYTES,
+                                                            RUN_MESSAGES, until)
+        if isinstance(other, bytes):  # a message for Python's path: a keepalive, say
+            self.held = other
+        elif other == -1:
+            self.held = COPY_DONE
+        elif other == -2:
+            message = one_line(self.pgconn.get_error_message()) or "connection lost"
+            self.held = ConnectionLost(f"could not receive data from WAL stream: {message}")
+        if payload:
+            return WalRun(start, end, payload, wire)
+        return self._take_held() if self.held is not None else None
+
+    def _pointer(self) -> int | None:
+        """libpq's PGconn* of this connection (None once closed)."""
+        return getattr(self.pgconn, "pgconn_ptr", None)
+
+    def _take_held(self) -> CopyData | CopyDone:
+        held, self.held = self.held, None
+        if isinstance(held, ConnectionLost):
+            raise held
+        assert held is not None
+        return held
 
     def send_copy(self, data: bytes) -> None:
         """Send one CopyData message and flush it."""

@@ -4,7 +4,8 @@
 :class:`~receivewal.replication.connection.ReplicationConnection` (the one module that imports
 psycopg) is the real one; the tests' scripted connection is another. Only receivewal's types
 cross it: rows of text, a :class:`Result` with its :class:`ResultStatus`, CopyData payloads as
-bytes, and :data:`COPY_DONE` when the server ended the COPY stream.
+bytes (or, from the compiled receive loop, a :class:`WalRun` of plain XLogData messages), and
+:data:`COPY_DONE` when the server ended the COPY stream.
 """
 
 from __future__ import annotations
@@ -26,6 +27,24 @@ class CopyDone(Enum):
 
 
 COPY_DONE: Final = CopyDone.COPY_DONE
+
+
+@dataclass(frozen=True, slots=True)
+class WalRun:
+    """Plain XLogData messages received back to back, their WAL following on from
+    ``wal_start``: what the compiled receive loop hands over in one call. ``payload`` is their
+    WAL bytes, one view per message of the buffer libpq allocated (nothing copied);
+    ``wal_end`` is the last message's walEnd, ``wire`` the messages' CopyData bytes."""
+
+    wal_start: int
+    wal_end: int
+    payload: list[memoryview]
+    wire: int
+
+    @property
+    def end(self) -> int:
+        """The LSN just past the run's WAL bytes."""
+        return self.wal_start + sum(map(len, self.payload))
 
 
 class ResultStatus(Enum):
@@ -66,6 +85,16 @@ class ReplicationLink(Protocol):
         """The next CopyData payload, or COPY_DONE at the end of the server's stream; None
         when none arrived within ``timeout`` seconds (0: only what has arrived) or a stop
         signal came meanwhile (the caller looks at its stop flag)."""
+
+    def read_batch(self, timeout: float, until: int | None = None
+                   ) -> WalRun | CopyData | CopyDone | None:
+        """As :meth:`read_copy`, but every plain XLogData message that has arrived, up to the
+        one that reaches LSN ``until``, at once as a :class:`WalRun`, where the compiled
+        receive loop runs (:attr:`receive_path`)."""
+
+    @property
+    def receive_path(self) -> str:
+        """Which receive loop runs: ``"c"`` or ``"python"``."""
 
     def send_copy(self, data: bytes) -> None: ...
 

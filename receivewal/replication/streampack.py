@@ -236,6 +236,12 @@ class StreampackDecoder:
         self._counter.plain(len(message))
         return xlog
 
+    def count_plain(self, frames: int, wire: int) -> None:
+        """Count plain frames read without :meth:`decode` (the compiled receive loop's)."""
+        self._counter.frames += frames
+        self._counter.wal_bytes += wire - XLOGDATA_HEADER_SIZE * frames
+        self._counter.uncompressed_bytes += wire
+
     def restore(self, frame: bytes | memoryview) -> bytes | memoryview:
         """Return ``frame`` as a plain CopyData payload (for the relay and tests).
 

@@ -2,7 +2,8 @@
 
 The C extension is optional: ``pip install`` builds it where a compiler is present, and the
 pure-Python scanner in :mod:`receivewal.wal.reader` gives the same results without it.
-``RECEIVEWAL_PURE_PYTHON=1`` forces the pure-Python path (the tests run both).
+``RECEIVEWAL_PURE_PYTHON=1`` forces the pure-Python path (the tests run both), for the
+scanner and for the receive loop (:mod:`receivewal.replication.accel`) alike.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ import os
 from types import ModuleType
 
 
-def load_native() -> ModuleType | None:
-    """The compiled module, or None when it is not built."""
+def pure_python_forced() -> bool:
+    """Whether ``RECEIVEWAL_PURE_PYTHON`` (set, and not 0) turns every compiled path off."""
+    return os.environ.get("RECEIVEWAL_PURE_PYTHON", "") not in ("", "0")
+
+
+def load_native(name: str = "receivewal.wal._scan") -> ModuleType | None:
+    """The compiled module ``name``, or None when it is not built."""
     try:
-        return importlib.import_module("receivewal.wal._scan")  # optional, built at install
+        return importlib.import_module(name)  # optional, built at install
     except ImportError:
         return None
 
 
-native = (None if os.environ.get("RECEIVEWAL_PURE_PYTHON", "") not in ("", "0")
-          else load_native())
+native = None if pure_python_forced() else load_native()
 
 
 def scanner_path() -> str:

@@ -14,7 +14,7 @@ else (damage, a store that cannot be reached or refuses the credentials after a 
 bad ``%f``/``%p``, the unforeseen): PostgreSQL stops recovery on a status above 125 instead of
 ending it early. On SIGTERM the temporary file is removed and the helper dies of the signal.
 
-With ``--prefetch N`` (default 8 for a bucket, 0 for a local directory), the N segments after
+With ``--prefetch N`` (default 8, for a bucket and a local directory alike), the N segments after
 the one asked for are kept in a spool next to ``%p`` by a detached filler, one per recovery
 (:mod:`receivewal.commands.prefetch`), and a later call finds its file there: a rename. A call
 served from the spool imports only ``os``-level modules (:mod:`receivewal.archive.prefetched`):
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 NOT_FOUND = 1
 DAMAGED = 126
-BUCKET_PREFETCH = 8
+PREFETCH = 8  # the default: a local archive's files are decoded (and fsynced) ahead too
 
 
 class Call:
@@ -47,7 +47,7 @@ class Call:
                  prefetch: int | None = None) -> None:
         self.wal_name, self.target, self.directory = wal_name, target, directory
         self.partial = partial
-        self.prefetch = prefetch  # None: the default for the archive's kind
+        self.prefetch = prefetch  # None: the default
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Call) and all(
@@ -62,9 +62,7 @@ class Call:
     @property
     def window(self) -> int:
         """How many segments to prefetch after this one."""
-        if self.prefetch is not None:
-            return self.prefetch
-        return BUCKET_PREFETCH if is_bucket_url(self.directory) else 0
+        return PREFETCH if self.prefetch is None else self.prefetch
 
 
 def is_bucket_url(text: str) -> bool:

@@ -21,9 +21,11 @@ from support.seaweed import SeaweedS3, free_port_pairs
 from support.servers import PgServer
 
 from receivewal.archive.bucket import Bucket
+from receivewal.archive.bucketrestore import BucketSource
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.spool import SPOOL_DIR, Spool
 from receivewal.commands.restore_call import source_id
+from receivewal.wal.names import AtRest
 
 pytestmark = pytest.mark.server
 
@@ -291,3 +293,23 @@ def test_point_in_time_recovery_from_the_bucket_only(
             assert f'restored log file "{name}" from archive' in log
     finally:
         backup.stop("immediate")
+
+
+def test_a_source_asks_first_for_the_form_that_served_the_last_segment(url: str,
+                                                                      tmp_path: Path) -> None:
+    """The filler's source restores segment after segment: once a .zst object served one, the
+    next is asked for as .zst first (one GET, not four); before that plain comes first, and a
+    segment stored in another form is still found, byte for byte."""
+    zstd = zstandard.ZstdCompressor(write_checksum=True)
+    put(url, name_of(3) + ".zst", zstd.compress(segment(3)))
+    put(url, name_of(4) + ".zst", zstd.compress(segment(4)))
+    put(url, name_of(5), segment(5))
+    source = BucketSource(url)
+    assert source.forms(name_of(3))[0].fmt is AtRest.PLAIN
+    assert source.restore(name_of(3), tmp_path / "a").endswith(".zst")
+    assert source.forms(name_of(4))[0].fmt is AtRest.ZSTD
+    source.restore(name_of(4), tmp_path / "b")
+    source.restore(name_of(5), tmp_path / "c")
+    assert [(tmp_path / t).read_bytes() for t in "abc"] == [segment(3), segment(4), segment(5)]
+    assert source.forms(name_of(6))[0].fmt is AtRest.PLAIN
+    assert sorted(c.fmt for c in source.forms(name_of(6))) == sorted(AtRest)

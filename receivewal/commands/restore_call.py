@@ -124,7 +124,8 @@ def run(call: Call) -> int:
         return _say("error: the archive directory (-D) is empty", DAMAGED)
     spooled = call.window > 0 and bool(call.target) and prefetched.is_segment_name(
         call.wal_name)
-    if spooled and _take_spooled(call):
+    served = spooled and _take_spooled(call)
+    if served:
         _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
     else:
         status = _restore_guarded(call)
@@ -133,7 +134,7 @@ def run(call: Call) -> int:
     if spooled:
         # prefetching only saves later calls time: this call has succeeded whatever happens
         try:  # noqa: SIM105 - contextlib would cost each call its import
-            _keep_prefetching(call)
+            _keep_prefetching(call, recorded=served)
         except (OSError, ReceivewalError):
             pass
     return 0
@@ -156,11 +157,13 @@ def _take_spooled(call: Call) -> bool:
     return prefetched.take(directory, name, call.target)
 
 
-def _keep_prefetching(call: Call) -> None:
-    """Tell the filler which file this call asked for; start one when none runs."""
-    directory = prefetched.spool_dir(call.target, source_id(call.directory))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    prefetched.record_wanted(directory, call.wal_name)
+def _keep_prefetching(call: Call, *, recorded: bool) -> None:
+    """Tell the filler which file this call asked for (unless ``recorded`` already); start
+    one when none runs."""
+    if not recorded:
+        directory = prefetched.spool_dir(call.target, source_id(call.directory))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        prefetched.record_wanted(directory, call.wal_name)
     if prefetched.busy(prefetched.spool_root(call.target)):
         return
     from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery

@@ -18,9 +18,11 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
+from receivewal.archive import absence
 from receivewal.archive.objectstore import is_bucket_url
 from receivewal.archive.spool import Spool
 from receivewal.commands import restore_call
+from receivewal.wal.names import AtRest
 
 NAME = "000000010000000000000003"
 HEAVY = ("click", "structlog", "psycopg", "boto3", "lz4", "zstandard")
@@ -125,3 +127,34 @@ def test_messages_quote_names_as_json_does(text: str) -> None:
 def test_the_lean_bucket_test_is_the_object_stores(text: str) -> None:
     """restore_call.is_bucket_url (no import of the object store) judges as objectstore's."""
     assert restore_call.is_bucket_url(text) == is_bucket_url(text)
+
+
+@pytest.mark.parametrize("name", [NAME, "00000002.history"])
+def test_a_file_the_archive_lacks_is_exit_1_without_the_restore_machinery(
+        tmp_path: Path, name: str) -> None:
+    """Recovery asks for files the archive lacks on every run (the next timeline's history
+    file, the segment after the last): a call answers exit 1 with the usual line, loading
+    none of the restore path's heavier modules."""
+    done = subprocess.run([sys.executable, "-c", SPOOL_PROBE, "restore", "-D", str(tmp_path),
+                           name, str(tmp_path / "RECOVERYXLOG")], capture_output=True,
+                          text=True, check=True, timeout=60)
+    status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
+    assert status == 1
+    assert done.stderr == f'receivewal restore: "{name}" is not in the archive "{tmp_path}"\n'
+    assert sorted(set(modules) & {*SLOW, "receivewal.archive.restore"}) == []
+
+
+def test_a_dangling_symlink_is_not_taken_for_absence(tmp_path: Path) -> None:
+    """A form that exists as a dangling symlink is damage (exit 126, from the full path),
+    never "not in the archive"."""
+    (tmp_path / (NAME + ".zst")).symlink_to(tmp_path / "nowhere")
+    done = subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D", str(tmp_path),
+                           NAME, str(tmp_path / "RECOVERYXLOG")], capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert done.returncode == 126, done.stderr
+
+
+def test_the_lean_suffixes_are_the_at_rest_formats() -> None:
+    """archive/absence.py spells the at-rest suffixes without importing wal.names: the same
+    ones, in the same order."""
+    assert tuple(fmt.suffix for fmt in AtRest) == absence.SUFFIXES

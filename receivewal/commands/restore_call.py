@@ -127,6 +127,8 @@ def run(call: Call) -> int:
     served = spooled and _take_spooled(call)
     if served:
         _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
+    elif call.target and not call.partial and _surely_absent(call):
+        return _say(f'"{call.wal_name}" is not in the archive "{call.directory}"', NOT_FOUND)
     else:
         status = _restore_guarded(call)
         if status:
@@ -155,6 +157,15 @@ def _take_spooled(call: Call) -> bool:
     except OSError:
         return False
     return prefetched.take(directory, name, call.target)
+
+
+def _surely_absent(call: Call) -> bool:
+    """Whether a local archive plainly lacks the file (see :mod:`receivewal.archive.absence`)."""
+    if is_bucket_url(call.directory):
+        return False
+    from receivewal.archive.absence import surely_absent  # noqa: PLC0415 - os-level only
+
+    return surely_absent(call.directory, call.wal_name)
 
 
 def _keep_prefetching(call: Call, *, recorded: bool) -> None:

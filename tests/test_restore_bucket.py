@@ -313,3 +313,40 @@ def test_a_source_asks_first_for_the_form_that_served_the_last_segment(url: str,
     assert [(tmp_path / t).read_bytes() for t in "abc"] == [segment(3), segment(4), segment(5)]
     assert source.forms(name_of(6))[0].fmt is AtRest.PLAIN
     assert sorted(c.fmt for c in source.forms(name_of(6))) == sorted(AtRest)
+
+
+BOTO_PROBE = ("import sys\n"
+              "from receivewal.commands.cli import main\n"
+              "status = main(sys.argv[1:])\n"
+              "print('boto3' in sys.modules, file=sys.stderr)\n"
+              "sys.exit(status)\n")
+
+
+def test_with_a_filler_at_work_calls_ask_it_for_what_is_not_spooled(url: str,
+                                                                   tmp_path: Path) -> None:
+    """A call for a file the filler has not spooled (the last segment asked for again, a
+    history file, a segment the bucket lacks) asks the filler, whose client is made: the
+    file comes through the spool with the bucket's bytes, a missing one is exit 1 with the
+    usual line, and the call itself never imports boto3."""
+    for segno in (3, 4):
+        put(url, name_of(segno), segment(segno))
+    history = b"1\t0/5000000\tno recovery target specified\n"
+    put(url, "00000002.history", history)
+    target = tmp_path / "pg_wal" / "RECOVERYXLOG"
+    target.parent.mkdir()
+    assert restore(url, name_of(3), target, "--prefetch", "2").returncode == 0
+    spool = Spool.beside(target, source_id(url))
+    wait_for_file(spool.dir / name_of(4), "the prefetched segment")
+    for name, status, body in ((name_of(4), 0, segment(4)), (name_of(4), 0, segment(4)),
+                               ("00000002.history", 0, history), (name_of(5), 1, None)):
+        done = subprocess.run([sys.executable, "-c", BOTO_PROBE, "restore", "-D", url,
+                               "--prefetch", "2", name, str(target)], capture_output=True,
+                              text=True, check=False, timeout=120)
+        lines = done.stderr.splitlines()
+        assert (done.returncode, lines[-1]) == (status, "False"), done.stderr
+        if body is None:
+            assert lines[0] == (f'receivewal restore: "{name}" is not in the archive "{url}" '
+                                "(no such key in any of its forms)")
+        else:
+            assert "from the prefetch spool" in lines[0]
+            assert target.read_bytes() == body

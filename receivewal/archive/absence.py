@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import os
 
-from receivewal.archive.prefetched import is_segment_name
+from receivewal.archive.prefetched import is_history_name, is_segment_name
 
 #: The at-rest suffixes of a segment, :class:`receivewal.wal.names.AtRest`'s in its order
 #: (spelled here so that the check imports nothing; a test holds the two equal).
 SUFFIXES = ("", ".gz", ".lz4", ".zst")
-_HISTORY = ".history"
 
 
 def surely_absent(directory: str, name: str) -> bool:
@@ -26,7 +25,7 @@ def surely_absent(directory: str, name: str) -> bool:
     segment or history file ``name``; False whenever that is not plainly so."""
     if is_segment_name(name):
         forms = [name + suffix for suffix in SUFFIXES]
-    elif len(name) == 8 + len(_HISTORY) and name.endswith(_HISTORY) and _is_timeline(name[:8]):
+    elif is_history_name(name):
         forms = [name]
     else:
         return False
@@ -34,7 +33,3 @@ def surely_absent(directory: str, name: str) -> bool:
         return False
     return not any(os.path.lexists(os.path.join(directory, form)) for form in forms)
 
-
-def _is_timeline(text: str) -> bool:
-    """Whether ``text`` is a history file name's timeline: 8 upper-case hex digits, not 0."""
-    return all(c in "0123456789ABCDEF" for c in text) and text != "00000000"

@@ -33,6 +33,8 @@ SPOOL_DIR = os.path.join(".receivewal", "prefetch")
 LOCK_FILE = ".lock"
 WINDOW_FILE = ".window"
 WANTED_FILE = ".wanted"
+ASK_FILE = ".ask"  # a call's question to the filler: "NAME TOKEN"
+ANSWER_FILE = ".answer"  # the filler's answer: "NAME TOKEN absent" or "NAME TOKEN failed"
 WAIT_LIMIT = 30.0  # seconds a call waits for a file being prefetched before fetching it itself
 _POLL = 0.005
 _HEX = frozenset("0123456789ABCDEF")
@@ -56,6 +58,12 @@ def spool_dir(target: str, source: str) -> str:
 def is_segment_name(name: str) -> bool:
     """Whether ``name`` looks like a WAL segment file name (24 upper-case hex digits)."""
     return len(name) == 24 and _HEX.issuperset(name) and name[:8] != "00000000"
+
+
+def is_history_name(name: str) -> bool:
+    """Whether ``name`` looks like a timeline history file name (``TTTTTTTT.history``)."""
+    return (len(name) == 16 and name.endswith(".history") and _HEX.issuperset(name[:8])
+            and name[:8] != "00000000")
 
 
 def busy(root: str) -> bool:
@@ -95,13 +103,57 @@ def wanted(directory: str) -> str | None:
 def record_wanted(directory: str, name: str) -> None:
     """Tell the filler that a call asked for ``name`` (the filler keeps the segments after it
     spooled). A hint: written under a temporary name and renamed, never fsynced."""
-    tmp = os.path.join(directory, f".{WANTED_FILE}.{os.getpid()}")
+    _write_record(directory, WANTED_FILE, name)
+
+
+def _write_record(directory: str, record: str, text: str) -> None:
+    tmp = os.path.join(directory, f".{record}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, name.encode() + b"\n")
+        os.write(fd, text.encode() + b"\n")
     finally:
         os.close(fd)
-    os.replace(tmp, os.path.join(directory, WANTED_FILE))
+    os.replace(tmp, os.path.join(directory, record))
+
+
+def _read_record(directory: str, record: str) -> list[str]:
+    try:
+        with open(os.path.join(directory, record), "rb") as fh:
+            return fh.read(256).decode("ascii", "replace").split()
+    except OSError:
+        return []
+
+
+def ask(directory: str, root: str, name: str) -> str | None:
+    """Ask the filler at work to fetch ``name`` (a segment or a history file) into the spool:
+    ``"spooled"`` when it is there, ``"absent"`` when the archive has no form of it (answered
+    after this question was asked), None when the filler could not tell (a failure, the filler
+    gone, :data:`WAIT_LIMIT` seconds): then the call restores the file itself."""
+    token = f"{os.getpid()}-{time.monotonic_ns()}"
+    _write_record(directory, ASK_FILE, f"{name} {token}")
+    path = os.path.join(directory, name)
+    deadline = time.monotonic() + WAIT_LIMIT
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return "spooled"
+        answer = _read_record(directory, ANSWER_FILE)
+        if answer[:2] == [name, token]:
+            return "absent" if answer[2:] == ["absent"] else None
+        if not busy(root):
+            return None
+        time.sleep(_POLL)
+    return None
+
+
+def question(directory: str) -> tuple[str, str] | None:
+    """The name and token a call last asked the filler for, or None."""
+    words = _read_record(directory, ASK_FILE)
+    return (words[0], words[1]) if len(words) == 2 else None
+
+
+def answer(directory: str, name: str, token: str, outcome: str) -> None:
+    """The filler's answer to a question it could not fetch: ``absent`` or ``failed``."""
+    _write_record(directory, ANSWER_FILE, f"{name} {token} {outcome}")
 
 
 def wait_for(directory: str, root: str, name: str) -> bool:
@@ -120,11 +172,13 @@ def wait_for(directory: str, root: str, name: str) -> bool:
 
 
 def take(directory: str, name: str, target: str) -> bool:
-    """Move the spooled segment ``name`` to ``target`` (then fsync ``target``'s directory) if
-    the spool holds a valid one; False otherwise (an invalid file is removed)."""
+    """Move the spooled segment (or history file) ``name`` to ``target`` (then fsync
+    ``target``'s directory) if the spool holds a valid one; False otherwise (an invalid file
+    is removed)."""
     path = os.path.join(directory, name)
     try:
-        valid = is_spooled_segment(path, name)
+        valid = (is_spooled_segment(path, name) if is_segment_name(name)
+                 else stat.S_ISREG(os.lstat(path).st_mode))
     except FileNotFoundError:
         return False
     except OSError:  # unreadable: not served

@@ -98,16 +98,19 @@ class Spool:
             raise
         return fd
 
-    def follow(self, lock: int, fetch: Callable[[str, Path], bool], count: int,
+    def follow(self, lock: int, fetch: Callable[[str, Path], bool | None], count: int,
                segment_size: int) -> None:
         """Keep the ``count`` segments after the one a call last asked for spooled, fetching
         each with ``fetch(name, path)`` (which writes ``path`` atomically and returns False
-        when the archive lacks the file: the window stops before it, and it is asked for again
-        after a pause), until recovery has ended or no call came for :func:`idle_limit`
-        seconds; then empty the spool and release ``lock`` (from :meth:`claim`)."""
+        when the archive lacks the file, None when it cannot be fetched now: the window stops
+        before it, and it is asked for again after a pause), and answer the calls' questions
+        (:func:`~receivewal.archive.prefetched.ask`), until recovery has ended or no call came
+        for :func:`idle_limit` seconds; then empty the spool and release ``lock`` (from
+        :meth:`claim`)."""
         signal_file, limit = self._recovery_signal(), idle_limit()
         names: list[str] = []
         seen: tuple[int, int] | None = None
+        answered = prefetched.question(str(self.dir))  # asked of an earlier filler
         last_call, retry_at, shortened = time.monotonic(), 0.0, False
         try:
             while self._recovering(signal_file) and self.root.is_dir():
@@ -115,6 +118,10 @@ class Spool:
                 if stamp != seen:  # a call came (a new name, or the same asked again)
                     seen, last_call, retry_at = stamp, time.monotonic(), 0.0
                     names = self._window_after(count, segment_size, names)
+                asked = prefetched.question(str(self.dir))
+                if asked is not None and asked != answered:
+                    answered = asked
+                    self._answer(*asked, fetch)
                 todo = next((n for n in names if not (self.dir / n).exists()), None)
                 if todo is not None and time.monotonic() >= retry_at:
                     if shortened:
@@ -130,6 +137,16 @@ class Spool:
         finally:
             self._empty()
             os.close(lock)  # releases the lock
+
+    def _answer(self, name: str, token: str, fetch: Callable[[str, Path], bool | None],
+                ) -> None:
+        """Fetch the file a call asked for into the spool, or say why not."""
+        if (self.dir / name).exists():
+            return
+        fetched = fetch(name, self.dir / name)
+        if not fetched:
+            prefetched.answer(str(self.dir), name, token,
+                              "failed" if fetched is None else "absent")
 
     def _window_after(self, count: int, segment_size: int, names: list[str]) -> list[str]:
         """The window after the segment a call last asked for (kept spooled too, until that
@@ -177,7 +194,8 @@ class Spool:
         for entry in self.root.iterdir():
             if entry.name != LOCK_FILE and entry != self.dir:
                 _remove(entry)
-        wanted = {*keep, prefetched.WANTED_FILE, WINDOW_FILE}
+        wanted = {*keep, prefetched.WANTED_FILE, WINDOW_FILE, prefetched.ASK_FILE,
+                  prefetched.ANSWER_FILE}
         for entry in self.dir.iterdir():
             if entry.name not in wanted:
                 _remove(entry)

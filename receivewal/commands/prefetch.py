@@ -64,9 +64,9 @@ def _detach() -> None:
     os.close(null)
 
 
-def _fetcher(directory: str) -> Callable[[str, Path], bool]:
+def _fetcher(directory: str) -> Callable[[str, Path], bool | None]:
     """``fetch(name, path)`` for the spool: True when restored to ``path``, False when the
-    archive does not have it (or it cannot be fetched now: the call will say why)."""
+    archive does not have it, None when it cannot be fetched now (the call will say why)."""
     from receivewal.archive.restore import NotInArchive, restore_file  # noqa: PLC0415
 
     if is_bucket_url(directory):
@@ -80,11 +80,13 @@ def _fetcher(directory: str) -> Callable[[str, Path], bool]:
         def restore(name: str, path: Path) -> object:
             return restore_file(Path(directory), name, str(path))
 
-    def fetch(name: str, path: Path) -> bool:
+    def fetch(name: str, path: Path) -> bool | None:
         try:
             restore(name, path)
-        except (NotInArchive, ReceivewalError, OSError):
+        except NotInArchive:
             return False
+        except (ReceivewalError, OSError):
+            return None
         return True
 
     return fetch

@@ -125,6 +125,12 @@ def run(call: Call) -> int:
     spooled = call.window > 0 and bool(call.target) and prefetched.is_segment_name(
         call.wal_name)
     served = spooled and _take_spooled(call)
+    if not served and _askable(call):
+        outcome = _ask_filler(call)
+        if outcome == "absent":
+            return _say(f'"{call.wal_name}" is not in the archive "{call.directory}" (no such '
+                        "key in any of its forms)", NOT_FOUND)
+        served = outcome == "spooled"
     if served:
         _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
     elif call.target and not call.partial and _surely_absent(call):
@@ -157,6 +163,33 @@ def _take_spooled(call: Call) -> bool:
     except OSError:
         return False
     return prefetched.take(directory, name, call.target)
+
+
+def _askable(call: Call) -> bool:
+    """Whether to ask the filler at work for a file not spooled: from a bucket (where a call
+    of its own would import boto3 and make a client), a segment or history file."""
+    return (call.window > 0 and bool(call.target) and not call.partial
+            and is_bucket_url(call.directory)
+            and (prefetched.is_segment_name(call.wal_name)
+                 or prefetched.is_history_name(call.wal_name)))
+
+
+def _ask_filler(call: Call) -> str | None:
+    """The filler's answer for the file (``"spooled"``: taken to ``%p``; ``"absent"``), or
+    None when there is no filler or it could not tell: the call restores it itself."""
+    directory = prefetched.spool_dir(call.target, source_id(call.directory))
+    root = prefetched.spool_root(call.target)
+    if not prefetched.busy(root):
+        return None
+    try:
+        outcome = prefetched.ask(directory, root, call.wal_name)
+        if outcome != "spooled":
+            return outcome
+        if prefetched.is_segment_name(call.wal_name):
+            prefetched.record_wanted(directory, call.wal_name)
+    except OSError:
+        return None
+    return "spooled" if prefetched.take(directory, call.wal_name, call.target) else None
 
 
 def _surely_absent(call: Call) -> bool:

@@ -15,6 +15,10 @@ the modes alternating, with:
 - ``bucket``: ``receivewal restore -D s3://BUCKET/PREFIX %f %p`` (prefetch on, its default);
 - ``bucket-noprefetch``: the same with ``--prefetch 0``.
 
+With ``--reference REF`` (a git revision, e.g. ``main``), every mode also runs as
+``ref-MODE`` with that revision's package, alternating with this checkout's: the two are
+compared under the same load.
+
 Each recovery is timed from ``pg_ctl start`` to the end of recovery (the server leaves recovery
 when the archive has no next file), and the recovered server must hold the primary's rows.
 Printed: seconds per run, the best per mode, the ratio to ``cp`` and the extra cost per
@@ -29,6 +33,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -96,8 +101,28 @@ def upload(store: SeaweedS3, directory: Path) -> str:
     return url
 
 
-def recover(backup: PgServer, base: Path, name: str, command: str, expected: str) -> Run:
-    """Recover a fresh copy of the backup with ``command``; time start to promotion."""
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], check=True, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent).stdout.strip()
+
+
+def export_package(revision: str, into: Path) -> Path:
+    """The ``receivewal`` package of a git revision, written under ``into``."""
+    into.mkdir()
+    archive = subprocess.run(["git", "archive", revision, "receivewal"], check=True,
+                             capture_output=True, cwd=Path(__file__).resolve().parent.parent)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    for source in (into / "receivewal" / "wal").glob("*.c"):
+        built = Path(__file__).resolve().parent.parent / "receivewal" / "wal"
+        for ext in built.glob(f"{source.stem}*.so"):  # the C scanner, as built here
+            shutil.copy(ext, source.parent / ext.name)
+    return into / "receivewal"
+
+
+def recover(backup: PgServer, base: Path, name: str, command: str, expected: str, *,
+            logs: Path | None = None) -> Run:
+    """Recover a fresh copy of the backup with ``command``; time start to promotion (the
+    server's log copied into ``logs``)."""
     server = PgServer(base, name)
     shutil.copytree(backup.datadir, server.datadir, symlinks=True)
     if IS_ROOT:
@@ -110,6 +135,8 @@ def recover(backup: PgServer, base: Path, name: str, command: str, expected: str
         if got != expected:
             raise AssertionError(f"{name}: recovered {got}, the primary has {expected}")
         restored = server.logfile.read_text().count("from archive")
+        if logs is not None:
+            shutil.copy(server.logfile, logs / f"{name}.log")
     finally:
         server.stop("immediate")
         shutil.rmtree(server.datadir, ignore_errors=True)
@@ -117,16 +144,29 @@ def recover(backup: PgServer, base: Path, name: str, command: str, expected: str
 
 
 def report(runs: list[Run]) -> None:
-    best = {mode: min(r.seconds for r in runs if r.mode == mode)
-            for mode in dict.fromkeys(r.mode for r in runs)}
+    """Per mode: the runs, the best and the median, and against cp: the best over the best,
+    and the median of each round's ratio to that round's cp run (steadier under a load that
+    changes between rounds)."""
+    by_mode = {mode: [r.seconds for r in runs if r.mode == mode]
+               for mode in dict.fromkeys(r.mode for r in runs)}
     calls = max(r.restored for r in runs)
-    print(f"\n{'mode':<18} {'runs s':<24} {'best s':>7} {'vs cp':>6} {'ms/call extra':>13}")
-    for mode, seconds in best.items():
-        each = " ".join(f"{r.seconds:.2f}" for r in runs if r.mode == mode)
-        ratio = seconds / best["cp"] if "cp" in best else float("nan")
-        extra = (seconds - best["cp"]) / calls * 1000 if "cp" in best else float("nan")
-        print(f"{mode:<18} {each:<24} {seconds:>7.2f} {ratio:>5.2f}x {extra:>13.1f}")
-    print(f"({calls} files restored per recovery)")
+    cp = by_mode.get("cp")
+    print(f"\n{'mode':<22} {'runs s':<30} {'best s':>7} {'median':>7} {'best vs cp':>10} "
+          f"{'round/cp median [min..max]':>27} {'ms/call extra':>13}")
+    for mode, seconds in by_mode.items():
+        each = " ".join(f"{s:.2f}" for s in seconds)
+        best, median = min(seconds), statistics.median(seconds)
+        if cp:
+            rounds = sorted(s / c for s, c in zip(seconds, cp, strict=False))
+            ratio = f"{best / min(cp):>9.2f}x"
+            spread = (f"{statistics.median(rounds):.2f}x [{rounds[0]:.2f}..{rounds[-1]:.2f}]")
+            extra = f"{(best - min(cp)) / calls * 1000:>13.1f}"
+        else:
+            ratio, spread, extra = "", "", ""
+        print(f"{mode:<22} {each:<30} {best:>7.2f} {median:>7.2f} {ratio:>10} {spread:>27} "
+              f"{extra:>13}")
+    print(f"({calls} files restored per recovery; load average now "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
 
 
 def main() -> None:
@@ -134,6 +174,10 @@ def main() -> None:
     parser.add_argument("--segments", type=int, default=48, help="segments of WAL to replay")
     parser.add_argument("--rounds", type=int, default=2, help="recoveries per mode")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    parser.add_argument("--logs", type=Path, metavar="DIR",
+                        help="keep each recovery's server log in this directory")
+    parser.add_argument("--reference", metavar="REF",
+                        help="also run each mode (but cp) with this git revision's package")
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",")]
     if set(modes) - set(MODES):
@@ -152,22 +196,35 @@ def main() -> None:
         expected = server.sql(CHECK)
         server.stop()
         print(f"{args.segments}+ segments of pgbench WAL up to {format_lsn(end)}", flush=True)
-        restore = install_for_postgres(base, S3_PACKAGES)
-        commands = {"cp": f'cp "{base / "plain"}/%f" "%p"',
-                    "plain": f"{restore} -D {base / 'plain'} %f %p",
-                    "plain-prefetch": f"{restore} -D {base / 'plain'} --prefetch 8 %f %p",
-                    "zstd": f"{restore} -D {base / 'zstd'} %f %p",
-                    "zstd-prefetch": f"{restore} -D {base / 'zstd'} --prefetch 8 %f %p"}
+        restores = {"": install_for_postgres(base, S3_PACKAGES)}
+        if args.reference:
+            print(f"ref- modes: the package of {args.reference} ("
+                  f"{git('rev-parse', '--short', args.reference)})", flush=True)
+            restores["ref-"] = install_for_postgres(
+                base, S3_PACKAGES, package=export_package(args.reference, base / "ref"),
+                lib_name="pylib-ref")
+        env = ""
         if {"bucket", "bucket-noprefetch"} & set(modes):
             store = stack.enter_context(running_seaweed(base / "s3"))
             url = upload(store, base / "zstd")
             env = " ".join(f"{k}={v}" for k, v in store.env().items())
-            commands["bucket"] = f"{env} {restore} -D {url} %f %p"
-            commands["bucket-noprefetch"] = f"{env} {restore} -D {url} --prefetch 0 %f %p"
+        commands = {"cp": f'cp "{base / "plain"}/%f" "%p"'}
+        for tag, restore in restores.items():
+            commands |= {
+                f"{tag}plain": f"{restore} -D {base / 'plain'} --prefetch 0 %f %p",
+                f"{tag}plain-prefetch": f"{restore} -D {base / 'plain'} --prefetch 8 %f %p",
+                f"{tag}zstd": f"{restore} -D {base / 'zstd'} --prefetch 0 %f %p",
+                f"{tag}zstd-prefetch": f"{restore} -D {base / 'zstd'} --prefetch 8 %f %p"}
+            if env:
+                commands[f"{tag}bucket"] = f"{env} {restore} -D {url} %f %p"
+                commands[f"{tag}bucket-noprefetch"] = (f"{env} {restore} -D {url} --prefetch 0 "
+                                                       "%f %p")
         runs = []
         for i in range(args.rounds):
-            for mode in modes:
-                runs.append(recover(backup, base, f"{mode}-{i}", commands[mode], expected))
+            for mode in [f"{tag}{m}" for m in modes for tag in restores if m != "cp"
+                         or not tag]:
+                runs.append(recover(backup, base, f"{mode}-{i}", commands[mode], expected,
+                                    logs=args.logs))
                 print(f"  {mode} round {i + 1}: {runs[-1].seconds:.2f} s, "
                       f"{runs[-1].restored} files restored, data equal", flush=True)
     report(runs)

@@ -61,8 +61,11 @@ def archive_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    """An empty archive directory and an empty pg_wal, for restore's tests on files."""
+def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """An empty archive directory and an empty pg_wal, for restore's tests on files: one call
+    at a time, so without prefetch (no filler forked from the test process; prefetch has its
+    own tests in test_restore_prefetch.py and test_restore_bucket.py)."""
+    monkeypatch.setenv("RECEIVEWAL_PREFETCH", "0")
     archive, pg_wal = tmp_path / "archive", tmp_path / "pg_wal"
     archive.mkdir()
     pg_wal.mkdir()

@@ -21,8 +21,11 @@ NAME = "000000010000000000000003"
 
 def restore(archive: Path, *args: str, env_dir: bool = False,
             ) -> subprocess.CompletedProcess[str]:
-    """Run ``receivewal restore`` with the archive as -D or as RECEIVEWAL_DIRECTORY."""
-    env = {**os.environ, "RECEIVEWAL_DIRECTORY": str(archive)} if env_dir else None
+    """Run ``receivewal restore`` with the archive as -D or as RECEIVEWAL_DIRECTORY, one call
+    alone (without prefetch: see test_restore_prefetch.py)."""
+    env = {**os.environ, "RECEIVEWAL_PREFETCH": "0"}
+    if env_dir:
+        env["RECEIVEWAL_DIRECTORY"] = str(archive)
     argv = [sys.executable, "-m", "receivewal", "restore", *args]
     if not env_dir:
         argv[4:4] = ["-D", str(archive)]

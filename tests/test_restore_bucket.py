@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,12 @@ from support.seaweed import SeaweedS3, free_port_pairs
 from support.servers import PgServer
 
 from receivewal.archive.bucket import Bucket
+from receivewal.archive.bucketrestore import BucketSource
 from receivewal.archive.durable import temporary_name
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.spool import SPOOL_DIR, Spool
 from receivewal.commands.restore_call import source_id
+from receivewal.wal.names import AtRest
 
 pytestmark = pytest.mark.server
 
@@ -49,6 +52,7 @@ def url(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh prefix; this process and its children reach the store through boto3's chain."""
     for key, value in seaweed.env().items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RECEIVEWAL_PREFETCH_IDLE", "10")  # no filler outlives a test for long
     return f"s3://{seaweed.bucket}/restore-{next(_prefixes)}/wal"
 
 
@@ -110,26 +114,66 @@ def test_store_down_or_wrong_credentials_is_126(url: str, tmp_path: Path, fault:
     assert os.listdir(tmp_path) == []
 
 
+def spooled(spool: Spool) -> list[str]:
+    """The segments in a spool (without its .window and .wanted records)."""
+    return sorted(n for n in os.listdir(spool.dir) if not n.startswith("."))
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within 60 s"
+        time.sleep(0.05)
+
+
 def test_prefetch_serves_later_calls_from_the_spool(url: str, tmp_path: Path) -> None:
     """After N is restored, N+1..N+k are fetched into pg_wal/.receivewal/prefetch; the call for
     N+1, made at once, waits for the filler rather than fetching the object again, and is a
-    rename from the spool; the spool never holds more than k files."""
+    rename from the spool; one filler follows the calls (the same process moves the window
+    on), and the spool never holds more than the asked file and the k after it."""
     for segno in range(3, 8):
         put(url, name_of(segno), segment(segno))
     target = tmp_path / "RECOVERYXLOG"
     assert restore(url, name_of(3), target, "--prefetch", "2").returncode == 0
+    lock = tmp_path / SPOOL_DIR / ".lock"
+    filler = holders_of(lock)
+    assert len(filler) == 1, "one filler holds the spool's lock"
     done = restore(url, name_of(4), target, "--prefetch", "2")
     assert done.returncode == 0, done.stderr
     assert "from the prefetch spool" in done.stderr
     assert target.read_bytes() == segment(4)
     spool = Spool.beside(target, source_id(url))
     wait_for_file(spool.dir / name_of(6), "the next window")
-    while spool.busy():
-        time.sleep(0.05)
-    assert sorted(os.listdir(spool.dir)) == [name_of(5), name_of(6)]
+    assert spooled(spool) == [name_of(5), name_of(6)]
     done = restore(url, name_of(5), target, "--prefetch", "2")
     assert "from the prefetch spool" in done.stderr
     assert target.read_bytes() == segment(5)
+    wait_for_file(spool.dir / name_of(7), "the window after the third call")
+    assert spooled(spool) == [name_of(6), name_of(7)]
+    assert holders_of(lock) == filler, "the same filler, alive across the calls"
+
+
+def test_filler_exits_after_the_idle_limit_and_empties_its_spool(url: str,
+                                                                 tmp_path: Path) -> None:
+    """When no call comes for RECEIVEWAL_PREFETCH_IDLE seconds (recovery paused, or over
+    where %p is not in a data directory), the filler removes its spooled files and exits;
+    the next call starts a new one."""
+    for segno in range(3, 6):
+        put(url, name_of(segno), segment(segno))
+    target = tmp_path / "RECOVERYXLOG"
+    idle = {"RECEIVEWAL_PREFETCH_IDLE": "1"}
+    assert restore(url, name_of(3), target, "--prefetch", "2", env=idle).returncode == 0
+    spool = Spool.beside(target, source_id(url))
+    lock = tmp_path / SPOOL_DIR / ".lock"
+    first = holders_of(lock)
+    assert first
+    wait_until(lambda: not spool.busy(), "the idle filler to exit")
+    assert spooled(spool) == []
+    assert holders_of(lock) == []
+    done = restore(url, name_of(4), target, "--prefetch", "2", env=idle)
+    assert done.returncode == 0, done.stderr
+    assert target.read_bytes() == segment(4)
+    wait_for_file(spool.dir / name_of(5), "the new filler's window")
 
 
 def test_leftovers_of_a_killed_prefetch_are_never_served(url: str, tmp_path: Path) -> None:
@@ -151,10 +195,8 @@ def test_leftovers_of_a_killed_prefetch_are_never_served(url: str, tmp_path: Pat
     assert "prefetch spool" not in done.stderr
     assert target.read_bytes() == segment(4)
     wait_for_file(spool.dir / name_of(5), "the prefetched segment")
-    while spool.busy():
-        time.sleep(0.05)
     assert sorted(os.listdir(tmp_path / SPOOL_DIR)) == [".lock", spool.dir.name]
-    assert os.listdir(spool.dir) == [name_of(5)]
+    assert spooled(spool) == [name_of(5)]
 
 
 def holders_of(path: Path) -> list[int]:
@@ -215,7 +257,8 @@ def test_point_in_time_recovery_from_the_bucket_only(
         pg: PgServer, seaweed: SeaweedS3, url: str, server_base: Path) -> None:
     """A base backup recovers with restore_command = receivewal restore -D s3://... and no
     local archive at all (segments uploaded plain and zstd-compressed, prefetch on): the
-    recovered server has the primary's rows."""
+    recovered server has the primary's rows, and at promotion the filler empties its spool
+    and exits (long before its idle limit)."""
     backup = pg.base_backup("from-bucket")
     pg.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pg.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
@@ -239,11 +282,72 @@ def test_point_in_time_recovery_from_the_bucket_only(
     command = install_for_postgres(server_base, S3_PACKAGES)
     env = " ".join(f"{k}={v}" for k, v in seaweed.env().items())
     try:
-        backup.recover_from_archive(f"{env} {command} -D {url} --prefetch 3 %f %p")
+        backup.recover_from_archive(
+            f"{env} RECEIVEWAL_PREFETCH_IDLE=600 {command} -D {url} --prefetch 3 %f %p")
         assert backup.sql("SELECT count(*), sum(id) FROM t") == expected
+        spool = Spool.beside(backup.datadir / "pg_wal" / "RECOVERYXLOG", source_id(url))
+        wait_until(lambda: not spool.busy(), "the filler to exit after promotion")
+        assert spooled(spool) == []
         log = backup.logfile.read_text()
         assert "from the prefetch spool" in log
         for name in uploaded[:3]:
             assert f'restored log file "{name}" from archive' in log
     finally:
         backup.stop("immediate")
+
+
+def test_a_source_asks_first_for_the_form_that_served_the_last_segment(url: str,
+                                                                      tmp_path: Path) -> None:
+    """The filler's source restores segment after segment: once a .zst object served one, the
+    next is asked for as .zst first (one GET, not four); before that plain comes first, and a
+    segment stored in another form is still found, byte for byte."""
+    zstd = zstandard.ZstdCompressor(write_checksum=True)
+    put(url, name_of(3) + ".zst", zstd.compress(segment(3)))
+    put(url, name_of(4) + ".zst", zstd.compress(segment(4)))
+    put(url, name_of(5), segment(5))
+    source = BucketSource(url)
+    assert source.forms(name_of(3))[0].fmt is AtRest.PLAIN
+    assert source.restore(name_of(3), tmp_path / "a").endswith(".zst")
+    assert source.forms(name_of(4))[0].fmt is AtRest.ZSTD
+    source.restore(name_of(4), tmp_path / "b")
+    source.restore(name_of(5), tmp_path / "c")
+    assert [(tmp_path / t).read_bytes() for t in "abc"] == [segment(3), segment(4), segment(5)]
+    assert source.forms(name_of(6))[0].fmt is AtRest.PLAIN
+    assert sorted(c.fmt for c in source.forms(name_of(6))) == sorted(AtRest)
+
+
+BOTO_PROBE = ("import sys\n"
+              "from receivewal.commands.cli import main\n"
+              "status = main(sys.argv[1:])\n"
+              "print('boto3' in sys.modules, file=sys.stderr)\n"
+              "sys.exit(status)\n")
+
+
+def test_with_a_filler_at_work_calls_ask_it_for_what_is_not_spooled(url: str,
+                                                                   tmp_path: Path) -> None:
+    """A call for a file the filler has not spooled (the last segment asked for again, a
+    history file, a segment the bucket lacks) asks the filler, whose client is made: the
+    file comes through the spool with the bucket's bytes, a missing one is exit 1 with the
+    usual line, and the call itself never imports boto3."""
+    for segno in (3, 4):
+        put(url, name_of(segno), segment(segno))
+    history = b"1\t0/5000000\tno recovery target specified\n"
+    put(url, "00000002.history", history)
+    target = tmp_path / "pg_wal" / "RECOVERYXLOG"
+    target.parent.mkdir()
+    assert restore(url, name_of(3), target, "--prefetch", "2").returncode == 0
+    spool = Spool.beside(target, source_id(url))
+    wait_for_file(spool.dir / name_of(4), "the prefetched segment")
+    for name, status, body in ((name_of(4), 0, segment(4)), (name_of(4), 0, segment(4)),
+                               ("00000002.history", 0, history), (name_of(5), 1, None)):
+        done = subprocess.run([sys.executable, "-c", BOTO_PROBE, "restore", "-D", url,
+                               "--prefetch", "2", name, str(target)], capture_output=True,
+                              text=True, check=False, timeout=120)
+        lines = done.stderr.splitlines()
+        assert (done.returncode, lines[-1]) == (status, "False"), done.stderr
+        if body is None:
+            assert lines[0] == (f'receivewal restore: "{name}" is not in the archive "{url}" '
+                                "(no such key in any of its forms)")
+        else:
+            assert "from the prefetch spool" in lines[0]
+            assert target.read_bytes() == body

@@ -4,13 +4,25 @@ the file that needs it; ``restore --help`` still comes from click."""
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import zstandard
+from hypothesis import given
+from hypothesis import strategies as st
+
+from receivewal.archive import absence
+from receivewal.archive.objectstore import is_bucket_url
+from receivewal.archive.spool import Spool
+from receivewal.commands import restore_call
+from receivewal.wal.names import AtRest
 
 NAME = "000000010000000000000003"
 HEAVY = ("click", "structlog", "psycopg", "boto3", "lz4", "zstandard")
@@ -56,3 +68,93 @@ def test_restore_help_and_usage_errors_still_go_through_click(tmp_path: Path) ->
     assert (status, "click" in modules) == (0, True)
     status, modules = loaded_by("restore", "-D", str(tmp_path), "--no-such-option", NAME, "x")
     assert (status, "click" in modules) == (126, True)
+
+
+SPOOL_PROBE = (  # what the call loads beyond the interpreter's start (site, .pth hooks)
+    "import sys\n"
+    "before = set(sys.modules)\n"
+    "from receivewal.commands.cli import main\n"
+    "status = main(sys.argv[1:])\n"
+    "print(repr([status, sorted(set(sys.modules) - before)]))\n"
+)
+SLOW = ("dataclasses", "pathlib", "re", "typing", "json", "enum", "tempfile", "hashlib",
+        *HEAVY)
+
+
+def wal_segment(segno: int) -> bytes:
+    """A 16 MiB segment of timeline 1 whose first page has the long header."""
+    head = struct.pack("<HHIQIxxxxQII", 0xD110, 2, 1, segno << 24, 0, 7, 16 << 20, 8192)
+    return (head + f"segment {segno}".encode() * 1000).ljust(16 << 20, b"\0")
+
+
+def test_a_call_served_from_the_spool_imports_only_os_level_modules(tmp_path: Path) -> None:
+    """With a filler at work, a call whose segment is spooled is a rename: it loads none of
+    dataclasses, pathlib, re, typing, json, enum, tempfile, hashlib (nor the heavy ones), and
+    the target holds the archive's bytes."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for segno in (3, 4, 5):
+        (archive / f"0000000100000000{segno:08X}").write_bytes(wal_segment(segno))
+    target = tmp_path / "pg_wal" / "RECOVERYXLOG"
+    target.parent.mkdir()
+    argv = ["restore", "-D", str(archive), "--prefetch", "2"]
+    env = {**os.environ, "RECEIVEWAL_PREFETCH_IDLE": "5"}
+    first = subprocess.run([sys.executable, "-m", "receivewal", *argv, NAME, str(target)],
+                           capture_output=True, text=True, check=False, timeout=60, env=env)
+    assert first.returncode == 0, first.stderr
+    spooled = Spool.beside(target, os.path.realpath(archive)).dir / "000000010000000000000004"
+    deadline = time.monotonic() + 60
+    while not spooled.exists():
+        assert time.monotonic() < deadline, "the filler never spooled the next segment"
+        time.sleep(0.05)
+    done = subprocess.run([sys.executable, "-c", SPOOL_PROBE, *argv, spooled.name,
+                           str(target)], capture_output=True, text=True, check=True,
+                          timeout=60, env=env)
+    status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
+    assert status == 0
+    assert "from the prefetch spool" in done.stderr
+    assert sorted(set(modules) & set(SLOW)) == []
+    assert target.read_bytes() == wal_segment(4)
+
+
+@given(st.text())
+def test_messages_quote_names_as_json_does(text: str) -> None:
+    """The lean path quotes names without importing json, exactly as json.dumps does."""
+    assert restore_call._quoted(text) == json.dumps(text, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("text", ["s3://b/p", "s3:/b", "S3://b", "/srv/s3://x", "", "s3://"])
+def test_the_lean_bucket_test_is_the_object_stores(text: str) -> None:
+    """restore_call.is_bucket_url (no import of the object store) judges as objectstore's."""
+    assert restore_call.is_bucket_url(text) == is_bucket_url(text)
+
+
+@pytest.mark.parametrize("name", [NAME, "00000002.history"])
+def test_a_file_the_archive_lacks_is_exit_1_without_the_restore_machinery(
+        tmp_path: Path, name: str) -> None:
+    """Recovery asks for files the archive lacks on every run (the next timeline's history
+    file, the segment after the last): a call answers exit 1 with the usual line, loading
+    none of the restore path's heavier modules."""
+    done = subprocess.run([sys.executable, "-c", SPOOL_PROBE, "restore", "-D", str(tmp_path),
+                           name, str(tmp_path / "RECOVERYXLOG")], capture_output=True,
+                          text=True, check=True, timeout=60)
+    status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
+    assert status == 1
+    assert done.stderr == f'receivewal restore: "{name}" is not in the archive "{tmp_path}"\n'
+    assert sorted(set(modules) & {*SLOW, "receivewal.archive.restore"}) == []
+
+
+def test_a_dangling_symlink_is_not_taken_for_absence(tmp_path: Path) -> None:
+    """A form that exists as a dangling symlink is damage (exit 126, from the full path),
+    never "not in the archive"."""
+    (tmp_path / (NAME + ".zst")).symlink_to(tmp_path / "nowhere")
+    done = subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D", str(tmp_path),
+                           NAME, str(tmp_path / "RECOVERYXLOG")], capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert done.returncode == 126, done.stderr
+
+
+def test_the_lean_suffixes_are_the_at_rest_formats() -> None:
+    """archive/absence.py spells the at-rest suffixes without importing wal.names: the same
+    ones, in the same order."""
+    assert tuple(fmt.suffix for fmt in AtRest) == absence.SUFFIXES

@@ -6,6 +6,10 @@ object is read into a bounded buffer (in memory up to 64 MiB, beyond that an unn
 to ``%p``), then decoded, checked and written to ``%p`` exactly as a local file is
 (:func:`receivewal.archive.restore.write_restored`).
 
+A source that restores many segments (the prefetch filler's, one per recovery) asks first for
+the form that served the last segment: an archive keeps one form, and every form asked for
+before it costs a round trip answered "no such key".
+
 Only when the store says "no such key" for every form is the file :class:`NotInArchive` (exit 1
 ends recovery there). Network, throttling and access errors are retried with backoff a few
 times (:data:`RESTORE_RETRY`) and then raised: the command exits 126 and PostgreSQL retries
@@ -41,6 +45,14 @@ class BucketSource:
 
     def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY) -> None:
         self.bucket = Bucket.connect(url, retry)
+        self.last_form: AtRest | None = None  # the form that served the last segment
+
+    def forms(self, name: str) -> list[Candidate]:
+        """The objects that can serve ``name``, in the order they are asked for: plain, then
+        compressed, but the form that served the last segment first."""
+        forms = _forms(name)
+        found = [c for c in forms if c.segment and c.fmt is self.last_form]
+        return found + [c for c in forms if c not in found]
 
     def restore(self, name: str, target: Path) -> str:
         """Restore ``name`` to ``target``; the URL of the object it came from.
@@ -48,7 +60,7 @@ class BucketSource:
         Raises NotInArchive when the store has no form of it, the store's errors after the
         retries, ConfigurationError for a bad name, ArchiveError naming a damaged object.
         """
-        for candidate in _forms(name):
+        for candidate in self.forms(name):
             key = candidate.path.name
             with spooled_buffer(target.parent, _IN_MEMORY) as buf:
                 try:
@@ -59,6 +71,8 @@ class BucketSource:
                 size = _segment_size(buf, candidate, url)
                 buf.seek(0)
                 write_restored(buf, candidate, size, target, url)  # type: ignore[arg-type]
+            if candidate.segment:
+                self.last_form = candidate.fmt
             return url
         raise NotInArchive(f'"{name}" is not in the archive "{self.bucket.url}" (no such key '
                            "in any of its forms)")

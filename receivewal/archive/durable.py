@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-from typing import IO, BinaryIO
+
+TYPE_CHECKING = False  # typing, pathlib, tempfile and secrets stay off restore's lean path
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+    from typing import IO, BinaryIO
 
 TEMP_SUFFIX = ".receivewal-tmp"
 # what earlier versions left: the writable-directory probe (mkstemp) in the archive
@@ -59,6 +60,7 @@ def create_temporary(target: Path, mode: int | None = None, *, replace_own: bool
         return _create_exclusive(first, mode), first
     except FileExistsError:
         pass
+    import secrets  # noqa: PLC0415 - only when the name is taken
     while True:
         fresh = target.with_name(temporary_name(target.name,
                                                 f"{os.getpid()}-{secrets.token_hex(4)}"))
@@ -94,7 +96,7 @@ def sync_file(fd: int, *, sync: bool = True) -> None:
         os.fsync(fd)
 
 
-def sync_path(path: Path, *, sync: bool = True) -> None:
+def sync_path(path: str | os.PathLike[str], *, sync: bool = True) -> None:
     """fsync a file or a directory by path (nothing with ``sync`` off)."""
     if not sync:
         return
@@ -105,7 +107,7 @@ def sync_path(path: Path, *, sync: bool = True) -> None:
         os.close(fd)
 
 
-def rename(source: Path, target: Path) -> None:
+def rename(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
     """Give ``source`` the name ``target`` atomically (replacing what is there); the caller
     fsyncs the directory."""
     os.replace(source, target)
@@ -149,9 +151,12 @@ def probe_writable(directory: Path) -> None:
 def spooled_buffer(directory: Path, max_size: int) -> IO[bytes]:
     """A scratch buffer: in memory up to ``max_size`` bytes, beyond that an unnamed file in
     ``directory`` (gone when closed, whatever happens)."""
+    import tempfile  # noqa: PLC0415 - off the lean path
     return tempfile.SpooledTemporaryFile(max_size=max_size, dir=str(directory))
 
 
 def scratch_directory(prefix: str) -> Path:
     """A new private directory for scratch files (not durable; its user removes it)."""
+    import tempfile  # noqa: PLC0415 - off the lean path
+    from pathlib import Path  # noqa: PLC0415
     return Path(tempfile.mkdtemp(prefix=prefix))

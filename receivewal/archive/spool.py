@@ -7,19 +7,21 @@ directory). Each archive gets a subdirectory named by a digest of where it is (i
 path, or its URL and endpoint), so a file fetched from one archive is never served for another;
 a WAL file name carries its timeline, so neither is one of another timeline.
 
-One filler at a time holds the spool's lock (``flock``: released by the kernel when a filler is
-killed). It removes what a killed filler left (temporary files) and every file outside its
-window (consumed segments' neighbours, other archives' subdirectories), so the spool never holds
-more than the window's files. Files are written as restore writes ``%p`` (a new temporary file,
-fsync, rename), and a spooled file is validated again when it is served (a regular file, one
-segment long, the first page header of that very segment): never a stale or torn file.
+One filler per recovery holds the spool's lock (``flock``: released by the kernel when a filler
+is killed) and follows the calls (:meth:`Spool.follow`): each call records the segment it asked
+for, and the filler keeps the window of segments after it spooled, until recovery has ended
+(the data directory's ``recovery.signal`` and ``standby.signal`` are gone) or no call has come
+for :data:`IDLE_LIMIT` seconds; then it empties its spool and exits. It removes what a killed
+filler left (temporary files) and every file outside its window (other archives'
+subdirectories too), so the spool never holds more than the window's files. Files are written
+as restore writes ``%p`` (a new temporary file, fsync, rename), and a spooled file is validated
+again when it is served (:mod:`receivewal.archive.prefetched`): never a stale or torn file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import shutil
 import sys
@@ -27,22 +29,16 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from receivewal.archive.durable import rename, sync_path
-from receivewal.archive.reading import open_regular
-from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.archive import prefetched
 from receivewal.wal.names import parse_segment_file_name, wal_file_name
-from receivewal.wal.pageheader import (
-    SIZE_OF_LONG_PHD,
-    first_page_problem,
-    header_segment_size,
-    parse_long_header,
-)
 
-SPOOL_DIR = Path(".receivewal") / "prefetch"
-LOCK_FILE = ".lock"
-WINDOW_FILE = ".window"  # the names a filler at work is fetching, in its archive's directory
-WAIT_LIMIT = 30.0  # seconds a call waits for a file being prefetched before fetching it itself
-_POLL = 0.005
+SPOOL_DIR = Path(prefetched.SPOOL_DIR)
+LOCK_FILE = prefetched.LOCK_FILE
+WINDOW_FILE = prefetched.WINDOW_FILE
+IDLE_LIMIT = 60.0  # seconds without a call after which a filler exits (RECEIVEWAL_PREFETCH_IDLE)
+_IDLE_POLL = 0.02  # seconds between looks at what the calls asked for, when all is spooled
+_RETRY = 1.0  # seconds before a segment the archive lacked is asked for again
+_SIGNALS = ("recovery.signal", "standby.signal")
 
 
 def following_names(name: str, count: int, segment_size: int) -> list[str]:
@@ -54,77 +50,47 @@ def following_names(name: str, count: int, segment_size: int) -> list[str]:
             for i in range(1, count + 1)]
 
 
+def idle_limit() -> float:
+    """Seconds without a call after which a filler exits (``RECEIVEWAL_PREFETCH_IDLE``)."""
+    text = os.environ.get("RECEIVEWAL_PREFETCH_IDLE", "")
+    try:
+        return max(float(text), 0.1) if text else IDLE_LIMIT
+    except ValueError:
+        return IDLE_LIMIT
+
+
 class Spool:
     """The prefetch spool of one archive, next to a restore target."""
 
-    def __init__(self, root: Path, source: str) -> None:
-        self.root = root
-        self.dir = root / hashlib.sha256(source.encode()).hexdigest()[:16]
+    def __init__(self, target: Path, source: str) -> None:
+        self.target = target
+        self.root = Path(prefetched.spool_root(str(target)))
+        self.dir = Path(prefetched.spool_dir(str(target), source))
 
     @classmethod
     def beside(cls, target: Path, source: str) -> Spool:
         """The spool of the archive ``source`` for restores to ``target`` (``%p``)."""
-        return cls(target.parent / SPOOL_DIR, source)
+        return cls(target, source)
 
     def take(self, name: str, target: Path) -> bool:
         """Move the spooled segment ``name`` to ``target`` (then fsync the directory) if the
         spool holds a valid one; False otherwise (an invalid file is removed)."""
-        path = self.dir / name
-        try:
-            valid = _is_segment(path, name)
-        except FileNotFoundError:
-            return False
-        except (OSError, ReceivewalError):  # not a regular file, unreadable: not served
-            valid = False
-        if not valid:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            return False
-        try:
-            rename(path, target)  # another call may have taken it first: then fetch
-        except FileNotFoundError:
-            return False
-        sync_path(target.parent)
-        return True
+        return prefetched.take(str(self.dir), name, str(target))
 
     def busy(self) -> bool:
         """Whether a filler holds the spool's lock right now."""
-        try:
-            fd = os.open(self.root / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        return False
-
-    def wait_for(self, name: str) -> bool:
-        """When a filler at work has ``name`` in its window, wait until the file is spooled or
-        the filler is gone (at most :data:`WAIT_LIMIT` seconds); whether it was waited for."""
-        try:
-            window = (self.dir / WINDOW_FILE).read_text().split()
-        except (OSError, UnicodeDecodeError):
-            return False
-        if name not in window:
-            return False
-        deadline = time.monotonic() + WAIT_LIMIT
-        while not (self.dir / name).exists() and self.busy() and time.monotonic() < deadline:
-            time.sleep(_POLL)
-        return True
+        return prefetched.busy(str(self.root))
 
     def claim(self, names: list[str]) -> int | None:
         """Take the spool's lock for a filler of ``names`` (None when another filler holds it):
         remove what is outside the window and record the window. The returned descriptor
-        holds the lock, across a fork too, until :meth:`fill` closes it."""
+        holds the lock, across a fork too, until :meth:`follow` closes it."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self._prune(names)
-            (self.dir / WINDOW_FILE).write_text("\n".join(names) + "\n")
+            self._write_window(names)
         except BaseException:
             os.close(fd)
             if isinstance(sys.exc_info()[1], BlockingIOError):
@@ -132,24 +98,95 @@ class Spool:
             raise
         return fd
 
-    def fill(self, lock: int, names: list[str], fetch: Callable[[str, Path], bool]) -> int:
-        """Fetch each of ``names`` not yet spooled, in order, with ``fetch(name, path)`` (which
-        writes ``path`` atomically and returns False when the archive lacks the file: the
-        window stops there), then release ``lock`` (from :meth:`claim`). Returns the files
-        fetched."""
-        fetched = 0
+    def follow(self, lock: int, fetch: Callable[[str, Path], bool | None], count: int,
+               segment_size: int) -> None:
+        """Keep the ``count`` segments after the one a call last asked for spooled, fetching
+        each with ``fetch(name, path)`` (which writes ``path`` atomically and returns False
+        when the archive lacks the file, None when it cannot be fetched now: the window stops
+        before it, and it is asked for again after a pause), and answer the calls' questions
+        (:func:`~receivewal.archive.prefetched.ask`), until recovery has ended or no call came
+        for :func:`idle_limit` seconds; then empty the spool and release ``lock`` (from
+        :meth:`claim`)."""
+        signal_file, limit = self._recovery_signal(), idle_limit()
+        names: list[str] = []
+        seen: tuple[int, int] | None = None
+        answered = prefetched.question(str(self.dir))  # asked of an earlier filler
+        last_call, retry_at, shortened = time.monotonic(), 0.0, False
         try:
-            for name in names:
-                if (self.dir / name).exists():
-                    continue
-                if not fetch(name, self.dir / name):
+            while self._recovering(signal_file) and self.root.is_dir():
+                stamp = self._wanted_stamp()
+                if stamp != seen:  # a call came (a new name, or the same asked again)
+                    seen, last_call, retry_at = stamp, time.monotonic(), 0.0
+                    names = self._window_after(count, segment_size, names)
+                asked = prefetched.question(str(self.dir))
+                if asked is not None and asked != answered:
+                    answered = asked
+                    self._answer(*asked, fetch)
+                todo = next((n for n in names if not (self.dir / n).exists()), None)
+                if todo is not None and time.monotonic() >= retry_at:
+                    if shortened:
+                        self._write_window(names)
+                    if fetch(todo, self.dir / todo):
+                        shortened = False
+                        continue
+                    retry_at, shortened = time.monotonic() + _RETRY, True
+                    self._write_window(names[:names.index(todo)])  # no call waits for it
+                if time.monotonic() - last_call > limit:
                     break
-                fetched += 1
+                time.sleep(_IDLE_POLL)
         finally:
-            with contextlib.suppress(OSError):
-                (self.dir / WINDOW_FILE).unlink()
+            self._empty()
             os.close(lock)  # releases the lock
-        return fetched
+
+    def _answer(self, name: str, token: str, fetch: Callable[[str, Path], bool | None],
+                ) -> None:
+        """Fetch the file a call asked for into the spool, or say why not."""
+        if (self.dir / name).exists():
+            return
+        fetched = fetch(name, self.dir / name)
+        if not fetched:
+            prefetched.answer(str(self.dir), name, token,
+                              "failed" if fetched is None else "absent")
+
+    def _window_after(self, count: int, segment_size: int, names: list[str]) -> list[str]:
+        """The window after the segment a call last asked for (kept spooled too, until that
+        call has taken it); ``names`` when no call has named one."""
+        latest = prefetched.wanted(str(self.dir))
+        if latest is None:
+            return names
+        window = following_names(latest, count, segment_size)
+        self._prune([latest, *window])
+        self._write_window(window)
+        return window
+
+    def _wanted_stamp(self) -> tuple[int, int] | None:
+        try:
+            info = (self.dir / prefetched.WANTED_FILE).stat()
+        except OSError:
+            return None
+        return info.st_ino, info.st_mtime_ns
+
+    def _recovery_signal(self) -> Path | None:
+        """A signal file of the recovery this spool serves, when ``%p`` is in a data
+        directory's pg_wal (None otherwise: then only the idle limit ends a filler)."""
+        if self.target.parent.name != "pg_wal":
+            return None
+        data = self.target.parent.parent
+        return next((data / s for s in _SIGNALS if (data / s).exists()), None)
+
+    @staticmethod
+    def _recovering(signal_file: Path | None) -> bool:
+        """Whether the server is still recovering (a signal file is still there)."""
+        return signal_file is None or any((signal_file.parent / s).exists() for s in _SIGNALS)
+
+    def _write_window(self, names: list[str]) -> None:
+        (self.dir / WINDOW_FILE).write_text("".join(f"{n}\n" for n in names))
+
+    def _empty(self) -> None:
+        """Remove this archive's spooled files (recovery no longer needs them)."""
+        with contextlib.suppress(OSError):
+            for entry in self.dir.iterdir():
+                _remove(entry)
 
     def _prune(self, keep: Iterable[str]) -> None:
         """Remove other archives' subdirectories, leftovers of killed fillers and every file
@@ -157,7 +194,8 @@ class Spool:
         for entry in self.root.iterdir():
             if entry.name != LOCK_FILE and entry != self.dir:
                 _remove(entry)
-        wanted = set(keep)
+        wanted = {*keep, prefetched.WANTED_FILE, WINDOW_FILE, prefetched.ASK_FILE,
+                  prefetched.ANSWER_FILE}
         for entry in self.dir.iterdir():
             if entry.name not in wanted:
                 _remove(entry)
@@ -169,23 +207,3 @@ def _remove(path: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-
-
-def _is_segment(path: Path, name: str) -> bool:
-    """Whether ``path`` is a regular file holding one whole segment named ``name``: its size
-    is its page header's segment size, and the header is that segment's first page."""
-    with open_regular(path) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        head = fh.read(SIZE_OF_LONG_PHD)
-    try:
-        if header_segment_size(head) != size:
-            return False
-    except ConfigurationError:
-        return False
-    header = parse_long_header(head)
-    assert header is not None  # header_segment_size read it
-    parsed = parse_segment_file_name(name, size)
-    if parsed is None:
-        return False
-    return first_page_problem(header, timeline=parsed.timeline,
-                              page_address=parsed.start_lsn(size), segment_size=size) is None

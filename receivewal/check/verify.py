@@ -20,7 +20,6 @@ import lz4.frame
 import zstandard
 
 from receivewal.archive.compression import Opener, read_wal_file
-from receivewal.archive.partials import rank_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.segmentbuffer import read_segment
 from receivewal.archive.sources import (
@@ -232,6 +231,9 @@ def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
     for forms in groups.values():
         if len(forms) < 2:
             continue
+        from receivewal.archive.partials import rank_partials  # noqa: PLC0415 - only where two
+        # .partial forms compete: it brings the archive writer's modules (~10 ms of start-up)
+
         try:
             ranked, conflict = rank_partials(forms, segment_size)
         except (OSError, ArchiveError):

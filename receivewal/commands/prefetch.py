@@ -1,11 +1,13 @@
-"""Prefetching for restore_command: after a call restored segment N, a detached child fetches
-N+1..N+k into the spool (:mod:`receivewal.archive.spool`) while PostgreSQL replays N.
+"""Prefetching for restore_command: one filler per recovery keeps the segments after the one
+PostgreSQL last asked for in the spool (:mod:`receivewal.archive.spool`) while it replays.
 
-The child is forked from the call (which has imported what restoring needs already), leaves
-its session and process group, and closes the call's output, so PostgreSQL (which waits for
-the call, not for the child) goes on at once. No child is started while another fills the
-spool. The child's failures are its own: a file it cannot fetch is left to the call that asks
-for it, which reports it as any call does. Nothing here can change a call's exit status.
+The filler is forked from the first call that finds none at work (which has imported what
+restoring needs already: the object store's client is made once per recovery, not per call),
+leaves its session and process group, and closes the call's output, so PostgreSQL (which
+waits for the call, not for the filler) goes on at once. It follows the calls until recovery
+ends or no call comes for a while (:meth:`~receivewal.archive.spool.Spool.follow`). Its
+failures are its own: a file it cannot fetch is left to the call that asks for it, which
+reports it as any call does. Nothing here can change a call's exit status.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from receivewal.errors import ReceivewalError
 
 
 def start_prefetch(directory: str, source: str, name: str, target: Path, count: int) -> None:
-    """Fill the spool with the ``count`` segments after ``name`` (just restored to
-    ``target``) in a detached child, unless one is at work already."""
+    """Start a detached filler of the ``count`` segments after ``name`` (just restored to
+    ``target``), unless one is at work already."""
     try:
         size = target.stat().st_size
     except OSError:
@@ -47,14 +49,14 @@ def start_prefetch(directory: str, source: str, name: str, target: Path, count: 
         if os.fork():
             os._exit(0)
         _detach()
-        spool.fill(lock, names, _fetcher(directory))
+        spool.follow(lock, _fetcher(directory), count, size)
     except BaseException:  # noqa: BLE001, S110 - the child's failure is never the call's
         pass
     os._exit(0)
 
 
 def _detach() -> None:
-    """No output to PostgreSQL's log or pipes, default signals."""
+    """No output to PostgreSQL's log or pipes, default signals, no working directory held."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -62,9 +64,9 @@ def _detach() -> None:
     os.close(null)
 
 
-def _fetcher(directory: str) -> Callable[[str, Path], bool]:
+def _fetcher(directory: str) -> Callable[[str, Path], bool | None]:
     """``fetch(name, path)`` for the spool: True when restored to ``path``, False when the
-    archive does not have it (or it cannot be fetched now: the call will say why)."""
+    archive does not have it, None when it cannot be fetched now (the call will say why)."""
     from receivewal.archive.restore import NotInArchive, restore_file  # noqa: PLC0415
 
     if is_bucket_url(directory):
@@ -78,11 +80,13 @@ def _fetcher(directory: str) -> Callable[[str, Path], bool]:
         def restore(name: str, path: Path) -> object:
             return restore_file(Path(directory), name, str(path))
 
-    def fetch(name: str, path: Path) -> bool:
+    def fetch(name: str, path: Path) -> bool | None:
         try:
             restore(name, path)
-        except (NotInArchive, ReceivewalError, OSError):
+        except NotInArchive:
             return False
+        except (ReceivewalError, OSError):
+            return None
         return True
 
     return fetch

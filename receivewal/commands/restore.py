@@ -43,8 +43,8 @@ class _RestoreCommand(click.Command):
 @click.option("--prefetch", type=click.IntRange(0, 64), envvar="RECEIVEWAL_PREFETCH",
               default=None, metavar="N",
               help="Fetch the next N segments into pg_wal/.receivewal/prefetch in the "
-              "background, so that later calls are a rename (default 8 for s3://, 0 for a "
-              "directory; env RECEIVEWAL_PREFETCH).")
+              "background, so that later calls are a rename (default 8; env "
+              "RECEIVEWAL_PREFETCH).")
 def restore_command(wal_name: str, target: str, directory: str, partial: bool,
                     prefetch: int | None) -> int:
     """restore_command helper: copy WAL_NAME (%f) from the archive to TARGET (%p).

@@ -14,47 +14,61 @@ else (damage, a store that cannot be reached or refuses the credentials after a 
 bad ``%f``/``%p``, the unforeseen): PostgreSQL stops recovery on a status above 125 instead of
 ending it early. On SIGTERM the temporary file is removed and the helper dies of the signal.
 
-With ``--prefetch N`` (default 8 for a bucket, 0 for a local directory), the N segments after
-the restored one are fetched into a spool next to ``%p`` by a detached child
-(:mod:`receivewal.commands.prefetch`), and a later call finds its file there: a rename.
+With ``--prefetch N`` (default 8, for a bucket and a local directory alike), the N segments after
+the one asked for are kept in a spool next to ``%p`` by a detached filler, one per recovery
+(:mod:`receivewal.commands.prefetch`), and a later call finds its file there: a rename. A call
+served from the spool imports only ``os``-level modules (:mod:`receivewal.archive.prefetched`):
+it costs little more than the interpreter's start.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from types import FrameType
-from typing import Any
 
-from receivewal.archive.objectstore import is_bucket_url
+from receivewal.archive import prefetched
 from receivewal.errors import ReceivewalError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
 
 NOT_FOUND = 1
 DAMAGED = 126
-BUCKET_PREFETCH = 8
+PREFETCH = 8  # the default: a local archive's files are decoded (and fsynced) ahead too
 
 
-@dataclass(frozen=True)
 class Call:
-    """One restore_command call."""
+    """One restore_command call (a plain class: ``dataclasses`` costs each call ~15 ms)."""
 
-    wal_name: str
-    target: str
-    directory: str
-    partial: bool = False
-    prefetch: int | None = None  # None: the default for the archive's kind
+    __slots__ = ("directory", "partial", "prefetch", "target", "wal_name")
+
+    def __init__(self, wal_name: str, target: str, directory: str, partial: bool = False,
+                 prefetch: int | None = None) -> None:
+        self.wal_name, self.target, self.directory = wal_name, target, directory
+        self.partial = partial
+        self.prefetch = prefetch  # None: the default
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Call) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"Call({fields})"
 
     @property
     def window(self) -> int:
         """How many segments to prefetch after this one."""
-        if self.prefetch is not None:
-            return self.prefetch
-        return BUCKET_PREFETCH if is_bucket_url(self.directory) else 0
+        return PREFETCH if self.prefetch is None else self.prefetch
+
+
+def is_bucket_url(text: str) -> bool:
+    """Whether the archive is object storage: :func:`receivewal.archive.objectstore.is_bucket_url`,
+    without importing that module (a test holds the two equal)."""
+    return text.startswith("s3://")
 
 
 def parse(args: list[str]) -> Call | None:
@@ -104,15 +118,114 @@ class _Terminated(BaseException):
     """SIGTERM arrived: unwind (removing the temporary file), then die of the signal."""
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated
-
-
 def run(call: Call) -> int:
     """Restore the file; the exit status for PostgreSQL."""
-    if not call.directory:  # Path("") would be the current directory
+    if not call.directory:  # it would name the current directory
         return _say("error: the archive directory (-D) is empty", DAMAGED)
-    previous: Any = signal.signal(signal.SIGTERM, _on_sigterm)
+    spooled = call.window > 0 and bool(call.target) and prefetched.is_segment_name(
+        call.wal_name)
+    served = spooled and _take_spooled(call)
+    if not served and _askable(call):
+        outcome = _ask_filler(call)
+        if outcome == "absent":
+            return _say(f'"{call.wal_name}" is not in the archive "{call.directory}" (no such '
+                        "key in any of its forms)", NOT_FOUND)
+        served = outcome == "spooled"
+    if served:
+        _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
+    elif call.target and not call.partial and _surely_absent(call):
+        return _say(f'"{call.wal_name}" is not in the archive "{call.directory}"', NOT_FOUND)
+    else:
+        status = _restore_guarded(call)
+        if status:
+            return status
+    if spooled:
+        # prefetching only saves later calls time: this call has succeeded whatever happens
+        try:  # noqa: SIM105 - contextlib would cost each call its import
+            _keep_prefetching(call, recorded=served)
+        except (OSError, ReceivewalError):
+            pass
+    return 0
+
+
+def _take_spooled(call: Call) -> bool:
+    """Serve the file from the prefetch spool (waiting for the filler when it is fetching
+    it); whether it was there. The filler is told which file was asked for first, so that it
+    keeps that file until it is taken."""
+    directory = prefetched.spool_dir(call.target, source_id(call.directory))
+    root = prefetched.spool_root(call.target)
+    name = call.wal_name
+    if not (os.path.exists(os.path.join(directory, name))
+            or prefetched.wait_for(directory, root, name)):
+        return False
+    try:
+        prefetched.record_wanted(directory, name)
+    except OSError:
+        return False
+    return prefetched.take(directory, name, call.target)
+
+
+def _askable(call: Call) -> bool:
+    """Whether to ask the filler at work for a file not spooled: from a bucket (where a call
+    of its own would import boto3 and make a client), a segment or history file."""
+    return (call.window > 0 and bool(call.target) and not call.partial
+            and is_bucket_url(call.directory)
+            and (prefetched.is_segment_name(call.wal_name)
+                 or prefetched.is_history_name(call.wal_name)))
+
+
+def _ask_filler(call: Call) -> str | None:
+    """The filler's answer for the file (``"spooled"``: taken to ``%p``; ``"absent"``), or
+    None when there is no filler or it could not tell: the call restores it itself."""
+    directory = prefetched.spool_dir(call.target, source_id(call.directory))
+    root = prefetched.spool_root(call.target)
+    if not prefetched.busy(root):
+        return None
+    try:
+        outcome = prefetched.ask(directory, root, call.wal_name)
+        if outcome != "spooled":
+            return outcome
+        if prefetched.is_segment_name(call.wal_name):
+            prefetched.record_wanted(directory, call.wal_name)
+    except OSError:
+        return None
+    return "spooled" if prefetched.take(directory, call.wal_name, call.target) else None
+
+
+def _surely_absent(call: Call) -> bool:
+    """Whether a local archive plainly lacks the file (see :mod:`receivewal.archive.absence`)."""
+    if is_bucket_url(call.directory):
+        return False
+    from receivewal.archive.absence import surely_absent  # noqa: PLC0415 - os-level only
+
+    return surely_absent(call.directory, call.wal_name)
+
+
+def _keep_prefetching(call: Call, *, recorded: bool) -> None:
+    """Tell the filler which file this call asked for (unless ``recorded`` already); start
+    one when none runs."""
+    if not recorded:
+        directory = prefetched.spool_dir(call.target, source_id(call.directory))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        prefetched.record_wanted(directory, call.wal_name)
+    if prefetched.busy(prefetched.spool_root(call.target)):
+        return
+    from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery
+
+    from receivewal.commands.prefetch import start_prefetch  # noqa: PLC0415
+
+    start_prefetch(call.directory, source_id(call.directory), call.wal_name,
+                   Path(call.target), call.window)
+
+
+def _restore_guarded(call: Call) -> int:
+    """Restore the file from the archive; 0, or the exit status of the failure (said)."""
+    import signal  # noqa: PLC0415 - not on the spool's path
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         # Imported here, so that a broken installation (a codec or boto3 that fails to load)
         # is exit 126 as well, not a traceback and exit 1.
@@ -136,28 +249,14 @@ def run(call: Call) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     _say(f"restored {_quoted(call.wal_name)} from {source}", 0)
-    if call.window > 0:
-        from receivewal.commands.prefetch import start_prefetch  # noqa: PLC0415
-
-        # prefetching only saves later calls time: this call has succeeded whatever happens
-        with contextlib.suppress(OSError, ReceivewalError):
-            start_prefetch(call.directory, source_id(call.directory), call.wal_name,
-                           Path(call.target), call.window)
     return 0
 
 
 def _restore(call: Call) -> str:
-    """Restore the file (from the spool when prefetched); where it came from, for the log."""
-    from receivewal.wal.names import is_wal_file_name  # noqa: PLC0415
+    """Restore the file from the archive; where it came from, for the log."""
+    from pathlib import Path  # noqa: PLC0415
 
     target = Path(call.target)
-    if call.window > 0 and call.target and is_wal_file_name(call.wal_name):
-        from receivewal.archive.spool import Spool  # noqa: PLC0415
-
-        spool = Spool.beside(target, source_id(call.directory))
-        if spool.take(call.wal_name, target) or (spool.wait_for(call.wal_name)
-                                                 and spool.take(call.wal_name, target)):
-            return "the prefetch spool"
     if not call.target:
         from receivewal.errors import ConfigurationError  # noqa: PLC0415
 
@@ -186,9 +285,15 @@ def _say(message: str, status: int) -> int:
     return status
 
 
+_ESCAPES = {**{c: f"\\u{c:04x}" for c in range(32)}, ord("\\"): "\\\\", ord('"'): '\\"',
+            ord("\b"): "\\b", ord("\f"): "\\f", ord("\n"): "\\n", ord("\r"): "\\r",
+            ord("\t"): "\\t"}
+
+
 def _quoted(text: str) -> str:
-    """``text`` in double quotes, control characters escaped: the message stays one line."""
-    return json.dumps(text, ensure_ascii=False)
+    """``text`` in double quotes, control characters escaped: the message stays one line
+    (what ``json.dumps(text, ensure_ascii=False)`` gives, without importing json)."""
+    return f'"{text.translate(_ESCAPES)}"'
 
 
 def _detail(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from types import ModuleType
 
 
@@ -34,3 +35,14 @@ def scanner_path() -> str:
     if native is None:
         return "python"
     return f"c (crc32c: {native.crc32c_impl()})"
+
+
+def crc32c_function() -> Callable[..., int]:
+    """CRC-32C (of data, continuing a value): the C extension's when it is built, so that the
+    crc32c package (whose import costs verify's start-up ~12 ms: it reads its own version
+    through importlib.metadata) is loaded only by the pure-Python path."""
+    if native is not None:
+        return native.crc32c  # type: ignore[no-any-return]  # (data, value=0), as crc32c.crc32c
+    from crc32c import crc32c  # noqa: PLC0415
+
+    return crc32c

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import crc32c
-
+from receivewal.wal.accel import crc32c_function
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.pageheader import (
     SHORT_HEADER,
@@ -60,7 +59,7 @@ class Pending:
         if keep or len(self.head) < HEAD_KEPT:
             self.head += piece if keep else piece[:HEAD_KEPT - len(self.head)]
         skip = SIZE_OF_XLOG_RECORD - self.got
-        self.crc = crc32c.crc32c(piece[skip:] if skip > 0 else piece, self.crc)
+        self.crc = crc32c_function()(piece[skip:] if skip > 0 else piece, self.crc)
         self.got += len(piece)
 
 

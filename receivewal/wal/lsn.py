@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import re
-
 from receivewal.errors import ConfigurationError
 
-LSN_RE = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+
+LSN_PATTERN = r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$"
 # sscanf("%X/%X"): white space, a sign and 0x may lead each number; anything may follow
 _HEX = r"[ \t\n\v\f\r]*[+-]?(?:0[xX])?([0-9A-Fa-f]+)"
-_SCANF_LSN = re.compile(_HEX + "/" + _HEX)
+_SCANF_PATTERN = _HEX + "/" + _HEX
 
 MIN_SEGMENT_SIZE = 1 << 20
 MAX_SEGMENT_SIZE = 1 << 30
@@ -18,7 +20,7 @@ DEFAULT_SEGMENT_SIZE = 16 << 20  # PostgreSQL's default wal_segment_size
 
 def parse_lsn(text: str) -> int:
     """Parse ``X/X`` as PostgreSQL prints an LSN; raise ConfigurationError otherwise."""
-    match = LSN_RE.match(text.strip())
+    match = _compiled(LSN_PATTERN).match(text.strip())
     if match is None:
         raise ConfigurationError(f"invalid LSN {text!r}: expected the form X/X, e.g. 0/3000000")
     return join_lsn(int(match.group(1), 16), int(match.group(2), 16))
@@ -28,10 +30,18 @@ def scan_lsn(text: str) -> int | None:
     """Read an LSN as PostgreSQL's programs do with ``sscanf("%X/%X")`` (pg_receivewal's
     ``--endpos``): each number may have leading white space, a sign and ``0x``, only its low
     32 bits count, and anything may follow. None when the text does not start so."""
-    match = _SCANF_LSN.match(text)
+    match = _compiled(_SCANF_PATTERN).match(text)
     if match is None:
         return None
     return join_lsn(int(match.group(1), 16) & 0xFFFFFFFF, int(match.group(2), 16) & 0xFFFFFFFF)
+
+
+def _compiled(pattern: str) -> re.Pattern[str]:
+    """``pattern`` compiled; ``re`` is imported on first use, not by a restore_command call
+    that only needs the segment arithmetic."""
+    import re  # noqa: PLC0415
+
+    return re.compile(pattern)  # re caches compiled patterns
 
 
 def join_lsn(high: int, low: int) -> int:

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import struct
 
-import crc32c
-
 from receivewal.wal import accel
+from receivewal.wal.accel import crc32c_function
 from receivewal.wal.crossing import Pending, bytes_needed, continue_pending, gather, tail_problem
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.pageheader import (
@@ -162,7 +161,7 @@ class SegmentScanner:
         page_ok, flags = self.page_ok, self.flags
         counts, rec_bytes, fpi_bytes, lsns = self.counts, self.rec_bytes, self.fpi_bytes, self.lsns
         unpack = _RECORD_SHAPE.unpack_from
-        crc = crc32c.crc32c
+        crc = crc32c_function()
         valid_rmid = RMGR_ID_VALID
         prev: int | None = None
         last = self.last_record_lsn

@@ -12,8 +12,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import crc32c
-
+from receivewal.wal.accel import crc32c_function
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.pageheader import XLOG_BLCKSZ
 from receivewal.wal.pages import maxalign
@@ -63,7 +62,7 @@ def judge_record(head: bytes | bytearray, crc: int, prev: int | None) -> tuple[s
     if prev is not None and prev_link != prev:
         return ("bad_record", f"record with incorrect prev-link {format_lsn(prev_link)}, "
                 f"expected {format_lsn(prev)}", 0)
-    if crc32c.crc32c(memoryview(head)[:20], crc) != stored:
+    if crc32c_function()(memoryview(head)[:20], crc) != stored:
         return "crc_mismatch", "incorrect resource manager data checksum", 0
     fpi = fpi_bytes_of(head, SIZE_OF_XLOG_RECORD, tot_len)
     if fpi < 0:

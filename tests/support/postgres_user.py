@@ -13,19 +13,21 @@ from pathlib import Path
 S3_PACKAGES = ("boto3", "botocore", "s3transfer", "jmespath", "urllib3", "dateutil", "six.py")
 
 
-def install_for_postgres(base: Path, extra: tuple[str, ...] = ()) -> str:
-    """The restore helper runnable by the postgres user: the package and its compiled
-    dependencies copied where that user can read them, run by the system python3 (as a
-    system-wide installation would be). Returns the command prefix."""
+def install_for_postgres(base: Path, extra: tuple[str, ...] = (), *, package: Path | None = None,
+                         lib_name: str = "pylib") -> str:
+    """The restore helper runnable by the postgres user: the package (this checkout's, or
+    ``package``) and its compiled dependencies copied to ``base/lib_name`` where that user can
+    read them, run by the system python3 (as a system-wide installation would be). Returns
+    the command prefix."""
     system = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
                             capture_output=True, text=True, check=True).stdout.strip()
     if system != str(tuple(sys.version_info[:2])):
         raise AssertionError(f"/usr/bin/python3 is {system}, the test environment's Python is "
                              f"{sys.version_info[:2]}: the copied compiled modules need the "
                              "same version")
-    lib = base / "pylib"
+    lib = base / lib_name
     site = Path(next(p for p in sys.path if p.endswith("site-packages")))
-    package = Path(__file__).resolve().parent.parent.parent / "receivewal"
+    package = package or Path(__file__).resolve().parent.parent.parent / "receivewal"
     shutil.copytree(package, lib / "receivewal", ignore=shutil.ignore_patterns("__pycache__"))
     metadata = [p.name for p in site.glob("crc32c-*.dist-info")]  # crc32c reads its version
     for dep in ("lz4", "zstandard", "click", "backports", "crc32c", *metadata, *extra):

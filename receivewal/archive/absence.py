@@ -1,0 +1,35 @@
+"""Telling cheaply that a local archive does not have a file: how a restore_command call ends
+recovery (exit 1) without importing the restore machinery.
+
+PostgreSQL asks for files an archive lacks on every recovery: the next timeline's history file
+at the start, the segment after the last one at the end (and a standby, every few seconds).
+Only the plain case is answered here: a segment or history file name none of whose forms
+exists in an existing directory. Anything else (a form exists, even as a dangling symlink, a
+``--partial`` call, another kind of name, no directory) goes the full way
+(:func:`receivewal.archive.restore.restore_file`), which makes the same decision with every check.
+"""
+
+from __future__ import annotations
+
+import os
+
+from receivewal.archive.prefetched import is_history_name, is_segment_name
+
+#: The at-rest suffixes of a segment, :class:`receivewal.wal.names.AtRest`'s in its order
+#: (spelled here so that the check imports nothing; a test holds the two equal).
+SUFFIXES = ("", ".gz", ".lz4", ".zst")
+
+
+def surely_absent(directory: str, name: str) -> bool:
+    """Whether the local archive ``directory`` (an existing directory) has no form of the
+    segment or history file ``name``; False whenever that is not plainly so."""
+    if is_segment_name(name):
+        forms = [name + suffix for suffix in SUFFIXES]
+    elif is_history_name(name):
+        forms = [name]
+    else:
+        return False
+    if not os.path.isdir(directory):
+        return False
+    return not any(os.path.lexists(os.path.join(directory, form)) for form in forms)
+

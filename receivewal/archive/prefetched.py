@@ -1,0 +1,223 @@
+"""The prefetch spool as a restore_command call sees it: serving a spooled segment.
+
+PostgreSQL waits for each restore_command call, and a call whose segment the filler
+(:mod:`receivewal.archive.spool`) has spooled only has to rename it to ``%p``. So this half of
+the spool imports only ``os``-level modules and :mod:`receivewal.wal.pageheader` (each of
+``dataclasses``, ``pathlib``, ``re`` or ``typing`` would cost a call more CPU than the rename;
+a test pins that), and paths are strings.
+
+The files of one archive's spool directory: the spooled segments (complete files only: the
+filler writes each under a temporary name and renames it), ``.window`` (the names the filler is
+fetching, in order) and ``.wanted`` (the last segment a call asked for: the filler keeps the
+segments after it spooled). ``.lock`` in the spool's root is held by the filler while it runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import time
+import zlib
+
+from receivewal.archive import durable
+from receivewal.errors import ConfigurationError
+from receivewal.wal.lsn import join_lsn
+from receivewal.wal.pageheader import (
+    SIZE_OF_LONG_PHD,
+    first_page_problem,
+    header_segment_size,
+    parse_long_header,
+)
+
+SPOOL_DIR = os.path.join(".receivewal", "prefetch")
+LOCK_FILE = ".lock"
+WINDOW_FILE = ".window"
+WANTED_FILE = ".wanted"
+ASK_FILE = ".ask"  # a call's question to the filler: "NAME TOKEN"
+ANSWER_FILE = ".answer"  # the filler's answer: "NAME TOKEN absent" or "NAME TOKEN failed"
+WAIT_LIMIT = 30.0  # seconds a call waits for a file being prefetched before fetching it itself
+_POLL = 0.005
+_HEX = frozenset("0123456789ABCDEF")
+_XLOGID_SPAN = 0x1_0000_0000  # the bytes one xlogid (a name's middle 8 digits) spans
+
+
+def spool_root(target: str) -> str:
+    """The spool's root for restores to ``target`` (``%p``): next to it, in pg_wal."""
+    return os.path.join(os.path.dirname(target), SPOOL_DIR)
+
+
+def spool_dir(target: str, source: str) -> str:
+    """The spool directory of the archive ``source`` (its resolved path, or its URL and
+    endpoint) for restores to ``target``. Named by a 64-bit digest of ``source``: it keeps two
+    archives' files apart (the directory is the server user's, mode 0700)."""
+    data = source.encode()
+    digest = f"{zlib.crc32(data):08x}{zlib.crc32(data[::-1], 0x5EED):08x}"
+    return os.path.join(spool_root(target), digest)
+
+
+def is_segment_name(name: str) -> bool:
+    """Whether ``name`` looks like a WAL segment file name (24 upper-case hex digits)."""
+    return len(name) == 24 and _HEX.issuperset(name) and name[:8] != "00000000"
+
+
+def is_history_name(name: str) -> bool:
+    """Whether ``name`` looks like a timeline history file name (``TTTTTTTT.history``)."""
+    return (len(name) == 16 and name.endswith(".history") and _HEX.issuperset(name[:8])
+            and name[:8] != "00000000")
+
+
+def busy(root: str) -> bool:
+    """Whether a filler holds the spool's lock right now."""
+    try:
+        fd = os.open(os.path.join(root, LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def window(directory: str) -> list[str]:
+    """The names the filler at work is fetching (empty when none)."""
+    try:
+        with open(os.path.join(directory, WINDOW_FILE), "rb") as fh:
+            return fh.read(4096).decode("ascii", "replace").split()
+    except OSError:
+        return []
+
+
+def wanted(directory: str) -> str | None:
+    """The last segment a call asked for, or None."""
+    try:
+        with open(os.path.join(directory, WANTED_FILE), "rb") as fh:
+            name = fh.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return name if is_segment_name(name) else None
+
+
+def record_wanted(directory: str, name: str) -> None:
+    """Tell the filler that a call asked for ``name`` (the filler keeps the segments after it
+    spooled). A hint: written under a temporary name and renamed, never fsynced."""
+    _write_record(directory, WANTED_FILE, name)
+
+
+def _write_record(directory: str, record: str, text: str) -> None:
+    tmp = os.path.join(directory, durable.temporary_name(record))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, text.encode() + b"\n")
+    finally:
+        os.close(fd)
+    durable.rename(tmp, os.path.join(directory, record))
+
+
+def _read_record(directory: str, record: str) -> list[str]:
+    try:
+        with open(os.path.join(directory, record), "rb") as fh:
+            return fh.read(256).decode("ascii", "replace").split()
+    except OSError:
+        return []
+
+
+def ask(directory: str, root: str, name: str) -> str | None:
+    """Ask the filler at work to fetch ``name`` (a segment or a history file) into the spool:
+    ``"spooled"`` when it is there, ``"absent"`` when the archive has no form of it (answered
+    after this question was asked), None when the filler could not tell (a failure, the filler
+    gone, :data:`WAIT_LIMIT` seconds): then the call restores the file itself."""
+    token = f"{os.getpid()}-{time.monotonic_ns()}"
+    _write_record(directory, ASK_FILE, f"{name} {token}")
+    path = os.path.join(directory, name)
+    deadline = time.monotonic() + WAIT_LIMIT
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return "spooled"
+        answer = _read_record(directory, ANSWER_FILE)
+        if answer[:2] == [name, token]:
+            return "absent" if answer[2:] == ["absent"] else None
+        if not busy(root):
+            return None
+        time.sleep(_POLL)
+    return None
+
+
+def question(directory: str) -> tuple[str, str] | None:
+    """The name and token a call last asked the filler for, or None."""
+    words = _read_record(directory, ASK_FILE)
+    return (words[0], words[1]) if len(words) == 2 else None
+
+
+def answer(directory: str, name: str, token: str, outcome: str) -> None:
+    """The filler's answer to a question it could not fetch: ``absent`` or ``failed``."""
+    _write_record(directory, ANSWER_FILE, f"{name} {token} {outcome}")
+
+
+def wait_for(directory: str, root: str, name: str) -> bool:
+    """While the filler at work has ``name`` in its window, wait until it is spooled, the
+    filler is gone or drops it (the archive lacks it), at most :data:`WAIT_LIMIT` seconds;
+    whether it was waited for."""
+    if name not in window(directory):
+        return False
+    path = os.path.join(directory, name)
+    deadline = time.monotonic() + WAIT_LIMIT
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        if not busy(root) or name not in window(directory):
+            break
+        time.sleep(_POLL)
+    return True
+
+
+def take(directory: str, name: str, target: str) -> bool:
+    """Move the spooled segment (or history file) ``name`` to ``target`` (then fsync
+    ``target``'s directory) if the spool holds a valid one; False otherwise (an invalid file
+    is removed)."""
+    path = os.path.join(directory, name)
+    try:
+        valid = (is_spooled_segment(path, name) if is_segment_name(name)
+                 else stat.S_ISREG(os.lstat(path).st_mode))
+    except FileNotFoundError:
+        return False
+    except OSError:  # unreadable: not served
+        valid = False
+    if not valid:
+        try:  # noqa: SIM105 - contextlib would cost each call its import
+            os.unlink(path)
+        except OSError:
+            pass
+        return False
+    try:
+        durable.rename(path, target)  # another call may have taken it first: then fetch
+    except FileNotFoundError:
+        return False
+    durable.sync_path(os.path.dirname(target) or ".")
+    return True
+
+
+def is_spooled_segment(path: str, name: str) -> bool:
+    """Whether ``path`` is a regular file holding one whole segment named ``name``: its size
+    is its page header's segment size, and the header is that segment's first page. Raises
+    FileNotFoundError when nothing is there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        head = os.pread(fd, SIZE_OF_LONG_PHD, 0)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode) or not is_segment_name(name):
+        return False
+    try:
+        size = header_segment_size(head)
+    except ConfigurationError:
+        return False
+    log, seg = int(name[8:16], 16), int(name[16:], 16)
+    if size != info.st_size or seg >= _XLOGID_SPAN // size:
+        return False
+    header = parse_long_header(head)
+    assert header is not None  # header_segment_size read it
+    return first_page_problem(header, timeline=int(name[:8], 16),
+                              page_address=join_lsn(log, seg * size), segment_size=size) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -127,7 +128,10 @@ def test_slot_restart_lsn_never_passes_archived_wal_and_feedback_shape(
             for _ in range(5):
                 restart = lsn_to_int(pg.sql(
                     "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'arch'"))
-                assert restart <= archived_position(archive_dir, pg), "slot ahead of archive"
+                archived = archived_position(archive_dir, pg)
+                assert restart <= archived, (
+                    f"slot ahead of archive: restart_lsn {restart:X}, archive matches the "
+                    f"server to {archived:X}; files {sorted(os.listdir(archive_dir))}")
                 time.sleep(0.1)
         row = pg.sql("SELECT write_lsn IS NOT NULL, flush_lsn IS NOT NULL, replay_lsn IS NULL, "
                      "application_name FROM pg_stat_replication")

@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.clusters import TEMPLATES_ENV
 from support.package import built_deb
 from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import PG_BIN, PgServer, make_shared_dir
 from support.sparkarchives import TwoArchives, build_two_server_archives
 
 DATA = Path(__file__).parent / "data"
+OWN_TEMPLATES = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One directory of initdb templates (support/clusters.py) for the session and the
+    benchmarks it runs; made here unless a parent run (or the user) named one already."""
+    if not os.environ.get(TEMPLATES_ENV):
+        path = make_shared_dir("receivewal-initdb-")
+        os.environ[TEMPLATES_ENV] = str(path)
+        config.stash[OWN_TEMPLATES] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the templates this session made."""
+    path = config.stash.get(OWN_TEMPLATES, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop(TEMPLATES_ENV, None)
 
 
 @pytest.fixture
@@ -82,12 +103,27 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
-@pytest.fixture(scope="module")
-def seaweed() -> Iterator[SeaweedS3]:
-    """A real S3 server (SeaweedFS ``weed mini``) for one test module, stopped afterwards."""
+@pytest.fixture(scope="session")
+def seaweed_server() -> Iterator[SeaweedS3]:
+    """A real S3 server (SeaweedFS ``weed mini``) for the session, stopped afterwards."""
     base = Path(tempfile.mkdtemp(prefix="receivewal-s3-"))
     try:
         with running_seaweed(base) as server:
             yield server
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+_buckets = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def seaweed(seaweed_server: SeaweedS3) -> SeaweedS3:
+    """The session's S3 server with a bucket of this module's own (``seaweed.bucket``): what
+    one module stores, lists or deletes never meets another's. A module that killed the
+    server and did not start it again leaves it started for the next."""
+    if seaweed_server.process is None:
+        seaweed_server.start()
+    seaweed_server.bucket = f"receivewal-test-{next(_buckets)}"
+    seaweed_server.client().create_bucket(Bucket=seaweed_server.bucket)
+    return seaweed_server

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.clusters import TEMPLATES_ENV
@@ -127,3 +128,20 @@ def seaweed(seaweed_server: SeaweedS3) -> SeaweedS3:
     seaweed_server.bucket = f"receivewal-test-{next(_buckets)}"
     seaweed_server.client().create_bucket(Bucket=seaweed_server.bucket)
     return seaweed_server
+
+
+@pytest.fixture(scope="session")
+def spark(seaweed_server: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One embedded Spark session (two cores: the machine is shared) for every module that
+    runs analyze in this process: its start-up took seconds per module. It starts with the
+    session's S3 server's endpoint and credentials in the environment, as a DBA's configured
+    chain would be before analyze starts, so its executors' Python workers read s3:// archives
+    (make_session hands them that environment); the driver's environment is as it was after."""
+    from receivewal.check.sparksession import make_session  # noqa: PLC0415 - the spark extra
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in seaweed_server.env().items():
+            patch.setenv(name, value)
+        session = make_session(scratch=tmp_path_factory.mktemp("spark"), master="local[2]")
+    yield session
+    session.stop()

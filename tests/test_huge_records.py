@@ -272,16 +272,6 @@ def test_verify_memory_is_bounded_by_segments_not_by_the_record(huge: HugeArchiv
         f"peak RSS {rss} kB for a {HUGE}-byte record, {small} kB without it"
 
 
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """An embedded Spark session (two cores: the machine is shared)."""
-    from receivewal.check.sparksession import make_session  # noqa: PLC0415 - the spark extra
-
-    session = make_session(scratch=tmp_path_factory.mktemp("spark"), master="local[2]")
-    yield session
-    session.stop()
-
-
 @pytest.mark.spark
 def test_analyze_tables_accept_the_huge_records(spark: Any, huge: HugeArchive,
                                                 tmp_path: Path) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from support import clusters
 from support.clusters import set_system_identifier
-from support.servers import PgServer, pg_bin
+from support.servers import PgServer, as_server_user, pg_bin, server_user_ids
 
 from receivewal.wal.pageheader import parse_long_header
 
@@ -61,3 +63,20 @@ def test_a_changed_system_identifier_keeps_pg_control_valid(server_base: Path) -
     server.init()
     set_system_identifier(server.datadir, 7_000_000_000_000_000_123)
     assert controldata_sysid(server) == "7000000000000000123"
+
+
+def test_a_template_is_made_again_once_its_minute_is_over(
+        server_base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy never starts from an initdb much older than itself (initdb's checkpoint time is
+    in its pg_control and WAL): after TEMPLATE_LIFETIME a new template is made by initdb, and
+    the old one is removed."""
+    monkeypatch.setenv(clusters.TEMPLATES_ENV, str(server_base))
+    initdb = [pg_bin("initdb"), "-U", "postgres", "-A", "trust", "--no-sync"]
+    ids = server_user_ids()
+    first = clusters.template(initdb, (), as_server_user([]), ids)
+    assert clusters.template(initdb, (), as_server_user([]), ids) == first
+    later = time.time() + clusters.TEMPLATE_LIFETIME
+    second = clusters.template(initdb, (), as_server_user([]), ids, now=later)
+    assert second != first
+    assert (second / "global" / "pg_control").exists()
+    assert not first.exists()

@@ -1,11 +1,12 @@
-"""Fresh database clusters without an initdb each: one initdb per set of initdb options, copied.
+"""Fresh database clusters without an initdb each: initdb's result, copied.
 
 initdb takes a second or more (it runs the bootstrap backend and a dozen single-user passes);
-``cp -a`` of its result takes a tenth of that. :func:`new_cluster` copies a template made once
-per test session (per set of initdb arguments) and gives the copy a system identifier of its own,
-as initdb would: a new value in ``global/pg_control`` (with its CRC) and in the long page header
-of each WAL file (the server refuses WAL whose header names another system). Each copy is a
-private cluster, as private as a fresh initdb's.
+``cp -a`` of its result takes a tenth of that. :func:`new_cluster` copies a template (one per set
+of initdb arguments) and gives the copy a system identifier of its own, as initdb would: a new
+value in ``global/pg_control`` (with its CRC) and in the long page header of each WAL file (the
+server refuses WAL whose header names another system). Each copy is a private cluster, as
+private as a fresh initdb's. A template is made again each minute (TEMPLATE_LIFETIME), so that
+the checkpoint time initdb wrote is never much older than the copy.
 
 The templates live in the directory named by ``RECEIVEWAL_TEST_TEMPLATES`` (tests/conftest.py
 makes one per session and removes it at the end; benchmarks the suite runs inherit it), else in
@@ -32,6 +33,12 @@ from receivewal.wal.pageheader import SIZE_OF_SHORT_PHD, XLP_LONG_HEADER
 TEMPLATES_ENV = "RECEIVEWAL_TEST_TEMPLATES"
 CONTROL_FILE = Path("global") / "pg_control"
 LONG_HEADER_SYSID = SIZE_OF_SHORT_PHD  # XLogLongPageHeaderData.xlp_sysid follows the short one
+#: Seconds a template is copied for. initdb's shutdown checkpoint carries the time initdb ran
+#: (in pg_control and in the WAL a server starts with): a copy must not begin its life with a
+#: checkpoint much older than itself, as a fresh initdb's never does (tests/test_walclock.py
+#: reads those times). So a template is made again once a minute at most: one initdb a minute
+#: instead of one per server.
+TEMPLATE_LIFETIME = 60
 _own_templates: list[Path] = []
 
 
@@ -49,14 +56,16 @@ def templates_dir() -> Path:
 
 
 def template(initdb: list[str], initdb_args: tuple[str, ...], as_user: list[str],
-             owner: tuple[int, int] | None) -> Path:
+             owner: tuple[int, int] | None, now: float | None = None) -> Path:
     """The data directory of a cluster that ``initdb`` (this command, run with ``as_user`` in
     front) made with ``initdb_args``; made on first use. Two processes that race to make it
-    each run initdb into a directory of their own, and the first rename wins."""
+    each run initdb into a directory of their own, and the first rename wins. One made more
+    than TEMPLATE_LIFETIME before ``now`` (default: the time) is made again."""
     key = hashlib.sha256("\0".join([*initdb, *initdb_args]).encode()).hexdigest()[:16]
-    final = templates_dir() / key
+    minute = int((time.time() if now is None else now) // TEMPLATE_LIFETIME)
+    final = templates_dir() / f"{key}-{minute}"
     if not final.exists():
-        building = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=templates_dir()))
+        building = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=templates_dir()))
         if owner is not None:
             os.chown(building, *owner)
         subprocess.run([*as_user, *initdb, "-D", str(building / "data"), *initdb_args],
@@ -65,6 +74,9 @@ def template(initdb: list[str], initdb_args: tuple[str, ...], as_user: list[str]
             building.rename(final)
         except OSError:  # another process made it first: theirs is as good
             shutil.rmtree(building, ignore_errors=True)
+        for old in templates_dir().glob(f"{key}-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
     return final / "data"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import os
 import shutil
 import tempfile
@@ -104,9 +104,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
-@pytest.fixture(scope="session")
-def seaweed_server() -> Iterator[SeaweedS3]:
-    """A real S3 server (SeaweedFS ``weed mini``) for the session, stopped afterwards."""
+@contextlib.contextmanager
+def seaweed_in_temporary_directory() -> Iterator[SeaweedS3]:
+    """A started SeaweedFS (``weed mini``) with its data in a temporary directory; stopped and
+    removed afterwards."""
     base = Path(tempfile.mkdtemp(prefix="receivewal-s3-"))
     try:
         with running_seaweed(base) as server:
@@ -115,28 +116,31 @@ def seaweed_server() -> Iterator[SeaweedS3]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-_buckets = itertools.count()
-
-
 @pytest.fixture(scope="module")
-def seaweed(seaweed_server: SeaweedS3) -> SeaweedS3:
-    """The session's S3 server with a bucket of this module's own (``seaweed.bucket``): what
-    one module stores, lists or deletes never meets another's. A module that killed the
-    server and did not start it again leaves it started for the next."""
-    if seaweed_server.process is None:
-        seaweed_server.start()
-    seaweed_server.bucket = f"receivewal-test-{next(_buckets)}"
-    seaweed_server.client().create_bucket(Bucket=seaweed_server.bucket)
-    return seaweed_server
+def seaweed() -> Iterator[SeaweedS3]:
+    """A real S3 server (SeaweedFS ``weed mini``) for one test module, stopped afterwards: the
+    modules that kill and restart it (test_bucket) leave nothing behind for the next."""
+    with seaweed_in_temporary_directory() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def seaweed_server() -> Iterator[SeaweedS3]:
+    """The S3 server the shared Spark session (``spark``) is started for: its Python workers
+    have this server's endpoint and credentials. Modules that read s3:// archives through
+    that session use it as their ``seaweed`` (test_analyze_bucket)."""
+    with seaweed_in_temporary_directory() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
 def spark(seaweed_server: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One embedded Spark session (two cores: the machine is shared) for every module that
     runs analyze in this process: its start-up took seconds per module. It starts with the
-    session's S3 server's endpoint and credentials in the environment, as a DBA's configured
+    endpoint and credentials of ``seaweed_server`` in the environment, as a DBA's configured
     chain would be before analyze starts, so its executors' Python workers read s3:// archives
     (make_session hands them that environment); the driver's environment is as it was after."""
+
     from receivewal.check.sparksession import make_session  # noqa: PLC0415 - the spark extra
 
     with pytest.MonkeyPatch.context() as patch:

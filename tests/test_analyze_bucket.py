@@ -34,6 +34,12 @@ pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
+def seaweed(seaweed_server: SeaweedS3) -> SeaweedS3:
+    """The S3 server the shared Spark session was started for (tests/conftest.py)."""
+    return seaweed_server
+
+
+@pytest.fixture(scope="module")
 def s3_env(seaweed: SeaweedS3) -> Iterator[dict[str, str]]:
     """The store's endpoint and credentials in the driver's environment, as a DBA's configured
     chain (the shared Spark session of tests/conftest.py started with them in it too: its

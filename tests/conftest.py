@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support.clusters import TEMPLATES_ENV
 from support.package import built_deb
 from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import PG_BIN, PgServer, make_shared_dir
@@ -16,6 +20,24 @@ from support.sparkarchives import TwoArchives, build_two_server_archives
 from receivewal.wal.accel import load_native
 
 DATA = Path(__file__).parent / "data"
+OWN_TEMPLATES = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One directory of initdb templates (support/clusters.py) for the session and the
+    benchmarks it runs; made here unless a parent run (or the user) named one already."""
+    if not os.environ.get(TEMPLATES_ENV):
+        path = make_shared_dir("receivewal-initdb-")
+        os.environ[TEMPLATES_ENV] = str(path)
+        config.stash[OWN_TEMPLATES] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the templates this session made."""
+    path = config.stash.get(OWN_TEMPLATES, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop(TEMPLATES_ENV, None)
 
 
 @pytest.fixture(params=["c", "python"])
@@ -99,12 +121,48 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
-@pytest.fixture(scope="module")
-def seaweed() -> Iterator[SeaweedS3]:
-    """A real S3 server (SeaweedFS ``weed mini``) for one test module, stopped afterwards."""
+@contextlib.contextmanager
+def seaweed_in_temporary_directory() -> Iterator[SeaweedS3]:
+    """A started SeaweedFS (``weed mini``) with its data in a temporary directory; stopped and
+    removed afterwards."""
     base = Path(tempfile.mkdtemp(prefix="receivewal-s3-"))
     try:
         with running_seaweed(base) as server:
             yield server
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def seaweed() -> Iterator[SeaweedS3]:
+    """A real S3 server (SeaweedFS ``weed mini``) for one test module, stopped afterwards: the
+    modules that kill and restart it (test_bucket) leave nothing behind for the next."""
+    with seaweed_in_temporary_directory() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def seaweed_server() -> Iterator[SeaweedS3]:
+    """The S3 server the shared Spark session (``spark``) is started for: its Python workers
+    have this server's endpoint and credentials. Modules that read s3:// archives through
+    that session use it as their ``seaweed`` (test_analyze_bucket)."""
+    with seaweed_in_temporary_directory() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def spark(seaweed_server: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One embedded Spark session (two cores: the machine is shared) for every module that
+    runs analyze in this process: its start-up took seconds per module. It starts with the
+    endpoint and credentials of ``seaweed_server`` in the environment, as a DBA's configured
+    chain would be before analyze starts, so its executors' Python workers read s3:// archives
+    (make_session hands them that environment); the driver's environment is as it was after."""
+
+    from receivewal.check.sparksession import make_session  # noqa: PLC0415 - the spark extra
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in seaweed_server.env().items():
+            patch.setenv(name, value)
+        session = make_session(scratch=tmp_path_factory.mktemp("spark"), master="local[2]")
+    yield session
+    session.stop()

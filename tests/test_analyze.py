@@ -1,7 +1,7 @@
 """``receivewal analyze`` on an embedded local Spark session over archives of two real servers.
 
-One Spark session is shared by the module (JVM start-up dominates); each archive comes from its
-own PostgreSQL 15 server, so the two have different system identifiers. The second archive has
+One Spark session is shared (tests/conftest.py: JVM start-up dominates); each archive comes from
+its own PostgreSQL 15 server, so the two have different system identifiers. The second archive has
 a segment removed and is given as a ``file://`` URI, so it takes the Hadoop-path route: listed
 through Spark's binaryFile source, read by the executors through pyarrow's file systems. The
 Parquet tables must agree with ``verify`` on the same directories.
@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +31,9 @@ from receivewal.check.analyze import (
     scan_to_json,
 )
 from receivewal.check.report import utc
-from receivewal.check.sparksession import make_session
 from receivewal.check.verify import rmgr_totals, verify_archive
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The module's one embedded Spark session (two cores: the machine is shared)."""
-    session = make_session(scratch=tmp_path_factory.mktemp("spark"), master="local[2]")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

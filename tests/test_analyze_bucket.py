@@ -28,28 +28,26 @@ from support.sparkarchives import (
 
 from receivewal.archive.bucket import Bucket
 from receivewal.check.analyze import AnalyzeResult, run_analyze
-from receivewal.check.sparksession import make_session
 from receivewal.check.verify import rmgr_totals, verify_archive
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
+def seaweed(seaweed_server: SeaweedS3) -> SeaweedS3:
+    """The S3 server the shared Spark session was started for (tests/conftest.py)."""
+    return seaweed_server
+
+
+@pytest.fixture(scope="module")
 def s3_env(seaweed: SeaweedS3) -> Iterator[dict[str, str]]:
-    """The store's endpoint and credentials in the environment before Spark starts: its
-    Python workers inherit them, as they would a DBA's configured chain."""
+    """The store's endpoint and credentials in the driver's environment, as a DBA's configured
+    chain (the shared Spark session of tests/conftest.py started with them in it too: its
+    Python workers have them)."""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in seaweed.env().items():
             patch.setenv(name, value)
         yield seaweed.env()
-
-
-@pytest.fixture(scope="module")
-def spark(s3_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The module's embedded Spark session (two cores: the machine is shared)."""
-    session = make_session(scratch=tmp_path_factory.mktemp("spark"), master="local[2]")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

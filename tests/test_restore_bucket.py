@@ -19,6 +19,8 @@ import zstandard
 from support.postgres_user import S3_PACKAGES, install_for_postgres
 from support.seaweed import SeaweedS3, free_port_pairs
 from support.servers import PgServer
+from support.streams import wait_for
+from support.tcpproxy import TcpProxy
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.bucketrestore import BucketSource
@@ -213,26 +215,34 @@ def holders_of(path: Path) -> list[int]:
     return pids
 
 
-def test_sigkill_of_the_filler_mid_prefetch_then_calls_are_correct(url: str,
-                                                                   tmp_path: Path) -> None:
+def test_sigkill_of_the_filler_mid_prefetch_then_calls_are_correct(
+        url: str, seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The detached filler SIGKILLed while it fetches (it holds the spool's lock): every
-    later call still restores the right bytes, and the next filler starts afresh."""
+    later call still restores the right bytes, and the next filler starts afresh. The store is
+    reached through a proxy that stalls half-way through the first segment the filler fetches,
+    so the filler is caught mid-fetch however fast the machine is."""
     for segno in range(3, 9):
         put(url, name_of(segno), segment(segno))
-    target = tmp_path / "RECOVERYXLOG"
-    assert restore(url, name_of(3), target, "--prefetch", "4").returncode == 0
-    lock = tmp_path / SPOOL_DIR / ".lock"
-    fillers = holders_of(lock)
-    assert fillers, "the filler holds the spool's lock while it works"
-    for pid in fillers:
-        os.kill(pid, signal.SIGKILL)
-    spool = Spool.beside(target, source_id(url))
-    while spool.busy():
-        time.sleep(0.05)
-    for segno in range(4, 9):
-        done = restore(url, name_of(segno), target, "--prefetch", "4")
-        assert done.returncode == 0, done.stderr
-        assert target.read_bytes() == segment(segno)
+    proxy = TcpProxy(seaweed.ports["s3.port"])
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+        target = tmp_path / "RECOVERYXLOG"
+        proxy.stall_after(SEGMENT + SEGMENT // 2)  # this call's segment, then half the next
+        assert restore(url, name_of(3), target, "--prefetch", "4").returncode == 0
+        lock = tmp_path / SPOOL_DIR / ".lock"
+        wait_for(lambda: holders_of(lock), what="the filler holding the spool's lock")
+        for pid in holders_of(lock):
+            os.kill(pid, signal.SIGKILL)
+        spool = Spool.beside(target, source_id(url))
+        while spool.busy():
+            time.sleep(0.05)
+        proxy.resume()
+        for segno in range(4, 9):
+            done = restore(url, name_of(segno), target, "--prefetch", "4")
+            assert done.returncode == 0, done.stderr
+            assert target.read_bytes() == segment(segno)
+    finally:
+        proxy.close()
 
 
 def test_two_concurrent_calls_for_the_same_file_both_succeed(url: str, tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from support.clusters import new_cluster
+
 
 def find_pg_bin() -> Path:
     """The directory of the PostgreSQL server binaries (PG_BIN, else the newest installed)."""
@@ -57,12 +59,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def server_user_ids() -> tuple[int, int] | None:
+    """The server user's uid and gid when we are root (else the servers run as us: None)."""
+    if not IS_ROOT:
+        return None
+    pw = pwd.getpwnam("postgres")
+    return pw.pw_uid, pw.pw_gid
+
+
 def make_shared_dir(prefix: str) -> Path:
     """A temporary directory the server user can write to."""
     path = Path(tempfile.mkdtemp(prefix=prefix))
-    if IS_ROOT:
-        pw = pwd.getpwnam("postgres")
-        os.chown(path, pw.pw_uid, pw.pw_gid)
+    ids = server_user_ids()
+    if ids is not None:
+        os.chown(path, *ids)
     path.chmod(0o755)
     return path
 
@@ -108,10 +118,12 @@ class PgServer:
             os.chown(self.sockdir, pw.pw_uid, pw.pw_gid)
 
     def init(self, conf: dict[str, str] | None = None, initdb_args: tuple[str, ...] = ()) -> None:
-        """Run initdb and write the configuration."""
+        """A fresh cluster (as initdb makes one: a copy of the session's, see
+        support.clusters), and the configuration."""
         self._mkdirs()
-        self._run([pg_bin("initdb"), "-D", str(self.datadir), "-U", "postgres", "-A", "trust",
-                   "--no-sync", *initdb_args])
+        new_cluster(self.datadir, [pg_bin("initdb"), "-U", "postgres", "-A", "trust",
+                                   "--no-sync"], initdb_args,
+                    as_user=as_server_user([]), owner=server_user_ids())
         self.configure({**BASE_CONF, **(conf or {})})
         with (self.datadir / "pg_hba.conf").open("a") as hba:
             hba.write("host all all 127.0.0.1/32 trust\n")

@@ -27,6 +27,8 @@ class TcpProxy:
         self.lock = threading.Lock()
         self.pairs: list[tuple[socket.socket, socket.socket]] = []
         self.accepted = 0
+        self.forwarded = 0  # bytes passed on, both directions, every connection
+        self.stall_at: int | None = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -61,6 +63,7 @@ class TcpProxy:
                     if not data:
                         return
                     peers[sock].sendall(data)
+                    self._count(len(data))
                     if self.bytes_per_second:
                         time.sleep(len(data) / self.bytes_per_second)
         except OSError:
@@ -69,6 +72,19 @@ class TcpProxy:
             for sock in (a, b):
                 with contextlib.suppress(OSError):
                     sock.close()
+
+    def _count(self, size: int) -> None:
+        with self.lock:
+            self.forwarded += size
+            if self.stall_at is not None and self.forwarded >= self.stall_at:
+                self.stall_at = None
+                self.forwarding.clear()
+
+    def stall_after(self, size: int) -> None:
+        """Stall (as :meth:`stall`) once ``size`` more bytes have passed, counted over every
+        connection and both directions: a transfer can be caught in the middle."""
+        with self.lock:
+            self.stall_at = self.forwarded + size
 
     def cut(self) -> None:
         """End every open connection (both directions), as a broken network would: both peers

@@ -13,6 +13,7 @@ from types import ModuleType
 
 import pytest
 from support.servers import PgServer
+from support.tcpproxy import TcpProxy
 
 from receivewal.replication.accel import MAPS, loaded_libpq
 from receivewal.replication.connection import ReplicationConnection, build_conninfo
@@ -143,3 +144,30 @@ def test_keepalive_asking_for_a_reply_and_copy_done_come_through_the_compiled_lo
             assert got is not None
     finally:
         conn.close()
+
+
+def test_the_compiled_loop_waits_out_a_message_that_arrives_in_pieces(
+        pg: PgServer, native: ModuleType) -> None:
+    """Over a slow link the socket turns readable while a 128 kB message is still arriving:
+    the compiled loop's read waits for the whole message until its timeout, as the pure loop's
+    does, instead of answering "nothing arrived" at the first partial read."""
+    pg.sql("SELECT pg_create_physical_replication_slot('slow', true)")
+    restart = parse_lsn(pg.sql("SELECT restart_lsn FROM pg_replication_slots"))
+    start = restart - restart % SEG
+    pg.generate_wal(1)
+    proxy = TcpProxy(pg.port, bytes_per_second=512 * 1024)
+    try:
+        conn = ReplicationConnection.open(
+            build_conninfo(pg.dsn.replace(f"port={pg.port}", f"port={proxy.port}")),
+            stop=Stop(), timeout=60)
+        conn.native = native
+        try:
+            conn.start_copy_both(
+                f"START_REPLICATION SLOT slow PHYSICAL {format_lsn(start)} TIMELINE 1")
+            reads = [conn.read_batch(30.0) for _ in range(8)]
+            assert None not in reads, f"a read answered None before its timeout: {reads}"
+            assert any(isinstance(got, WalRun) for got in reads)
+        finally:
+            conn.close()
+    finally:
+        proxy.close()

@@ -10,6 +10,7 @@ Nothing here blocks: the libpq dialogue is written as generators that
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -288,8 +289,12 @@ class ReplicationConnection:
         if self.held is not None:
             return self._take_held()
         last = _NO_LSN if until is None else until
+        deadline = time.monotonic() + timeout
         received = self._read_run(last)
-        if received is None and drive_within(_readable_steps(self.pgconn), self.stop, timeout):
+        while received is None:  # readable, yet the message may still be arriving in pieces
+            left = deadline - time.monotonic()
+            if left <= 0 or not drive_within(_readable_steps(self.pgconn), self.stop, left):
+                return None
             received = self._read_run(last)
         return received
 

@@ -3,10 +3,9 @@ types, every wait on the socket and the stop signal together."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from support.servers import PgServer
+from support.stopflag import Stop
 
 from receivewal.replication.connection import ReplicationConnection, build_conninfo
 from receivewal.replication.link import COPY_DONE, ResultStatus
@@ -15,22 +14,6 @@ from receivewal.wal.lsn import parse_lsn
 
 pytestmark = pytest.mark.server
 
-
-class Stop:
-    """A stop flag whose descriptor the test makes readable, as a signal would."""
-
-    requested = False
-
-    def __init__(self) -> None:
-        self.r, self.w = socket.socketpair()
-        self.drained = 0
-
-    def fileno(self) -> int:
-        return self.r.fileno()
-
-    def drain(self) -> None:
-        self.r.recv(4096)
-        self.drained += 1
 
 
 def test_copy_stream_is_read_in_receivewal_types(pg: PgServer) -> None:

@@ -7,12 +7,12 @@ and tests/test_timelines.py (parametrised over the loop with the ``receive_path`
 
 from __future__ import annotations
 
-import socket
 import time
 from types import ModuleType
 
 import pytest
 from support.servers import PgServer
+from support.stopflag import Stop
 from support.tcpproxy import TcpProxy
 
 from receivewal.replication.accel import MAPS, loaded_libpq
@@ -33,18 +33,6 @@ pytestmark = pytest.mark.server
 SEG = 16 << 20
 MAX_SEND = 16 * 8192  # the most WAL a walsender puts in one message (8 kB blocks)
 
-
-class Stop:
-    requested = False
-
-    def __init__(self) -> None:
-        self.r, self.w = socket.socketpair()
-
-    def fileno(self) -> int:
-        return self.r.fileno()
-
-    def drain(self) -> None:
-        self.r.recv(4096)
 
 
 @pytest.fixture(scope="module")

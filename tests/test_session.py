@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.stopflag import Stop
 
 from receivewal.archive.directory import Archive
 from receivewal.archive.layout import StartPoint
@@ -34,20 +35,6 @@ from receivewal.replication.messages import build_xlogdata
 SEG = 1 << 20
 START = 3 * SEG
 
-
-class Stop:
-    """A stop flag that is never signalled by the OS."""
-
-    requested = False
-
-    def __init__(self) -> None:
-        self.r, self.w = socket.socketpair()
-
-    def fileno(self) -> int:
-        return self.r.fileno()
-
-    def drain(self) -> None:
-        pass
 
 
 class ScriptedConnection:

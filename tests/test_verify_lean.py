@@ -144,6 +144,15 @@ def test_verify_imports_no_click_structlog_psycopg_boto3(archives: dict[str, Pat
     assert sorted(m for m in modules if m.split(".")[0] in heavy) == []
 
 
+def test_a_plain_archive_loads_no_codec_json_or_random(archives: dict[str, Path]) -> None:
+    """A plain archive's verify loads no codec (lz4, zstandard, the bounded zstd decoder), no
+    json (without --json) and no random (only a retried store error needs it)."""
+    status, modules = loaded_by("verify", str(archives["good"]))
+    assert status == 0
+    unused = {"lz4", "zstandard", "backports", "compression", "json", "random"}
+    assert sorted(m for m in modules if m.split(".")[0] in unused) == []
+
+
 def test_help_and_usage_errors_still_go_through_click(tmp_path: Path) -> None:
     """--help is click's (exit 0), and a command line the lean path does not take is click's
     usage error (exit 1, click's message)."""

@@ -109,6 +109,20 @@ def test_both_paths_agree_on_the_pure_python_scanner(archives: dict[str, Path]) 
     assert lean == run(["-c", CLICK_PATH], args, env)
 
 
+@pytest.mark.parametrize("encoding", ["", "ascii"])
+def test_escapes_and_non_ascii_names_print_as_click_prints_them(
+        tmp_path: Path, encoding: str) -> None:
+    """An archive named with an ANSI escape and a non-ASCII letter: click strips the escape
+    off a terminal and re-encodes an ASCII stream as UTF-8; the lean path prints the same."""
+    directory = write_pair(tmp_path / "wal-\x1b[31m-\u00e9")
+    env = {**os.environ, "PYTHONIOENCODING": encoding}
+    lean = run(["-m", "receivewal"], [str(directory)], env)
+    assert lean == run(["-c", CLICK_PATH], [str(directory)], env)
+    assert lean[0] == 0
+    assert "\x1b" not in lean[1]
+    assert "wal--\u00e9" in lean[1]
+
+
 def test_a_closed_output_pipe_is_exit_1_on_both_paths(archives: dict[str, Path]) -> None:
     """Output to a pipe nobody reads: exit 1 and nothing on stderr, as click's main does."""
     outcomes = []

@@ -91,6 +91,8 @@ class Run:
     connecting: float | None  # receivewal: seconds from exec to its "connecting" event
     link_busy: float  # seconds from 1 % to 99 % of the link bytes
     relay_cpu: float | None  # CPU seconds of the relay during the run (receivewal)
+    lead: float  # seconds from START_REPLICATION to 1 % of the link bytes
+    tail: float  # seconds from 99 % of the link bytes to exit
 
 
 # -- namespaces and the shaped link ------------------------------------------------------------
@@ -173,14 +175,14 @@ class LinkWatch:
         while not self._stop.wait(0.002):
             self.samples.append((time.monotonic(), link_bytes(self.dev)))
 
-    def busy(self) -> float:
-        """Seconds from the sample that passed 1 % of the bytes moved to the one that passed
-        99 % (the transfer itself, without the hand-shakes before and the tail after)."""
+    def busy(self) -> tuple[float, float]:
+        """The samples that passed 1 % and 99 % of the bytes moved: the transfer itself,
+        without the hand-shakes before and the tail after."""
         first, last = self.samples[0][1], self.samples[-1][1]
         moved = max(last - first, 1)
         begin = next(t for t, n in self.samples if n - first >= moved / 100)
         end = next(t for t, n in self.samples if n - first >= moved * 99 / 100)
-        return end - begin
+        return begin, end
 
 
 def link_bytes(dev: str) -> int:
@@ -297,28 +299,40 @@ def receiver_argv(mode: str, port: int, directory: Path, slot: str, end: int) ->
             "--compression", compression, "--log-format", "json", "-v"]
 
 
-def watch(stream: IO[bytes], markers: dict[str, float], lines: list[str]) -> None:
-    """Read a receiver's stderr; stamp the first line carrying each marker."""
+def watch(stream: IO[bytes], markers: dict[str, float], lines: list[str],
+          stamps: list[float]) -> None:
+    """Read a receiver's stderr; stamp each line, and the first line carrying each marker."""
     for raw in stream:
         now = time.monotonic()
         line = raw.decode(errors="replace")
         lines.append(line)
+        stamps.append(now)
         for marker, stamp in list(markers.items()):
             if not stamp and marker in line:
                 markers[marker] = now
 
 
-def time_receiver(argv: list[str], marker: str,
-                  enter: Callable[[], None]) -> tuple[float, float, float | None]:
-    """Run one receiver in the client namespace: (wall seconds, seconds after START, seconds
-    to its "connecting" event)."""
+@dataclass
+class Timed:
+    """One receiver's run: monotonic stamps of its exec and exit, and its stderr lines."""
+
+    began: float
+    ended: float
+    started: float  # the line saying START_REPLICATION is under way
+    connecting: float | None  # receivewal's "connecting" event
+    lines: list[tuple[float, str]]
+
+
+def time_receiver(argv: list[str], marker: str, enter: Callable[[], None]) -> Timed:
+    """Run one receiver in the client namespace and stamp its lines."""
     seen: dict[str, float] = {marker: 0.0, CONNECT_MARKER: 0.0}
     lines: list[str] = []
+    stamps: list[float] = []
     began = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=enter)  # noqa: PLW1509 (single-threaded here)
     assert proc.stderr is not None
-    reader = threading.Thread(target=watch, args=(proc.stderr, seen, lines))
+    reader = threading.Thread(target=watch, args=(proc.stderr, seen, lines, stamps))
     reader.start()
     try:
         rc = proc.wait(600)
@@ -330,12 +344,12 @@ def time_receiver(argv: list[str], marker: str,
     ended = time.monotonic()
     if rc != 0 or not seen[marker]:
         raise RuntimeError(f"{argv[0]} exited {rc}:\n{''.join(lines[-20:])}")
-    connecting = seen[CONNECT_MARKER] - began if seen[CONNECT_MARKER] else None
-    return ended - began, ended - seen[marker], connecting
+    return Timed(began, ended, seen[marker], seen[CONNECT_MARKER] or None,
+                 list(zip(stamps, lines, strict=True)))
 
 
 def run_once(server: PgServer, link: Link, wal: WalRange, *, rate: int, mode: str, slot: str,
-             workdir: Path, baseline: Path | None) -> Run:
+             workdir: Path, baseline: Path | None, trace: bool = False) -> Run:
     directory = Path(tempfile.mkdtemp(prefix="archive-", dir=workdir))
     tool = mode.split(maxsplit=1)[0]
     with contextlib.ExitStack() as stack:
@@ -347,14 +361,28 @@ def run_once(server: PgServer, link: Link, wal: WalRange, *, rate: int, mode: st
         before = link_bytes(link.server_if)
         cpu = cpu_seconds(pid) if pid else 0.0
         with LinkWatch(link.server_if) as watch:
-            wall, streaming, connecting = time_receiver(
-                argv, START_MARKERS[tool], lambda: setns(f"/run/netns/{link.client_ns}"))
+            timed = time_receiver(argv, START_MARKERS[tool],
+                                  lambda: setns(f"/run/netns/{link.client_ns}"))
         relay_cpu = cpu_seconds(pid) - cpu if pid else None
         moved = link_bytes(link.server_if) - before
     check_archive(server, directory, wal)
     shutil.rmtree(directory)
-    return Run(rate, mode, wal.end - wal.start, moved, wall, streaming, connecting,
-               watch.busy(), relay_cpu)
+    busy_from, busy_to = watch.busy()
+    if trace:
+        print_trace(timed, busy_from, busy_to)
+    return Run(rate, mode, wal.end - wal.start, moved, timed.ended - timed.began,
+               timed.ended - timed.started,
+               None if timed.connecting is None else timed.connecting - timed.began,
+               busy_to - busy_from, relay_cpu, busy_from - timed.started, timed.ended - busy_to)
+
+
+def print_trace(timed: Timed, busy_from: float, busy_to: float) -> None:
+    """The receiver's lines and the link's busy span, in seconds from its exec."""
+    marks = [(stamp, line.strip()[:110]) for stamp, line in timed.lines]
+    marks += [(busy_from, "-- link: 1 % of the bytes moved"),
+              (busy_to, "-- link: 99 % of the bytes moved"), (timed.ended, "-- exit")]
+    for stamp, text in sorted(marks):
+        print(f"    {stamp - timed.began:7.3f}  {text}")
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -396,6 +424,9 @@ def main() -> None:
                         help="pgbench -t per client (2 clients)")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a source tree whose relay runs too, alternated with this one's")
+    parser.add_argument("--trace", action="store_true",
+                        help="print each receiver's log lines with their times, and the "
+                        "link's busy span")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("slow_link.py: must run as root (network namespaces, tc)")
@@ -434,7 +465,8 @@ def main() -> None:
             for _ in range(args.rounds):
                 for mode in modes:  # alternate the modes within each round
                     done = run_once(server, link, wal, rate=rate, mode=mode, slot=next(slots),
-                                    workdir=base, baseline=args.baseline)
+                                    workdir=base, baseline=args.baseline,
+                                    trace=args.trace)
                     tries[mode].append(done)
                     print(f"  {rate} Mbit/s {mode}: {done.wall:.2f} s (start "
                           f"{done.wall - done.streaming:.2f} s, stream {done.streaming:.2f} s, "

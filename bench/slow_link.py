@@ -2,17 +2,16 @@
 Run by hand as root, not in CI::
 
     .venv/bin/python bench/slow_link.py [--rates 10,100] [--rounds 1] [--scale 5]
-                                        [--transactions 3000] [--modes pg_receivewal,...]
-                                        [--baseline DIR]
+                                        [--transactions 3000 | --mb 84] [--trace]
+                                        [--modes pg_receivewal,...] [--baseline DIR]
 
-It makes two network namespaces of its own joined by a veth pair (10.200.0.1 on the primary's
-side, 10.200.0.2 on the receiver's side: the addresses exist only on those two veth ends, in
-those two namespaces) and shapes both directions with ``tc qdisc ... tbf`` (this kernel has no
-netem, so no added delay). A PostgreSQL primary (without pg_streampack) and ``receivewal relay``
-run in the primary's namespace; the receivers run in the other one, so every byte they get
-crosses the shaped link. A fixed range of pgbench WAL (whole segments, held by replication
-slots) ``--rounds`` times per link rate and mode, the modes alternating within each round (the
-fastest round is shown):
+It makes two network namespaces of its own joined by a veth pair (bench/shaped_link.py: the
+primary's side 10.200.0.1, the receiver's 10.200.0.2, addresses that exist only there) and
+shapes both directions with ``tc qdisc ... tbf`` (no netem here: no added delay). A primary
+(without pg_streampack) and ``receivewal relay`` run in the primary's namespace, the receivers
+in the other, so every byte they get crosses the shaped link. A fixed range of pgbench WAL
+(whole segments, held by replication slots) ``--rounds`` times per link rate and mode, the
+modes alternating within each round (the fastest round is shown):
 
 - ``pg_receivewal``: the C tool, straight to the primary;
 - ``receivewal zstd`` / ``lz4`` / ``none``: ``receivewal stream --compression ...`` through the
@@ -24,8 +23,11 @@ Every archive is compared byte for byte with the server's pg_wal. Reported per r
 (both directions, counted on the veth), wall time (process start to exit), the time from
 START_REPLICATION to exit (pg_receivewal: its ``-v`` line "starting log streaming"; receivewal:
 its ``streaming_started`` event; both stamped when the line reaches this script), the time the
-link was busy (from 1 % to 99 % of its bytes, sampled every 2 ms), the relay's CPU seconds, and
-the speed-up over pg_receivewal next to the byte ratio (WAL bytes / link bytes). Namespaces, veth,
+link was busy (from 1 % to 99 % of its bytes, sampled every 2 ms) and the stream's time before
+and after it, the relay's CPU seconds, and the speed-up over pg_receivewal next to the byte ratio
+(WAL bytes / link bytes), by wall time and by stream time (start-up left out). ``--mb`` grows the
+WAL (a slow link's archiver streams for hours; 84 MB cross 100 Mbit/s compressed in half a
+second), ``--trace`` prints each receiver's log lines with their times. Namespaces, veth,
 processes and temporary directories are removed on exit, also on failure.
 """
 
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import filecmp
 import math
 import os
@@ -51,6 +52,17 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from shaped_link import (
+    CLIENT_ADDR,
+    SERVER_ADDR,
+    Link,
+    LinkWatch,
+    free_port,
+    link_bytes,
+    private_link,
+    setns,
+    shape,
+)
 from support.memory import cpu_seconds
 from support.servers import PgServer, make_shared_dir, pg_bin
 
@@ -59,25 +71,14 @@ from receivewal.wal.names import wal_file_name
 
 MB = 1_000_000
 SEGMENT = 16 << 20
-CLONE_NEWNET = 0x40000000
-SERVER_ADDR = "10.200.0.1"
-CLIENT_ADDR = "10.200.0.2"
+SCALE, TRANSACTIONS, DEFAULT_MB = 5, 3000, 84
+"""The default WAL: pgbench -i -s 5 and 2 x 3000 transactions make 83.9 MB."""
 MODES = ("pg_receivewal", "receivewal zstd", "receivewal lz4", "receivewal none")
 BASELINE = " (baseline)"
 #: The line each receiver prints once START_REPLICATION is under way.
 START_MARKERS = {"pg_receivewal": "starting log streaming", "receivewal": '"streaming_started"'}
 #: receivewal -v says "connecting" once imported and set up, just before libpq connects.
 CONNECT_MARKER = '"connecting"'
-
-
-@dataclass(frozen=True)
-class Link:
-    """The two namespaces and the veth ends between them."""
-
-    server_ns: str
-    client_ns: str
-    server_if: str
-    client_if: str
 
 
 @dataclass
@@ -95,107 +96,16 @@ class Run:
     tail: float  # seconds from 99 % of the link bytes to exit
 
 
-# -- namespaces and the shaped link ------------------------------------------------------------
-
-
-def setns(path: str) -> None:
-    """Move the calling process (thread) into the network namespace at ``path``."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {path}")
-    finally:
-        os.close(fd)
-
-
-def run(*argv: str) -> None:
-    """Run a set-up command; on failure, raise with its own error message."""
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
-
-
-def ip(*args: str) -> None:
-    run("ip", *args)
-
-
-@contextlib.contextmanager
-def private_link() -> Iterator[Link]:
-    """Two fresh namespaces joined by a veth pair; this process runs in the server's one."""
-    tag = f"{os.getpid() % 100000}"
-    link = Link(f"rwslow-srv-{tag}", f"rwslow-cli-{tag}", f"rws{tag}s", f"rws{tag}c")
-    root = os.open("/proc/self/ns/net", os.O_RDONLY)
-    try:
-        for ns in (link.server_ns, link.client_ns):
-            ip("netns", "add", ns)
-        ip("-n", link.server_ns, "link", "add", link.server_if, "type", "veth",
-           "peer", "name", link.client_if, "netns", link.client_ns)
-        for ns, dev, addr in ((link.server_ns, link.server_if, SERVER_ADDR),
-                              (link.client_ns, link.client_if, CLIENT_ADDR)):
-            ip("-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-        setns(f"/run/netns/{link.server_ns}")
-        yield link
-    finally:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.setns(root, CLONE_NEWNET)
-        os.close(root)
-        for ns in (link.server_ns, link.client_ns):  # deleting a namespace deletes its veth
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
-
-
-def shape(link: Link, mbit: int) -> None:
-    """Token bucket at ``mbit`` Mbit/s on both veth ends (bucket: 10 ms of traffic, >= 16 kB)."""
-    burst = max(mbit * 1_000_000 // 8 // 100, 16_384)
-    for ns, dev in ((link.server_ns, link.server_if), (link.client_ns, link.client_if)):
-        run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
-            "rate", f"{mbit}mbit", "burst", str(burst), "latency", "50ms")
-
-
-class LinkWatch:
-    """Samples a device's byte count every 2 ms in a thread, to say when the link was busy."""
-
-    def __init__(self, dev: str) -> None:
-        self.dev = dev
-        self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)  # same namespace as this thread
-
-    def __enter__(self) -> LinkWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.002):
-            self.samples.append((time.monotonic(), link_bytes(self.dev)))
-
-    def busy(self) -> tuple[float, float]:
-        """The samples that passed 1 % and 99 % of the bytes moved: the transfer itself,
-        without the hand-shakes before and the tail after."""
-        first, last = self.samples[0][1], self.samples[-1][1]
-        moved = max(last - first, 1)
-        begin = next(t for t, n in self.samples if n - first >= moved / 100)
-        end = next(t for t, n in self.samples if n - first >= moved * 99 / 100)
-        return begin, end
-
-
-def link_bytes(dev: str) -> int:
-    """rx + tx bytes of a device of this process's namespace (its /proc/net/dev)."""
-    for line in Path("/proc/self/net/dev").read_text().splitlines():
-        name, _, counters = line.partition(":")
-        if name.strip() == dev:
-            fields = counters.split()
-            return int(fields[0]) + int(fields[8])
-    raise LookupError(f"no device {dev}")
-
-
 # -- the primary and its WAL -------------------------------------------------------------------
+
+
+def volume(mb: float | None, scale: int | None, transactions: int | None) -> tuple[int, int]:
+    """pgbench's scale and transactions per client: as given, else the defaults, grown
+    together for about ``mb`` MB of WAL (the same mix of initialisation and TPC-B)."""
+    if mb is None:
+        return scale or SCALE, transactions or TRANSACTIONS
+    factor = mb / DEFAULT_MB
+    return max(1, round(SCALE * factor)), max(1, round(TRANSACTIONS * factor))
 
 
 @dataclass(frozen=True)
@@ -244,12 +154,6 @@ def check_archive(server: PgServer, directory: Path, wal: WalRange) -> None:
 
 
 # -- the receivers -----------------------------------------------------------------------------
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -323,7 +227,8 @@ class Timed:
     lines: list[tuple[float, str]]
 
 
-def time_receiver(argv: list[str], marker: str, enter: Callable[[], None]) -> Timed:
+def time_receiver(argv: list[str], marker: str, enter: Callable[[], None],
+                  timeout: float) -> Timed:
     """Run one receiver in the client namespace and stamp its lines."""
     seen: dict[str, float] = {marker: 0.0, CONNECT_MARKER: 0.0}
     lines: list[str] = []
@@ -335,7 +240,7 @@ def time_receiver(argv: list[str], marker: str, enter: Callable[[], None]) -> Ti
     reader = threading.Thread(target=watch, args=(proc.stderr, seen, lines, stamps))
     reader.start()
     try:
-        rc = proc.wait(600)
+        rc = proc.wait(timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -362,7 +267,8 @@ def run_once(server: PgServer, link: Link, wal: WalRange, *, rate: int, mode: st
         cpu = cpu_seconds(pid) if pid else 0.0
         with LinkWatch(link.server_if) as watch:
             timed = time_receiver(argv, START_MARKERS[tool],
-                                  lambda: setns(f"/run/netns/{link.client_ns}"))
+                                  lambda: setns(f"/run/netns/{link.client_ns}"),
+                                  600 + 3 * (wal.end - wal.start) * 8 / (rate * MB))
         relay_cpu = cpu_seconds(pid) - cpu if pid else None
         moved = link_bytes(link.server_if) - before
     check_archive(server, directory, wal)
@@ -390,23 +296,28 @@ def print_trace(timed: Timed, busy_from: float, busy_to: float) -> None:
 
 def report(runs: list[Run]) -> None:
     """One line per run; start = exec to START_REPLICATION, of which boot = exec to libpq's
-    connect (receivewal only); link = the transfer (1 % to 99 % of the link bytes); relay =
-    the relay's CPU seconds during the run; speed-up over pg_receivewal's wall time at the
-    same rate."""
+    connect (receivewal only); stream = START_REPLICATION to exit, of which link = the transfer
+    (1 % to 99 % of the link bytes), lead = before it and tail = after it; relay = the relay's
+    CPU seconds during the run. Speed-up over pg_receivewal at the same rate and its share of
+    the byte ratio, twice: by wall time (start-up included) and by stream time (without)."""
     print(f"{'Mbit/s':>6} {'mode':<27} {'link MB':>8} {'ratio':>6} {'wall s':>7} "
-          f"{'start s':>7} {'boot s':>6} {'stream s':>8} {'link s':>6} {'relay s':>7} "
-          f"{'speed-up':>8} {'of ratio':>8}")
+          f"{'start s':>7} {'boot s':>6} {'stream s':>8} {'link s':>6} {'lead s':>6} "
+          f"{'tail s':>6} {'relay s':>7} {'speed-up':>8} {'of ratio':>8} "
+          f"{'stream x':>8} {'of ratio':>8}")
     for rate in sorted({r.rate for r in runs}):
         group = [r for r in runs if r.rate == rate]
         base = next((r for r in group if r.mode == "pg_receivewal"), None)
         for r in group:
             ratio = r.wal_bytes / r.link_bytes
             speedup = base.wall / r.wall if base else math.nan
+            streamup = base.streaming / r.streaming if base else math.nan
             boot = "-" if r.connecting is None else f"{r.connecting:.2f}"
             relay_cpu = "-" if r.relay_cpu is None else f"{r.relay_cpu:.2f}"
             print(f"{rate:>6} {r.mode:<27} {r.link_bytes / MB:>8.1f} {ratio:>5.2f}x "
                   f"{r.wall:>7.2f} {r.wall - r.streaming:>7.2f} {boot:>6} {r.streaming:>8.2f} "
-                  f"{r.link_busy:>6.2f} {relay_cpu:>7} {speedup:>7.2f}x {speedup / ratio:>8.1%}")
+                  f"{r.link_busy:>6.2f} {r.lead:>6.2f} {r.tail:>6.2f} {relay_cpu:>7} "
+                  f"{speedup:>7.2f}x {speedup / ratio:>8.1%} {streamup:>7.2f}x "
+                  f"{streamup / ratio:>8.1%}")
 
 
 def on_sigterm(signum: int, _frame: FrameType | None) -> None:
@@ -419,23 +330,29 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
     parser.add_argument("--rounds", type=int, default=1, help="runs per rate and mode (best "
                         "wall time is shown)")
-    parser.add_argument("--scale", type=int, default=5, help="pgbench -i scale factor")
-    parser.add_argument("--transactions", type=int, default=3000,
-                        help="pgbench -t per client (2 clients)")
+    parser.add_argument("--scale", type=int, default=None,
+                        help=f"pgbench -i scale factor (default {SCALE})")
+    parser.add_argument("--transactions", type=int, default=None,
+                        help=f"pgbench -t per client, 2 clients (default {TRANSACTIONS})")
+    parser.add_argument("--mb", type=float, default=None,
+                        help=f"about this many MB of WAL: --scale and --transactions grow "
+                        f"together from their defaults (which make {DEFAULT_MB} MB)")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a source tree whose relay runs too, alternated with this one's")
     parser.add_argument("--trace", action="store_true",
                         help="print each receiver's log lines with their times, and the "
                         "link's busy span")
     args = parser.parse_args()
+    if args.mb is not None and (args.scale or args.transactions):
+        sys.exit("slow_link.py: --mb sets --scale and --transactions; give one or the other")
+    scale, transactions = volume(args.mb, args.scale, args.transactions)
     if os.geteuid() != 0:
         sys.exit("slow_link.py: must run as root (network namespaces, tc)")
     if not (shutil.which("ip") and shutil.which("tc")):
         sys.exit("slow_link.py: needs ip and tc (apt-get install iproute2)")
     rates = [int(x) for x in args.rates.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
-    unknown = set(modes) - set(MODES)
-    if unknown:
+    if unknown := set(modes) - set(MODES):
         sys.exit(f"slow_link.py: unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
     if args.baseline is not None:
         modes = [m for mode in modes
@@ -447,16 +364,16 @@ def main() -> None:
         stack.callback(shutil.rmtree, base, ignore_errors=True)
         server = PgServer(base)  # constructed in the server namespace: its port is free there
         server.init({"listen_addresses": f"'127.0.0.1,{SERVER_ADDR}'",
-                     "max_wal_size": "'2GB'", "checkpoint_timeout": "'30min'",
+                     "max_wal_size": f"'{max(2048, 3 * round(args.mb or 0))}MB'",
+                     "checkpoint_timeout": "'30min'",
                      "max_replication_slots": str(len(rates) * len(modes) * args.rounds + 2)})
         with (server.datadir / "pg_hba.conf").open("a") as hba:
             hba.write(f"host replication all {CLIENT_ADDR}/32 trust\n")
         stack.callback(server.stop, "immediate")
         server.start_or_fail()
-        wal = make_wal(server, len(rates) * len(modes) * args.rounds, args.scale,
-                       args.transactions)
-        print(f"{(wal.end - wal.start) / MB:.1f} MB of pgbench WAL (-i -s {args.scale}, "
-              f"2 x {args.transactions} transactions): {format_lsn(wal.start)} .. "
+        wal = make_wal(server, len(rates) * len(modes) * args.rounds, scale, transactions)
+        print(f"{(wal.end - wal.start) / MB:.1f} MB of pgbench WAL (-i -s {scale}, "
+              f"2 x {transactions} transactions): {format_lsn(wal.start)} .. "
               f"{format_lsn(wal.end)}; cores: {os.cpu_count()}", flush=True)
         slots = iter(wal.slots)
         for rate in rates:

@@ -10,8 +10,9 @@ primary's side 10.200.0.1, the receiver's 10.200.0.2, addresses that exist only 
 shapes both directions with ``tc qdisc ... tbf`` (no netem here: no added delay). A primary
 (without pg_streampack) and ``receivewal relay`` run in the primary's namespace, the receivers
 in the other, so every byte they get crosses the shaped link. A fixed range of pgbench WAL
-(whole segments, held by replication slots) ``--rounds`` times per link rate and mode, the
-modes alternating within each round (the fastest round is shown):
+(whole segments, held by replication slots: bench/wal_range.py) ``--rounds`` times per link
+rate and mode, the modes alternating within each round (the fastest round is shown, and the
+spread of the runs):
 
 - ``pg_receivewal``: the C tool, straight to the primary;
 - ``receivewal zstd`` / ``lz4`` / ``none``: ``receivewal stream --compression ...`` through the
@@ -35,12 +36,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import filecmp
 import math
 import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,14 +66,11 @@ from shaped_link import (
 )
 from support.memory import cpu_seconds
 from support.servers import PgServer, make_shared_dir, pg_bin
+from wal_range import DEFAULT_MB, SCALE, TRANSACTIONS, WalRange, check_archive, make_wal, volume
 
-from receivewal.wal.lsn import format_lsn, parse_lsn
-from receivewal.wal.names import wal_file_name
+from receivewal.wal.lsn import format_lsn
 
 MB = 1_000_000
-SEGMENT = 16 << 20
-SCALE, TRANSACTIONS, DEFAULT_MB = 5, 3000, 84
-"""The default WAL: pgbench -i -s 5 and 2 x 3000 transactions make 83.9 MB."""
 MODES = ("pg_receivewal", "receivewal zstd", "receivewal lz4", "receivewal none")
 BASELINE = " (baseline)"
 #: The line each receiver prints once START_REPLICATION is under way.
@@ -94,63 +92,6 @@ class Run:
     relay_cpu: float | None  # CPU seconds of the relay during the run (receivewal)
     lead: float  # seconds from START_REPLICATION to 1 % of the link bytes
     tail: float  # seconds from 99 % of the link bytes to exit
-
-
-# -- the primary and its WAL -------------------------------------------------------------------
-
-
-def volume(mb: float | None, scale: int | None, transactions: int | None) -> tuple[int, int]:
-    """pgbench's scale and transactions per client: as given, else the defaults, grown
-    together for about ``mb`` MB of WAL (the same mix of initialisation and TPC-B)."""
-    if mb is None:
-        return scale or SCALE, transactions or TRANSACTIONS
-    factor = mb / DEFAULT_MB
-    return max(1, round(SCALE * factor)), max(1, round(TRANSACTIONS * factor))
-
-
-@dataclass(frozen=True)
-class WalRange:
-    start: int
-    end: int
-    slots: tuple[str, ...]
-
-
-def make_wal(server: PgServer, runs: int, scale: int, transactions: int) -> WalRange:
-    """Reserve one slot per run (and one that holds the range), write pgbench WAL, and switch
-    segments: the range is whole segments [start, end) of timeline 1."""
-    slots = tuple(f"bench_{i}" for i in range(runs + 1))
-    for slot in slots:
-        server.sql(f"SELECT pg_create_physical_replication_slot('{slot}', true)")
-    restart = server.sql("SELECT min(restart_lsn), max(restart_lsn) FROM pg_replication_slots")
-    first, last = (parse_lsn(x) for x in restart.split("|"))
-    start = first // SEGMENT * SEGMENT
-    assert last // SEGMENT * SEGMENT == start, "slots reserved WAL in different segments"
-    pgbench = [pg_bin("pgbench"), "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
-    subprocess.run([*pgbench, "-i", "-q", "-s", str(scale), "postgres"],
-                   check=True, capture_output=True)
-    subprocess.run([*pgbench, "-c", "2", "-t", str(transactions), "postgres"],
-                   check=True, capture_output=True)
-    switch_end = parse_lsn(server.switch_wal())
-    end = (switch_end - 1) // SEGMENT * SEGMENT + SEGMENT
-    # pg_receivewal -E stops only on a message that goes past the end position: give it one
-    server.sql("CREATE TABLE after_range AS SELECT generate_series(1, 1000) AS x")
-    assert parse_lsn(server.sql("SELECT pg_current_wal_flush_lsn()")) > end
-    return WalRange(start, end, slots[:-1])
-
-
-def check_archive(server: PgServer, directory: Path, wal: WalRange) -> None:
-    """The archive holds the range's segments, each equal to the server's file. pg_receivewal
-    writes whole messages, so a ``.partial`` of the segment at the range's end may follow."""
-    names = {wal_file_name(1, segno, SEGMENT)
-             for segno in range(wal.start // SEGMENT, wal.end // SEGMENT)}
-    beyond = {wal_file_name(1, wal.end // SEGMENT, SEGMENT) + ".partial"}
-    found = {p.name for p in directory.iterdir() if p.name.startswith("00000001")}
-    if not names <= found or found - names - beyond:
-        raise AssertionError(f"{directory}: segments {sorted(found ^ names)} differ from "
-                             f"the range {format_lsn(wal.start)}..{format_lsn(wal.end)}")
-    for name in sorted(names):
-        if not filecmp.cmp(directory / name, server.pg_wal / name, shallow=False):
-            raise AssertionError(f"{directory / name} differs from the server's pg_wal")
 
 
 # -- the receivers -----------------------------------------------------------------------------
@@ -320,6 +261,10 @@ def report(runs: list[Run]) -> None:
                   f"{streamup / ratio:>8.1%}")
 
 
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f}..{statistics.median(values):.2f}..{max(values):.2f}"
+
+
 def on_sigterm(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through every clean-up below
 
@@ -359,6 +304,7 @@ def main() -> None:
                  for m in ([mode] if mode == "pg_receivewal" else [mode, mode + BASELINE])]
     signal.signal(signal.SIGTERM, on_sigterm)
     runs: list[Run] = []
+    spreads: list[str] = []
     with private_link() as link, contextlib.ExitStack() as stack:
         base = make_shared_dir("receivewal-slowlink-")
         stack.callback(shutil.rmtree, base, ignore_errors=True)
@@ -390,8 +336,14 @@ def main() -> None:
                           f"relay cpu {done.relay_cpu or 0:.2f} s), archive identical",
                           flush=True)
             runs.extend(min(group, key=lambda r: r.wall) for group in tries.values())
+            spreads.extend(f"{rate:>6} {mode:<27} wall {spread([r.wall for r in group])}, "
+                           f"start {spread([r.wall - r.streaming for r in group])}, stream "
+                           f"{spread([r.streaming for r in group])}"
+                           for mode, group in tries.items() if len(group) > 1)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     report(runs)
+    if spreads:
+        print("spread of the runs, min..median..max s:", *spreads, sep="\n")
 
 
 if __name__ == "__main__":

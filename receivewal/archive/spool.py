@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from receivewal.archive import prefetched
+from receivewal.archive import durable, prefetched
 from receivewal.wal.names import parse_segment_file_name, wal_file_name
 
 SPOOL_DIR = Path(prefetched.SPOOL_DIR)
@@ -38,6 +38,7 @@ WINDOW_FILE = prefetched.WINDOW_FILE
 IDLE_LIMIT = 60.0  # seconds without a call after which a filler exits (RECEIVEWAL_PREFETCH_IDLE)
 _IDLE_POLL = 0.02  # seconds between looks at what the calls asked for, when all is spooled
 _RETRY = 1.0  # seconds before a segment the archive lacked is asked for again
+GRACE = 2.0  # seconds a filler answers questions after recovery has ended
 _SIGNALS = ("recovery.signal", "standby.signal")
 
 
@@ -66,6 +67,8 @@ class Spool:
         self.target = target
         self.root = Path(prefetched.spool_root(str(target)))
         self.dir = Path(prefetched.spool_dir(str(target), source))
+        self.stale_question: tuple[str, str] | None = None  # asked of an earlier filler
+        self.signal_file: Path | None = None  # the recovery's, when the spool was claimed
 
     @classmethod
     def beside(cls, target: Path, source: str) -> Spool:
@@ -89,6 +92,8 @@ class Spool:
         fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.stale_question = prefetched.question(str(self.dir))
+            self.signal_file = self.recovery_signal()
             self._prune(names)
             self._write_window(names)
         except BaseException:
@@ -99,29 +104,43 @@ class Spool:
         return fd
 
     def follow(self, lock: int, fetch: Callable[[str, Path], bool | None], count: int,
-               segment_size: int) -> None:
+               segment_size: int | None) -> None:
         """Keep the ``count`` segments after the one a call last asked for spooled, fetching
         each with ``fetch(name, path)`` (which writes ``path`` atomically and returns False
         when the archive lacks the file, None when it cannot be fetched now: the window stops
         before it, and it is asked for again after a pause), and answer the calls' questions
-        (:func:`~receivewal.archive.prefetched.ask`), until recovery has ended or no call came
-        for :func:`idle_limit` seconds; then empty the spool and release ``lock`` (from
-        :meth:`claim`)."""
-        signal_file, limit = self._recovery_signal(), idle_limit()
-        names: list[str] = []
+        (:func:`~receivewal.archive.prefetched.ask`), until recovery has ended (then it
+        answers questions only, for :data:`GRACE` seconds: PostgreSQL asks for the parent
+        timeline's history file after it removed the signal file) or no call came for
+        :func:`idle_limit` seconds; then empty the spool and release ``lock`` (from
+        :meth:`claim`). A filler started before any segment was restored (``segment_size``
+        None) only answers questions until one is for a segment: its size is the segment
+        size, and the window follows it."""
+        limit, names = idle_limit(), list[str]()
         seen: tuple[int, int] | None = None
-        answered = prefetched.question(str(self.dir))  # asked of an earlier filler
-        last_call, retry_at, shortened = time.monotonic(), 0.0, False
+        answered = self.stale_question  # read under the lock, before any call could ask
+        last_call, retry_at, shortened, ended = time.monotonic(), 0.0, False, 0.0
         try:
-            while self._recovering(signal_file) and self.root.is_dir():
+            while self.root.is_dir():
+                if not ended and not self._recovering(self.signal_file):
+                    ended, names = time.monotonic(), []  # questions only, from now on
+                    self._write_window(names)
+                now = time.monotonic()
+                if now - last_call > limit or (ended and now - ended > GRACE):
+                    break
                 stamp = self._wanted_stamp()
                 if stamp != seen:  # a call came (a new name, or the same asked again)
                     seen, last_call, retry_at = stamp, time.monotonic(), 0.0
-                    names = self._window_after(count, segment_size, names)
+                    if segment_size is not None and not ended:
+                        names = self._window_after(count, segment_size, names)
                 asked = prefetched.question(str(self.dir))
                 if asked is not None and asked != answered:
-                    answered = asked
-                    self._answer(*asked, fetch)
+                    answered, last_call = asked, time.monotonic()
+                    size = self._answer(*asked, fetch)
+                    if segment_size is None and size is not None and not ended:
+                        # the asking call takes this segment and records it as wanted next
+                        segment_size = size
+                        names = self._window_from(asked[0], count, segment_size)
                 todo = next((n for n in names if not (self.dir / n).exists()), None)
                 if todo is not None and time.monotonic() >= retry_at:
                     if shortened:
@@ -131,22 +150,32 @@ class Spool:
                         continue
                     retry_at, shortened = time.monotonic() + _RETRY, True
                     self._write_window(names[:names.index(todo)])  # no call waits for it
-                if time.monotonic() - last_call > limit:
-                    break
                 time.sleep(_IDLE_POLL)
         finally:
             self._empty()
             os.close(lock)  # releases the lock
 
     def _answer(self, name: str, token: str, fetch: Callable[[str, Path], bool | None],
-                ) -> None:
-        """Fetch the file a call asked for into the spool, or say why not."""
-        if (self.dir / name).exists():
-            return
-        fetched = fetch(name, self.dir / name)
+                ) -> int | None:
+        """Fetch the file a call asked for into the spool, or say why not; the size of the
+        segment fetched (None for a history file, or when nothing was fetched). A segment
+        is fetched under a temporary name first: the asking call may take it as soon as it
+        has its name."""
+        path = self.dir / name
+        if path.exists():
+            return None
+        is_segment = prefetched.is_segment_name(name)
+        into = self.dir / durable.temporary_name(name) if is_segment else path
+        fetched = fetch(name, into)
         if not fetched:
             prefetched.answer(str(self.dir), name, token,
                               "failed" if fetched is None else "absent")
+            return None
+        if not is_segment:
+            return None
+        size = into.stat().st_size
+        durable.rename(into, path)  # fetch synced the file; the call fsyncs pg_wal
+        return size
 
     def _window_after(self, count: int, segment_size: int, names: list[str]) -> list[str]:
         """The window after the segment a call last asked for (kept spooled too, until that
@@ -154,6 +183,10 @@ class Spool:
         latest = prefetched.wanted(str(self.dir))
         if latest is None:
             return names
+        return self._window_from(latest, count, segment_size)
+
+    def _window_from(self, latest: str, count: int, segment_size: int) -> list[str]:
+        """The window after ``latest``, recorded; the spool pruned to it and ``latest``."""
         window = following_names(latest, count, segment_size)
         self._prune([latest, *window])
         self._write_window(window)
@@ -166,7 +199,7 @@ class Spool:
             return None
         return info.st_ino, info.st_mtime_ns
 
-    def _recovery_signal(self) -> Path | None:
+    def recovery_signal(self) -> Path | None:
         """A signal file of the recovery this spool serves, when ``%p`` is in a data
         directory's pg_wal (None otherwise: then only the idle limit ends a filler)."""
         if self.target.parent.name != "pg_wal":

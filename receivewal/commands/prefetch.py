@@ -30,8 +30,23 @@ def start_prefetch(directory: str, source: str, name: str, target: Path, count: 
     except OSError:
         return
     names = following_names(name, count, size)
+    if names:
+        _start(directory, Spool.beside(target, source), names, count, size)
+
+
+def start_filler(directory: str, source: str, target: Path, count: int) -> None:
+    """Start a detached filler with no window yet, unless one is at work already: from a
+    recovery's first call (the next timeline's history file), so that the calls after it
+    ask a filler whose client is made instead of each making one; it learns the segment
+    size from the first segment a call asks it for."""
     spool = Spool.beside(target, source)
-    if not names or spool.busy():
+    if spool.recovery_signal() is not None:  # else recovery is over (or it is not one)
+        _start(directory, spool, [], count, None)
+
+
+def _start(directory: str, spool: Spool, names: list[str], count: int,
+           size: int | None) -> None:
+    if spool.busy():
         return
     try:
         lock = spool.claim(names)  # before the fork: a call that comes next sees the window

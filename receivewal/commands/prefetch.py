@@ -35,13 +35,16 @@ def start_prefetch(directory: str, source: str, name: str, target: Path, count: 
 
 
 def start_filler(directory: str, source: str, target: Path, count: int) -> None:
-    """Start a detached filler with no window yet, unless one is at work already: from a
-    recovery's first call (the next timeline's history file), so that the calls after it
-    ask a filler whose client is made instead of each making one; it learns the segment
-    size from the first segment a call asks it for."""
+    """Start a detached filler before any segment was restored, unless one is at work
+    already: from a recovery's first call (the next timeline's history file), so that the
+    first segment (its base backup's start, when there is a ``backup_label``) is fetched
+    while PostgreSQL reads the backup label, and the calls after it ask a filler whose client
+    is made instead of each making one. It learns the segment size from the first segment
+    it fetches."""
     spool = Spool.beside(target, source)
     if spool.recovery_signal() is not None:  # else recovery is over (or it is not one)
-        _start(directory, spool, [], count, None)
+        first = spool.backup_start()
+        _start(directory, spool, [first] if first else [], count, None)
 
 
 def _start(directory: str, spool: Spool, names: list[str], count: int,
@@ -64,7 +67,8 @@ def _start(directory: str, spool: Spool, names: list[str], count: int,
         if os.fork():
             os._exit(0)
         _detach()
-        spool.follow(lock, _fetcher(directory), count, size)
+        spool.follow(lock, _fetcher(directory), count, size,
+                     first=names[0] if size is None and names else None)
     except BaseException:  # noqa: BLE001, S110 - the child's failure is never the call's
         pass
     os._exit(0)

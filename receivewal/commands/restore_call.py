@@ -134,6 +134,8 @@ def run(call: Call) -> int:
     if served:
         _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
     elif call.target and not call.partial and _surely_absent(call):
+        if call.window > 0:
+            _start_filler(call)  # at a recovery's start, for the first segment
         return _say(f'"{call.wal_name}" is not in the archive "{call.directory}"', NOT_FOUND)
     else:
         status = _restore_guarded(call)
@@ -193,12 +195,14 @@ def _ask_filler(call: Call) -> str | None:
 
 
 def _start_filler(call: Call) -> bool:
-    """From a recovery's first call (a history file's, ``%p`` in pg_wal), start the filler
-    that the calls after it ask: then none of them imports boto3 or makes a client. Whether
-    a filler is at work now."""
+    """From a recovery's first call (a history file's, ``%p`` in pg_wal), start the filler:
+    it fetches the recovery's first segment, and the calls after it ask it (from a bucket,
+    none of them imports boto3 or makes a client). Whether a filler is at work now."""
     if (not prefetched.is_history_name(call.wal_name)
             or os.path.basename(os.path.dirname(os.path.abspath(call.target))) != "pg_wal"):
         return False
+    if prefetched.busy(prefetched.spool_root(call.target)):
+        return True
     from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery
 
     from receivewal.commands.prefetch import start_filler  # noqa: PLC0415

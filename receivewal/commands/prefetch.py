@@ -17,7 +17,6 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from receivewal.archive.objectstore import is_bucket_url
 from receivewal.archive.spool import Spool, following_names
 from receivewal.errors import ReceivewalError
 
@@ -86,6 +85,7 @@ def _detach() -> None:
 def _fetcher(directory: str) -> Callable[[str, Path], bool | None]:
     """``fetch(name, path)`` for the spool: True when restored to ``path``, False when the
     archive does not have it, None when it cannot be fetched now (the call will say why)."""
+    from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415 - in the filler
     from receivewal.archive.restore import NotInArchive, restore_file  # noqa: PLC0415
 
     if is_bucket_url(directory):

@@ -170,3 +170,33 @@ def test_a_recoverys_first_call_has_the_filler_fetch_the_backups_first_segment(
         assert (data_dir / "pg_wal" / "RECOVERYXLOG").read_bytes() == segments[segno]
     (data_dir / "recovery.signal").unlink()
     wait_until(lambda: not spool.busy(), "the filler to exit after recovery")
+
+
+def test_a_filler_started_without_a_backup_label_still_prefetches(tmp_path: Path) -> None:
+    """A recovery without a backup label (a standby restarted, say) starts its filler at the
+    first call too; the first segment's call restores it itself, and the filler, which did
+    not know the segment size, learns it from that segment and spools the ones after it."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    segments = {segno: segment(segno) for segno in range(3, 6)}
+    for segno, data in segments.items():
+        (archive / name_of(segno)).write_bytes(data)
+    data_dir = tmp_path / "data"
+    (data_dir / "pg_wal").mkdir(parents=True)
+    (data_dir / "standby.signal").touch()
+    spool = Spool.beside(data_dir / "pg_wal" / "RECOVERYXLOG", os.path.realpath(archive))
+
+    def call(name: str, target: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D",
+                               str(archive), name, f"pg_wal/{target}"], capture_output=True,
+                              text=True, check=False, timeout=60, cwd=data_dir)
+
+    assert call("00000002.history", "RECOVERYHISTORY").returncode == 1
+    assert spool.busy()
+    assert call(name_of(3), "RECOVERYXLOG").returncode == 0
+    wait_until((spool.dir / name_of(4)).exists, "the filler to spool the next segment")
+    done = call(name_of(4), "RECOVERYXLOG")
+    assert (done.returncode, "from the prefetch spool" in done.stderr) == (0, True), done.stderr
+    assert (data_dir / "pg_wal" / "RECOVERYXLOG").read_bytes() == segments[4]
+    (data_dir / "standby.signal").unlink()
+    wait_until(lambda: not spool.busy(), "the filler to exit after recovery")

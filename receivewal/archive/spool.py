@@ -168,9 +168,13 @@ class Spool:
     def _move(self, window: _Window, latest: str | None) -> None:
         """Move the window after ``latest``, the segment a call last asked for (kept
         spooled too, until that call has taken it); kept as it is when no call has named
-        one, or the segment size is not known yet."""
+        one. While the segment size is not known, ``latest`` is fetched first, to learn it
+        (a call restored it itself: a filler started without a backup label)."""
         window.retry_at = 0.0
-        if latest is None or window.size is None:
+        if latest is None:
+            return
+        if window.size is None:
+            window.first = window.first or latest
             return
         window.latest = latest
         window.names = self._window_from(latest, window.count, window.size)

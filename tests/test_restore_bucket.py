@@ -364,3 +364,54 @@ def test_with_a_filler_at_work_calls_ask_it_for_what_is_not_spooled(url: str,
         else:
             assert "from the prefetch spool" in lines[0]
             assert target.read_bytes() == body
+
+
+def test_a_recoverys_first_call_starts_the_filler_and_no_call_imports_boto3(
+        url: str, tmp_path: Path) -> None:
+    """A recovery's first call (the next timeline's history file, %p in pg_wal) finds no
+    filler: it starts one and asks it, so that neither it nor the first segment's call
+    imports boto3; the filler learns the segment size from that first segment and spools
+    the window after it. When recovery has ended (recovery.signal gone), the filler still
+    answers the parent timeline's history file for a moment, then exits. The bytes are the
+    bucket's, a missing file is exit 1."""
+    for segno in (3, 4, 5):
+        put(url, name_of(segno), segment(segno))
+    history = b"1\t0/5000000\tno recovery target specified\n"
+    put(url, "00000002.history", history)
+    wal = tmp_path / "pg_wal"
+    wal.mkdir()
+    signal_file = tmp_path / "recovery.signal"
+    signal_file.touch()
+    spool = Spool.beside(wal / "RECOVERYXLOG", source_id(url))
+    calls = (("00000003.history", "RECOVERYHISTORY", 1, None),
+             ("00000002.history", "RECOVERYHISTORY", 0, history),
+             (name_of(3), "RECOVERYXLOG", 0, segment(3)),
+             (name_of(4), "RECOVERYXLOG", 0, segment(4)),
+             ("00000001.history", "RECOVERYHISTORY", 1, None))
+    for i, (name, target, status, body) in enumerate(calls):
+        if i == 3:
+            wait_for_file(spool.dir / name_of(5), "the window after the first segment")
+        if i == 4:
+            signal_file.unlink()
+        done = subprocess.run([sys.executable, "-c", BOTO_PROBE, "restore", "-D", url,
+                               "--prefetch", "2", name, str(wal / target)],
+                              capture_output=True, text=True, check=False, timeout=120)
+        lines = done.stderr.splitlines()
+        assert (done.returncode, lines[-1]) == (status, "False"), done.stderr
+        if body is None:
+            assert "(no such key in any of its forms)" in lines[0]
+        else:
+            assert "from the prefetch spool" in lines[0]
+            assert (wal / target).read_bytes() == body
+        assert spool.busy()
+    wait_until(lambda: not spool.busy(), "the filler to exit after recovery")
+    assert spooled(spool) == []
+
+
+def test_a_history_file_outside_pg_wal_starts_no_filler(url: str, tmp_path: Path) -> None:
+    """A history file restored by hand (%p not in a pg_wal directory) starts no filler that
+    would only idle: the call restores it itself, and leaves nothing beside %p."""
+    put(url, "00000002.history", b"1\t0/5000000\tno recovery target specified\n")
+    done = restore(url, "00000002.history", tmp_path / "RECOVERYHISTORY")
+    assert done.returncode == 0, done.stderr
+    assert os.listdir(tmp_path) == ["RECOVERYHISTORY"]

@@ -158,3 +158,29 @@ def test_the_lean_suffixes_are_the_at_rest_formats() -> None:
     """archive/absence.py spells the at-rest suffixes without importing wal.names: the same
     ones, in the same order."""
     assert tuple(fmt.suffix for fmt in AtRest) == absence.SUFFIXES
+
+
+def test_a_recoverys_first_call_starts_the_filler_without_the_restore_machinery(
+        tmp_path: Path) -> None:
+    """The first call of a recovery (the next timeline's history file, which a local archive
+    lacks) starts the filler, and is exit 1 without loading the restore machinery, the object
+    store's module or the heavy ones: the filler imports what fetching needs itself."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    data_dir = tmp_path / "data"
+    (data_dir / "pg_wal").mkdir(parents=True)
+    (data_dir / "recovery.signal").touch()
+    argv = ["restore", "-D", str(archive), "00000002.history", "pg_wal/RECOVERYHISTORY"]
+    done = subprocess.run([sys.executable, "-c", SPOOL_PROBE, *argv], capture_output=True,
+                          text=True, check=True, timeout=60, cwd=data_dir)
+    status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
+    spool = Spool.beside(data_dir / "pg_wal" / "RECOVERYHISTORY", os.path.realpath(archive))
+    assert (status, spool.busy()) == (1, True)
+    heavy = {"receivewal.archive.restore", "receivewal.archive.objectstore",
+             "receivewal.archive.compression", *HEAVY}
+    assert sorted(set(modules) & heavy) == []
+    (data_dir / "recovery.signal").unlink()
+    deadline = time.monotonic() + 60
+    while spool.busy():
+        assert time.monotonic() < deadline, "the filler never exited after recovery"
+        time.sleep(0.05)

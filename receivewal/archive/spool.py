@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from receivewal.archive import prefetched
+from receivewal.archive import durable, prefetched
 from receivewal.wal.names import parse_segment_file_name, wal_file_name
 
 SPOOL_DIR = Path(prefetched.SPOOL_DIR)
@@ -38,6 +38,7 @@ WINDOW_FILE = prefetched.WINDOW_FILE
 IDLE_LIMIT = 60.0  # seconds without a call after which a filler exits (RECEIVEWAL_PREFETCH_IDLE)
 _IDLE_POLL = 0.02  # seconds between looks at what the calls asked for, when all is spooled
 _RETRY = 1.0  # seconds before a segment the archive lacked is asked for again
+GRACE = 2.0  # seconds a filler answers questions after recovery has ended
 _SIGNALS = ("recovery.signal", "standby.signal")
 
 
@@ -59,6 +60,23 @@ def idle_limit() -> float:
         return IDLE_LIMIT
 
 
+class _Window:
+    """What a filler keeps spooled: the ``count`` segments after ``latest``, the segment a
+    call last asked for (``size`` None until the filler knows the segment size)."""
+
+    __slots__ = ("count", "first", "latest", "names", "reread", "reread_of", "retry_at",
+                 "shortened", "size")
+
+    def __init__(self, count: int, size: int | None, first: str | None = None) -> None:
+        self.count, self.size = count, size
+        self.first = first  # the recovery's first segment, when the size is not known yet
+        self.latest: str | None = None
+        self.names: list[str] = []
+        self.reread: str | None = None  # the last segment, to fetch again once taken
+        self.reread_of: str | None = None  # the last one fetched again (once per segment)
+        self.retry_at, self.shortened = 0.0, False  # after a failure: when to try again
+
+
 class Spool:
     """The prefetch spool of one archive, next to a restore target."""
 
@@ -66,6 +84,8 @@ class Spool:
         self.target = target
         self.root = Path(prefetched.spool_root(str(target)))
         self.dir = Path(prefetched.spool_dir(str(target), source))
+        self.stale_question: tuple[str, str] | None = None  # asked of an earlier filler
+        self.signal_file: Path | None = None  # the recovery's, when the spool was claimed
 
     @classmethod
     def beside(cls, target: Path, source: str) -> Spool:
@@ -89,6 +109,8 @@ class Spool:
         fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.stale_question = prefetched.question(str(self.dir))
+            self.signal_file = self.recovery_signal()
             self._prune(names)
             self._write_window(names)
         except BaseException:
@@ -99,61 +121,135 @@ class Spool:
         return fd
 
     def follow(self, lock: int, fetch: Callable[[str, Path], bool | None], count: int,
-               segment_size: int) -> None:
+               segment_size: int | None, first: str | None = None) -> None:
         """Keep the ``count`` segments after the one a call last asked for spooled, fetching
         each with ``fetch(name, path)`` (which writes ``path`` atomically and returns False
         when the archive lacks the file, None when it cannot be fetched now: the window stops
         before it, and it is asked for again after a pause), and answer the calls' questions
-        (:func:`~receivewal.archive.prefetched.ask`), until recovery has ended or no call came
-        for :func:`idle_limit` seconds; then empty the spool and release ``lock`` (from
-        :meth:`claim`)."""
-        signal_file, limit = self._recovery_signal(), idle_limit()
-        names: list[str] = []
+        (:func:`~receivewal.archive.prefetched.ask`), until recovery has ended (then it
+        answers questions only, for :data:`GRACE` seconds: PostgreSQL asks for the parent
+        timeline's history file after it removed the signal file) or no call came for
+        :func:`idle_limit` seconds; then empty the spool and release ``lock`` (from
+        :meth:`claim`). A filler started before any segment was restored (``segment_size``
+        None) only answers questions until one is for a segment: its size is the segment
+        size, and the window follows it; or, given the recovery's ``first`` segment (its
+        base backup's start, :meth:`backup_start`), it fetches that one first."""
+        limit, window = idle_limit(), _Window(count, segment_size, first)
         seen: tuple[int, int] | None = None
-        answered = prefetched.question(str(self.dir))  # asked of an earlier filler
-        last_call, retry_at, shortened = time.monotonic(), 0.0, False
+        answered = self.stale_question  # read under the lock, before any call could ask
+        last_call, ended = time.monotonic(), 0.0
         try:
-            while self._recovering(signal_file) and self.root.is_dir():
+            while self.root.is_dir():
+                if not ended and not self._recovering(self.signal_file):
+                    ended = time.monotonic()  # questions only, from now on
+                    window.names, window.reread = [], None
+                    self._write_window([])
+                now = time.monotonic()
+                if now - last_call > limit or (ended and now - ended > GRACE):
+                    break
                 stamp = self._wanted_stamp()
                 if stamp != seen:  # a call came (a new name, or the same asked again)
-                    seen, last_call, retry_at = stamp, time.monotonic(), 0.0
-                    names = self._window_after(count, segment_size, names)
+                    seen, last_call = stamp, now
+                    if not ended:
+                        self._move(window, prefetched.wanted(str(self.dir)))
                 asked = prefetched.question(str(self.dir))
                 if asked is not None and asked != answered:
-                    answered = asked
-                    self._answer(*asked, fetch)
-                todo = next((n for n in names if not (self.dir / n).exists()), None)
-                if todo is not None and time.monotonic() >= retry_at:
-                    if shortened:
-                        self._write_window(names)
-                    if fetch(todo, self.dir / todo):
-                        shortened = False
-                        continue
-                    retry_at, shortened = time.monotonic() + _RETRY, True
-                    self._write_window(names[:names.index(todo)])  # no call waits for it
-                if time.monotonic() - last_call > limit:
-                    break
-                time.sleep(_IDLE_POLL)
+                    answered, last_call = asked, time.monotonic()
+                    size = self._answer(*asked, fetch)
+                    if window.size is None and size is not None and not ended:
+                        window.size = size  # its call takes it, and records it as wanted
+                        self._move(window, asked[0])
+                if not self._fill(window, fetch):
+                    time.sleep(_IDLE_POLL)
         finally:
             self._empty()
             os.close(lock)  # releases the lock
 
-    def _answer(self, name: str, token: str, fetch: Callable[[str, Path], bool | None],
-                ) -> None:
-        """Fetch the file a call asked for into the spool, or say why not."""
-        if (self.dir / name).exists():
+    def _move(self, window: _Window, latest: str | None) -> None:
+        """Move the window after ``latest``, the segment a call last asked for (kept
+        spooled too, until that call has taken it); kept as it is when no call has named
+        one. While the segment size is not known, ``latest`` is fetched first, to learn it
+        (a call restored it itself: a filler started without a backup label)."""
+        window.retry_at = 0.0
+        if latest is None:
             return
-        fetched = fetch(name, self.dir / name)
+        if window.size is None:
+            window.first = window.first or latest
+            return
+        window.latest = latest
+        window.names = self._window_from(latest, window.count, window.size)
+
+    def _fill(self, window: _Window, fetch: Callable[[str, Path], bool | None]) -> bool:
+        """Fetch the window's first segment not spooled (the window stops before one that
+        cannot be fetched, tried again after a pause); whether one was fetched. When the
+        archive lacks the segment after the last one asked for, recovery is at its end:
+        PostgreSQL reads that last segment again once redo is done, so it is fetched again
+        (once its call has taken it)."""
+        if window.size is None:
+            if window.first is None:
+                return False
+            name, window.first = window.first, None
+            fetched, window.size = self._fetch_sized(name, fetch)
+            if fetched:
+                self._move(window, name)
+            else:
+                window.size = None
+                self._write_window([])  # no call waits for it
+            return True
+        if window.reread is not None and not (self.dir / window.reread).exists():
+            name, window.reread = window.reread, None
+            self._write_window([name])  # a call for it waits rather than restoring it
+            fetch(name, self.dir / name)
+            self._write_window([])
+            return True
+        todo = next((n for n in window.names if not (self.dir / n).exists()), None)
+        if todo is None or time.monotonic() < window.retry_at:
+            return False
+        if window.shortened:
+            self._write_window(window.names)
+        fetched = fetch(todo, self.dir / todo)
+        if fetched:
+            window.shortened = False
+            return True
+        window.retry_at, window.shortened = time.monotonic() + _RETRY, True
+        self._write_window(window.names[:window.names.index(todo)])  # no call waits for it
+        if fetched is False and todo == window.names[0] and window.latest != window.reread_of:
+            window.reread = window.reread_of = window.latest
+        return False
+
+    def _answer(self, name: str, token: str, fetch: Callable[[str, Path], bool | None],
+                ) -> int | None:
+        """Fetch the file a call asked for into the spool, or say why not; the size of the
+        segment fetched (None for a history file, or when nothing was fetched). A segment
+        is fetched under a temporary name first: the asking call may take it as soon as it
+        has its name."""
+        path = self.dir / name
+        if path.exists():
+            return None
+        if prefetched.is_segment_name(name):
+            fetched, size = self._fetch_sized(name, fetch)
+        else:
+            fetched, size = fetch(name, path), 0
         if not fetched:
             prefetched.answer(str(self.dir), name, token,
                               "failed" if fetched is None else "absent")
+        return size or None
 
-    def _window_after(self, count: int, segment_size: int, names: list[str]) -> list[str]:
-        """The window after the segment a call last asked for (kept spooled too, until that
-        call has taken it); ``names`` when no call has named one."""
-        latest = prefetched.wanted(str(self.dir))
-        if latest is None:
-            return names
+    def _fetch_sized(self, name: str, fetch: Callable[[str, Path], bool | None],
+                     ) -> tuple[bool | None, int]:
+        """``fetch`` a segment into the spool, under a temporary name first (a call may take
+        it as soon as it has its name); what ``fetch`` said, and the file's size (0 when not
+        fetched)."""
+        into = self.dir / durable.temporary_name(name)
+        fetched = fetch(name, into)
+        if not fetched:
+            return fetched, 0
+        size = into.stat().st_size
+        durable.rename(into, self.dir / name)  # fetch synced the file; a call fsyncs pg_wal
+        return fetched, size
+
+    def _window_from(self, latest: str, count: int, segment_size: int) -> list[str]:
+        """The window after ``latest``, recorded; the spool pruned to it and ``latest``."""
         window = following_names(latest, count, segment_size)
         self._prune([latest, *window])
         self._write_window(window)
@@ -166,7 +262,22 @@ class Spool:
             return None
         return info.st_ino, info.st_mtime_ns
 
-    def _recovery_signal(self) -> Path | None:
+    def backup_start(self) -> str | None:
+        """The segment a recovery from a base backup reads first (the ``START WAL LOCATION``
+        file of its ``backup_label``), when ``%p`` is in that data directory's pg_wal."""
+        if self.target.parent.name != "pg_wal":
+            return None
+        try:
+            text = (self.target.parent.parent / "backup_label").read_text("ascii", "replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("START WAL LOCATION:"):
+                name = line.rpartition("(file ")[2].rstrip(")").strip()
+                return name if prefetched.is_segment_name(name) else None
+        return None
+
+    def recovery_signal(self) -> Path | None:
         """A signal file of the recovery this spool serves, when ``%p`` is in a data
         directory's pg_wal (None otherwise: then only the idle limit ends a filler)."""
         if self.target.parent.name != "pg_wal":

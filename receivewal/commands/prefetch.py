@@ -17,7 +17,6 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from receivewal.archive.objectstore import is_bucket_url
 from receivewal.archive.spool import Spool, following_names
 from receivewal.errors import ReceivewalError
 
@@ -30,8 +29,26 @@ def start_prefetch(directory: str, source: str, name: str, target: Path, count: 
     except OSError:
         return
     names = following_names(name, count, size)
+    if names:
+        _start(directory, Spool.beside(target, source), names, count, size)
+
+
+def start_filler(directory: str, source: str, target: Path, count: int) -> None:
+    """Start a detached filler before any segment was restored, unless one is at work
+    already: from a recovery's first call (the next timeline's history file), so that the
+    first segment (its base backup's start, when there is a ``backup_label``) is fetched
+    while PostgreSQL reads the backup label, and the calls after it ask a filler whose client
+    is made instead of each making one. It learns the segment size from the first segment
+    it fetches."""
     spool = Spool.beside(target, source)
-    if not names or spool.busy():
+    if spool.recovery_signal() is not None:  # else recovery is over (or it is not one)
+        first = spool.backup_start()
+        _start(directory, spool, [first] if first else [], count, None)
+
+
+def _start(directory: str, spool: Spool, names: list[str], count: int,
+           size: int | None) -> None:
+    if spool.busy():
         return
     try:
         lock = spool.claim(names)  # before the fork: a call that comes next sees the window
@@ -49,7 +66,8 @@ def start_prefetch(directory: str, source: str, name: str, target: Path, count: 
         if os.fork():
             os._exit(0)
         _detach()
-        spool.follow(lock, _fetcher(directory), count, size)
+        spool.follow(lock, _fetcher(directory), count, size,
+                     first=names[0] if size is None and names else None)
     except BaseException:  # noqa: BLE001, S110 - the child's failure is never the call's
         pass
     os._exit(0)
@@ -67,6 +85,7 @@ def _detach() -> None:
 def _fetcher(directory: str) -> Callable[[str, Path], bool | None]:
     """``fetch(name, path)`` for the spool: True when restored to ``path``, False when the
     archive does not have it, None when it cannot be fetched now (the call will say why)."""
+    from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415 - in the filler
     from receivewal.archive.restore import NotInArchive, restore_file  # noqa: PLC0415
 
     if is_bucket_url(directory):

@@ -125,6 +125,8 @@ def run(call: Call) -> int:
     if served:
         _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
     elif call.target and not call.partial and _surely_absent(call):
+        if call.window > 0:
+            _start_filler(call)  # at a recovery's start, for the first segment
         return _say(f'"{call.wal_name}" is not in the archive "{call.directory}"', NOT_FOUND)
     else:
         status = _restore_guarded(call)
@@ -170,7 +172,7 @@ def _ask_filler(call: Call) -> str | None:
     None when there is no filler or it could not tell: the call restores it itself."""
     directory = prefetched.spool_dir(call.target, source_id(call.directory))
     root = prefetched.spool_root(call.target)
-    if not prefetched.busy(root):
+    if not prefetched.busy(root) and not _start_filler(call):
         return None
     try:
         outcome = prefetched.ask(directory, root, call.wal_name)
@@ -181,6 +183,27 @@ def _ask_filler(call: Call) -> str | None:
     except OSError:
         return None
     return "spooled" if prefetched.take(directory, call.wal_name, call.target) else None
+
+
+def _start_filler(call: Call) -> bool:
+    """From a recovery's first call (a history file's, ``%p`` in pg_wal), start the filler:
+    it fetches the recovery's first segment, and the calls after it ask it (from a bucket,
+    none of them imports boto3 or makes a client). Whether a filler is at work now."""
+    if (not prefetched.is_history_name(call.wal_name)
+            or os.path.basename(os.path.dirname(os.path.abspath(call.target))) != "pg_wal"):
+        return False
+    if prefetched.busy(prefetched.spool_root(call.target)):
+        return True
+    from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery
+
+    from receivewal.commands.prefetch import start_filler  # noqa: PLC0415
+
+    try:
+        start_filler(call.directory, source_id(call.directory), Path(call.target),
+                     call.window)
+    except (OSError, ReceivewalError):
+        return False
+    return prefetched.busy(prefetched.spool_root(call.target))
 
 
 def _surely_absent(call: Call) -> bool:

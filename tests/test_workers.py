@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from support.workers import WORKER_GROUPS, worker_group
+from support.workers import LONGEST_FIRST, WORKER_GROUPS, worker_group
 
 TESTS = Path(__file__).parent
 #: Session fixtures (tests/conftest.py) and the group of every module that asks for them.
@@ -40,3 +40,9 @@ def test_the_tests_of_one_module_share_a_worker_and_grouped_modules_one_unit() -
         worker_group("tests/test_restore.py::test_b") == "tests/test_restore.py"
     assert worker_group("tests/test_package.py::test_a") == \
         worker_group("tests/test_systemd_real.py::test_b") == "deb"
+
+
+def test_the_longest_units_first_are_units_of_this_suite() -> None:
+    """LONGEST_FIRST names groups and modules that exist (else it would order nothing)."""
+    units = set(WORKER_GROUPS.values()) | {f"tests/{p.name}" for p in TESTS.glob("test_*.py")}
+    assert sorted(set(LONGEST_FIRST) - units) == []

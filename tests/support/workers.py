@@ -6,6 +6,7 @@ same worker, one after the other."""
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import Any
 
 from xdist.scheduler import LoadFileScheduling
 
@@ -19,6 +20,10 @@ WORKER_GROUPS = {
     "test_analyze_cluster.py": "spark", "test_analyze_bucket.py": "spark",
     "test_huge_records.py": "spark",
 }
+#: The longest units of work (minutes, against seconds for most modules), handed out first:
+#: a worker that started one of them last would run on alone long after the other finished.
+LONGEST_FIRST = ("spark", "tests/test_benchmarks.py", "deb", "tests/test_timelines.py",
+                 "tests/test_upload.py", "tests/test_restore_bucket.py")
 
 
 def worker_group(nodeid: str) -> str:
@@ -32,3 +37,11 @@ class ModuleGroupScheduling(LoadFileScheduling):  # type: ignore[misc] # xdist h
 
     def _split_scope(self, nodeid: str) -> str:
         return worker_group(nodeid)
+
+    def _assign_work_unit(self, node: Any) -> None:
+        """Hand out the units of LONGEST_FIRST first (xdist's queue is ordered by count of
+        tests, largest first), then the others in xdist's order."""
+        for unit in reversed(LONGEST_FIRST):
+            if unit in self.workqueue:
+                self.workqueue.move_to_end(unit, last=False)
+        super()._assign_work_unit(node)

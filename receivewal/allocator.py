@@ -6,11 +6,19 @@ the kernel as soon as it is freed: a freed block at the heap's top above 128 KiB
 and a large block gets a mapping of its own. The next buffers then fault the same pages in
 again, which costs more CPU than filling them. :func:`keep_freed_buffers` raises both
 thresholds once per process; the relay and the receive loop both call it.
+
+At the end of a process, CPython's finalization runs one last garbage collection over every
+object the imports made (psycopg, structlog, click, the daemon's modules): 0.1 to 0.25 s of CPU
+on the development machine, after the daemon has stopped, counted in every ``--endpos`` run.
+:func:`skip_final_collection` freezes the heap at exit instead (the memory goes back to the
+kernel with the process).
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import gc
 import os
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -34,3 +42,11 @@ def keep_freed_buffers() -> bool:
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
                 and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+def skip_final_collection() -> None:
+    """Freeze the heap at exit, so that the interpreter's finalization does not collect it.
+    Handlers registered before this one still run after it (atexit is last in, first out);
+    calling it again registers it once."""
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)

@@ -62,9 +62,24 @@ def test_slow_link_bench_runs_through_the_relay() -> None:
     """The relay on the shaped link starts (a non-loopback listener needs its TLS and allow
     options set by the bench) and both receivers' archives equal the server's pg_wal."""
     out = run_bench("slow_link.py", "--rates", "100", "--scale", "1", "--transactions", "50",
-                    "--modes", "pg_receivewal,receivewal zstd")
+                    "--modes", "pg_receivewal,receivewal zstd", "--trace", "--rounds", "2")
+    assert out.count("archive identical") == 4
+    assert "receivewal zstd" in out.splitlines()[-1]  # the spread of its two runs
+    assert "spread of the runs" in out
+    assert out.count("-- link: 99 % of the bytes moved") == 4  # --trace: the receivers' lines
+    assert '"streaming_started"' in out
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="network namespaces and tc need root")
+@pytest.mark.skipif(shutil.which("tc") is None, reason="needs tc (iproute2)")
+def test_slow_link_bench_grows_the_wal_to_the_volume_asked() -> None:
+    """--mb scales pgbench's initialisation and transactions together; the table says the
+    share of the byte ratio by wall time and by stream time."""
+    out = run_bench("slow_link.py", "--rates", "100", "--mb", "8", "--modes",
+                    "pg_receivewal,receivewal lz4")
+    assert "(-i -s 1, 2 x 286 transactions)" in out.splitlines()[0]
     assert out.count("archive identical") == 2
-    assert "receivewal zstd" in out.splitlines()[-1]
+    assert "stream x" in out.splitlines()[-3]
 
 
 def test_recovery_bench_runs() -> None:

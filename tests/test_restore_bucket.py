@@ -230,6 +230,9 @@ def test_sigkill_of_the_filler_mid_prefetch_then_calls_are_correct(
         target = tmp_path / "RECOVERYXLOG"
         proxy.stall_after(SEGMENT + SEGMENT // 2)  # this call's segment, then half the next
         assert restore(url, name_of(3), target, "--prefetch", "4").returncode == 0
+        # The filler holds the lock from before its fork, long before it fetches: kill it only
+        # once its fetch has stalled (killed earlier, the stall would catch a later call)
+        wait_for(proxy.stalled.is_set, what="the filler's fetch stalled half-way")
         lock = tmp_path / SPOOL_DIR / ".lock"
         wait_for(lambda: holders_of(lock), what="the filler holding the spool's lock")
         for pid in holders_of(lock):

@@ -19,13 +19,17 @@ from support.streams import (
     lsn_to_int,
     pg_waldump,
     receivewal,
+    slot_restart_lsn,
     start_receivewal,
     stop,
     wait_for,
     wal_files,
 )
 
+from receivewal.archive.syncer import HOLD_ENV
+
 pytestmark = pytest.mark.server
+SEG = 16 << 20
 
 
 def test_streams_segments_through_slot_byte_identical_with_endpos(pg: PgServer,
@@ -115,50 +119,77 @@ def test_sigkill_mid_stream_under_load_loses_nothing(pg: PgServer, archive_dir: 
 def test_slot_restart_lsn_never_passes_archived_wal_and_feedback_shape(
         pg: PgServer, archive_dir: Path, tmp_path: Path, receive_path: str) -> None:
     """With a slot: restart_lsn stays within what the archive holds; replay_lsn is NULL (on
-    each receive loop: status replies between runs of WAL)."""
-    pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
+    each receive loop: status replies between runs of WAL). Checked first while the syncer
+    holds the first .partial's fsync and rename (a slow disk, held at will): the archive lists
+    no segment file yet, its WAL is under the temporary name."""
+    reserved = lsn_to_int(pg.sql("SELECT lsn FROM pg_create_physical_replication_slot('arch', "
+                                 "true)"))
+    hold = tmp_path / "hold"
+    hold.touch()
     proc = start_receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "arch",
-                            "-s", "0.2", stderr_path=tmp_path / "log")
+                            "-s", "0.2", env={HOLD_ENV: str(hold)},
+                            stderr_path=tmp_path / "log")
     try:
-        wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_replication") == "1",
-                 what="replication connection")
+        wait_for(lambda: list(archive_dir.glob(".*.partial.*receivewal-tmp")),
+                 what="WAL written under the first .partial's temporary name")
+        pg.sql("CREATE TABLE IF NOT EXISTS t (x int, pad text)")
+        for _ in range(5):
+            assert wal_files(archive_dir) == []  # held: not yet durable under its name
+            assert_slot_within_archive(pg, archive_dir, reserved)
+            time.sleep(0.1)
+        hold.unlink()
         for _ in range(6):
             pg.sql("CREATE TABLE IF NOT EXISTS t (x int, pad text)")
             pg.sql("INSERT INTO t SELECT g, repeat('y', 300) FROM generate_series(1, 20000) g")
             for _ in range(5):
-                restart = lsn_to_int(pg.sql(
-                    "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'arch'"))
-                archived = archived_position(archive_dir, pg)
-                assert restart <= archived, (
-                    f"slot ahead of archive: restart_lsn {restart:X}, archive matches the "
-                    f"server to {archived:X}; files {sorted(os.listdir(archive_dir))}")
+                assert_slot_within_archive(pg, archive_dir, reserved)
                 time.sleep(0.1)
         row = pg.sql("SELECT write_lsn IS NOT NULL, flush_lsn IS NOT NULL, replay_lsn IS NULL, "
                      "application_name FROM pg_stat_replication")
         assert row == "t|t|t|receivewal"
     finally:
+        hold.unlink(missing_ok=True)  # a held fsync would keep it from stopping
         assert stop(proc) == 0
     assert f'"receive_path": "{receive_path}"' in (tmp_path / "log").read_text()
 
 
-def archived_position(directory: Path, server: PgServer) -> int:
-    """The end of the WAL the archive holds that matches the server byte for byte."""
-    seg = 16 << 20
-    position = 0
+def assert_slot_within_archive(server: PgServer, directory: Path, reserved: int) -> None:
+    """The slot's restart_lsn is not beyond the WAL the archive's segment files hold.
+
+    Until the walsender has taken a flush position from receivewal, restart_lsn is the
+    server's own reservation at the slot's creation (``reserved``), which receivewal never
+    reported: the walsender sets pg_stat_replication's flush_lsn before it moves the slot, so
+    a flush_lsn still NULL after the slot was read means the slot had not moved. From the
+    first report on, restart_lsn is receivewal's flush position."""
+    restart = slot_restart_lsn(server, "arch")
+    if server.sql("SELECT count(*) FROM pg_stat_replication WHERE flush_lsn IS NULL") == "1":
+        assert restart == reserved, "restart_lsn moved without a flush report"
+        return
+    archived = archived_position(directory, server, reserved - reserved % SEG)
+    assert restart <= archived, (
+        f"slot ahead of archive: restart_lsn {restart:X}, archive matches the "
+        f"server to {archived:X}; files {sorted(os.listdir(directory))}")
+
+
+def archived_position(directory: Path, server: PgServer, start: int) -> int:
+    """The end of the WAL the archive's segment files hold that matches the server byte for
+    byte; ``start`` (where streaming began: nothing before it is the archive's to hold) while
+    there is no segment file yet, only the first .partial's temporary name."""
+    position = start
     for name in wal_files(directory):
         try:
             ours = (directory / name).read_bytes()
         except FileNotFoundError:  # completed (renamed) since the listing
             ours = (directory / name.removesuffix(PARTIAL)).read_bytes()
         theirs = (server.pg_wal / name.removesuffix(PARTIAL)).read_bytes()
-        start = (int(name[8:16], 16) * 256 + int(name[16:24], 16)) * seg
+        begins = (int(name[8:16], 16) * 256 + int(name[16:24], 16)) * SEG
         same = 0
         step = 8192
-        while same < seg and ours[same:same + step] == theirs[same:same + step]:
+        while same < SEG and ours[same:same + step] == theirs[same:same + step]:
             same += step
-        while same < seg and ours[same] == theirs[same]:  # to the exact byte
+        while same < SEG and ours[same] == theirs[same]:  # to the exact byte
             same += 1
-        position = start + same
+        position = begins + same
     return position
 
 

@@ -7,7 +7,6 @@ that is not the archive's own.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from receivewal.errors import ArchiveError, ReceivewalError
@@ -50,6 +49,8 @@ def identity_from_json(data: object) -> ArchiveIdentity:
 
 def identity_to_json(identity: ArchiveIdentity) -> bytes:
     """The identity record's bytes (the file in a directory, the object at a prefix)."""
+    import json  # noqa: PLC0415 - a writer's need: readers (verify) parse without this module
+
     return json.dumps({
         "system_identifier": identity.system_identifier,
         "wal_segment_size": identity.segment_size,

@@ -7,7 +7,6 @@ Pure functions, so that parsing an archive argument never imports boto3. The sto
 from __future__ import annotations
 
 import io
-import random as _random
 import re
 import time
 from collections.abc import Callable
@@ -85,16 +84,23 @@ class RetryPolicy:
 
 
 def backoff_delay(policy: RetryPolicy, attempt: int,
-                  random: Callable[[], float] = _random.random) -> float:
+                  random: Callable[[], float] | None = None) -> float:
     """The wait after failed attempt ``attempt`` (0-based): exponential backoff with full
-    jitter, uniform in [0, min(max_delay, base_delay * 2**attempt))."""
+    jitter, uniform in [0, min(max_delay, base_delay * 2**attempt)); ``random`` defaults to
+    :func:`random.random`."""
     cap = min(policy.max_delay, policy.base_delay * 2.0 ** min(attempt, 62))
-    return cap * random()
+    return cap * (random or _uniform)()
+
+
+def _uniform() -> float:
+    from random import random  # noqa: PLC0415 - only when a store error is retried
+
+    return random()  # noqa: S311 - backoff jitter, not a secret
 
 
 def with_retries(action: Callable[[], T], policy: RetryPolicy, *,
                  sleep: Callable[[float], None] = time.sleep,
-                 random: Callable[[], float] = _random.random) -> T:
+                 random: Callable[[], float] | None = None) -> T:
     """Call ``action`` until it returns, retrying errors whose ``retryable`` is true at most
     ``policy.attempts`` times in all; the last error is raised. The one retry loop of the
     object store: boto3's own retries stay few and short inside each attempt."""

@@ -10,7 +10,6 @@ differs: a directory's entries, or one ListBucket over the prefix.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +117,8 @@ def recorded_segment_size(base: str, names: Iterable[str],
     if IDENTITY_FILE not in names:
         return None
     path = base.rstrip("/") + "/" + IDENTITY_FILE
+    import json  # noqa: PLC0415 - only an archive with an identity record needs it
+
     try:
         return identity_from_json(json.loads(read_capped(path, IDENTITY_CAP, open_binary))
                                   ).segment_size

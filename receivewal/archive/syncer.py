@@ -15,7 +15,10 @@ older one, which it can then complete.
 
 For the crash tests only: when ``RECEIVEWAL_TEST_SYNCER_PAUSE`` names a file, the worker writes
 the name of the segment it is about to complete into that file and then waits forever before
-its fsync, so a test can SIGKILL the daemon exactly there.
+its fsync, so a test can SIGKILL the daemon exactly there. For the tests only too: while the
+file ``RECEIVEWAL_TEST_SYNCER_HOLD`` names exists, the worker holds every job that makes a file
+durable under its name (a new ``.partial``, a completion) before it starts, so a test sees the
+archive while its newest WAL is still under a temporary name (a slow fsync, held at will).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import ctypes.util
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +36,7 @@ from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.wal.names import SegmentFile
 
 PAUSE_ENV = "RECEIVEWAL_TEST_SYNCER_PAUSE"
+HOLD_ENV = "RECEIVEWAL_TEST_SYNCER_HOLD"
 WRITE_BEHIND_BYTES = 4 << 20  # start writeback of a segment every this many bytes
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>
 
@@ -67,6 +72,7 @@ class SegmentSyncer:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._pause = os.environ.get(PAUSE_ENV)
+        self._hold = os.environ.get(HOLD_ENV)
 
     @property
     def completing(self) -> bool:
@@ -77,6 +83,11 @@ class SegmentSyncer:
     def submit(self, lsn: int, job: Job, *, segment: str = "") -> None:
         """Queue ``job``; once it (and everything before it) is done, ``durable`` is told
         ``lsn``. ``segment`` names the segment a completion job completes."""
+        if self._hold:
+            job = _held(job, Path(self._hold))
+        self._enqueue(lsn, job, segment)
+
+    def _enqueue(self, lsn: int, job: Job, segment: str = "") -> None:
         self.check()
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="segment-syncer",
@@ -94,7 +105,7 @@ class SegmentSyncer:
         not wait for it), so that the completing fsync has little left to do. Nothing where
         sync_file_range does not exist. ``fd`` stays open until a later job closes it."""
         if _sync_file_range is not None:
-            self.submit(0, lambda: _start_writeback(fd, offset, length))
+            self._enqueue(0, lambda: _start_writeback(fd, offset, length))
 
     def check(self) -> None:
         """Raise the error of a failed job, if any."""
@@ -150,6 +161,17 @@ class SegmentSyncer:
             job()
 
         return wait_then_run
+
+
+def _held(job: Job, marker: Path) -> Job:
+    """``job``, run once ``marker`` is gone (the tests' hold, :data:`HOLD_ENV`)."""
+
+    def wait_then_run() -> None:
+        while marker.exists():
+            time.sleep(0.01)
+        job()
+
+    return wait_then_run
 
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lz4.frame
-import zstandard
-
+from receivewal.archive.codecs import lz4_frame, zstandard_module
 from receivewal.archive.compression import Opener, read_wal_file
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.segmentbuffer import read_segment
@@ -79,9 +77,11 @@ class FileResult:
 
 
 def compressed_sizes(data: bytes | bytearray) -> tuple[int, int]:
-    """Bytes after zstd level 1 and after LZ4 (frame, default level): what streampack saves."""
-    return (len(zstandard.ZstdCompressor(level=1).compress(data)),
-            len(lz4.frame.compress(data)))
+    """Bytes after zstd level 1 and after LZ4 (frame, default level): what streampack saves.
+    The codecs are imported here, for --compressibility only (a plain archive's verify loads
+    neither)."""
+    return (len(zstandard_module().ZstdCompressor(level=1).compress(data)),
+            len(lz4_frame().compress(data)))
 
 
 def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: bool = False,

@@ -2,9 +2,11 @@
 
 A ``restore`` call is PostgreSQL's restore_command, run once per WAL file during recovery, and
 recovery waits for each: :mod:`receivewal.commands.restore_call` reads its usual command line
-itself and runs it without importing click (or structlog, or psycopg). Everything else, and any
-restore command line it does not take (``--help``, an unknown option, a usage error), goes to
-the click group in :mod:`receivewal.commands.group`, which owns the options and their help.
+itself and runs it without importing click (or structlog, or psycopg). A plain ``verify``
+command line is read and run the same way by :mod:`receivewal.commands.verify_call` (its start-up
+is most of a small archive's check). Everything else, and any restore or verify command line
+those do not take (``--help``, an unknown option, a usage error), goes to the click group in
+:mod:`receivewal.commands.group`, which owns the options and their help.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
         call = restore_call.parse(args[1:])
         if call is not None:
             return restore_call.run(call)
+    elif args[:1] == ["verify"]:
+        from receivewal.commands import verify_call  # noqa: PLC0415 - the lean path
+
+        verify = verify_call.parse(args[1:])
+        if verify is not None:
+            return verify_call.run(verify)
     from receivewal.commands.group import main as click_main  # noqa: PLC0415
 
     return click_main(args)

@@ -27,6 +27,7 @@ import os
 import sys
 
 from receivewal.archive import prefetched
+from receivewal.commands.plain import Plain
 from receivewal.errors import ReceivewalError
 
 TYPE_CHECKING = False
@@ -38,7 +39,7 @@ DAMAGED = 126
 PREFETCH = 8  # the default: a local archive's files are decoded (and fsynced) ahead too
 
 
-class Call:
+class Call(Plain):
     """One restore_command call (a plain class: ``dataclasses`` costs each call ~15 ms)."""
 
     __slots__ = ("directory", "partial", "prefetch", "target", "wal_name")
@@ -48,16 +49,6 @@ class Call:
         self.wal_name, self.target, self.directory = wal_name, target, directory
         self.partial = partial
         self.prefetch = prefetch  # None: the default
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Call) and all(
-            getattr(self, k) == getattr(other, k) for k in self.__slots__)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
-        return f"Call({fields})"
 
     @property
     def window(self) -> int:

@@ -2,18 +2,18 @@
 :mod:`receivewal.check.verify` does the work.
 
 Exit code 0 only when the archive is recoverable end to end; 1 otherwise, or on an error
-(printed as one line).
+(printed as one line). A plain command line does not come here: the console script runs it
+through :mod:`receivewal.commands.verify_call` without importing click, and the two paths
+share :func:`~receivewal.commands.verify_call.verify_text`; this command owns the options'
+help and the usage errors.
 """
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from receivewal.check.verify import report_json, report_lines, verify_archive
+from receivewal.commands.verify_call import verify_text
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
-from receivewal.wal.lsn import parse_lsn
 
 
 @click.command("verify")
@@ -32,15 +32,11 @@ def verify_command(archive: str, as_json: bool, jobs: int | None, start: str | N
     """Check every page, record and CRC of a WAL archive (a directory, or s3://BUCKET/PREFIX
     listed once and read object by object); exit 0 only if it is recoverable."""
     try:
-        start_lsn = parse_lsn(start) if start else None
-        report, results = verify_archive(archive, jobs=jobs, start_lsn=start_lsn,
-                                         compressibility=compressibility)
+        text, status = verify_text(archive, as_json=as_json, jobs=jobs, start=start,
+                                   compressibility=compressibility)
     except (ArchiveError, ConfigurationError, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
-    if as_json:
-        click.echo(json.dumps(report_json(report, results), indent=2))
-    else:
-        click.echo("\n".join(report_lines(report, archive, results)))
-    if not report.recoverable:
-        raise click.exceptions.Exit(1)
+    click.echo(text)
+    if status:
+        raise click.exceptions.Exit(status)
 

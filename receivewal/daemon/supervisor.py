@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from receivewal.allocator import skip_final_collection
 from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
 from receivewal.archive.listing import Listing
 from receivewal.daemon.events import (
@@ -170,6 +171,7 @@ class Supervisor:
 
     def run(self) -> int:
         """The whole program: returns the exit code."""
+        skip_final_collection()  # the process ends after this: its heap need not be collected
         try:
             if self.settings.create_slot or self.settings.drop_slot:
                 return self.slot_command()

@@ -29,6 +29,7 @@ class TcpProxy:
         self.accepted = 0
         self.forwarded = 0  # bytes passed on, both directions, every connection
         self.stall_at: int | None = None
+        self.stalled = threading.Event()  # set when a stall_after() threshold is reached
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -79,11 +80,14 @@ class TcpProxy:
             if self.stall_at is not None and self.forwarded >= self.stall_at:
                 self.stall_at = None
                 self.forwarding.clear()
+                self.stalled.set()
 
     def stall_after(self, size: int) -> None:
         """Stall (as :meth:`stall`) once ``size`` more bytes have passed, counted over every
-        connection and both directions: a transfer can be caught in the middle."""
+        connection and both directions: a transfer can be caught in the middle. :attr:`stalled`
+        is set when it happens."""
         with self.lock:
+            self.stalled.clear()
             self.stall_at = self.forwarded + size
 
     def cut(self) -> None:

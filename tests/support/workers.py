@@ -1,4 +1,4 @@
-"""How pytest-xdist shares the suite between its workers (``scripts/test``: ``-n 2 --dist
+"""How pytest-xdist shares the suite between its workers (``scripts/test``: ``-n 3 --dist
 loadfile``): a module runs in one worker as a whole, as it would alone (its module fixtures,
 e.g. a SeaweedFS server, start once), and the modules of one group in WORKER_GROUPS run in the
 same worker, one after the other."""

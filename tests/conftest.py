@@ -113,6 +113,16 @@ SPARK_MODULES = ("test_analyze.py", "test_analyze_connect.py", "test_analyze_clu
                  "test_analyze_bucket.py")
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the test extra)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` sends each module to one worker as a whole, and the modules of one
+    support.workers.WORKER_GROUPS group to the same worker."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from support.workers import ModuleGroupScheduling  # noqa: PLC0415 - only under xdist
+    return ModuleGroupScheduling(config, log)
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """With ``-m "... not spark ..."`` the Spark modules are not even imported, so the fast loop
     runs without the spark extra (pyspark, pyarrow) and Java installed."""

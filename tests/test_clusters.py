@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from support import clusters
 from support.clusters import set_system_identifier
 from support.servers import PgServer, as_server_user, pg_bin, server_user_ids
+from support.streams import wait_for
 
 from receivewal.wal.pageheader import parse_long_header
 
@@ -73,10 +76,44 @@ def test_a_template_is_made_again_once_its_minute_is_over(
     monkeypatch.setenv(clusters.TEMPLATES_ENV, str(server_base))
     initdb = [pg_bin("initdb"), "-U", "postgres", "-A", "trust", "--no-sync"]
     ids = server_user_ids()
-    first = clusters.template(initdb, (), as_server_user([]), ids)
-    assert clusters.template(initdb, (), as_server_user([]), ids) == first
-    later = time.time() + clusters.TEMPLATE_LIFETIME
+    now = time.time()  # one minute for both calls, however long the first initdb takes
+    first = clusters.template(initdb, (), as_server_user([]), ids, now=now)
+    assert clusters.template(initdb, (), as_server_user([]), ids, now=now) == first
+    later = now + clusters.TEMPLATE_LIFETIME
     second = clusters.template(initdb, (), as_server_user([]), ids, now=later)
     assert second != first
     assert (second / "global" / "pg_control").exists()
+    assert not first.exists()
+
+
+def waiting_for_lock(path: Path) -> int:
+    """How many flock requests wait for the lock of file ``path`` now (``->`` lines of
+    /proc/locks naming its inode)."""
+    inode = f":{path.stat().st_ino} "
+    return sum(1 for line in Path("/proc/locks").read_text().splitlines()
+               if "->" in line and "FLOCK" in line and inode in line)
+
+
+def test_a_template_being_copied_is_not_removed_by_the_next_minutes(
+        server_base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes sharing the template directory (pytest-xdist's workers): while one copies a
+    template (holding the shared lock), another that makes the next minute's template waits
+    to remove the old one until the copy is done."""
+    monkeypatch.setenv(clusters.TEMPLATES_ENV, str(server_base))
+    initdb = [pg_bin("initdb"), "-U", "postgres", "-A", "trust", "--no-sync"]
+    ids = server_user_ids()
+    now = time.time()
+    first = clusters.template(initdb, (), as_server_user([]), ids, now=now)
+    later = now + clusters.TEMPLATE_LIFETIME
+    made: list[Path] = []
+    maker = threading.Thread(target=lambda: made.append(
+        clusters.template(initdb, (), as_server_user([]), ids, now=later)))
+    lock = server_base / ".lock"
+    with clusters.templates_locked(fcntl.LOCK_SH):
+        maker.start()
+        wait_for(lambda: waiting_for_lock(lock) == 1, what="the maker to wait for the lock")
+        assert (first / "global" / "pg_control").exists()
+    maker.join(timeout=120)
+    assert made == [made[0]]
+    assert made[0] != first
     assert not first.exists()

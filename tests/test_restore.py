@@ -124,6 +124,10 @@ def test_base_backup_recovers_to_the_last_received_byte_through_restore(
                                 "'streaming'") == "1", what="streaming to start")
         return started
 
+    def flushed() -> int:
+        text = pg.sql("SELECT flush_lsn FROM pg_stat_replication")
+        return lsn_to_int(text) if text else 0
+
     proc = stream("gzip")
     try:
         backup = pg.base_backup("restored")
@@ -132,18 +136,20 @@ def test_base_backup_recovers_to_the_last_received_byte_through_restore(
             pg.sql(f"INSERT INTO accounts SELECT g, g * 1.5 FROM generate_series({first}, "
                    f"{first + 19999}) g")
             pg.generate_wal(1)
+            switched = lsn_to_int(pg.current_lsn())
+            # the segments so far are all this method's before the next one takes over (a
+            # stop before then left them to the next one, and none to this method under load)
+            wait_for(lambda: flushed() >= switched,  # noqa: B023 - called in this iteration
+                     what="receivewal to flush through the switch")
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0, log.read_text()
             wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_replication") == "0",
                      what="the walsender to go")
             proc = stream(method)
+        pg.generate_wal(1)  # and complete segments from the last method too
         pg.sql("UPDATE accounts SET balance = balance + 1 WHERE id % 7 = 0")
         pg.sql("INSERT INTO accounts SELECT g, 0 FROM generate_series(40001, 41000) g")
         end = lsn_to_int(pg.current_lsn())
-
-        def flushed() -> int:
-            text = pg.sql("SELECT flush_lsn FROM pg_stat_replication")
-            return lsn_to_int(text) if text else 0
         wait_for(lambda: flushed() >= end, what="the last rows to be flushed by receivewal")
     finally:
         proc.send_signal(signal.SIGTERM)

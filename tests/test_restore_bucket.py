@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import zstandard
 from support.postgres_user import S3_PACKAGES, install_for_postgres
+from support.recovery import backup_then_rows
 from support.seaweed import SeaweedS3, free_port_pairs
 from support.servers import PgServer
 from support.streams import wait_for
@@ -272,13 +273,7 @@ def test_point_in_time_recovery_from_the_bucket_only(
     local archive at all (segments uploaded plain and zstd-compressed, prefetch on): the
     recovered server has the primary's rows, and at promotion the filler empties its spool
     and exits (long before its idle limit)."""
-    backup = pg.base_backup("from-bucket")
-    pg.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    pg.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
-    pg.generate_wal(3)
-    expected = pg.sql("SELECT count(*), sum(id) FROM t")
-    pg.switch_wal()
-    pg.stop()
+    backup, expected = backup_then_rows(pg, "from-bucket", segments=3)
     wal = pg.datadir / "pg_wal"
     names = sorted(p.name for p in wal.iterdir() if len(p.name) == 24 and p.is_file())
     label = (backup.datadir / "backup_label").read_text()

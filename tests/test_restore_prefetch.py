@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.archives import SEGMENT, proven_segment
 from support.postgres_user import install_for_postgres, readable_by_postgres
+from support.recovery import backup_then_rows
 from support.servers import PgServer
 
 from receivewal.archive.compression import CompressSpec, new_compressor
@@ -79,13 +80,7 @@ def test_point_in_time_recovery_from_a_compressed_local_archive_with_prefetch(
     prefetch: the recovered server has the primary's rows, later segments come from the
     spool, and at promotion the filler empties its spool and exits (long before its idle
     limit)."""
-    backup = pg.base_backup("prefetched")
-    pg.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    pg.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
-    pg.generate_wal(4)
-    expected = pg.sql("SELECT count(*), sum(id) FROM t")
-    pg.switch_wal()
-    pg.stop()
+    backup, expected = backup_then_rows(pg, "prefetched", segments=4)
     wal = pg.datadir / "pg_wal"
     for i, path in enumerate(sorted(p for p in wal.iterdir() if len(p.name) == 24)):
         method = ("zstd", "lz4")[i % 2]

@@ -9,13 +9,17 @@ private as a fresh initdb's. A template is made again each minute (TEMPLATE_LIFE
 the checkpoint time initdb wrote is never much older than the copy.
 
 The templates live in the directory named by ``RECEIVEWAL_TEST_TEMPLATES`` (tests/conftest.py
-makes one per session and removes it at the end; benchmarks the suite runs inherit it), else in
-one made for this process and removed when it exits.
+makes one per session and removes it at the end; pytest-xdist's workers and the benchmarks the
+suite runs inherit it), else in one made for this process and removed when it exits. Processes
+sharing it take a lock (``flock`` on its ``.lock``): exclusive to make a template and remove the
+old ones, shared to copy one, so a copy never reads a template another process is removing.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import hashlib
 import os
 import random
@@ -24,6 +28,7 @@ import struct
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import crc32c
@@ -55,39 +60,54 @@ def templates_dir() -> Path:
     return _own_templates[0]
 
 
+@contextlib.contextmanager
+def templates_locked(operation: int) -> Iterator[None]:
+    """Hold the template directory's lock (``fcntl.LOCK_EX`` or ``fcntl.LOCK_SH``) meanwhile."""
+    with (templates_dir() / ".lock").open("a") as lock:
+        fcntl.flock(lock, operation)
+        yield  # closing the file releases the lock
+
+
 def template(initdb: list[str], initdb_args: tuple[str, ...], as_user: list[str],
              owner: tuple[int, int] | None, now: float | None = None) -> Path:
     """The data directory of a cluster that ``initdb`` (this command, run with ``as_user`` in
-    front) made with ``initdb_args``; made on first use. Two processes that race to make it
-    each run initdb into a directory of their own, and the first rename wins. One made more
-    than TEMPLATE_LIFETIME before ``now`` (default: the time) is made again."""
+    front) made with ``initdb_args``; made on first use, under the exclusive lock (a process
+    that wants it meanwhile waits for this initdb instead of running its own). One made more
+    than TEMPLATE_LIFETIME before ``now`` (default: the time) is made again, and the old one
+    removed."""
     key = hashlib.sha256("\0".join([*initdb, *initdb_args]).encode()).hexdigest()[:16]
     minute = int((time.time() if now is None else now) // TEMPLATE_LIFETIME)
     final = templates_dir() / f"{key}-{minute}"
-    if not final.exists():
-        building = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=templates_dir()))
-        if owner is not None:
-            os.chown(building, *owner)
-        subprocess.run([*as_user, *initdb, "-D", str(building / "data"), *initdb_args],
-                       check=True, capture_output=True, text=True)
-        try:
+    with templates_locked(fcntl.LOCK_EX):
+        if not final.exists():
+            building = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=templates_dir()))
+            if owner is not None:
+                os.chown(building, *owner)
+            subprocess.run([*as_user, *initdb, "-D", str(building / "data"), *initdb_args],
+                           check=True, capture_output=True, text=True)
             building.rename(final)
-        except OSError:  # another process made it first: theirs is as good
-            shutil.rmtree(building, ignore_errors=True)
-        for old in templates_dir().glob(f"{key}-*"):
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+            for old in templates_dir().glob(f"{key}-*"):
+                if old != final:
+                    shutil.rmtree(old, ignore_errors=True)
     return final / "data"
 
 
 def new_cluster(datadir: Path, initdb: list[str], initdb_args: tuple[str, ...] = (),
                 as_user: list[str] | None = None, owner: tuple[int, int] | None = None) -> None:
     """Make ``datadir`` a fresh cluster, as ``initdb -D datadir`` with ``initdb_args`` would:
-    a copy of the session's template (owners and modes kept) with a new system identifier."""
-    source = template(initdb, initdb_args, as_user or [], owner)
+    a copy of the session's template (owners and modes kept) with a new system identifier.
+    The copy is made under the shared lock, from a template still there once it is held (one
+    whose minute ended meanwhile may have been replaced: then the new one is copied)."""
     if datadir.is_dir() and not any(datadir.iterdir()):
         datadir.rmdir()  # initdb fills an empty directory; cp -a would copy into it
-    subprocess.run(["cp", "-a", str(source), str(datadir)], check=True, capture_output=True)
+    copied = False
+    while not copied:
+        source = template(initdb, initdb_args, as_user or [], owner)
+        with templates_locked(fcntl.LOCK_SH):
+            if source.exists():
+                subprocess.run(["cp", "-a", str(source), str(datadir)], check=True,
+                               capture_output=True)
+                copied = True
     set_system_identifier(datadir, new_system_identifier())
 
 

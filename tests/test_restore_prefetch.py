@@ -151,9 +151,7 @@ def test_a_recoverys_first_call_has_the_filler_fetch_the_backups_first_segment(
     spool = Spool.beside(data_dir / "pg_wal" / "RECOVERYXLOG", os.path.realpath(archive))
 
     def call(name: str, target: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D",
-                               str(archive), name, f"pg_wal/{target}"], capture_output=True,
-                              text=True, check=False, timeout=60, cwd=data_dir)
+        return call_from(data_dir, archive, name, target)
 
     assert call("00000002.history", "RECOVERYHISTORY").returncode == 1
     assert spool.busy()
@@ -165,6 +163,14 @@ def test_a_recoverys_first_call_has_the_filler_fetch_the_backups_first_segment(
         assert (data_dir / "pg_wal" / "RECOVERYXLOG").read_bytes() == segments[segno]
     (data_dir / "recovery.signal").unlink()
     wait_until(lambda: not spool.busy(), "the filler to exit after recovery")
+
+
+def call_from(data_dir: Path, archive: Path, name: str,
+              target: str) -> subprocess.CompletedProcess[str]:
+    """A restore call as PostgreSQL makes it: from the data directory, to ``pg_wal/TARGET``."""
+    return subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D", str(archive),
+                           name, f"pg_wal/{target}"], capture_output=True, text=True,
+                          check=False, timeout=60, cwd=data_dir)
 
 
 def test_a_filler_started_without_a_backup_label_still_prefetches(tmp_path: Path) -> None:
@@ -182,9 +188,7 @@ def test_a_filler_started_without_a_backup_label_still_prefetches(tmp_path: Path
     spool = Spool.beside(data_dir / "pg_wal" / "RECOVERYXLOG", os.path.realpath(archive))
 
     def call(name: str, target: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D",
-                               str(archive), name, f"pg_wal/{target}"], capture_output=True,
-                              text=True, check=False, timeout=60, cwd=data_dir)
+        return call_from(data_dir, archive, name, target)
 
     assert call("00000002.history", "RECOVERYHISTORY").returncode == 1
     assert spool.busy()

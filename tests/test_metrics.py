@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 import re
+import select
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from receivewal.daemon.endpoint import MAX_CONNECTIONS as ENDPOINT_SLOTS
 from receivewal.daemon.metrics import Address, format_address, parse_address
 from receivewal.daemon.monitor import Monitor
 from receivewal.errors import ConfigurationError
@@ -192,3 +196,54 @@ def test_without_an_address_prometheus_client_is_never_imported() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_clients_dripping_a_request_byte_by_byte_do_not_hold_the_endpoint() -> None:
+    """As many clients as the endpoint serves at once (8), each sending its request one byte
+    every 2 s (never silent for the 5 s a read may take, never done): each connection is
+    closed once it has had its 5 s in all, and /metrics answers while they still drip."""
+    monitor = Monitor(None, metrics_address="127.0.0.1:0", environ={})
+    address = monitor.metrics_address
+    assert address is not None
+    stop = threading.Event()
+    closed: list[float] = []
+    began = time.monotonic()
+
+    def drip() -> None:
+        """Send a byte every 2 s until the server closes the connection (or the test ends)."""
+        with socket.create_connection((address.host, address.port), timeout=30) as sock:
+            for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"x" * 100:
+                try:
+                    sock.sendall(bytes([byte]))
+                    readable, _, _ = select.select([sock], [], [], 2)
+                    if readable and not sock.recv(4096):
+                        break  # the server closed it
+                except OSError:
+                    break
+                if stop.is_set():
+                    return
+            closed.append(time.monotonic() - began)
+
+    drippers = [threading.Thread(target=drip) for _ in range(ENDPOINT_SLOTS)]
+    try:
+        for thread in drippers:
+            thread.start()
+        time.sleep(0.5)  # every dripper holds a slot
+        answered = None
+        while time.monotonic() - began < 15:
+            try:
+                scrape(address)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            answered = time.monotonic() - began
+            break
+        assert answered is not None, "/metrics did not answer in 15 s while 8 clients dripped"
+        assert answered < 9, answered
+    finally:
+        stop.set()
+        for thread in drippers:
+            thread.join()
+        monitor.close()
+    assert len(closed) == ENDPOINT_SLOTS, closed
+    assert all(4 < seconds < 9 for seconds in closed), closed

@@ -23,7 +23,8 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from receivewal.addresses import Address
+from receivewal.addresses import Address, format_address
+from receivewal.errors import ConfigurationError
 from receivewal.logs import get_logger
 
 MAX_CONNECTIONS = 8  # a scraper or two, with room for a human with curl
@@ -108,6 +109,21 @@ class BoundedServer(ThreadingMixIn, WSGIServer):
         error = sys.exc_info()[1]
         get_logger().debug("metrics_request_failed", client=str(client_address[0]),
                            error=str(error) or type(error).__name__)
+
+
+def serve_collector(address: Address, collector: Any) -> BoundedServer:
+    """Serve ``collector``'s metrics (a prometheus-client collector) at ``/metrics`` on
+    ``address``, in a registry of its own (never the global one), from a daemon thread;
+    ConfigurationError when the address cannot be bound (in use, not local...)."""
+    from prometheus_client import CollectorRegistry, make_wsgi_app  # noqa: PLC0415
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        return serve_wsgi(address, make_wsgi_app(registry))
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on {format_address(address)}: "
+                                 f"{exc.strerror or exc}") from exc
 
 
 def serve_wsgi(address: Address, app: Any) -> BoundedServer:

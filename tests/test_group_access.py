@@ -69,12 +69,14 @@ def on_timeline_2(request: pytest.FixtureRequest, server_base: Path) -> Iterator
     """A server on timeline 2 (promoted from standby mode with no primary: a history file to
     fetch), whose data directory is 0700, or 0750 when initdb gave its group access (-g)."""
     server = PgServer(server_base, "tl2")
-    server.init(initdb_args=("-g",) if request.param == "0750" else ())
-    server.restart()  # the control file takes this configuration's settings, as a standby's
+    # a standby's max_connections may not be below what the control file records (initdb's,
+    # at most 100)
+    server.init({"max_connections": "100"}, initdb_args=("-g",) if request.param == "0750"
+                else ())
     (server.datadir / "standby.signal").touch()
     if IS_ROOT:
         shutil.chown(server.datadir / "standby.signal", "postgres", "postgres")
-    server.restart()
+    server.start()
     server.promote()
     yield server
     server.stop("immediate")

@@ -43,3 +43,9 @@ def parse_address(text: str, what: str = "address") -> Address:
         raise ConfigurationError(
             f"invalid {what} {text!r}: port must be a number from 0 to 65535")
     return Address(host, int(port_text))
+
+
+def format_address(address: Address) -> str:
+    """``HOST:PORT``, with brackets around an IPv6 address."""
+    host = f"[{address.host}]" if ":" in address.host else address.host
+    return f"{host}:{address.port}"

@@ -23,18 +23,35 @@ if [ "$(id -u)" = 0 ] && ! { command -v ip && command -v tc; } >/dev/null 2>&1; 
 fi
 # As root (CI): the package test (tests/test_package.py) needs dpkg-deb and apt-get, the unit
 # test under a real systemd (tests/test_systemd_real.py) needs systemd, unshare and nsenter.
+apt_update=0
 if [ "$(id -u)" = 0 ]; then
   command -v dpkg-deb >/dev/null 2>&1 || need_apt+=(dpkg)
   [ -x /lib/systemd/systemd ] || need_apt+=(systemd)
   command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+  # PostgreSQL's own TAP test of pg_receivewal runs on the drop-in (tests/test_dropin_tap.py):
+  # the installed harness needs prove, IPC::Run, pg_config.h, gzip and lz4, and the test
+  # script comes from the installed server's Debian source package (a deb-src entry).
+  command -v prove >/dev/null 2>&1 || need_apt+=(perl)
+  perl -MIPC::Run -e 1 >/dev/null 2>&1 || need_apt+=(libipc-run-perl)
+  [ -e /usr/include/postgresql/pg_config.h ] || need_apt+=(libpq-dev)
+  command -v lz4 >/dev/null 2>&1 || need_apt+=(lz4)
+  deb_src=/etc/apt/sources.list.d/receivewal-deb-src.sources
+  release=$(. /etc/os-release 2>/dev/null && echo "${ID:-}:${VERSION_CODENAME:-}")
+  if [ ! -e "$deb_src" ] && [ "${release%%:*}" = debian ] && [ -n "${release#*:}" ]; then
+    printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+      "${release#*:}" > "$deb_src"
+    apt_update=1
+  fi
 fi
 
-if [ ${#need_apt[@]} -gt 0 ]; then
+if [ ${#need_apt[@]} -gt 0 ] || [ "$apt_update" = 1 ]; then
   if [ "$(id -u)" = 0 ]; then
-    echo "setup: installing ${need_apt[*]} with apt-get" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    if [ ${#need_apt[@]} -gt 0 ]; then
+      echo "setup: installing ${need_apt[*]} with apt-get" >&2
+      apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    fi
     # Debian's postgresql package starts a cluster; receivewal's tests start their own.
     command -v pg_ctlcluster >/dev/null 2>&1 && pg_lsclusters -h 2>/dev/null | while read -r ver name _; do
       pg_ctlcluster "$ver" "$name" stop 2>/dev/null || true; done

@@ -61,4 +61,12 @@ def test_analyze_help_names_the_extra_and_exit_codes() -> None:
     """analyze: the spark extra to install, and what its exit codes mean."""
     flat = " ".join(help_of("analyze").split())
     assert "pip install 'receivewal[spark]'" in flat
-    assert "Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed." in flat
+    assert "Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed; 2 a " \
+        "usage error, or the summary could not be written." in flat
+
+
+def test_verify_help_names_its_exit_codes() -> None:
+    """verify: 0 and 1 are the verdict, 2 is no verdict."""
+    flat = " ".join(help_of("verify").split())
+    assert "Exit codes: 0 recoverable end to end; 1 NOT recoverable, or the archive cannot be " \
+        "read; 2 a usage error, or the report could not be written." in flat

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import http.client
 import math
 import re
+import select
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from receivewal.daemon.endpoint import MAX_CONNECTIONS as ENDPOINT_SLOTS
 from receivewal.daemon.metrics import Address, format_address, parse_address
 from receivewal.daemon.monitor import Monitor
 from receivewal.errors import ConfigurationError
@@ -192,3 +197,64 @@ def test_without_an_address_prometheus_client_is_never_imported() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_clients_dripping_a_request_byte_by_byte_do_not_hold_the_endpoint() -> None:
+    """As many clients as the endpoint serves at once (8), each sending its request one byte
+    every 2 s (never silent for the 5 s a read may take, never done): /metrics is refused
+    while they hold every slot, each of them is closed once it has had its 5 s in all, and
+    /metrics answers again while they would still be dripping."""
+    monitor = Monitor(None, metrics_address="127.0.0.1:0", environ={})
+    address = monitor.metrics_address
+    assert address is not None
+    stop = threading.Event()
+    connected = threading.Semaphore(0)
+    held_for: list[float] = []
+
+    def drip() -> None:
+        """Send a byte every 2 s until the server closes the connection (or the test ends)."""
+        with socket.create_connection((address.host, address.port), timeout=30) as sock:
+            opened = time.monotonic()
+            connected.release()
+            for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"x" * 100:
+                try:
+                    sock.sendall(bytes([byte]))
+                    readable, _, _ = select.select([sock], [], [], 2)
+                    if readable and not sock.recv(4096):
+                        break  # the server closed it
+                except OSError:
+                    break
+                if stop.is_set():
+                    return
+            held_for.append(time.monotonic() - opened)
+
+    drippers = [threading.Thread(target=drip) for _ in range(ENDPOINT_SLOTS)]
+    try:
+        for thread in drippers:
+            thread.start()
+        for _ in drippers:
+            assert connected.acquire(timeout=30)
+        time.sleep(0.2)  # the server has taken every one of them
+        # every slot is held: a scrape is closed at once (reset, or closed before the answer)
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+            scrape(address)
+        began, answered = time.monotonic(), None
+        while time.monotonic() - began < 15:
+            try:
+                scrape(address)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            answered = time.monotonic() - began
+            break
+        assert answered is not None, "/metrics did not answer in 15 s while 8 clients dripped"
+        for thread in drippers:
+            thread.join(timeout=15)
+    finally:
+        stop.set()
+        for thread in drippers:
+            thread.join()
+        monitor.close()
+    assert answered < 6, answered
+    assert len(held_for) == ENDPOINT_SLOTS, held_for
+    assert all(4.5 < seconds < 7 for seconds in held_for), held_for

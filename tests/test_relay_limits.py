@@ -9,10 +9,13 @@ import ssl
 import struct
 import threading
 import time
+import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg import pq
 from support.certs import TestCA
 from support.memory import peak_rss_kb
@@ -20,6 +23,7 @@ from support.servers import PgServer, free_port, running_server
 from test_relay import running_relay
 
 from receivewal.errors import ConfigurationError
+from receivewal.relay.admission import LogThrottle
 from receivewal.relay.backend import BackendStream
 from receivewal.relay.protocol import MAX_STARTUP_PACKET, SSL_REQUEST, build_startup_packet
 from receivewal.relay.settings import ClientAccess, build_relay_settings
@@ -255,3 +259,94 @@ def test_an_xlogdata_larger_than_the_decoder_accepts_passes_plain_in_pieces() ->
     assert decoder.restore(huge) == huge
     assert is_compressed(out[5:])
     assert decoder.restore(out[5:]) == small
+
+
+@contextlib.contextmanager
+def idle_from(source: str, port: int, count: int) -> Iterator[None]:
+    """``count`` TCP connections from ``source`` that never send a byte, each reopened as soon
+    as the relay closes it (at its start-up deadline, or sooner); closed on exit."""
+    stop = threading.Event()
+
+    def hold() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError), socket.create_connection(
+                    ("127.0.0.1", port), timeout=30, source_address=(source, 0)) as sock:
+                sock.settimeout(0.1)
+                while not stop.is_set():
+                    try:
+                        if not sock.recv(4096):
+                            break  # closed by the relay: reopen at once
+                    except TimeoutError:
+                        continue
+
+    holders = [threading.Thread(target=hold) for _ in range(count)]
+    for thread in holders:
+        thread.start()
+    time.sleep(0.5)  # every idle connection is open
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in holders:
+            thread.join()
+
+
+@pytest.mark.server
+def test_clients_still_negotiating_do_not_count_toward_max_connections(pg: PgServer) -> None:
+    """With --max-connections 3, three idle connections from an allowed address (reopened
+    whenever the 2 s start-up deadline closes them) and then six clients one after the other:
+    each of the six is served (an idle connection is not a client until its startup packet);
+    the idle ones are closed as newer connections need their place."""
+    metrics_port = free_port()
+    with running_relay(pg.port, extra=("--allow", f"{ALLOWED}/32", "--max-connections", "3",
+                                       "--startup-timeout", "2", "--metrics-address",
+                                       f"127.0.0.1:{metrics_port}")) as relay:
+        with idle_from(ALLOWED, relay.port, 3):
+            errors = [legitimate(relay.port, "disable") for _ in range(6)]
+        samples = relay_metrics(metrics_port)
+    assert errors == [""] * 6
+    assert samples[("receivewal_relay_clients_served_total", ())] == 6
+    assert samples[("receivewal_relay_startup_evicted_total", ())] >= 6
+    assert samples[("receivewal_relay_refused_total", (("reason", "too_many_connections"),))] == 0
+
+
+def relay_metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the relay's /metrics as {(name, sorted labels): value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_a_flood_of_outsiders_is_counted_and_logged_sparingly() -> None:
+    """200 connections from outside --allow, each refused at once: the refusals are counted in
+    receivewal_relay_refused_total{reason="outside_allow"} on --metrics-address, and warned
+    about in a few log lines that say how many they stand for, not 200."""
+    metrics_port = free_port()
+    with running_relay(free_port(), extra=("--allow", f"{ALLOWED}/32", "--metrics-address",
+                                           f"127.0.0.1:{metrics_port}")) as relay:
+        for _ in range(200):
+            with socket.create_connection(("127.0.0.1", relay.port), timeout=30,
+                                          source_address=(OUTSIDE, 0)) as sock:
+                assert sock.recv(1) == b"E"
+        samples = relay_metrics(metrics_port)
+    refused = relay.named("relay_client_refused")
+    assert samples[("receivewal_relay_refused_total", (("reason", "outside_allow"),))] == 200
+    assert 1 <= len(refused) <= 5, len(refused)
+    assert sum(1 + int(event.get("suppressed", 0)) for event in refused) <= 200
+    assert refused[0]["client"].startswith(f"{OUTSIDE}:")
+
+
+def test_log_throttle_lets_one_line_per_interval_through_and_counts_the_rest() -> None:
+    """One line per event per interval; the next line that goes out says how many were held
+    back; another event (or another kind of refusal) has its own count."""
+    now = [0.0]
+    throttle = LogThrottle(interval=10, clock=lambda: now[0])
+    assert throttle.admit("refused:outside_allow") == {}
+    assert [throttle.admit("refused:outside_allow") for _ in range(99)] == [None] * 99
+    assert throttle.admit("refused:too_many_connections") == {}
+    now[0] = 10.0
+    assert throttle.admit("refused:outside_allow") == {"suppressed": 99}
+    assert throttle.admit("refused:outside_allow") is None
+    now[0] = 25.0
+    assert throttle.admit("refused:outside_allow") == {"suppressed": 1}

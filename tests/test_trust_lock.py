@@ -115,8 +115,10 @@ def test_lock_record_of_another_user_does_not_stop_the_owner(archive_dir: Path) 
     assert (archive / LOCK_FILE).stat().st_uid == pwd.getpwnam("postgres").pw_uid
 
 
-def test_lock_held_by_another_user_names_the_holder(archive_dir: Path) -> None:
-    """root holds the archive of the postgres user; postgres is told who holds it."""
+def test_lock_held_by_another_user_is_refused_in_one_line(archive_dir: Path) -> None:
+    """root holds the archive of the postgres user; postgres is refused. The record is 0600
+    as every file of the archive (pg_receivewal's rule), so postgres is told that it cannot
+    read who holds it."""
     archive = archive_dir
     os.chown(archive, pwd.getpwnam("postgres").pw_uid, -1)
     holder = Archive(archive)
@@ -125,8 +127,9 @@ def test_lock_held_by_another_user_names_the_holder(archive_dir: Path) -> None:
         result = as_postgres(lock_once(archive))
     finally:
         holder.unlock()
-    assert result == (f"ArchiveError: archive {archive} is in use by pid {os.getpid()} on "
-                      f"{socket.gethostname()}")
+    assert result == (f"ArchiveError: archive {archive} is in use by another process (its "
+                      f'record "{archive / LOCK_FILE}" cannot be read: [Errno 13] Permission '
+                      f"denied: '{archive / LOCK_FILE}')")
 
 
 def test_a_deleted_lock_record_still_refuses_a_second_writer(tmp_path: Path) -> None:

@@ -129,26 +129,49 @@ class Archive:
 
         Raises ArchiveError naming the holder when another process has it. Then lists the
         directory, removes the temporary files a crashed writer left, and returns the listing
-        (without them; their names in its ``removed``) for the rest of the start-up.
+        (without them; their names in its ``removed``) for the rest of the start-up. Until the
+        server says whether its data directory allows group access (:meth:`adopt_file_mode`),
+        files are written with the mode the archive directory alone decides.
         """
         self.check_exists()
         fd = lock_directory(self.directory)
-        path = self.directory / LOCK_FILE
-        record = f"{os.getpid()} {socket.gethostname()}\n".encode()
+        self.file_mode = self.file_mode_for(self.file_mode)
         try:
-            # atomic but not fsynced: it only names the holder to a second writer while this
-            # process lives (the flock is the lock), and two fsyncs would delay every start
-            write_file_durably(self.directory, LOCK_FILE, record, mode=0o644, sync=False)
+            self._write_lock_record()
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise ArchiveError(f'directory "{self.directory}" is not writable: could not '
                                    f"write its lock record {LOCK_FILE} ({exc.strerror})"
                                    ) from exc
-            raise os_error(exc, f'could not write the lock record "{path}"') from exc
+            raise os_error(exc, f'could not write the lock record "{self.directory / LOCK_FILE}"'
+                           ) from exc
         self._lock_fd = fd
         listing = self.listing()
         return listing.without(self.remove_temporaries(listing))
+
+    def _write_lock_record(self) -> None:
+        """pid and host in LOCK_FILE, with the archive's file mode. Atomic but not fsynced: it
+        only names the holder to a second writer while this process lives (the flock is the
+        lock), and two fsyncs would delay every start. Raises OSError."""
+        record = f"{os.getpid()} {socket.gethostname()}\n".encode()
+        write_file_durably(self.directory, LOCK_FILE, record, mode=self.file_mode, sync=False)
+
+    def adopt_file_mode(self, server_mode: int) -> int:
+        """Write the archive's files from now on with the mode the server's data directory
+        asks for (pg_receivewal's rule, see :meth:`file_mode_for`); the lock record, written
+        before the server was known, is rewritten when its mode differs. Returns the mode;
+        raises ArchiveError."""
+        mode = self.file_mode_for(server_mode)
+        if mode != self.file_mode:
+            self.file_mode = mode
+            if self._lock_fd is not None:
+                try:
+                    self._write_lock_record()
+                except OSError as exc:
+                    raise os_error(exc, "could not write the lock record "
+                                   f'"{self.directory / LOCK_FILE}"') from exc
+        return mode
 
     def unlock(self) -> None:
         """Give the archive up (the lock record stays; the directory's lock is what counts)."""

@@ -10,6 +10,7 @@ differs: a directory's entries, or one ListBucket over the prefix.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from receivewal.archive.compression import Opener, open_local
 from receivewal.archive.identity import IDENTITY_FILE, identity_from_json
 from receivewal.archive.objectstore import is_bucket_url, parse_bucket_url
 from receivewal.errors import ArchiveError, StoreError
+from receivewal.wal.names import looks_like_segment, parse_history_file_name
 
 if TYPE_CHECKING:
     from receivewal.archive.bucket import Bucket
@@ -78,21 +80,41 @@ class ArchiveSource:
 
 
 def list_source(archive: str | Path) -> ArchiveSource:
-    """The files of an archive: a directory's entries other than directories (a dangling
-    symlink under a segment's name is an unreadable segment, never a file that is not there),
-    or one listing of a bucket prefix. ArchiveError when there is no such directory; a
-    store's error (StoreError) names the bucket and the endpoint."""
+    """The files of an archive: a directory's (:func:`list_directory`), or one listing of a
+    bucket prefix. ArchiveError when there is no such directory; a store's error
+    (StoreError) names the bucket and the endpoint."""
     text = str(archive)
     if is_bucket_url(text):
         base = str(parse_bucket_url(text))
         bucket = connect(base)
         files = bucket.list_files()
         return ArchiveSource(base, BucketOpener(base, bucket), tuple((n, s) for n, s in files))
-    directory = Path(archive)
+    return ArchiveSource(str(archive), None, list_directory(Path(archive)))
+
+
+def list_directory(directory: Path) -> tuple[tuple[str, int], ...]:
+    """(name, size from lstat) of each entry of an archive directory that a reader must look
+    at, sorted: everything but a directory, and a directory too when it bears a WAL file's
+    name. Whatever stands under a segment's or history file's name (a directory, a FIFO, a
+    device, a dangling symlink) is that file, unreadable, never a file that is not there: the
+    reader reports it. ArchiveError when there is no such directory."""
     if not directory.is_dir():
         raise ArchiveError(f"{directory} is not a directory")
-    names = sorted(p.name for p in directory.iterdir() if not p.is_dir())
-    return ArchiveSource(str(directory), None, tuple((n, None) for n in names))
+    found = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False) and not _wal_name(entry.name):
+                continue
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:  # removed since the listing
+                continue
+            found.append((entry.name, size))
+    return tuple(sorted(found))
+
+
+def _wal_name(name: str) -> bool:
+    return looks_like_segment(name) or parse_history_file_name(name) is not None
 
 
 def read_capped(path: str, cap: int, open_binary: Opener | None = None) -> bytes:

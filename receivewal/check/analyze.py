@@ -27,7 +27,6 @@ import dataclasses
 import datetime
 import io
 import json
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Any, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.archive.objectstore import is_bucket_url
-from receivewal.archive.sources import BucketOpener, connect
+from receivewal.archive.sources import ArchiveSource, BucketOpener, connect, list_directory
 from receivewal.check.crosscheck import (
     ArchiveReport,
     FollowerRun,
@@ -45,11 +44,11 @@ from receivewal.check.crosscheck import (
     choose_files,
     plan_scans,
 )
-from receivewal.check.verify import classify, detect_segment_size, scan_file
+from receivewal.check.verify import classify, detect_segment_size, histories_of, scan_file
 from receivewal.check.walclock import WalClock, thin_marks, time_marks, wal_clock
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
-from receivewal.wal.names import SegmentFile, parse_history_file_name
+from receivewal.wal.names import SegmentFile
 from receivewal.wal.reader import RmgrTotals, SegmentScan, WalProblem
 from receivewal.wal.rmgr import rmgr_name
 
@@ -94,12 +93,13 @@ def opener_for(base: str) -> Opener | None:
 
 def list_archive(spark: Any, root: str) -> list[tuple[str, int]]:
     """(file name, size) of every file directly under ``root``; contents are not read (an
-    ``s3://`` archive: one listing of the prefix, on the driver)."""
+    ``s3://`` archive: one listing of the prefix, on the driver; a directory as verify lists
+    it, so that a FIFO, a device or a directory under a WAL file's name is that file,
+    unreadable, and reported)."""
     if is_bucket_url(root):
         return connect(root).list_files()
     if not is_uri(root):
-        with os.scandir(root) as entries:
-            return sorted((e.name, e.stat().st_size) for e in entries if e.is_file())
+        return list(list_directory(Path(root)))
     rows = spark.read.format("binaryFile").load(root).select("path", "length").collect()
     return sorted((r["path"].rsplit("/", 1)[-1], int(r["length"])) for r in rows)
 
@@ -216,13 +216,9 @@ def plan_archive(spark: Any, root: str, compressibility: bool
     rows = [(root, base, t.file, t.segment.compression, t.segment.timeline, t.segment.segno,
              t.segment.partial, json.dumps(t.followers), sizes[t.file], segment_size,
              compressibility) for t in plan_scans(chosen, segment_size=segment_size)]
-    histories = {}
-    for name in history_names:
-        tli = parse_history_file_name(name)
-        if tli is not None:
-            with (opener or open_local)(base + "/" + name) as fh:
-                histories[tli] = fh.read().decode(errors="replace")
-    return rows, histories, segment_size, problems
+    histories = histories_of(ArchiveSource(base, opener, tuple(files)), history_names,
+                             problems)
+    return rows, dict(histories), segment_size, problems
 
 
 def _parallelism(spark: Any) -> int:

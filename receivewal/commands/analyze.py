@@ -13,15 +13,28 @@ from pathlib import Path
 import click
 
 from receivewal.archive.durable import scratch_directory
+from receivewal.commands.output import deliver
+from receivewal.commands.verify import named_archive
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 
 EXIT_CODES = """\b
-Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed."""
+Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed;
+2 a usage error, or the summary could not be written."""
+
+
+def named_archives(ctx: click.Context, param: click.Parameter, value: tuple[str, ...],
+                   ) -> tuple[str, ...]:
+    """Archive arguments that each name something (an empty one would read as the current
+    directory)."""
+    for archive in value:
+        named_archive(ctx, param, archive)
+    return value
 
 
 @click.command("analyze", short_help="Verify and chart many WAL archives on Spark.",
                epilog=EXIT_CODES)
-@click.argument("inputs", nargs=-1, required=True, metavar="DIR-OR-URI...")
+@click.argument("inputs", nargs=-1, required=True, metavar="DIR-OR-URI...",
+                callback=named_archives)
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
               default=Path("receivewal-analysis"), show_default=True,
               help="Directory for the Parquet tables and the report.")
@@ -59,7 +72,8 @@ def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, m
             spark.stop()  # releases a Connect session on the server; ends a local one
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    for line in analyze.summary_lines(result):
-        click.echo(line)
-    if not all(rep.recoverable for rep in result.archives.values()):
-        raise click.exceptions.Exit(1)
+    lines = analyze.summary_lines(result)
+    status = deliver(lambda: click.echo("\n".join(lines)),
+                     0 if all(rep.recoverable for rep in result.archives.values()) else 1)
+    if status:
+        raise click.exceptions.Exit(status)

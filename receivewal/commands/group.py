@@ -3,17 +3,21 @@ over.
 
 Each subcommand lives in the module that owns its work and is registered here.
 Errors are printed as one line, ``receivewal: error: ...``, with exit code 1, as
-pg_receivewal does. The console script enters through :mod:`receivewal.commands.cli`, which
-hands a plain ``restore`` call over before click is imported.
+pg_receivewal does; a usage error of ``verify`` or ``analyze``, whose 1 is the verdict "NOT
+recoverable", exits 2 (:data:`USAGE_STATUS`). The console script enters through
+:mod:`receivewal.commands.cli`, which hands a plain ``restore`` call over before click is
+imported.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
 from receivewal import __version__
+from receivewal.commands.output import NOT_A_VERDICT
 
 #: Subcommands and where they live; each module is imported only when its command runs, so
 #: the daemon does not pay at start-up for Spark, the relay or the verifier.
@@ -25,6 +29,11 @@ LAZY_COMMANDS = {
     "analyze": "receivewal.commands.analyze:analyze_command",
     "restore": "receivewal.commands.restore:restore_command",
 }
+
+
+#: The exit status of a usage error (a bad command line), by command: 2 for the commands whose
+#: 0 and 1 are verdicts (as grep and diff keep 2 for trouble), 1 for the others.
+USAGE_STATUS = {"verify": NOT_A_VERDICT, "analyze": NOT_A_VERDICT}
 
 
 class LazyGroup(click.Group):
@@ -65,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("receivewal: error: aborted", err=True)
         return 1
+    except click.UsageError as exc:
+        click.echo(f"receivewal: error: {exc.format_message()}", err=True)
+        return usage_status(exc, sys.argv[1:] if argv is None else argv)
     except click.ClickException as exc:
         click.echo(f"receivewal: error: {exc.format_message()}", err=True)
         return 1
@@ -72,3 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     return int(rv or 0)
 
+
+def usage_status(exc: click.UsageError, args: list[str]) -> int:
+    """The :data:`USAGE_STATUS` of the command a usage error is about: its context's, or for
+    an error of the option parser (which carries none) the command named first in ``args``."""
+    name = (exc.ctx.command.name or "") if exc.ctx is not None else (args[:1] or [""])[0]
+    return USAGE_STATUS.get(name, 1)

@@ -6,9 +6,11 @@ import signal
 
 import click
 
+from receivewal.addresses import Address, format_address, parse_address
 from receivewal.errors import ConfigurationError
 from receivewal.logs import configure_logging
 from receivewal.relay.server import Relay
+from receivewal.relay.session import relay_log
 from receivewal.relay.settings import (
     CLIENT_TLS_MODES,
     DEFAULT_MAX_CONNECTIONS,
@@ -51,12 +53,15 @@ PEM = click.Path(exists=True, dir_okay=False)
               help="WAL payloads smaller than this many bytes are sent plain.")
 @click.option("--zstd-level", type=int, default=1, show_default=True,
               help="zstd compression level (the module uses 1).")
+@click.option("--metrics-address", metavar="HOST:PORT",
+              help="Serve Prometheus metrics at /metrics on this address: clients served and "
+                   "negotiating, refusals by reason, start-up timeouts.")
 @click.option("-v", "--verbose", count=True, help="More log output (debug events).")
 def relay_command(*, listen: str, upstream: str, tls_cert: str | None, tls_key: str | None,
                   tls_ca: str | None, client_tls: str | None, allow: tuple[str, ...],
                   max_connections: int, startup_timeout: float, upstream_sslmode: str,
                   upstream_sslrootcert: str | None, compression: str, min_size: int,
-                  zstd_level: int, verbose: int) -> int:
+                  zstd_level: int, metrics_address: str | None, verbose: int) -> int:
     """Relay a primary to receivers, compressing its WAL stream with pg_streampack.
 
     The primary sees the relay's address: write pg_hba rules for it, never trust.
@@ -70,10 +75,27 @@ def relay_command(*, listen: str, upstream: str, tls_cert: str | None, tls_key: 
             listen, upstream, compression=compression, min_size=min_size,
             zstd_level=zstd_level, upstream_sslmode=upstream_sslmode,
             upstream_sslrootcert=upstream_sslrootcert, access=access)
+        address = parse_address(metrics_address, "metrics address") if metrics_address \
+            else None
         relay = Relay(settings)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
-    relay.serve_forever(stop_signals=(signal.SIGTERM, signal.SIGINT))
+    endpoint = None
+    if address is not None:
+        from receivewal.daemon.endpoint import serve_collector  # noqa: PLC0415 - only then
+
+        try:
+            endpoint = serve_collector(address, relay.stats)
+        except ConfigurationError as exc:
+            raise click.ClickException(str(exc)) from exc
+        host, port = endpoint.server_address[:2]
+        relay_log().info("metrics_serving", address=format_address(Address(str(host), port)))
+    try:
+        relay.serve_forever(stop_signals=(signal.SIGTERM, signal.SIGINT))
+    finally:
+        if endpoint is not None:
+            endpoint.shutdown()
+            endpoint.server_close()
     return 0

@@ -19,13 +19,13 @@ this module is the command only.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import click
 
+from receivewal.commands.output import silence_stdout
 from receivewal.daemon.health import (
     LABELS,
     UPLOAD_CRITICAL,
@@ -73,11 +73,8 @@ def status_command(directory: Path, as_json: bool, max_age: float, upload_warnin
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader left early (``status | head -1``): stop writing quietly, as a CLI tool
-        # dying of SIGPIPE does, and keep the verdict's exit code. What is still buffered goes
-        # to /dev/null so that the interpreter's final flush does not fail again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        # dying of SIGPIPE does, and keep the verdict's exit code.
+        silence_stdout()
     raise click.exceptions.Exit(verdict.code)
 
 

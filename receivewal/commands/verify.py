@@ -1,28 +1,52 @@
 """``receivewal verify DIR`` (or ``s3://BUCKET/PREFIX``): click parses,
 :mod:`receivewal.check.verify` does the work.
 
-Exit code 0 only when the archive is recoverable end to end; 1 otherwise, or on an error
-(printed as one line). A plain command line does not come here: the console script runs it
-through :mod:`receivewal.commands.verify_call` without importing click, and the two paths
-share :func:`~receivewal.commands.verify_call.verify_text`; this command owns the options'
-help and the usage errors.
+Exit code 0 only when the archive is recoverable end to end; 1 when it is not, or cannot be
+read (printed as one line); 2 (:data:`~receivewal.commands.output.NOT_A_VERDICT`) for a usage
+error or a report that cannot be written. A plain command line does not come here: the console
+script runs it through :mod:`receivewal.commands.verify_call` without importing click, and the
+two paths share :func:`~receivewal.commands.verify_call.verify_text`; this command owns the
+options' help and the usage errors.
 """
 
 from __future__ import annotations
 
 import click
 
-from receivewal.commands.verify_call import verify_text
+from receivewal.commands.output import deliver
+from receivewal.commands.verify_call import start_lsn, verify_text
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 
+EXIT_CODES = """\b
+Exit codes: 0 recoverable end to end; 1 NOT recoverable, or the archive cannot be read;
+2 a usage error, or the report could not be written."""
 
-@click.command("verify")
-@click.argument("archive", metavar="DIR-OR-S3-URL")
+
+def named_archive(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """An archive argument that names something: an empty one would read as the current
+    directory."""
+    if not value:
+        raise click.BadParameter("an empty name names no archive: give a directory (. for the "
+                                 "current one) or s3://BUCKET/PREFIX", ctx=ctx, param=param)
+    return value
+
+
+def _lsn_or_nothing(ctx: click.Context, param: click.Parameter, value: str | None,
+                    ) -> str | None:
+    try:
+        start_lsn(value)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
+    return value
+
+
+@click.command("verify", epilog=EXIT_CODES)
+@click.argument("archive", metavar="DIR-OR-S3-URL", callback=named_archive)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="At most this many worker processes (default: one per CPU); one per GiB "
                    "of segments, so a small archive is scanned in this process.")
-@click.option("--start", "start", default=None, metavar="LSN",
+@click.option("--start", "start", default=None, metavar="LSN", callback=_lsn_or_nothing,
               help="Check the WAL range recovery reaches from this LSN (default: the first "
                    "segment's start).")
 @click.option("--compressibility", is_flag=True,
@@ -36,7 +60,6 @@ def verify_command(archive: str, as_json: bool, jobs: int | None, start: str | N
                                    compressibility=compressibility)
     except (ArchiveError, ConfigurationError, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(text)
+    status = deliver(lambda: click.echo(text), status)
     if status:
         raise click.exceptions.Exit(status)
-

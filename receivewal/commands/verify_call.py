@@ -10,7 +10,10 @@ command in :mod:`receivewal.commands.verify`, which owns the options' help and u
 
 Both paths print the same bytes and exit with the same status: :func:`verify_text` is the
 command's work for both, and :func:`run` writes it and reports errors as the click group does
-(``receivewal: error: ...``, exit 1).
+(``receivewal: error: ...``): exit 1 when the archive cannot be read, 2
+(:data:`~receivewal.commands.output.NOT_A_VERDICT`) when the report cannot be written, as for
+click's usage errors; a reader that leaves early ends the output quietly with the verdict's
+status (:func:`~receivewal.commands.output.deliver`).
 """
 
 from __future__ import annotations
@@ -63,16 +66,36 @@ def parse(args: list[str]) -> Call | None:
         else:
             archives.append(arg)
         i += 1
-    jobs = values.get("jobs")
-    if len(archives) != 1 or (jobs is not None and not _is_count(jobs)):
+    jobs, start = values.get("jobs"), values.get("start")
+    if len(archives) != 1 or (jobs is not None and not _is_count(jobs)) \
+            or (start is not None and not _is_lsn(start)):
         return None
     return Call(archives[0], as_json=flags["as_json"], jobs=None if jobs is None else int(jobs),
-                start=values.get("start"), compressibility=flags["compressibility"])
+                start=start, compressibility=flags["compressibility"])
 
 
 def _is_count(text: str) -> bool:
     """Whether ``text`` is a worker count (ASCII digits, at least 1): click says why not."""
     return text.isascii() and text.isdigit() and int(text) >= 1
+
+
+def _is_lsn(text: str) -> bool:
+    """Whether ``text`` is an LSN (or empty: no start): click says why not."""
+    from receivewal.errors import ConfigurationError  # noqa: PLC0415
+
+    try:
+        start_lsn(text)
+    except ConfigurationError:
+        return False
+    return True
+
+
+def start_lsn(start: str | None) -> int | None:
+    """``--start`` as an LSN (None when not given); ConfigurationError saying why it is not
+    one."""
+    from receivewal.wal.lsn import parse_lsn  # noqa: PLC0415 - after the command line is read
+
+    return parse_lsn(start) if start else None
 
 
 def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | None,
@@ -85,10 +108,8 @@ def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | N
         report_lines,
         verify_archive,
     )
-    from receivewal.wal.lsn import parse_lsn  # noqa: PLC0415
 
-    start_lsn = parse_lsn(start) if start else None
-    report, results = verify_archive(archive, jobs=jobs, start_lsn=start_lsn,
+    report, results = verify_archive(archive, jobs=jobs, start_lsn=start_lsn(start),
                                      compressibility=compressibility)
     if as_json:
         import json  # noqa: PLC0415 - only for --json
@@ -101,6 +122,7 @@ def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | N
 
 def run(call: Call) -> int:
     """Verify the archive and print the report; the exit status, as the click path's."""
+    from receivewal.commands.output import deliver  # noqa: PLC0415
     from receivewal.errors import (  # noqa: PLC0415
         ArchiveError,
         ConfigurationError,
@@ -114,15 +136,11 @@ def run(call: Call) -> int:
         except (ArchiveError, ConfigurationError, StoreError) as exc:
             _echo(f"receivewal: error: {exc}", sys.stderr)
             return 1
-        _echo(text, sys.stdout)
+        return deliver(lambda: _echo(text, sys.stdout), status)
     except (EOFError, KeyboardInterrupt):  # click: a new line, then the group's one line
         _echo("", sys.stderr)
         _echo("receivewal: error: aborted", sys.stderr)
         return 1
-    except BrokenPipeError:  # click: exit 1, and nothing more said to a closed pipe
-        _silence(sys.stdout)
-        return 1
-    return status
 
 
 def _echo(text: str, stream: TextIO) -> None:
@@ -144,16 +162,3 @@ def _ascii(stream: TextIO) -> bool:
         return codecs.lookup(getattr(stream, "encoding", None) or "ascii").name == "ascii"
     except LookupError:
         return False
-
-
-def _silence(stream: TextIO) -> None:
-    """Point the closed pipe's descriptor at /dev/null, so that the interpreter's last flush
-    of what is still buffered does not fail again (what click's flush wrapper does)."""
-    import os  # noqa: PLC0415
-
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, stream.fileno())
-        os.close(null)
-    except (OSError, ValueError):
-        pass

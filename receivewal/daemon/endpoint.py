@@ -4,12 +4,16 @@ prometheus-client's ``start_http_server`` gives every connection a thread that w
 request forever, so idle connections pile up until the process runs out of file descriptors
 and the daemon with it. This server holds at most :data:`MAX_CONNECTIONS` connections at once
 (one more is closed as soon as it is accepted), gives each read and write of a connection
-:data:`IO_TIMEOUT` seconds (an idle client is dropped), and when ``accept`` itself fails for
-lack of descriptors it pauses instead of spinning. It is imported only when metrics are served.
+:data:`IO_TIMEOUT` seconds (an idle client is dropped) and each connection
+:data:`REQUEST_TIMEOUT` seconds in all, from accept to the last byte of the answer (a client
+that sends its request a byte at a time is dropped too: it would otherwise hold a slot for as
+long as it likes), and when ``accept`` itself fails for lack of descriptors it pauses instead of
+spinning. It is imported only when metrics are served.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 import sys
@@ -19,19 +23,44 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from receivewal.addresses import Address
+from receivewal.addresses import Address, format_address
+from receivewal.errors import ConfigurationError
 from receivewal.logs import get_logger
 
 MAX_CONNECTIONS = 8  # a scraper or two, with room for a human with curl
 IO_TIMEOUT = 5.0  # seconds a connection may take for each read or write
+REQUEST_TIMEOUT = 5.0  # seconds a connection may take in all (a scrape takes milliseconds)
 ACCEPT_PAUSE = 0.2  # seconds to wait after accept failed for lack of descriptors
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE}
 
 
 class QuietHandler(WSGIRequestHandler):
-    """A request handler with a socket timeout that logs nothing per request."""
+    """A request handler with a socket timeout and a deadline for the whole connection, that
+    logs nothing per request."""
 
     timeout = IO_TIMEOUT
+
+    def setup(self) -> None:
+        """Arm the connection's deadline: when it passes, the socket is shut down both ways,
+        so that a read or write in progress ends at once."""
+        self._deadline_lock = threading.Lock()
+        self._finished = False
+        self._deadline = threading.Timer(REQUEST_TIMEOUT, self._expire)
+        self._deadline.daemon = True
+        self._deadline.start()
+        super().setup()
+
+    def _expire(self) -> None:
+        with self._deadline_lock:  # never after finish: the server closes the socket then
+            if not self._finished:
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        with self._deadline_lock:
+            self._finished = True
+        self._deadline.cancel()
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
         """Log nothing (a scrape every few seconds is not news)."""
@@ -80,6 +109,21 @@ class BoundedServer(ThreadingMixIn, WSGIServer):
         error = sys.exc_info()[1]
         get_logger().debug("metrics_request_failed", client=str(client_address[0]),
                            error=str(error) or type(error).__name__)
+
+
+def serve_collector(address: Address, collector: Any) -> BoundedServer:
+    """Serve ``collector``'s metrics (a prometheus-client collector) at ``/metrics`` on
+    ``address``, in a registry of its own (never the global one), from a daemon thread;
+    ConfigurationError when the address cannot be bound (in use, not local...)."""
+    from prometheus_client import CollectorRegistry, make_wsgi_app  # noqa: PLC0415
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        return serve_wsgi(address, make_wsgi_app(registry))
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on {format_address(address)}: "
+                                 f"{exc.strerror or exc}") from exc
 
 
 def serve_wsgi(address: Address, app: Any) -> BoundedServer:

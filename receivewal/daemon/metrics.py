@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 # Re-exported (the monitor imports them from here).
 from receivewal.addresses import Address as Address  # noqa: PLC0414
+from receivewal.addresses import format_address as format_address  # noqa: PLC0414
 from receivewal.addresses import parse_address as parse_address  # noqa: PLC0414
-from receivewal.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -234,21 +234,9 @@ class Metrics:
 
         Raise ConfigurationError when the address cannot be bound (in use, not local...).
         """
-        from prometheus_client import (  # noqa: PLC0415 - imported only when serving
-            CollectorRegistry,
-            make_wsgi_app,
-        )
+        from receivewal.daemon.endpoint import serve_collector  # noqa: PLC0415 - only then
 
-        from receivewal.daemon.endpoint import serve_wsgi  # noqa: PLC0415 - as above
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)
-        try:
-            server = serve_wsgi(address, make_wsgi_app(registry))
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot serve metrics on {format_address(address)}: {exc.strerror or exc}"
-            ) from exc
+        server = serve_collector(address, self)
         self._server = server
         host, port = server.server_address[:2]
         return Address(str(host), int(port))
@@ -259,9 +247,3 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-
-def format_address(address: Address) -> str:
-    """``HOST:PORT``, with brackets around an IPv6 address."""
-    host = f"[{address.host}]" if ":" in address.host else address.host
-    return f"{host}:{address.port}"

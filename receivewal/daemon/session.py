@@ -110,11 +110,11 @@ class Session:
         info = self.info = identify_server(self.conn)
         listing, self.listing = self.listing or self.archive.listing(), None
         files = listing.segments(info.segment_size)
+        # before the uploader's thread starts: it writes the upload record
+        self.events(ev.FileModeChosen(self.archive.adopt_file_mode(info.file_mode)))
         if self.uploads is not None:  # another cluster's prefix: refused before any write
             self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
                                                info.timeline), listing)
-        self.archive.file_mode = self.archive.file_mode_for(info.file_mode)
-        self.events(ev.FileModeChosen(self.archive.file_mode))
         self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
                                                     info.timeline), files)
         newest, rejected = self.archive.resume_point(info.segment_size,

@@ -192,7 +192,7 @@ class Supervisor:
             uploads = self._uploader(archive)
             monitor = Monitor(self.settings.directory, self.settings.metrics_address,
                               keeps_partials=not self.settings.at_rest.method,
-                              progress=self.settings.progress,
+                              progress=self.settings.progress, file_mode=archive.file_mode,
                               uploads=uploads.status if uploads else None)
         except ReceivewalError as exc:
             self.events(Failed(str(exc)))

@@ -8,7 +8,12 @@ connections receivers would make to it. For each client it:
    client when TLS is required and every client past ``--max-connections`` get theirs after the
    encryption negotiation; nothing of theirs reaches the upstream. Every client has
    ``--startup-timeout`` seconds from its connection to its startup packet (TLS handshake
-   included), and each connection is a task of its own, so a silent or slow one delays nobody;
+   included), and each connection is a task of its own, so a silent or slow one delays nobody.
+   A connection counts toward ``--max-connections`` only once its startup packet has come:
+   those still negotiating are a pool of their own, as large, and when one more arrives the
+   one that has been negotiating longest is closed to make room, so idle connections cannot
+   keep clients out. Refusals and timeouts are counted (:class:`~receivewal.relay.admission.
+   RelayStats`, served on ``--metrics-address``) and their log lines throttled;
 1. reads the startup packet. An SSLRequest is answered ``S`` and TLS follows when the relay
    has a certificate (``--tls-cert``/``--tls-key``; client certificates checked against
    ``--tls-ca``), ``N`` otherwise; GSSENCRequest is answered ``N``. Plaintext is refused
@@ -54,6 +59,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from receivewal.allocator import keep_freed_buffers
+from receivewal.relay.admission import LogThrottle, RelayStats
 from receivewal.relay.protocol import CANCEL_REQUEST, build_error_response
 from receivewal.relay.session import (
     Client,
@@ -80,8 +86,9 @@ class Relay:
 
     One asyncio event loop serves every connection (the upstream TLS needs no locking that
     way); compression runs on the loop, which is fine for the handful of receivers a primary
-    has. At most ``max_connections`` clients are served at once; as many more can be in the
-    middle of being refused, and beyond that a connection is closed at once.
+    has. At most ``max_connections`` clients are served at once, and as many more can be
+    negotiating (the oldest is closed when one more arrives) and as many in the middle of
+    being refused (beyond that a connection is closed at once). :attr:`stats` counts them.
     """
 
     def __init__(self, settings: RelaySettings) -> None:
@@ -97,9 +104,12 @@ class Relay:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
-        self._sessions: set[asyncio.Task[Any]] = set()
+        self._serving: set[asyncio.Task[Any]] = set()
+        self._negotiating: dict[asyncio.Task[Any], None] = {}  # the oldest first
         self._refusing: set[asyncio.Task[Any]] = set()
         self._allocator_tuned = False
+        self.stats = RelayStats()
+        self._throttle = LogThrottle()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -140,7 +150,7 @@ class Relay:
         accepting = asyncio.create_task(self._accept_forever())
         await self._stopping.wait()
         accepting.cancel()
-        tasks = [accepting, *self._sessions, *self._refusing]
+        tasks = [accepting, *self._serving, *self._negotiating, *self._refusing]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -162,17 +172,43 @@ class Relay:
                 continue
             sock.setblocking(False)
             host, client = str(peer[0]), f"{peer[0]}:{peer[1]}"
-            allowed = is_allowed(host, self.settings.allow)
-            if allowed and len(self._sessions) < self.settings.max_connections:
-                self._start(self._sessions, self._handle(sock, client, None))
+            self.stats.accepted += 1
+            if is_allowed(host, self.settings.allow):
+                self._make_room()
+                task = asyncio.create_task(self._handle(sock, client))
+                self._negotiating[task] = None
+                task.add_done_callback(self._forget)
+                self._count()
             elif len(self._refusing) >= self.settings.max_connections:
+                self.stats.refused["overloaded"] += 1
                 sock.close()  # too many refusals in flight already: no answer
-            elif not allowed:
-                self._start(self._refusing, self._refuse_outsider(sock, host, client))
             else:
-                self._start(self._refusing, self._handle(sock, client, (
-                    f"receivewal relay: too many connections (--max-connections "
-                    f"{self.settings.max_connections})", "53300")))
+                self._start(self._refusing, self._refuse_outsider(sock, host, client))
+
+    def _make_room(self) -> None:
+        """Close the connections negotiating longest until one more fits among them."""
+        while len(self._negotiating) >= self.settings.max_connections:
+            oldest = next(iter(self._negotiating))
+            del self._negotiating[oldest]
+            oldest.cancel()  # _handle closes its socket
+            self.stats.evicted += 1
+            self._log(relay_log(), "info", "relay_startup_evicted",
+                      negotiating=self.settings.max_connections)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._negotiating.pop(task, None)
+        self._serving.discard(task)
+        self._count()
+
+    def _count(self) -> None:
+        self.stats.serving, self.stats.negotiating = len(self._serving), len(self._negotiating)
+
+    def _log(self, log: Any, level: str, event: str, key: str = "", **fields: Any) -> None:
+        """Log ``event`` unless a flood of it was logged a moment ago (then it is counted and
+        the next line that goes out says how many it stands for)."""
+        extra = self._throttle.admit(f"{event}:{key}")
+        if extra is not None:
+            getattr(log, level)(event, **fields, **extra)
 
     @staticmethod
     def _start(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, None]) -> None:
@@ -189,7 +225,9 @@ class Relay:
         loop = asyncio.get_running_loop()
         message = (f"receivewal relay: connection from {host} refused: {host} is not in the "
                    "relay's --allow list")
-        relay_log().warning("relay_client_refused", client=client, reason=message)
+        self.stats.refused["outside_allow"] += 1
+        self._log(relay_log(), "warning", "relay_client_refused", "outside_allow",
+                  client=client, reason=message)
         try:
             await loop.sock_sendall(sock, build_error_response(message, "28000"))
             sock.shutdown(socket.SHUT_WR)
@@ -201,40 +239,58 @@ class Relay:
         finally:
             sock.close()
 
-    async def _handle(self, sock: socket.socket, peer: str,
-                      reason: tuple[str, str] | None) -> None:
+    async def _handle(self, sock: socket.socket, peer: str) -> None:
         log = relay_log().bind(client=peer)
         timeout = self.settings.startup_timeout
+        task = asyncio.current_task()
         try:
             client = await asyncio.wait_for(negotiate(sock, self.client_ssl), timeout)
         except TimeoutError:
-            log.warning("relay_startup_timeout", timeout=timeout)
+            self.stats.startup_timeouts += 1
+            self._log(log, "warning", "relay_startup_timeout", timeout=timeout)
             sock.close()
             return
+        except asyncio.CancelledError:  # made room for a newer connection, or the relay stops
+            sock.close()
+            raise
         except (OSError, ClientGone, asyncio.IncompleteReadError) as exc:
-            log.info("relay_startup_failed", error=str(exc) or type(exc).__name__)
+            self._log(log, "info", "relay_startup_failed", error=str(exc) or type(exc).__name__)
             sock.close()
             return
+        finally:
+            if task is not None:
+                self._negotiating.pop(task, None)
+        reason = self._tls_refusal(client)
+        if reason is None and len(self._serving) >= self.settings.max_connections:
+            reason = (f"receivewal relay: too many connections (--max-connections "
+                      f"{self.settings.max_connections})", "53300", "too_many_connections")
         if reason is None:
-            reason = self._tls_refusal(client)
-        if reason is None:
+            if task is not None:
+                self._serving.add(task)
+            self.stats.served += 1
+            self._count()
             await RelaySession(self.settings, self.ssl_context, client, log).run()
             return
-        log.warning("relay_client_refused", reason=reason[0], client_tls=client.tls)
+        self._count()
+        message, code, kind = reason
+        self.stats.refused[kind] += 1
+        self._log(log, "warning", "relay_client_refused", kind, reason=message,
+                  client_tls=client.tls)
         try:
-            await asyncio.wait_for(refuse(client.writer, *reason), timeout)
+            await asyncio.wait_for(refuse(client.writer, message, code), timeout)
         except (OSError, TimeoutError) as exc:
             log.debug("relay_connection_error", error=str(exc) or type(exc).__name__)
         finally:
             await close_writer(client.writer)
 
-    def _tls_refusal(self, client: Client) -> tuple[str, str] | None:
+    def _tls_refusal(self, client: Client) -> tuple[str, str, str] | None:
+        """The message, SQLSTATE and kind of refusal a client's TLS (or its lack) earns."""
         if client.code == CANCEL_REQUEST:
             return None
         if not client.tls and self.settings.client_tls == "require":
             return ("receivewal relay requires TLS from clients: connect with sslmode=require "
-                    "or stronger", "28000")
+                    "or stronger", "28000", "tls_required")
         if client.tls and self.settings.tls_ca and not client.writer.get_extra_info("peercert"):
             return ("receivewal relay requires a client certificate signed by its --tls-ca: "
-                    "set sslcert and sslkey", "28000")
+                    "set sslcert and sslkey", "28000", "client_certificate_required")
         return None

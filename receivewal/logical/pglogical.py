@@ -1,0 +1,201 @@
+"""pglogical_output's native protocol, decoded from CopyData payloads (pure).
+
+The plugin Debian's ``postgresql-15-pglogical`` ships (pglogical 2.4) sends, after the client's
+START_REPLICATION parameters (:func:`startup_parameters`), a Startup message ``S`` with
+the settings it chose, and then transactions: Begin ``B``, an Origin ``O`` when the
+transaction came from another node, a relation's metadata ``R`` before the first row of it in
+the session, Insert ``I``, Update ``U``, Delete ``D`` and Commit ``C``. Every message but
+Startup starts with a flags byte that must be zero ("reserved, the client must ERROR if set").
+Names are counted strings whose count includes their zero byte; a text value ends with a zero
+byte too. The relation metadata carries no column types (the startup parameter ``coltypes`` is
+false), so binary values cannot be turned into text here.
+
+Values come as text unless binary transfer was asked for and granted (the Startup message's
+``binary.binary_basetypes`` or ``binary.internal_basetypes`` say ``t``); a binary or internal
+value the Startup message did not grant is an error, as is any message before the Startup
+message, an unknown type, kind or action byte, a message that ends early or has bytes left.
+TRUNCATE is not a message of this protocol: pglogical queues it in its own table, whose rows
+arrive as ordinary inserts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from receivewal.errors import ProtocolError
+from receivewal.logical import messages as m
+from receivewal.logical.reader import MessageReader
+from receivewal.wal.lsn import format_lsn
+
+PROTOCOL_VERSION = "1"  # the only native protocol version pglogical_output speaks
+STARTUP_FORMAT = 1  # the Startup message's own version
+_KEY_COLUMN = 1  # a column's flag: part of the replica identity
+
+
+def startup_parameters(replication_sets: list[str], *, binary: bool = False,
+                       server_major: int | None = None) -> list[tuple[str, str]]:
+    """The START_REPLICATION options that ask pglogical_output for its native protocol in
+    UTF-8 with the given replication sets; ``binary`` asks for the types' send/receive format,
+    which the plugin grants only to a client of its major version (``server_major``, e.g.
+    15)."""
+    options = [("startup_params_format", "1"),
+               ("min_proto_version", PROTOCOL_VERSION), ("max_proto_version", PROTOCOL_VERSION),
+               ("proto_format", "native"), ("expected_encoding", "UTF8"),
+               ("pglogical.replication_set_names", ",".join(replication_sets))]
+    if binary:
+        if server_major is None:
+            raise ValueError("binary transfer needs the server's major version")
+        options += [("binary.want_binary_basetypes", "1"),
+                    ("binary.basetypes_major_version", str(server_major))]
+    return options
+
+
+class PglogicalDecoder:
+    """Decodes the pglogical_output messages of one replication connection, in order."""
+
+    def __init__(self) -> None:
+        self.startup: m.Startup | None = None
+        self._kinds = "nut"  # the value kinds allowed: binary ones once granted
+
+    def decode(self, lsn: int, payload: bytes | memoryview) -> m.LogicalMessage:
+        """The message in ``payload``, sent at ``lsn``; ProtocolError naming the LSN for
+        anything not exactly right."""
+        data = bytes(payload)
+        if not data:
+            raise ProtocolError(f"pglogical_output message at {format_lsn(lsn)}: empty message")
+        entry = _MESSAGES.get(data[0])
+        if entry is None:
+            raise ProtocolError(f"pglogical_output message at {format_lsn(lsn)}: unknown "
+                                f"message type 0x{data[0]:02x}")
+        name, read = entry
+        reader = MessageReader(data, lsn, f"pglogical_output {name}", start=1)
+        if (self.startup is None) != (name == "Startup"):
+            raise reader.error("the Startup message must come first, and only once")
+        message = read(self, reader)
+        reader.end()
+        return message
+
+    def _startup(self, r: MessageReader) -> m.Startup:
+        version = r.byte("startup message version")
+        if version != STARTUP_FORMAT:
+            raise r.error(f"startup message version {version}, not {STARTUP_FORMAT}")
+        pairs = []
+        while r.remaining:
+            key = r.cstring("parameter name")
+            pairs.append((key, r.cstring(f"value of {key}")))
+        startup = m.Startup(version, tuple(pairs))
+        for bound in ("min_proto_version", "max_proto_version"):
+            if startup.get(bound) != PROTOCOL_VERSION:
+                raise r.error(f"{bound} is {startup.get(bound)!r}, not {PROTOCOL_VERSION!r}")
+        if startup.get("coltypes") == "t":
+            raise r.error("coltypes is on: column types are not part of protocol version 1")
+        self._kinds = "nut" + "b" * (startup.get("binary.binary_basetypes") == "t") \
+            + "i" * (startup.get("binary.internal_basetypes") == "t")
+        self.startup = startup
+        return startup
+
+    def _begin(self, r: MessageReader) -> m.Begin:
+        _no_flags(r)
+        return m.Begin(r.u64("final LSN"), r.i64("commit timestamp"), r.u32("transaction id"))
+
+    def _commit(self, r: MessageReader) -> m.Commit:
+        _no_flags(r)
+        return m.Commit(r.u64("commit LSN"), r.u64("end LSN"), r.i64("commit timestamp"))
+
+    def _origin(self, r: MessageReader) -> m.Origin:
+        _no_flags(r)
+        origin_lsn = r.u64("origin LSN")
+        return m.Origin(origin_lsn, r.counted_cstring(r.byte("origin name length"),
+                                                      "origin name"))
+
+    def _relation(self, r: MessageReader) -> m.Relation:
+        _no_flags(r)
+        relation_id = r.u32("relation id")
+        namespace = r.counted_cstring(r.byte("namespace length"), "namespace")
+        name = r.counted_cstring(r.byte("relation name length"), "relation name")
+        _expect(r, "A", "attributes block")
+        columns = []
+        for number in range(1, r.u16("attribute count") + 1):
+            _expect(r, "C", f"column {number} block")
+            flags = r.byte(f"column {number} flags")
+            if flags & ~_KEY_COLUMN:
+                raise r.error(f"unknown flags {flags:#x} on column {number}")
+            _expect(r, "N", f"column {number} name block")
+            column = r.counted_cstring(r.u16(f"column {number} name length"),
+                                       f"column {number} name")
+            columns.append(m.RelationColumn(bool(flags), column, None, None))
+        return m.Relation(None, relation_id, namespace, name, None, tuple(columns))
+
+    def _insert(self, r: MessageReader) -> m.Insert:
+        _no_flags(r)
+        relation_id = r.u32("relation id")
+        _expect(r, "N", "new tuple")
+        return m.Insert(None, relation_id, self._tuple(r))
+
+    def _update(self, r: MessageReader) -> m.Update:
+        _no_flags(r)
+        relation_id = r.u32("relation id")
+        action = r.char("tuple kind")
+        old_kind, old = None, None
+        if action in "KO":
+            old_kind, old = action, self._tuple(r)
+            action = r.char("tuple kind")
+        if action != "N":
+            raise r.error(f"expected the new tuple ('N'), got {action!r}")
+        return m.Update(None, relation_id, old_kind, old, self._tuple(r))
+
+    def _delete(self, r: MessageReader) -> m.Delete:
+        _no_flags(r)
+        relation_id = r.u32("relation id")
+        kind = r.char("tuple kind")
+        if kind not in "KO":
+            raise r.error(f"expected the old key ('K') or old tuple ('O'), got {kind!r}")
+        return m.Delete(None, relation_id, kind, self._tuple(r))
+
+    def _tuple(self, r: MessageReader) -> m.TupleData:
+        _expect(r, "T", "tuple block")
+        kinds: list[str] = []
+        values: list[bytes | None] = []
+        for number in range(1, r.u16("tuple column count") + 1):
+            kind = r.char(f"column {number} kind")
+            if kind not in self._kinds:
+                granted = "not granted by the Startup message" if kind in "bi" else "unknown"
+                raise r.error(f"column {number} has kind {kind!r}, {granted}")
+            value: bytes | None = None
+            if kind in "tbi":
+                length = r.i32(f"column {number} length")
+                if length < 0:
+                    raise r.error(f"column {number} has a negative length {length}")
+                value = r.raw(length, f"column {number} value")
+                if kind == "t":
+                    if not value or value[-1] != 0:
+                        raise r.error(f"column {number}'s text does not end with a zero byte")
+                    value = value[:-1]
+            kinds.append(kind)
+            values.append(value)
+        return m.TupleData("".join(kinds), tuple(values))
+
+
+def _expect(r: MessageReader, block: str, what: str) -> None:
+    got = r.char(what)
+    if got != block:
+        raise r.error(f"expected the {what} ({block!r}), got {got!r}")
+
+
+def _no_flags(r: MessageReader) -> None:
+    flags = r.byte("flags")
+    if flags:
+        raise r.error(f"reserved flags {flags:#x} are set")
+
+
+_MESSAGES: dict[int, tuple[str, Callable[[PglogicalDecoder, MessageReader],
+                                          m.LogicalMessage]]] = {
+    ord("S"): ("Startup", PglogicalDecoder._startup),
+    ord("B"): ("Begin", PglogicalDecoder._begin),
+    ord("C"): ("Commit", PglogicalDecoder._commit),
+    ord("O"): ("Origin", PglogicalDecoder._origin),
+    ord("R"): ("Relation", PglogicalDecoder._relation),
+    ord("I"): ("Insert", PglogicalDecoder._insert),
+    ord("U"): ("Update", PglogicalDecoder._update),
+    ord("D"): ("Delete", PglogicalDecoder._delete),
+}

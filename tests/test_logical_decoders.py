@@ -417,11 +417,14 @@ def test_pglogical_random_bytes_raise_only_the_protocol_error(payload: bytes,
 
 def test_pglogical_startup_parameters() -> None:
     """The START_REPLICATION options pglogical_output needs: the parameter format, protocol
-    1 at both ends, the native format in UTF-8, the replication sets; binary asks for the
-    send/receive format of the server's major version."""
+    1 at both ends, the native format in UTF-8, the replication sets; other nodes'
+    transactions; binary asks for the send/receive format of the server's major version,
+    spelled as the plugin compares it (PG_VERSION_NUM / 100)."""
     assert startup_parameters(["default", "extra"]) == [
         ("startup_params_format", "1"), ("min_proto_version", "1"), ("max_proto_version", "1"),
         ("proto_format", "native"), ("expected_encoding", "UTF8"),
         ("pglogical.replication_set_names", "default,extra")]
-    assert startup_parameters(["default"], binary=True, server_major=15)[-2:] == [
-        ("binary.want_binary_basetypes", "1"), ("binary.basetypes_major_version", "15")]
+    assert startup_parameters(["default"], binary=True, forward_origins=True,
+                              server_version=150018)[-3:] == [
+        ("pglogical.forward_origins", "all"), ("binary.want_binary_basetypes", "1"),
+        ("binary.basetypes_major_version", "1500")]

@@ -110,6 +110,8 @@ def test_replaying_the_change_log_gives_the_primarys_tables(
     docs = [r for r in records if r["op"] == "update" and r["table"] == "docs"]
     assert [(r["new"], r["unchanged_toast"]) for r in docs] == [
         ({"id": "1", "note": "second"}, ["body"])]
+    assert [(r["name"], r["origin_lsn"]) for r in records if r["op"] == "origin"] == [
+        ("upstream", "0/ABCDEF")]
     full = [r["old"] for r in records if r["op"] in ("update", "delete")
             and r["table"] == "full_rows"]
     assert full == [{"id": "1", "val": "a"}, {"id": "2", "val": "b"}]

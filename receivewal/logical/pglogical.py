@@ -33,20 +33,24 @@ _KEY_COLUMN = 1  # a column's flag: part of the replica identity
 
 
 def startup_parameters(replication_sets: list[str], *, binary: bool = False,
-                       server_major: int | None = None) -> list[tuple[str, str]]:
+                       forward_origins: bool = False, server_version: int | None = None,
+                       ) -> list[tuple[str, str]]:
     """The START_REPLICATION options that ask pglogical_output for its native protocol in
-    UTF-8 with the given replication sets; ``binary`` asks for the types' send/receive format,
-    which the plugin grants only to a client of its major version (``server_major``, e.g.
-    15)."""
+    UTF-8 with the given replication sets. ``forward_origins`` asks for transactions that
+    came from other nodes too (with an Origin message); ``binary`` asks for the types'
+    send/receive format, which the plugin grants only to a client that names the server's
+    major version as PG_VERSION_NUM / 100 does (1500 for ``server_version`` 150018)."""
     options = [("startup_params_format", "1"),
                ("min_proto_version", PROTOCOL_VERSION), ("max_proto_version", PROTOCOL_VERSION),
                ("proto_format", "native"), ("expected_encoding", "UTF8"),
                ("pglogical.replication_set_names", ",".join(replication_sets))]
+    if forward_origins:
+        options.append(("pglogical.forward_origins", "all"))
     if binary:
-        if server_major is None:
-            raise ValueError("binary transfer needs the server's major version")
+        if server_version is None:
+            raise ValueError("binary transfer needs the server's version")
         options += [("binary.want_binary_basetypes", "1"),
-                    ("binary.basetypes_major_version", str(server_major))]
+                    ("binary.basetypes_major_version", str(server_version // 100))]
     return options
 
 

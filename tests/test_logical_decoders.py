@@ -373,7 +373,7 @@ def test_pglogical_startup_and_change_messages() -> None:
     ([w.pgl_startup(STARTUP)], STARTUP, "Startup at .*must come first, and only once"),
     ([], [("max_proto_version", "2"), ("min_proto_version", "1")], "max_proto_version is '2'"),
     ([], [*STARTUP[:2], ("coltypes", "t")], "coltypes is on"),
-    ([b"B\x01" + w.pgl_begin(1, 2, 3)[2:]], None, "reserved flags 0x1 are set"),
+    ([b"B\x01" + w.pgl_begin(1, 2, 3)[2:]], None, "unknown flags 0x1"),
     ([w.pgl_insert(1, [("b", b"\0\0\0\1")])], None, "kind 'b', not granted by the Startup"),
     ([w.pgl_insert(1, [("i", b"\0\0\0\1")])], None, "kind 'i', not granted by the Startup"),
     ([w.pgl_insert(1, [("x", None)])], None, "kind 'x', unknown"),

@@ -191,11 +191,26 @@ class Assembler:
                                    f"transaction that Begin announced to commit at "
                                    f"{format_lsn(txn.final_lsn)}")
         self.current = None
+        self._committed(lsn, txn, message)
+
+    def _committed(self, lsn: int, txn: _Transaction, message: m.Commit | m.StreamCommit,
+                   ) -> None:
+        """Write a committed transaction: begin, its lines, commit."""
         first = records.begin(txn.lsn, txn.xid, message.commit_lsn, message.commit_time)
         last = records.commit(lsn, txn.xid, message.commit_lsn, message.end_lsn,
                               message.commit_time)
         self._emit(self._transaction_run(txn, first, last, message.commit_lsn,
                                          message.end_lsn), txn)
+
+    def _prepared(self, lsn: int, txn: _Transaction, message: m.Prepare | m.StreamPrepare,
+                  ) -> None:
+        """Write a prepared transaction: begin_prepare, its lines, prepare."""
+        first = records.begin_prepare(txn.lsn, txn.xid, message.gid,
+                                      prepare_lsn=message.prepare_lsn,
+                                      end_lsn=message.end_lsn,
+                                      prepare_time=message.prepare_time)
+        self._emit(self._transaction_run(txn, first, records.prepare(lsn, message),
+                                         message.prepare_lsn, message.end_lsn), txn)
 
     def _prepare(self, lsn: int, message: m.Prepare) -> None:
         txn = self.current
@@ -205,12 +220,7 @@ class Assembler:
             raise self._error(lsn, f"Prepare of transaction {message.xid} ({message.gid!r}) "
                                    f"ends transaction {txn.xid} ({txn.gid!r})")
         self.current = None
-        first = records.begin_prepare(txn.lsn, txn.xid, txn.gid,
-                                      prepare_lsn=message.prepare_lsn,
-                                      end_lsn=message.end_lsn,
-                                      prepare_time=message.prepare_time)
-        self._emit(self._transaction_run(txn, first, records.prepare(lsn, message),
-                                         message.prepare_lsn, message.end_lsn), txn)
+        self._prepared(lsn, txn, message)
 
     def _commit_prepared(self, lsn: int, message: m.CommitPrepared) -> None:
         self._outside(lsn, "Commit Prepared")
@@ -255,21 +265,12 @@ class Assembler:
     def _stream_commit(self, lsn: int, message: m.StreamCommit) -> None:
         txn = self._streamed(lsn, message.xid, "Stream Commit")
         self.relations.end_stream(message.xid, committed=True)
-        first = records.begin(txn.lsn, txn.xid, message.commit_lsn, message.commit_time)
-        last = records.commit(lsn, txn.xid, message.commit_lsn, message.end_lsn,
-                              message.commit_time)
-        self._emit(self._transaction_run(txn, first, last, message.commit_lsn,
-                                         message.end_lsn), txn)
+        self._committed(lsn, txn, message)
 
     def _stream_prepare(self, lsn: int, message: m.StreamPrepare) -> None:
         txn = self._streamed(lsn, message.xid, "Stream Prepare")
         self.relations.end_stream(message.xid, committed=True)
-        first = records.begin_prepare(txn.lsn, txn.xid, message.gid,
-                                      prepare_lsn=message.prepare_lsn,
-                                      end_lsn=message.end_lsn,
-                                      prepare_time=message.prepare_time)
-        self._emit(self._transaction_run(txn, first, records.prepare(lsn, message),
-                                         message.prepare_lsn, message.end_lsn), txn)
+        self._prepared(lsn, txn, message)
 
     def _stream_abort(self, lsn: int, message: m.StreamAbort) -> None:
         if message.subxid == message.xid:

@@ -171,8 +171,8 @@ class StreamAbort:
 
 
 @dataclass(frozen=True, slots=True)
-class BeginPrepare:
-    """A transaction that will be prepared starts (protocol 3, two-phase)."""
+class PreparedTransaction:
+    """What Begin Prepare, Prepare and Stream Prepare say of a two-phase transaction."""
 
     prepare_lsn: int
     end_lsn: int
@@ -182,12 +182,13 @@ class BeginPrepare:
 
 
 @dataclass(frozen=True, slots=True)
-class Prepare:
-    prepare_lsn: int
-    end_lsn: int
-    prepare_time: int
-    xid: int
-    gid: str
+class BeginPrepare(PreparedTransaction):
+    """A transaction that will be prepared starts (protocol 3, two-phase)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare(PreparedTransaction):
+    """The transaction that Begin Prepare started has been prepared."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,14 +211,8 @@ class RollbackPrepared:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamPrepare:
+class StreamPrepare(PreparedTransaction):
     """A streamed transaction has been prepared (protocol 3, two-phase with streaming)."""
-
-    prepare_lsn: int
-    end_lsn: int
-    prepare_time: int
-    xid: int
-    gid: str
 
 
 @dataclass(frozen=True, slots=True)

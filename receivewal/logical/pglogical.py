@@ -99,65 +99,55 @@ class PglogicalDecoder:
         return startup
 
     def _begin(self, r: MessageReader) -> m.Begin:
-        _no_flags(r)
+        r.no_flags()
         return m.Begin(r.u64("final LSN"), r.i64("commit timestamp"), r.u32("transaction id"))
 
     def _commit(self, r: MessageReader) -> m.Commit:
-        _no_flags(r)
+        r.no_flags()
         return m.Commit(r.u64("commit LSN"), r.u64("end LSN"), r.i64("commit timestamp"))
 
     def _origin(self, r: MessageReader) -> m.Origin:
-        _no_flags(r)
+        r.no_flags()
         origin_lsn = r.u64("origin LSN")
         return m.Origin(origin_lsn, r.counted_cstring(r.byte("origin name length"),
                                                       "origin name"))
 
     def _relation(self, r: MessageReader) -> m.Relation:
-        _no_flags(r)
+        r.no_flags()
         relation_id = r.u32("relation id")
         namespace = r.counted_cstring(r.byte("namespace length"), "namespace")
         name = r.counted_cstring(r.byte("relation name length"), "relation name")
-        _expect(r, "A", "attributes block")
+        r.expect("A", "attributes block")
         columns = []
         for number in range(1, r.u16("attribute count") + 1):
-            _expect(r, "C", f"column {number} block")
+            r.expect("C", f"column {number} block")
             flags = r.byte(f"column {number} flags")
             if flags & ~_KEY_COLUMN:
                 raise r.error(f"unknown flags {flags:#x} on column {number}")
-            _expect(r, "N", f"column {number} name block")
+            r.expect("N", f"column {number} name block")
             column = r.counted_cstring(r.u16(f"column {number} name length"),
                                        f"column {number} name")
             columns.append(m.RelationColumn(bool(flags), column, None, None))
         return m.Relation(None, relation_id, namespace, name, None, tuple(columns))
 
     def _insert(self, r: MessageReader) -> m.Insert:
-        _no_flags(r)
+        r.no_flags()
         relation_id = r.u32("relation id")
-        _expect(r, "N", "new tuple")
+        r.expect("N", "new tuple")
         return m.Insert(None, relation_id, self._tuple(r))
 
     def _update(self, r: MessageReader) -> m.Update:
-        _no_flags(r)
+        r.no_flags()
         relation_id = r.u32("relation id")
-        action = r.char("tuple kind")
-        old_kind, old = None, None
-        if action in "KO":
-            old_kind, old = action, self._tuple(r)
-            action = r.char("tuple kind")
-        if action != "N":
-            raise r.error(f"expected the new tuple ('N'), got {action!r}")
-        return m.Update(None, relation_id, old_kind, old, self._tuple(r))
+        return m.Update(None, relation_id, *r.update_tuples(self._tuple))
 
     def _delete(self, r: MessageReader) -> m.Delete:
-        _no_flags(r)
+        r.no_flags()
         relation_id = r.u32("relation id")
-        kind = r.char("tuple kind")
-        if kind not in "KO":
-            raise r.error(f"expected the old key ('K') or old tuple ('O'), got {kind!r}")
-        return m.Delete(None, relation_id, kind, self._tuple(r))
+        return m.Delete(None, relation_id, *r.delete_tuple(self._tuple))
 
     def _tuple(self, r: MessageReader) -> m.TupleData:
-        _expect(r, "T", "tuple block")
+        r.expect("T", "tuple block")
         kinds: list[str] = []
         values: list[bytes | None] = []
         for number in range(1, r.u16("tuple column count") + 1):
@@ -178,18 +168,6 @@ class PglogicalDecoder:
             kinds.append(kind)
             values.append(value)
         return m.TupleData("".join(kinds), tuple(values))
-
-
-def _expect(r: MessageReader, block: str, what: str) -> None:
-    got = r.char(what)
-    if got != block:
-        raise r.error(f"expected the {what} ({block!r}), got {got!r}")
-
-
-def _no_flags(r: MessageReader) -> None:
-    flags = r.byte("flags")
-    if flags:
-        raise r.error(f"reserved flags {flags:#x} are set")
 
 
 _MESSAGES: dict[int, tuple[str, Callable[[PglogicalDecoder, MessageReader],

@@ -157,7 +157,7 @@ class PgoutputDecoder:
 
     def _commit(self, r: MessageReader) -> m.Commit:
         self._outside_stream(r)
-        _no_flags(r)
+        r.no_flags()
         return m.Commit(_set_lsn(r, r.u64("commit LSN"), "commit LSN"),
                         _set_lsn(r, r.u64("end LSN"), "end LSN"), r.i64("commit timestamp"))
 
@@ -189,28 +189,21 @@ class PgoutputDecoder:
     def _insert(self, r: MessageReader) -> m.Insert:
         xid = self._xid(r)
         relation_id = r.u32("relation OID")
-        _expect(r, "N", "new tuple")
-        return m.Insert(xid, relation_id, read_tuple(r, binary=self.options.binary))
+        r.expect("N", "new tuple")
+        return m.Insert(xid, relation_id, self._tuple(r))
 
     def _update(self, r: MessageReader) -> m.Update:
         xid = self._xid(r)
         relation_id = r.u32("relation OID")
-        action = r.char("tuple kind")
-        old_kind, old = None, None
-        if action in "KO":
-            old_kind, old = action, read_tuple(r, binary=self.options.binary)
-            action = r.char("tuple kind")
-        if action != "N":
-            raise r.error(f"expected the new tuple ('N'), got {action!r}")
-        return m.Update(xid, relation_id, old_kind, old, read_tuple(r, binary=self.options.binary))
+        return m.Update(xid, relation_id, *r.update_tuples(self._tuple))
 
     def _delete(self, r: MessageReader) -> m.Delete:
         xid = self._xid(r)
         relation_id = r.u32("relation OID")
-        kind = r.char("tuple kind")
-        if kind not in "KO":
-            raise r.error(f"expected the old key ('K') or old tuple ('O'), got {kind!r}")
-        return m.Delete(xid, relation_id, kind, read_tuple(r, binary=self.options.binary))
+        return m.Delete(xid, relation_id, *r.delete_tuple(self._tuple))
+
+    def _tuple(self, r: MessageReader) -> m.TupleData:
+        return read_tuple(r, binary=self.options.binary)
 
     def _truncate(self, r: MessageReader) -> m.Truncate:
         xid = self._xid(r)
@@ -249,7 +242,7 @@ class PgoutputDecoder:
     def _stream_commit(self, r: MessageReader) -> m.StreamCommit:
         self._outside_stream(r)
         xid = _valid_xid(r, r.u32("transaction id"))
-        _no_flags(r)
+        r.no_flags()
         return m.StreamCommit(xid, _set_lsn(r, r.u64("commit LSN"), "commit LSN"),
                               _set_lsn(r, r.u64("end LSN"), "end LSN"),
                               r.i64("commit timestamp"))
@@ -264,29 +257,21 @@ class PgoutputDecoder:
 
     def _begin_prepare(self, r: MessageReader) -> m.BeginPrepare:
         self._outside_stream(r)
-        return m.BeginPrepare(_set_lsn(r, r.u64("prepare LSN"), "prepare LSN"),
-                              _set_lsn(r, r.u64("end LSN"), "end LSN"),
-                              r.i64("prepare timestamp"),
-                              _valid_xid(r, r.u32("transaction id")), r.cstring("GID"))
+        return m.BeginPrepare(*self._two_phase(r, "prepare"))
 
     def _prepare(self, r: MessageReader) -> m.Prepare:
         self._outside_stream(r)
-        _no_flags(r)
-        return m.Prepare(_set_lsn(r, r.u64("prepare LSN"), "prepare LSN"),
-                         _set_lsn(r, r.u64("end LSN"), "end LSN"), r.i64("prepare timestamp"),
-                         _valid_xid(r, r.u32("transaction id")), r.cstring("GID"))
+        r.no_flags()
+        return m.Prepare(*self._two_phase(r, "prepare"))
 
     def _commit_prepared(self, r: MessageReader) -> m.CommitPrepared:
         self._outside_stream(r)
-        _no_flags(r)
-        return m.CommitPrepared(_set_lsn(r, r.u64("commit LSN"), "commit LSN"),
-                                _set_lsn(r, r.u64("end LSN"), "end LSN"),
-                                r.i64("commit timestamp"),
-                                _valid_xid(r, r.u32("transaction id")), r.cstring("GID"))
+        r.no_flags()
+        return m.CommitPrepared(*self._two_phase(r, "commit"))
 
     def _rollback_prepared(self, r: MessageReader) -> m.RollbackPrepared:
         self._outside_stream(r)
-        _no_flags(r)
+        r.no_flags()
         return m.RollbackPrepared(
             _set_lsn(r, r.u64("prepare end LSN"), "prepare end LSN"),
             _set_lsn(r, r.u64("rollback end LSN"), "rollback end LSN"),
@@ -295,11 +280,15 @@ class PgoutputDecoder:
 
     def _stream_prepare(self, r: MessageReader) -> m.StreamPrepare:
         self._outside_stream(r)
-        _no_flags(r)
-        return m.StreamPrepare(_set_lsn(r, r.u64("prepare LSN"), "prepare LSN"),
-                               _set_lsn(r, r.u64("end LSN"), "end LSN"),
-                               r.i64("prepare timestamp"),
-                               _valid_xid(r, r.u32("transaction id")), r.cstring("GID"))
+        r.no_flags()
+        return m.StreamPrepare(*self._two_phase(r, "prepare"))
+
+    def _two_phase(self, r: MessageReader, event: str) -> tuple[int, int, int, int, str]:
+        """The fields the two-phase messages share: the ``event``'s (prepare's or commit's)
+        LSN, the end LSN, the event's time, the xid, the GID."""
+        return (_set_lsn(r, r.u64(f"{event} LSN"), f"{event} LSN"),
+                _set_lsn(r, r.u64("end LSN"), "end LSN"), r.i64(f"{event} timestamp"),
+                _valid_xid(r, r.u32("transaction id")), r.cstring("GID"))
 
 
 def read_tuple(r: MessageReader, *, binary: bool) -> m.TupleData:
@@ -327,18 +316,6 @@ def read_tuple(r: MessageReader, *, binary: bool) -> m.TupleData:
 
 def _show(byte: int) -> str:
     return f"{chr(byte)!r} (0x{byte:02x})" if 0x20 < byte < 0x7F else f"0x{byte:02x}"
-
-
-def _expect(r: MessageReader, action: str, what: str) -> None:
-    got = r.char("tuple kind")
-    if got != action:
-        raise r.error(f"expected the {what} ({action!r}), got {got!r}")
-
-
-def _no_flags(r: MessageReader) -> None:
-    flags = r.byte("flags")
-    if flags:
-        raise r.error(f"unknown flags {flags:#x}")
 
 
 def _set_lsn(r: MessageReader, lsn: int, field: str) -> int:

@@ -10,8 +10,10 @@ message and the LSN it came at. Nothing is guessed.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from receivewal.errors import ProtocolError
+from receivewal.logical.messages import TupleData
 from receivewal.wal.lsn import format_lsn
 
 _U16 = struct.Struct(">H")
@@ -113,6 +115,38 @@ class MessageReader:
         except UnicodeDecodeError as exc:
             raise self.error(f"its {field} is not valid UTF-8 ({exc.reason} at byte "
                              f"{exc.start})") from None
+
+    def expect(self, wanted: str, what: str) -> None:
+        """One byte that must be ``wanted`` (an action or block byte), named ``what``."""
+        got = self.char(what)
+        if got != wanted:
+            raise self.error(f"expected the {what} ({wanted!r}), got {got!r}")
+
+    def no_flags(self) -> None:
+        """A flags byte of which no bit is defined (the plugins reserve them all)."""
+        flags = self.byte("flags")
+        if flags:
+            raise self.error(f"unknown flags {flags:#x}")
+
+    def update_tuples(self, read: Callable[[MessageReader], TupleData],
+                      ) -> tuple[str | None, TupleData | None, TupleData]:
+        """An Update's tuples, as both plugins send them: the old key (``K``) or old row
+        (``O``) if any, then the new row (``N``); each read by ``read``."""
+        action = self.char("tuple kind")
+        old_kind, old = None, None
+        if action in "KO":
+            old_kind, old = action, read(self)
+            action = self.char("tuple kind")
+        if action != "N":
+            raise self.error(f"expected the new tuple ('N'), got {action!r}")
+        return old_kind, old, read(self)
+
+    def delete_tuple(self, read: Callable[[MessageReader], TupleData]) -> tuple[str, TupleData]:
+        """A Delete's old key (``K``) or old row (``O``), read by ``read``."""
+        kind = self.char("tuple kind")
+        if kind not in "KO":
+            raise self.error(f"expected the old key ('K') or old tuple ('O'), got {kind!r}")
+        return kind, read(self)
 
     def end(self) -> None:
         """The message must be over: bytes after its last field are an error."""

@@ -30,8 +30,10 @@ LOGICAL_CONF = {
     "max_prepared_transactions": "10",
     "logical_decoding_work_mem": "'64kB'",  # a few thousand rows stream
 }
-# The settings a logical receiver's connection uses: text output equals binary conversion.
-SESSION = "-c timezone=UTC -c datestyle=ISO -c extra_float_digits=1 -c bytea_output=hex"
+# The settings a logical receiver's connection uses: values in UTF-8, and text output equal to
+# what receivewal.logical.binary makes of binary values.
+SESSION = ("-c client_encoding=UTF8 -c timezone=UTC -c datestyle=ISO -c extra_float_digits=1 "
+           "-c bytea_output=hex")
 
 Consumer = Callable[[int, bytes], None]
 

@@ -16,8 +16,10 @@ from support import logical_wire as w
 from support.changelog import Message, consume, file_records, log_files, open_store, read_log, runs
 from support.memory import PEAK_RSS_KB
 
-from receivewal.errors import ProtocolError
+from receivewal.errors import ArchiveError, ProtocolError
+from receivewal.logical.assembly import Assembler, Run
 from receivewal.logical.consumer import ChangeLogConsumer
+from receivewal.logical.pgoutput import PgoutputDecoder, PgoutputOptions
 
 T0 = 849_000_000_000_000  # in PostgreSQL's microseconds since 2000-01-01 UTC:
 TIME = "2026-11-26T09:20:00.000000Z"
@@ -433,3 +435,28 @@ def test_memory_stays_bounded_by_a_large_transaction(tmp_path: Path, kind: str) 
     assert peak_kb < 45 << 10, f"peak RSS {peak_kb} kB"
     (run,) = runs(read_log(tmp_path))
     assert len(run) == 60002
+
+
+class _FailingSink:
+    """A change log whose disk fails at every write."""
+
+    written_through = 0
+
+    def write_run(self, run: Run) -> None:
+        raise ArchiveError("cannot write the change log: No space left on device")
+
+
+def test_a_failed_write_leaves_no_spool_file(tmp_path: Path) -> None:
+    """When the store fails to write a transaction that had spilled to disk, the error goes
+    up and its spool file is removed all the same."""
+    assembler = Assembler(_FailingSink(), tmp_path, memory_limit=100)
+    messages = [(0, ITEMS), *txn(1, 0x9000, *[
+        w.insert(16384, [("t", b"%d" % i), ("t", b"x" * 100), ("n", None)]) for i in range(5)])]
+    decoder = PgoutputDecoder(PgoutputOptions(1))
+    decoded = [(lsn, decoder.decode(lsn, payload)) for lsn, payload in messages]
+    for lsn, message in decoded[:-1]:
+        assembler.feed(lsn, message)
+    assert len(list(tmp_path.iterdir())) == 1
+    with pytest.raises(ArchiveError, match="No space left"):
+        assembler.feed(*decoded[-1])
+    assert list(tmp_path.iterdir()) == []

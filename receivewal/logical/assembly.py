@@ -73,7 +73,6 @@ class _Transaction:
     final_lsn: int = 0  # Begin's final LSN / Begin Prepare's prepare LSN
     commit_time: int = 0
     gid: str | None = None  # a two-phase transaction's
-    prepare_end_lsn: int = 0
     origin: bytes | None = None
     first_versions: dict[tuple[str, str], RelationInfo] = field(default_factory=dict)
     subtransactions: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -152,10 +151,13 @@ class Assembler:
         return info
 
     def _emit(self, run: Run, txn: _Transaction | None = None) -> None:
-        if run.end_lsn > self.sink.written_through:
-            self.sink.write_run(run)
-        if txn is not None:
-            txn.buffer.discard()
+        """Hand ``run`` to the sink unless it holds it already; ``txn``'s buffer goes."""
+        try:
+            if run.end_lsn > self.sink.written_through:
+                self.sink.write_run(run)
+        finally:
+            if txn is not None:
+                txn.buffer.discard()
 
     def _transaction_run(self, txn: _Transaction, first: bytes, last: bytes, name_lsn: int,
                          end_lsn: int) -> Run:
@@ -180,7 +182,6 @@ class Assembler:
         txn = self.current = self._open(lsn, message.xid, streamed=False)
         txn.final_lsn, txn.commit_time, txn.gid = (message.prepare_lsn, message.prepare_time,
                                                    message.gid)
-        txn.prepare_end_lsn = message.end_lsn
 
     def _commit(self, lsn: int, message: m.Commit) -> None:
         txn = self.current

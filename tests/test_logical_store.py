@@ -283,18 +283,21 @@ def test_damage_is_refused_naming_the_file(tmp_path: Path) -> None:
 
 def test_a_partial_file_without_a_complete_run_goes(tmp_path: Path) -> None:
     """A partial file holding only its header and relation lines (killed before its first
-    run ended) is removed, and its name is free for the run that comes again."""
+    run ended) is removed, and the file started again is named after its first commit."""
     store = open_store(tmp_path)
     consume(store, WORK[:3]).close()  # begin, relation, insert: no commit yet
     store.close()
     assert log_files(tmp_path) == []
-    path = tmp_path / file_name(0x1240, partial=True)
+    path = tmp_path / file_name(0x1840, partial=True)  # WORK's first commit LSN
     path.write_bytes(b'{"op":"header","format":1}\n{"op":"relation","lsn":"0/0","schema":"s",'
                      b'"table":"t","columns":[]}\n{"op":"begin","lsn":"0/1",')
     store = open_store(tmp_path)
     assert not path.exists()
     assert store.written_through == 0
+    consume(store, WORK).close()
     store.close()
+    assert log_files(tmp_path)[0].name == file_name(first_commit_lsn(read_log(tmp_path)),
+                                                    partial=True)
 
 
 WRITER = """

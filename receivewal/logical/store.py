@@ -140,13 +140,12 @@ class ChangeLogStore:
         if len(partials) > 1:
             raise ArchiveError(f"{self.directory} holds more than one partial change log file: "
                                + ", ".join(path.name for _, path in partials))
-        names = list(complete) + [lsn for lsn, _ in partials]
-        self.last_name = max(names, default=-1)
+        self.last_name = max(complete, default=-1)
         if complete:
             newest = self.directory / complete[max(complete)]
             self.written_through = self._scan(newest).last_end
         if partials:
-            self._resume(partials[0][1])
+            self._resume(*partials[0])
         durable.sync_path(self.directory, sync=self.settings.sync)
         self.durable_through = self.written_through
 
@@ -168,11 +167,14 @@ class ChangeLogStore:
                                f"not {records.FORMAT}")
         return found
 
-    def _resume(self, path: Path) -> None:
+    def _resume(self, name: int, path: Path) -> None:
+        """Cut the partial file after its last complete run and open it to append; remove it
+        when it has none (its name goes with it)."""
         found = self._scan(path)
         if not found.runs:
             path.unlink()
             return
+        self.last_name = max(self.last_name, name)
         if path.stat().st_size != found.good_size:
             os.truncate(path, found.good_size)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)

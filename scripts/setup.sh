@@ -14,6 +14,17 @@ command -v pgbench >/dev/null 2>&1 || [ -x "$(pg_bin_dir)/pgbench" ] || need_apt
 if [ "${RECEIVEWAL_NEEDS_JAVA:-0}" = 1 ] && ! command -v java >/dev/null 2>&1; then
   need_apt+=(default-jre-headless)
 fi
+# pglogical's output plugin for the logical change stream's tests (tests/test_logical_pglogical.py):
+# Debian's package for the server's major version (15 when the server is not installed yet)
+pg_major=15
+if [ -n "$(pg_bin_dir)" ]; then pg_major="$(basename "$(dirname "$(pg_bin_dir)")")"; fi
+if [ ! -e "/usr/lib/postgresql/$pg_major/lib/pglogical_output.so" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    need_apt+=("postgresql-$pg_major-pglogical")
+  else
+    echo "setup: postgresql-$pg_major-pglogical is missing: its tests will fail until it is installed" >&2
+  fi
+fi
 command -v chattr >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)  # barman recover, in tests/test_barman.py

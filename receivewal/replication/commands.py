@@ -5,6 +5,11 @@ result set that ends a timeline, over any
 Each function sends one command (or reads one result), checks the answer the way
 pg_receivewal does, and raises ServerError / ProtocolError with its words. The session calls
 them; it never builds a command string itself except START_REPLICATION.
+
+The logical slot's commands are built as text by pure functions
+(:func:`create_logical_slot_command`, :func:`start_logical_replication_command`): names
+are double-quoted identifiers and option values string literals, escaped as the walsender's
+scanner reads them (a doubled quote; a backslash is an ordinary character there).
 """
 
 from __future__ import annotations
@@ -97,6 +102,47 @@ def create_slot(conn: ReplicationLink, slot: str, *, reserve_wal: bool,
             return False
         raise
     return True
+
+
+def quote_identifier(name: str) -> str:
+    """``name`` as a double-quoted identifier (its case kept, ``"`` doubled)."""
+    if not name or "\0" in name:
+        raise ConfigurationError(f"invalid name {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    """``value`` as a string literal of the replication grammar (``'`` doubled)."""
+    if "\0" in value:
+        raise ConfigurationError(f"invalid value {value!r}: it holds a zero byte")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def create_logical_slot_command(slot: str, plugin: str, *, two_phase: bool,
+                                server_version: int) -> str:
+    """CREATE_REPLICATION_SLOT ... LOGICAL for ``plugin``, exporting no snapshot, with
+    two-phase decoding when asked (PostgreSQL 15 and later: the option list syntax;
+    before 15 the old keyword, and no two-phase)."""
+    head = f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} LOGICAL {quote_identifier(plugin)}"
+    if server_version >= 150000:
+        return head + " (SNAPSHOT 'nothing'" + (", TWO_PHASE)" if two_phase else ")")
+    if two_phase:
+        raise ConfigurationError("a two-phase slot needs PostgreSQL 15 or later (the server "
+                                 f"is {server_version // 10000})")
+    return head + " NOEXPORT_SNAPSHOT"
+
+
+def start_logical_replication_command(slot: str, lsn: int,
+                                      options: list[tuple[str, str | None]]) -> str:
+    """START_REPLICATION SLOT ... LOGICAL at ``lsn`` with the plugin's options (a value of
+    None sends the option's name alone)."""
+    command = f"START_REPLICATION SLOT {quote_identifier(slot)} LOGICAL {format_lsn(lsn)}"
+    if not options:
+        return command
+    listed = ", ".join(quote_identifier(name) if value is None
+                       else f"{quote_identifier(name)} {quote_literal(value)}"
+                       for name, value in options)
+    return f"{command} ({listed})"
 
 
 def drop_slot(conn: ReplicationLink, slot: str) -> None:

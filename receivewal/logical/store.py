@@ -1,0 +1,302 @@
+"""The change log on disk: JSON Lines files in OUTDIR, written durably, resumed exactly once.
+
+OUTDIR holds complete files named after the commit LSN of their first run,
+``<16 hex digits>.jsonl`` (``.jsonl.zst`` with zstd at rest), and at most one
+``<16 hex digits>.jsonl.partial`` being written. A file starts with a header line, then runs
+(:class:`~receivewal.logical.assembly.Run`), each preceded by the relation lines it needs
+that the file does not have yet (so every file can be read alone); a relation line comes again
+only when the table's description changes. Once the partial file reaches ``file_size`` bytes
+it is completed before the next run: fsynced and renamed, or compressed into a new file
+(written, fsynced and renamed by :mod:`receivewal.archive.durable`) that replaces it.
+
+:meth:`ChangeLogStore.flush` fsyncs what was written and returns the end LSN of the last
+run now durable: the only position a slot may be confirmed to. :meth:`ChangeLogStore.open`
+recovers from a crash at any point: it removes leftover temporary files and a partial file
+whose compressed copy was completed, cuts the partial file after its last complete run (a
+file with no complete run goes), and reports in :attr:`~ChangeLogStore.written_through` the
+end of the last run on disk, so that the runs a resumed stream sends again are skipped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from receivewal.archive import durable
+from receivewal.archive.codecs import ZstdCompressor
+from receivewal.archive.compression import decompress_chunks
+from receivewal.errors import ArchiveError, ConfigurationError, DiskFullError
+from receivewal.logical import records
+from receivewal.logical.assembly import Run
+from receivewal.logical.relations import RelationInfo
+from receivewal.logical.scan import FileScan, scan_file
+from receivewal.logical.spool import clear_spool
+
+SUFFIX = ".jsonl"
+PARTIAL = ".partial"
+COMPRESSED = {"": "", "zstd": ".zst"}  # at-rest methods and their suffixes
+DEFAULT_FILE_SIZE = 64 << 20
+SPOOL = ".spool"
+_NAME = re.compile(r"^([0-9A-F]{16})\.jsonl(\.zst)?(\.partial)?$")
+_WRITE_BUFFER = 1 << 20
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """How the change log is kept: ``compression`` "" or "zstd" (``level`` None: its
+    default), ``header`` the extra fields of each file's header line, ``sync`` False to
+    skip fsync (tests only, as the archive's ``--no-sync``)."""
+
+    file_size: int = DEFAULT_FILE_SIZE
+    compression: str = ""
+    level: int | None = None
+    header: tuple[tuple[str, Any], ...] = ()
+    mode: int = 0o600
+    sync: bool = True
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSED:
+            raise ConfigurationError(f"the change log can be compressed with zstd only, not "
+                                     f"{self.compression!r}")
+        if self.file_size < 1:
+            raise ConfigurationError(f"invalid file size {self.file_size}")
+
+
+def file_name(lsn: int, compression: str = "", *, partial: bool = False) -> str:
+    """The name of the file whose first run has commit LSN ``lsn``."""
+    return f"{lsn:016X}{SUFFIX}{COMPRESSED[compression]}{PARTIAL if partial else ''}"
+
+
+def parse_file_name(name: str) -> tuple[int, str, bool] | None:
+    """(LSN, compression, partial) of a change log file's name; None for other names (a
+    partial file is never compressed)."""
+    match = _NAME.match(name)
+    if match is None or (match.group(2) and match.group(3)):
+        return None
+    return int(match.group(1), 16), "zstd" if match.group(2) else "", bool(match.group(3))
+
+
+class ChangeLogStore:
+    """One change log directory, written by one process (the caller holds its lock)."""
+
+    def __init__(self, directory: Path, settings: StoreSettings) -> None:
+        self.directory = directory
+        self.settings = settings
+        self.written_through = 0  # end LSN of the last run written (durable or not)
+        self.durable_through = 0  # end LSN of the last run fsynced
+        self.last_name = -1  # the LSN in the newest file's name
+        self._fd: int | None = None
+        self._partial: Path | None = None
+        self._size = 0  # the partial file's size, pending bytes included
+        self._pending = bytearray()
+        self._dirty = False  # written since the last fsync
+        self._new_file = False  # the partial file's directory entry is not fsynced yet
+        self._rotate = False  # the partial file is full: complete it before the next run
+        self._broken = False  # a write failed: the file may end inside a run
+        self._versions: dict[tuple[str, str], int] = {}  # relation version per table
+        self._shapes: dict[tuple[str, str], bytes] = {}  # what the file says of each table
+
+    @property
+    def spool(self) -> Path:
+        """The scratch directory for transactions being buffered."""
+        return self.directory / SPOOL
+
+    @classmethod
+    def open(cls, directory: Path, settings: StoreSettings) -> ChangeLogStore:
+        """Open (or start) the change log in ``directory``, recovering from a crash."""
+        store = cls(directory, settings)
+        try:
+            store._recover()
+        except OSError as exc:
+            raise ArchiveError(f"cannot open the change log in {directory}: {exc}") from exc
+        return store
+
+    # -- start-up ----------------------------------------------------------------------------
+    def _recover(self) -> None:
+        clear_spool(self.spool)
+        complete: dict[int, str] = {}
+        partials: list[tuple[int, Path]] = []
+        for entry in sorted(os.listdir(self.directory)):
+            if durable.is_temporary(entry):
+                (self.directory / entry).unlink()
+                continue
+            parsed = parse_file_name(entry)
+            if parsed is None:
+                continue
+            lsn, _, partial = parsed
+            if partial:
+                partials.append((lsn, self.directory / entry))
+            else:
+                complete[lsn] = entry
+        for lsn, path in list(partials):
+            if lsn in complete:  # compressed and renamed; the crash came before the unlink
+                path.unlink()
+                partials.remove((lsn, path))
+        if len(partials) > 1:
+            raise ArchiveError(f"{self.directory} holds more than one partial change log file: "
+                               + ", ".join(path.name for _, path in partials))
+        self.last_name = max(complete, default=-1)
+        if complete:
+            newest = self.directory / complete[max(complete)]
+            self.written_through = self._scan(newest).last_end
+        if partials:
+            self._resume(*partials[0])
+        durable.sync_path(self.directory, sync=self.settings.sync)
+        self.durable_through = self.written_through
+
+    def _scan(self, path: Path) -> FileScan:
+        parsed = parse_file_name(path.name)
+        assert parsed is not None
+        _, compression, partial = parsed
+        with path.open("rb") as raw:
+            chunks = decompress_chunks(raw, compression) if compression else \
+                iter(lambda: raw.read(_CHUNK), b"")
+            try:
+                found = scan_file(chunks)
+            except ArchiveError as exc:  # the compressed stream is damaged
+                raise ArchiveError(f"{path} is damaged: {exc}") from exc
+        if found.stopped and not partial:
+            raise ArchiveError(f"{path} is damaged: {found.stopped}")
+        if found.header is not None and found.header.get("format") != records.FORMAT:
+            raise ArchiveError(f"{path} is change log format {found.header.get('format')!r}, "
+                               f"not {records.FORMAT}")
+        return found
+
+    def _resume(self, name: int, path: Path) -> None:
+        """Cut the partial file after its last complete run and open it to append; remove it
+        when it has none (its name goes with it)."""
+        found = self._scan(path)
+        if not found.runs:
+            path.unlink()
+            return
+        self.last_name = max(self.last_name, name)
+        if path.stat().st_size != found.good_size:
+            os.truncate(path, found.good_size)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        durable.sync_file(fd, sync=self.settings.sync)
+        self._fd, self._partial, self._size = fd, path, found.good_size
+        self._shapes = dict(found.shapes)
+        self.written_through = max(self.written_through, found.last_end)
+        self._rotate = self._size >= self.settings.file_size
+
+    # -- writing -----------------------------------------------------------------------------
+    def write_run(self, run: Run) -> None:
+        """Append one run (after the relation lines it needs), starting a new file first when
+        none is open or the open one is full."""
+        if self._broken:
+            raise ArchiveError(f"the change log in {self.directory} failed a write: open it "
+                               "again to resume")
+        try:
+            if self._rotate:
+                self._complete()
+            if self._fd is None:
+                self._start_file(run.name_lsn)
+            for needed in run.relations:
+                self._describe(needed)
+            for info, line in run.lines:
+                if info is not None:
+                    self._describe(info)
+                self._write(line)
+        except OSError as exc:
+            self._broken = True
+            raise _failure(f"cannot write the change log in {self.directory}", exc) from exc
+        self.written_through = run.end_lsn
+        self._rotate = self._size >= self.settings.file_size
+
+    def flush(self) -> int:
+        """Make every run written durable; the end LSN of the last one (0: none)."""
+        if self._broken:
+            return self.durable_through
+        try:
+            self._flush_pending()
+            if self._fd is not None and self._dirty:
+                durable.sync_file(self._fd, sync=self.settings.sync)
+            if self._new_file:
+                durable.sync_path(self.directory, sync=self.settings.sync)
+        except OSError as exc:
+            self._broken = True
+            raise _failure(f"cannot flush the change log in {self.directory}", exc) from exc
+        self._dirty = self._new_file = False
+        self.durable_through = self.written_through
+        return self.durable_through
+
+    def close(self) -> int:
+        """Flush and close; the partial file stays to be resumed. Returns :meth:`flush`'s."""
+        through = self.flush()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        return through
+
+    def _describe(self, info: RelationInfo) -> None:
+        """Write a relation line unless the file already describes the table so."""
+        if self._versions.get(info.name) == info.version:
+            return
+        shape = records.relation_shape(info)
+        if self._shapes.get(info.name) != shape:
+            self._write(records.relation(info))
+            self._shapes[info.name] = shape
+        self._versions[info.name] = info.version
+
+    def _write(self, line: bytes) -> None:
+        self._pending += line
+        self._size += len(line)
+        if len(self._pending) >= _WRITE_BUFFER:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        if self._pending:
+            assert self._fd is not None
+            with memoryview(self._pending) as view:
+                durable.write_all(self._fd, view)
+            self._pending.clear()
+            self._dirty = True
+
+    def _start_file(self, name_lsn: int) -> None:
+        name = max(name_lsn, self.last_name + 1)  # names only grow, even in odd cases
+        path = self.directory / file_name(name, partial=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL
+                           | os.O_NOFOLLOW | os.O_CLOEXEC, self.settings.mode)
+        self._partial, self._size, self._new_file = path, 0, True
+        self.last_name = name
+        self._versions, self._shapes = {}, {}
+        self._write(records.header(dict(self.settings.header)))
+
+    def _complete(self) -> None:
+        """Complete the partial file: fsync and rename, or compress into its final name."""
+        assert self._fd is not None
+        assert self._partial is not None
+        self._flush_pending()
+        durable.sync_file(self._fd, sync=self.settings.sync)
+        os.close(self._fd)
+        self._fd = None
+        partial, self._partial = self._partial, None
+        final = partial.with_name(partial.name.removesuffix(PARTIAL)
+                                  + COMPRESSED[self.settings.compression])
+        if self.settings.compression:
+            self._compress(partial, final)
+            partial.unlink()
+        else:
+            durable.rename(partial, final)
+        durable.sync_path(self.directory, sync=self.settings.sync)
+        self._dirty = self._new_file = False
+        self.durable_through = self.written_through
+
+    def _compress(self, partial: Path, final: Path) -> None:
+        compressor = ZstdCompressor(self.settings.level)
+        with durable.durable_file(final, self.settings.mode, sync=self.settings.sync) as out, \
+                partial.open("rb") as source:
+            out.write(compressor.begin())
+            while chunk := source.read(_CHUNK):
+                out.write(compressor.compress(chunk))
+            out.write(compressor.finish())
+
+
+def _failure(what: str, exc: OSError) -> ArchiveError:
+    kind = DiskFullError if exc.errno == errno.ENOSPC else ArchiveError
+    return kind(f"{what}: {exc}")

@@ -3,7 +3,9 @@
 Only this loop decides whether an error ends the program or is retried. Exit codes follow
 pg_receivewal: 0 when stopped by a signal or at ``--endpos``, 1 on an error that retrying
 cannot fix, on any error with ``--no-loop``, and when the first connection fails (unless
-``--wait-for-server``: then the first connection is retried with backoff too).
+``--wait-for-server``: then the first connection is retried with backoff too). One more
+makes an exit 1: a stop signal that came while the disk had not made the newest WAL durable
+and did not within the stop's bound (``ArchiveNotDurable``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
+    ArchiveNotDurable,
     ConnectionLost,
     DescriptorLimitError,
     DiskFullError,
@@ -254,8 +257,7 @@ class Supervisor:
                     session.log_compression_summary()
                     conn.close()
             if self.stop.requested:
-                self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
-                return 0
+                return self._stopped(error)
             kind = error_kind(error)
             self.events(ErrorCounted(kind, str(error)))
             if not error.retryable or self.settings.no_loop or \
@@ -273,8 +275,16 @@ class Supervisor:
             self.events(Reconnecting(delay, attempt))
             self.stop.sleep(delay, on_tick=self._tick)
             if self.stop.requested:
-                self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
-                return 0
+                return self._stopped(None)
+
+    def _stopped(self, error: ReceivewalError | None) -> int:
+        """The exit code once a stop signal came, after ``error`` (None: none): 0, as
+        pg_receivewal; 1 when the disk did not make the newest WAL durable in time."""
+        if isinstance(error, ArchiveNotDurable):
+            self.events(Failed(str(error), error_kind(error)))
+            return 1
+        self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
+        return 0
 
     # -- --wait-for-server: the first connection is retried (as a service), not fatal ------
     def _wait_for_server(self) -> ReplicationConnection:

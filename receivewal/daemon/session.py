@@ -116,7 +116,7 @@ class Session:
         files = listing.segments(info.segment_size)
         if self.uploads is not None:  # another cluster's prefix: refused before any write
             self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                               info.timeline), listing)
+                                               info.timeline), listing, self._stopping)
         self.archive.file_mode = self.archive.file_mode_for(info.file_mode)
         self.events(ev.FileModeChosen(self.archive.file_mode))
         self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,

@@ -218,11 +218,15 @@ class Supervisor:
         if self.settings.upload_to is None:
             return None
         from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
-        from receivewal.daemon.uploader import Uploader, retry_policy  # noqa: PLC0415
+        from receivewal.daemon.uploader import (  # noqa: PLC0415
+            ONE_TRY,
+            Uploader,
+            retry_policy,
+            upload_patience,
+        )
 
-        retry = retry_policy(os.environ)
-        bucket = Bucket.connect(self.settings.upload_to, retry)
-        return Uploader(archive, bucket, self.log, retry, environ=os.environ)
+        bucket = Bucket.connect(self.settings.upload_to, ONE_TRY, upload_patience(os.environ))
+        return Uploader(archive, bucket, self.log, retry_policy(os.environ), environ=os.environ)
 
     def _loop(self, archive: Archive, uploads: Uploader | None) -> int:
         attempt = 0

@@ -1,7 +1,8 @@
 """``stream --upload-to`` when the store or the prefix misbehaves (issue 25): a store that takes
 connections and never answers, an identity object that cannot be read, deleted or replaced
-while uploading, an upload that hangs, a different object at a key. Against real PostgreSQL
-and a real S3 server (SeaweedFS), through a TCP proxy where the store must stall."""
+while uploading, an upload that hangs, a different object at a key, the backlog left at an
+``--endpos`` exit. Against real PostgreSQL and a real S3 server (SeaweedFS), through a TCP
+proxy where the store must stall."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from support.servers import PgServer, free_port
 from support.streams import (
     complete_segments,
     log_events,
+    lsn_to_int,
+    receivewal,
     stop,
     wait_for,
 )
@@ -24,10 +27,12 @@ from test_upload import keys, objects, prefix, status, store_env, stream, upload
 
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_to_json
 from receivewal.daemon.metrics import Address
+from receivewal.wal.lsn import format_lsn
 
 pytestmark = pytest.mark.server
 
 __all__ = ["prefix"]  # test_upload's fixture, used here too
+SEGMENT = 16 * 1024 * 1024
 SHORT = "1"  # seconds: the uploader's connect and read timeouts in these tests
 OTHER_SYSTEM = "7399999999999999999"
 
@@ -201,3 +206,34 @@ def test_a_conflict_keeps_status_critical_and_shows_in_the_metrics(
     finally:
         assert stop(proc) == 0
 
+
+def test_an_endpos_exit_uploads_what_it_completed_or_says_what_is_left(
+        pg: PgServer, seaweed: SeaweedS3, prefix: str, proxy: TcpProxy,
+        tmp_path: Path) -> None:
+    """--endpos with the store not answering: the exit waits --upload-wait seconds, then is
+    1 with a line naming the files not uploaded (it was 0, with the backlog left silently).
+    Run again with the store back: the exit at --endpos comes once every completed file is
+    in the bucket."""
+    first = lsn_to_int(pg.current_lsn()) // SEGMENT
+    endpos = format_lsn((first + 3) * SEGMENT + 0x100)  # in the fourth segment
+    archive, log = tmp_path / "archive", tmp_path / "log"
+    archive.mkdir()
+    url = f"s3://{seaweed.bucket}/{prefix}"
+    env = proxied_env(seaweed, proxy, RECEIVEWAL_UPLOAD_WAIT="2")  # --upload-wait 2
+    proxy.stall()
+    proc = stream(pg, archive, url, log, "-E", endpos, env=env)
+    for _ in range(4):
+        pg.switch_wal()
+    assert proc.wait(timeout=60) == 1
+    completed = complete_segments(archive)
+    assert len(completed) == 3
+    failed = events(log, "failed")
+    assert len(failed) == 1
+    assert f"3 completed files not uploaded to {url}" in str(failed[0]["error"])
+    assert completed[-1] in str(failed[0]["error"])
+    assert "Traceback" not in log.read_text()
+    proxy.resume()
+    done = receivewal("stream", "-D", str(archive), "-d", pg.dsn, "--upload-to", url,
+                      "-E", endpos, "--log-format", "json", env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert set(completed) <= keys(seaweed, prefix)

@@ -3,9 +3,11 @@
 Only this loop decides whether an error ends the program or is retried. Exit codes follow
 pg_receivewal: 0 when stopped by a signal or at ``--endpos``, 1 on an error that retrying
 cannot fix, on any error with ``--no-loop``, and when the first connection fails (unless
-``--wait-for-server``: then the first connection is retried with backoff too). One more
-makes an exit 1: a stop signal that came while the disk had not made the newest WAL durable
-and did not within the stop's bound (``ArchiveNotDurable``).
+``--wait-for-server``: then the first connection is retried with backoff too). Two more
+make an exit 1: a stop signal that came while the disk had not made the newest WAL durable
+and did not within the stop's bound (``ArchiveNotDurable``), and, with ``--upload-to``, an
+exit no signal asked for (``--endpos``, ``--no-loop``) that leaves completed files not
+uploaded after ``--upload-wait`` seconds.
 """
 
 from __future__ import annotations
@@ -204,7 +206,10 @@ class Supervisor:
         self.events = EventStream(EventLog(self.log), monitor, *self.listeners)
         self.stop.install()
         try:
-            return self._loop(archive, uploads)
+            code = self._loop(archive, uploads)
+            if uploads is not None and uploads.started and not self.stop.requested:
+                code = self._finish_uploads(uploads, code)
+            return code
         finally:
             if uploads is not None:
                 uploads.close()
@@ -227,6 +232,31 @@ class Supervisor:
 
         bucket = Bucket.connect(self.settings.upload_to, ONE_TRY, upload_patience(os.environ))
         return Uploader(archive, bucket, self.log, retry_policy(os.environ), environ=os.environ)
+
+    def _finish_uploads(self, uploads: Uploader, code: int) -> int:
+        """An exit no signal asked for (--endpos, --no-loop): wait for the completed files to
+        go up, at most --upload-wait seconds (less when a stop signal comes or the uploads are
+        stopped at an object); the exit code, 1 with a line naming what is left."""
+        deadline = time.monotonic() + self.settings.upload_wait
+        while (left := uploads.waiting()) and uploads.running \
+                and uploads.status().stopped is None and not self.stop.requested \
+                and (wait := deadline - time.monotonic()) > 0:
+            self.stop.sleep(min(wait, TICK_SECONDS), on_tick=self._tick)
+        if not left:
+            return code
+        status = uploads.status()
+        if status.stopped is not None:
+            why = f"the uploads are stopped: {status.stopped.message}"
+        elif self.stop.requested:
+            why = f"{self.stop.signal_name} came while they were uploaded"
+        else:
+            why = f"not within --upload-wait {self.settings.upload_wait:g} s"
+            if status.failing_since is not None and status.last_error is not None:
+                why += f"; the last try failed: {status.last_error.message}"
+        self.events(Failed(f"{len(left)} completed files not uploaded to {status.destination}"
+                           f" ({left[0]} .. {left[-1]}), {why}; they stay in the archive "
+                           "directory and go up at the next run"))
+        return 1
 
     def _loop(self, archive: Archive, uploads: Uploader | None) -> int:
         attempt = 0

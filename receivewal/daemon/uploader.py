@@ -243,6 +243,21 @@ class Uploader:
         with self._wake:
             return self._status
 
+    def waiting(self) -> list[str]:
+        """The files queued and not uploaded yet, oldest first (any thread)."""
+        with self._wake:
+            return [item.name for item in self._pending]
+
+    @property
+    def started(self) -> bool:
+        """Whether begin() started the uploads (it did not when it refused the prefix)."""
+        return self._thread is not None and self._refusal is None
+
+    @property
+    def running(self) -> bool:
+        """Whether the upload thread runs (begun, and neither stopped nor refused)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def close(self) -> None:
         """Stop the thread: an upload in flight gets a few seconds, the rest waits on disk for
         the next run."""

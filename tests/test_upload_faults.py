@@ -73,14 +73,13 @@ def test_a_store_that_never_answers_at_start_holds_neither_streaming_nor_sigterm
                   env=proxied_env(seaweed, proxy))
     try:
         assert events(log, "upload_claim_deferred")
-        pg.switch_wal()
-        wait_for(lambda: len(complete_segments(archive)) >= 1, what="a local segment")
-        wait_for(lambda: status(archive)[1]["state"]["upload_pending_files"] >= 1,
-                 what="the backlog in the state file")
-        code, document = status(archive)
+        code, document = status(archive)  # written when the stream started
         assert code == 1, document["summary"]  # WARNING: the store does not answer
+        assert "no answer to the claim of the prefix" in document["summary"]
         assert document["state"]["upload_error"]["kind"] == "StoreError"
         assert proxy.accepted >= 1  # it was asked, and said nothing
+        pg.switch_wal()
+        wait_for(lambda: len(complete_segments(archive)) >= 1, what="a local segment")
     finally:
         assert stop(proc, timeout=20) == 0
     assert "Traceback" not in log.read_text()

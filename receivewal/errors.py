@@ -69,6 +69,16 @@ class ArchiveError(ReceivewalError):
     """The archive directory is inconsistent, unusable, or belongs to another cluster."""
 
 
+class ForeignArchive(ArchiveError):  # noqa: N818 - a state, as the brief names errors
+    """The archive (a directory, or a bucket prefix by its identity object) holds another
+    database system's WAL, or segments of another size."""
+
+
+class ArchiveNotDurable(ArchiveError):  # noqa: N818 - a state
+    """A stop signal came while the disk had not yet made the newest WAL durable, and the
+    stop could not wait for it any longer: that WAL was never reported as flushed."""
+
+
 class DiskFullError(ArchiveError):
     """The archive's file system ran out of space; retrying once space returns helps."""
 

@@ -3,8 +3,9 @@
 The driver lists the prefix once with boto3; the executors stream their objects with boto3
 through :mod:`receivewal.archive.bucket` (no s3a). The archive is one real server's segments,
 compressed in turn with every at-rest method and uploaded with put_new; one object of a second
-upload is deleted. analyze's tables must equal ``verify``'s report on the same bucket archive,
-and that report the local archive's.
+upload is deleted, and a third carries an identity object of another database system.
+analyze's tables must equal ``verify``'s report on the same bucket archive, and that report the
+local archive's.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from support.sparkarchives import (
 )
 
 from receivewal.archive.bucket import Bucket
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_to_json
 from receivewal.check.analyze import AnalyzeResult, run_analyze
 from receivewal.check.verify import rmgr_totals, verify_archive
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
+OTHER_SYSTEM = "7399999999999999999"
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +63,13 @@ def uploaded(seaweed: SeaweedS3, s3_env: dict[str, str],
         plain = tmp_path_factory.mktemp("plain")
         build_single_archive(base, "s3a", plain)
         compressed_copy(plain, local)
-        urls = [f"s3://{seaweed.bucket}/analyze/{name}" for name in ("whole", "gap")]
+        urls = [f"s3://{seaweed.bucket}/analyze/{name}" for name in ("whole", "gap", "foreign")]
         for url in urls:
             bucket = Bucket.connect(url)
             for path in sorted(local.iterdir()):
                 bucket.put_new(path.name, path)
+        Bucket.connect(urls[2]).put_new(IDENTITY_FILE, identity_to_json(
+            ArchiveIdentity(OTHER_SYSTEM, SEGMENT_SIZE, 1)))
         names = sorted(p.name for p in local.iterdir())
         removed = names[len(names) // 2]
         seaweed.client().delete_object(Bucket=seaweed.bucket,
@@ -79,7 +84,12 @@ def result(spark: Any, uploaded: tuple[Path, str, str, str],
            tmp_path_factory: pytest.TempPathFactory) -> AnalyzeResult:
     """One analyze run over both bucket archives."""
     _, whole, gap, _ = uploaded
-    return run_analyze(spark, [whole, gap], tmp_path_factory.mktemp("analysis"))
+    return run_analyze(spark, [whole, gap, foreign(whole)], tmp_path_factory.mktemp("analysis"))
+
+
+def foreign(whole: str) -> str:
+    """The upload whose identity object names another database system."""
+    return whole.replace("/whole", "/foreign")
 
 
 def test_analyze_tables_of_a_bucket_equal_verify(spark: Any, result: AnalyzeResult,
@@ -116,3 +126,20 @@ def test_analyze_finds_the_deleted_object_as_verify_does(
         sorted((p["kind"], p["file"], p["lsn"]) for p in problems if p["archive"] == gap)
     assert result.archives[whole].recoverable is True
     assert result.archives[gap].recoverable is False
+
+
+def test_analyze_compares_the_identity_object_with_the_segments_as_verify_does(
+        spark: Any, result: AnalyzeResult, uploaded: tuple[Path, str, str, str]) -> None:
+    """An identity object naming another database system than the segments: every segment is
+    foreign to the archive, which is not recoverable, in analyze's problems as in verify's."""
+    local, whole, _, _ = uploaded
+    url = foreign(whole)
+    problems = spark.read.parquet(result.tables["problems"]).collect()
+    found = sorted((p["kind"], p["file"], p["lsn"]) for p in problems if p["archive"] == url)
+    assert {kind for kind, _, _ in found} >= {"foreign_segment"}
+    assert {file for kind, file, _ in found if kind == "foreign_segment"} == \
+        {p.name for p in local.iterdir()}
+    report, _ = verify_archive(url, jobs=1)
+    assert sorted((p.kind, p.file, p.lsn) for p in report.problems) == found
+    assert result.archives[url].recoverable is False
+    assert result.archives[url].system_identifier == int(OTHER_SYSTEM)

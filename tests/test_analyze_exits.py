@@ -55,7 +55,7 @@ def test_analyze_reports_what_is_not_a_regular_file_under_a_wal_name(tmp_path: P
     None is read from (the FIFO would block, the device would be opened)."""
     directory = tmp_path / "a"
     odd = odd_archive(directory)
-    rows, histories, segment_size, problems = plan_archive(None, str(directory), False)
+    rows, histories, segment_size, problems, _sysid = plan_archive(None, str(directory), False)
     fields = [column.split()[0] for column in TASK_SCHEMA.split(", ")]
     tasks = [SimpleNamespace(**dict(zip(fields, row, strict=True))) for row in rows]
     assert {t.file for t in tasks} == {*NAMES, *(n for n in odd if n != "00000002.history")}

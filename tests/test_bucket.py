@@ -18,6 +18,7 @@ from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.errors import (
     ArchiveError,
+    ForeignArchive,
     ObjectConflict,
     ObjectNotFound,
     StoreAccessDenied,
@@ -132,16 +133,18 @@ def test_a_stopped_store_is_a_retryable_error_and_a_restart_keeps_the_data(
 
 def test_claim_prefix_refuses_another_cluster_naming_both(bucket: Bucket,
                                                           seaweed: SeaweedS3) -> None:
-    """One cluster per prefix: the first claim writes the identity, the same cluster may claim
-    again (another timeline too), another cluster is refused and nothing changes."""
+    """One cluster per prefix: the first claim writes the identity (and says so), the same
+    cluster may claim again (another timeline too), another cluster is refused and nothing
+    changes."""
     mine = ArchiveIdentity(SYSID_A, 16 * 1024 * 1024, 1)
-    assert bucket.claim_prefix(mine) == mine
-    assert bucket.claim_prefix(ArchiveIdentity(SYSID_A, 16 * 1024 * 1024, 2)) == mine
+    assert bucket.claim_prefix(mine) is True
+    assert bucket.claim_prefix(mine) is False
+    assert bucket.claim_prefix(ArchiveIdentity(SYSID_A, 16 * 1024 * 1024, 2)) is False
     original = stored(seaweed, bucket.key(IDENTITY_FILE))
-    with pytest.raises(ArchiveError, match=f"{SYSID_A}.*{SYSID_B}") as info:
+    with pytest.raises(ForeignArchive, match=f"{SYSID_A}.*{SYSID_B}") as info:
         bucket.claim_prefix(ArchiveIdentity(SYSID_B, 16 * 1024 * 1024, 1))
     assert not info.value.retryable
-    with pytest.raises(ArchiveError, match=r"16777216.*67108864"):
+    with pytest.raises(ForeignArchive, match=r"16777216.*67108864"):
         bucket.claim_prefix(ArchiveIdentity(SYSID_A, 64 * 1024 * 1024, 1))
     assert stored(seaweed, bucket.key(IDENTITY_FILE)) == original
 

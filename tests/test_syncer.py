@@ -12,15 +12,17 @@ from support.servers import PgServer
 from support.streams import (
     PARTIAL,
     assert_identical_to_server,
+    log_events,
     lsn_to_int,
     receivewal,
+    slot_restart_lsn,
     start_receivewal,
     wait_for,
     wal_files,
 )
 
 from receivewal.archive.directory import Archive
-from receivewal.archive.syncer import PAUSE_ENV, SegmentSyncer, restart_point
+from receivewal.archive.syncer import HOLD_ENV, PAUSE_ENV, SegmentSyncer, restart_point
 from receivewal.archive.writer import SegmentWriter
 from receivewal.errors import ArchiveError
 from receivewal.wal.names import SegmentFile
@@ -130,3 +132,44 @@ def test_sigkill_during_background_fsync_reports_nothing_false_and_loses_nothing
     assert_consecutive(names)
     assert [n for n in wal_files(archive_dir) if n.endswith(PARTIAL)] == \
         [wal_files(archive_dir)[-1]]
+
+
+@pytest.mark.server
+def test_sigterm_while_the_disk_holds_every_fsync_stops_in_time_and_claims_nothing(
+        pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
+    """The syncer held (a disk that does not finish an fsync): SIGTERM still ends the daemon
+    within its bound (it waited inside flush for ever, past the unit's TimeoutStopSec), exit 1
+    with a line saying from where WAL is not durable; the slot never passed what is durable,
+    and the next run completes the held segment from the server."""
+    pg.sql("SELECT pg_create_physical_replication_slot('held', true)")
+    hold, log = tmp_path / "hold", tmp_path / "log"
+    proc = start_receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "held",
+                            "-s", "0.2", "--log-format", "json", stderr_path=log,
+                            env={HOLD_ENV: str(hold), "RECEIVEWAL_TEST_STOP_SYNC": "1"})
+    try:
+        wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_replication") == "1",
+                 what="replication connection")
+        held = pg.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+        wait_for(lambda: held + PARTIAL in wal_files(archive_dir), what="its .partial")
+        hold.touch()  # from now on nothing becomes durable
+        held_end = (int(held[8:16], 16) * 256 + int(held[16:24], 16) + 1) * SEG
+        pg.generate_wal(1)
+        wait_for(lambda: lsn_to_int(pg.sql("SELECT write_lsn FROM pg_stat_replication"))
+                 > held_end, what="write reported past the held segment")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert code == 1
+    failed = [e for e in log_events(log.read_text()) if e["event"] == "failed"]
+    assert len(failed) == 1
+    assert "not durable" in str(failed[0]["error"])
+    assert "Traceback" not in log.read_text()
+    assert held not in wal_files(archive_dir)  # never completed: its fsync never ran
+    assert slot_restart_lsn(pg, "held") < held_end  # never told more than the disk holds
+    hold.unlink()
+    done = receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-S", "held",
+                      "-E", pg.mid_segment_lsn(), "-n")
+    assert done.returncode == 0, done.stderr
+    assert held in assert_identical_to_server(archive_dir, pg)

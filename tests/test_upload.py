@@ -61,13 +61,14 @@ def objects(seaweed: SeaweedS3, prefix: str) -> dict[str, bytes]:
 
 
 def stream(pg: PgServer, archive: Path, url: str, log: Path, *extra: str,
-           env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """``receivewal stream --upload-to URL``, returned once it streams."""
+           env: dict[str, str], timeout: float = 60) -> subprocess.Popen[bytes]:
+    """``receivewal stream --upload-to URL``, returned once it streams (within ``timeout``
+    seconds)."""
     proc = start_receivewal("stream", "-D", str(archive), "-d", pg.dsn, "--upload-to", url,
                             "--log-format", "json", *extra, env=env, stderr_path=log)
     try:
         wait_for(lambda: '"streaming_started"' in log.read_text() or proc.poll() is not None,
-                 what="streaming")
+                 timeout=timeout, what="streaming")
     except BaseException:
         proc.kill()
         raise

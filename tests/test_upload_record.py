@@ -163,3 +163,31 @@ def test_confirm_after_upload_reports_no_further_than_the_uploads_and_never_back
     assert confirmable_flush(7 * SEGMENT + 100, 2 * SEGMENT, start) == 0  # an old backlog
     assert confirmable_flush(7 * SEGMENT + 100, 6 * SEGMENT, start) == 6 * SEGMENT
     assert confirmable_flush(5 * SEGMENT + 100, 6 * SEGMENT, start) == 5 * SEGMENT + 100
+
+
+def test_uploads_stopped_at_an_object_stay_critical_naming_it() -> None:
+    """Uploads stopped at an object (a different object at its key) are CRITICAL naming it,
+    also while a later try of that file fails otherwise (the store down: a WARNING alone), and
+    the stop survives the state file; the metrics show it with the object."""
+    key = f"{URL}/000000010000000000000004"
+    conflict = LastError("ObjectConflict", f"{key}: a different object is already stored",
+                         990.0)
+    down = LastError("StoreError", f"{key} at http://s3: connect timeout", 999.0)
+    state = uploading(upload_error=down, upload_failing_since=990.0, upload_stopped=conflict,
+                      upload_pending_files=1, upload_oldest_pending=980.0)
+    verdict = evaluate(state, 1000.0, 60, True, UploadLimits())
+    assert verdict.code == CRITICAL
+    assert key in verdict.summary
+    assert decode_state(encode_state(state)) == state
+    metrics = Metrics(clock=lambda: 1000.0)
+    metrics.set_uploads(UploadStatus(URL, last_error=down, failing_since=990.0,
+                                     stopped=conflict, stopped_object=key))
+    samples = {(sample.name, tuple(sample.labels.items())): sample.value
+               for family in metrics.collect() for sample in family.samples}
+    assert samples[("receivewal_upload_stopped", ())] == 1
+    assert samples[("receivewal_upload_stopped_object_info",
+                    (("kind", "ObjectConflict"), ("object", key)))] == 1
+    metrics.set_uploads(UploadStatus(URL))
+    samples = {(sample.name, tuple(sample.labels.items())): sample.value
+               for family in metrics.collect() for sample in family.samples}
+    assert samples[("receivewal_upload_stopped", ())] == 0

@@ -4,7 +4,9 @@ The archive is one real server's completed segments (1 MiB), uploaded with the u
 create-only put (:meth:`Bucket.put_new`) plain under one prefix and zstd-compressed under
 another, as ``--upload-to`` leaves them. The bucket archive's report must be the local
 archive's, byte for byte in JSON; what the store does (a deleted object, refused credentials)
-must read as it would for a local archive.
+must read as it would for a local archive. The prefix's identity object is read as a
+directory's identity file is: by verify (whose segments the archive holds) and by restore
+(the segment size).
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from support.servers import make_shared_dir
 from support.sparkarchives import COMPRESSORS, SEGMENT_SIZE, build_single_archive
 
 from receivewal.archive.bucket import Bucket
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_to_json
 from receivewal.check import verify
 from receivewal.commands.cli import cli
 
 pytestmark = pytest.mark.server
 
 _prefixes = itertools.count()
+OTHER_SYSTEM = "7399999999999999999"
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +157,53 @@ def test_a_damaged_object_is_the_damage_verify_finds_on_disk(
     code, from_bucket = verify_json(url)
     assert code == 1
     assert from_bucket == from_disk
+
+
+def claim(url: str, system_identifier: str) -> None:
+    """Write the prefix's identity object as a daemon's claim writes it."""
+    Bucket.connect(url).put_new(IDENTITY_FILE, identity_to_json(
+        ArchiveIdentity(system_identifier, SEGMENT_SIZE, 1)))
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_the_identity_object_is_compared_with_the_segments(
+        local: Path, seaweed: SeaweedS3) -> None:
+    """The prefix's identity object names another database system than its segments (it was
+    deleted and another cluster claimed the prefix): every segment is foreign to the archive
+    and it is NOT recoverable (it read as recoverable); with the segments' own system it is."""
+    code, from_disk = verify_json(str(local))
+    own = str(from_disk["system_identifier"])
+    names = sorted(p.name for p in local.iterdir())
+    mine, theirs = upload(seaweed, local), upload(seaweed, local)
+    claim(mine, own)
+    claim(theirs, OTHER_SYSTEM)
+    code, report = verify_json(mine)
+    assert code == 0
+    assert report["recoverable"] is True
+    code, report = verify_json(theirs)
+    assert code == 1
+    assert report["recoverable"] is False
+    assert str(report["system_identifier"]) == OTHER_SYSTEM
+    foreign = [p for p in report["problems"]  # type: ignore[attr-defined]
+               if p["kind"] == "foreign_segment"]
+    assert sorted(p["file"] for p in foreign) == names
+    assert own in foreign[0]["detail"]
+
+
+def test_restore_from_a_bucket_speaks_of_the_identity_objects_segment_size(
+        seaweed: SeaweedS3, s3_env: dict[str, str], tmp_path: Path) -> None:
+    """A bucket archive of 1 MiB segments: a short object under a segment's name whose first
+    page is not a valid header is refused (126) as shorter than a 1 MiB segment, the size the
+    identity object states (the error spoke of 16777216 bytes: the identity was not read)."""
+    url = f"s3://{seaweed.bucket}/verify-{next(_prefixes)}/wal"
+    claim(url, OTHER_SYSTEM)
+    name = "000000010000000000000003"
+    Bucket.connect(url).put_new(name, bytes(4096))
+    env = {**os.environ, **s3_env, "RECEIVEWAL_PREFETCH": "0"}
+    done = subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D", url, name,
+                           str(tmp_path / "RECOVERYXLOG")], env=env, capture_output=True,
+                          text=True, check=False, timeout=120)
+    assert done.returncode == 126, done.stderr
+    assert str(SEGMENT_SIZE) in done.stderr
+    assert str(16 * 1024 * 1024) not in done.stderr
+    assert not (tmp_path / "RECOVERYXLOG").exists()

@@ -36,6 +36,7 @@ from receivewal.archive.identity import (
 from receivewal.archive.objectstore import (
     BucketUrl,
     ObjectStream,
+    Patience,
     RetryPolicy,
     parse_bucket_url,
     with_retries,
@@ -74,20 +75,21 @@ class ObjectInfo:
     sha256: str | None  # hex; None when the store keeps no SHA-256 checksum for it
 
 
-def client_config() -> Any:
+def client_config(patience: Patience | None = None) -> Any:
     """botocore's Config: path-style addressing (S3-compatible stores, dotted bucket names),
     checksums only where an operation requires them (boto3 >= 1.36 otherwise adds CRC checksums
     by default, which several S3-compatible stores reject), bounded timeouts, few retries."""
     from botocore.config import Config  # noqa: PLC0415 - boto3 only where the store is used
 
+    patience = patience or Patience()
     return Config(
         s3={"addressing_style": "path"},
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
-        connect_timeout=10,
-        read_timeout=60,
+        connect_timeout=patience.connect,
+        read_timeout=patience.read,
         tcp_keepalive=True,
-        retries={"mode": "standard", "total_max_attempts": 3},
+        retries={"mode": "standard", "total_max_attempts": patience.attempts},
     )
 
 
@@ -146,8 +148,10 @@ class Bucket:
         self._library_errors = (exceptions.ClientError, exceptions.BotoCoreError)
 
     @classmethod
-    def connect(cls, url: str | BucketUrl, retry: RetryPolicy | None = None) -> Bucket:
-        """A client from boto3's standard chain (no request is sent yet)."""
+    def connect(cls, url: str | BucketUrl, retry: RetryPolicy | None = None,
+                patience: Patience | None = None) -> Bucket:
+        """A client from boto3's standard chain (no request is sent yet), as patient with the
+        store as ``patience`` says (default: :class:`Patience`'s)."""
         parsed = url if isinstance(url, BucketUrl) else parse_bucket_url(url)
         try:
             import boto3  # noqa: PLC0415 - only here: the s3 extra is optional
@@ -156,7 +160,7 @@ class Bucket:
             raise ConfigurationError(f"{parsed}: object storage needs boto3, which is not "
                                      "installed: pip install 'receivewal[s3]'") from exc
         try:
-            client = boto3.session.Session().client("s3", config=client_config())
+            client = boto3.session.Session().client("s3", config=client_config(patience))
         except (BotoCoreError, ValueError) as exc:
             raise ConfigurationError(f"{parsed}: cannot configure the S3 client: {exc}") from exc
         return cls(parsed, client, retry or RetryPolicy())
@@ -166,17 +170,18 @@ class Bucket:
         return self.url.key(name)
 
     # -- requests ----------------------------------------------------------------------------
-    def put_new(self, name: str, source: Path | bytes) -> None:
-        """Upload a file (streamed from disk) or bytes to ``PREFIX/name``, never overwriting.
+    def put_new(self, name: str, source: Path | bytes) -> bool:
+        """Upload a file (streamed from disk) or bytes to ``PREFIX/name``, never overwriting;
+        True when this call stored it, False when these very bytes were there already.
 
         Create-only (``If-None-Match: *``) with its SHA-256. When the key exists, the stored
         object's checksum decides: the same is success (a retry after a lost reply), another is
         :class:`ObjectConflict`, and the stored object is left as it was.
         """
         digest, size = sha256_of(source)
-        self._retried(lambda: self._put_once(name, source, digest, size))
+        return self._retried(lambda: self._put_once(name, source, digest, size))
 
-    def _put_once(self, name: str, source: Path | bytes, digest: str, size: int) -> None:
+    def _put_once(self, name: str, source: Path | bytes, digest: str, size: int) -> bool:
         checksum = base64.b64encode(bytes.fromhex(digest)).decode()
         try:
             with _opened(source) as body:
@@ -186,6 +191,8 @@ class Bucket:
             if not self._precondition_failed(exc):
                 raise self._error(exc, name) from exc
             self._check_same(name, digest, size)
+            return False
+        return True
 
     def _precondition_failed(self, exc: Exception) -> bool:
         if not isinstance(exc, self._exceptions.ClientError):
@@ -301,23 +308,22 @@ class Bucket:
             raise self._error(exc, name) from exc
 
     # -- the prefix's owner ------------------------------------------------------------------
-    def claim_prefix(self, identity: ArchiveIdentity) -> ArchiveIdentity:
-        """Make sure the prefix holds this cluster's WAL: write the identity object on first
-        use (create-only), refuse another system identifier or segment size (ArchiveError
-        naming both), and return the identity recorded there."""
+    def claim_prefix(self, identity: ArchiveIdentity) -> bool:
+        """Make sure the prefix holds this cluster's WAL: write the identity object when there
+        is none (create-only), refuse another system identifier or segment size
+        (ForeignArchive naming both; ArchiveError naming the object when it cannot be read).
+        True when this call wrote the identity object, False when it was there already."""
         # create-only first, read only when something is there: without s3:ListBucket, AWS
         # answers a GET of a missing key with 403, which would read as access denied
         try:
-            self.put_new(IDENTITY_FILE, identity_to_json(identity))
+            return self.put_new(IDENTITY_FILE, identity_to_json(identity))
         except ObjectConflict:  # an identity is there already, and not byte-identical
             recorded = self.read_identity()
-        else:
-            return identity
         if recorded is None:
             raise ArchiveError(f"{self.url.url(IDENTITY_FILE)}: the identity object vanished "
                                "while it was claimed")
         check_same_cluster(str(self.url), recorded, identity)
-        return recorded
+        return False
 
     def read_identity(self) -> ArchiveIdentity | None:
         """The identity object at the prefix, None when there is none yet."""

@@ -19,6 +19,7 @@ the bucket is answered 403, not 404: it reads as access denied, never as absent.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -46,6 +47,15 @@ class BucketSource:
     def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY) -> None:
         self.bucket = Bucket.connect(url, retry)
         self.last_form: AtRest | None = None  # the form that served the last segment
+        self._recorded: tuple[int | None] | None = None  # the identity's segment size, once read
+
+    def recorded_segment_size(self) -> int | None:
+        """The segment size the prefix's identity object states (None: it has none), read
+        once per source; ArchiveError naming the object when it cannot be read."""
+        if self._recorded is None:
+            identity = self.bucket.read_identity()
+            self._recorded = (None if identity is None else identity.segment_size,)
+        return self._recorded[0]
 
     def forms(self, name: str) -> list[Candidate]:
         """The objects that can serve ``name``, in the order they are asked for: plain, then
@@ -68,7 +78,8 @@ class BucketSource:
                 except ObjectNotFound:
                     continue
                 url = self.bucket.url.url(key)
-                size = _segment_size(buf, candidate, url)
+                size = _segment_size(buf, candidate, url, self.recorded_segment_size()) \
+                    if candidate.segment else DEFAULT_SEGMENT_SIZE
                 buf.seek(0)
                 write_restored(buf, candidate, size, target, url)  # type: ignore[arg-type]
             if candidate.segment:
@@ -87,18 +98,19 @@ def _forms(name: str) -> list[Candidate]:
             for fmt in AtRest]
 
 
-def _segment_size(buf: IO[bytes], candidate: Candidate,
-                  url: str) -> int:
+def _segment_size(buf: IO[bytes], candidate: Candidate, url: str,
+                  recorded: int | None) -> int:
     """The segment size by the one rule (:func:`~receivewal.wal.pageheader.
-    archive_segment_size`, no identity read here): the object's own first page header's when
-    its page address is where its name puts it, else PostgreSQL's default: the size checks
-    of the restore then judge the object."""
-    if not candidate.segment:
-        return DEFAULT_SEGMENT_SIZE
-    buf.seek(0)
-    head = read_wal_file(url, candidate.fmt, SIZE_OF_LONG_PHD,
-                         open_binary=lambda _: _Unclosed(buf))  # type: ignore[arg-type,return-value]
-    return archive_segment_size(None, [(candidate.path.name, head)]) or DEFAULT_SEGMENT_SIZE
+    archive_segment_size`, a local restore's too): the identity object's (``recorded``), else
+    the object's own first page header's when its page address is where its name puts it,
+    else PostgreSQL's default: the size checks of the restore then judge the object."""
+    def head() -> Iterator[tuple[str, bytes]]:  # read only when the identity decides nothing
+        buf.seek(0)
+        yield candidate.path.name, read_wal_file(
+            url, candidate.fmt, SIZE_OF_LONG_PHD,
+            open_binary=lambda _: _Unclosed(buf))  # type: ignore[arg-type,return-value]
+
+    return archive_segment_size(recorded, head()) or DEFAULT_SEGMENT_SIZE
 
 
 class _Unclosed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from receivewal.errors import ArchiveError, ReceivewalError
+from receivewal.errors import ForeignArchive, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER
 from receivewal.wal.timeline import is_timeline_id
@@ -59,11 +59,11 @@ def identity_to_json(identity: ArchiveIdentity) -> bytes:
 
 
 def check_same_cluster(where: str, recorded: ArchiveIdentity, server: ArchiveIdentity) -> None:
-    """ArchiveError naming both values when the archive at ``where`` (e.g. ``directory "D"``
+    """ForeignArchive naming both values when the archive at ``where`` (e.g. ``directory "D"``
     or ``s3://B/P``) holds another cluster's WAL or segments of another size."""
     if recorded.system_identifier != server.system_identifier:
-        raise ArchiveError(f"{where} belongs to database system {recorded.system_identifier}, "
+        raise ForeignArchive(f"{where} belongs to database system {recorded.system_identifier}, "
                            f"but the server is database system {server.system_identifier}")
     if recorded.segment_size != server.segment_size:
-        raise ArchiveError(f"{where} holds segments of {recorded.segment_size} bytes, but the "
+        raise ForeignArchive(f"{where} holds segments of {recorded.segment_size} bytes, but the "
                            f"server's wal_segment_size is {server.segment_size}")

@@ -83,6 +83,16 @@ class RetryPolicy:
     max_delay: float = 30.0  # seconds: no wait is longer
 
 
+@dataclass(frozen=True)
+class Patience:
+    """How long one request waits for the store, and how many attempts botocore makes inside
+    it; receivewal's own retries (:class:`RetryPolicy`) come on top."""
+
+    connect: float = 10.0  # seconds to connect, and for each send of the request (urllib3's)
+    read: float = 60.0  # seconds without a byte of the answer
+    attempts: int = 3
+
+
 def backoff_delay(policy: RetryPolicy, attempt: int,
                   random: Callable[[], float] | None = None) -> float:
     """The wait after failed attempt ``attempt`` (0-based): exponential backoff with full

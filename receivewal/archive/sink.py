@@ -14,12 +14,16 @@ The receive loop (:mod:`receivewal.daemon.session`) only knows this interface:
   (``Archive.completions``), as does a history file (``Archive.write_history``);
 * close: :meth:`SegmentSink.close` leaves the open segment as ``.partial``, durable.
 
+After a stop signal (``stopping``), the sink waits for the disk a bounded time only: flush then
+returns what is durable, and close raises ArchiveNotDurable naming what is not.
+
 The local directory's implementation is :mod:`receivewal.archive.writer`; another destination
 (object storage) implements the same interface.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
@@ -59,7 +63,10 @@ class SegmentSink(Protocol):
 
 
 def open_segment_sink(archive: Archive, segment_size: int, timeline: int, start_lsn: int,
-                      compress: CompressSpec = NO_COMPRESSION) -> SegmentSink:
+                      compress: CompressSpec = NO_COMPRESSION, *,
+                      stopping: Callable[[], bool] | None = None) -> SegmentSink:
     """The archive directory as the sink of ``timeline`` from ``start_lsn``: plain segments,
-    or compressed ones when ``compress`` names a method."""
-    return open_segment_writer(archive, segment_size, timeline, start_lsn, compress)
+    or compressed ones when ``compress`` names a method; ``stopping`` says whether a stop
+    signal came."""
+    return open_segment_writer(archive, segment_size, timeline, start_lsn, compress,
+                               stopping=stopping)

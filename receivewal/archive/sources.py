@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local
-from receivewal.archive.identity import IDENTITY_FILE, identity_from_json
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_from_json
 from receivewal.archive.objectstore import is_bucket_url, parse_bucket_url
 from receivewal.errors import ArchiveError, StoreError
 from receivewal.wal.names import looks_like_segment, parse_history_file_name
@@ -131,19 +131,18 @@ def read_capped(path: str, cap: int, open_binary: Opener | None = None) -> bytes
     return data
 
 
-def recorded_segment_size(base: str, names: Iterable[str],
-                          open_binary: Opener | None = None) -> int | None:
-    """The segment size the archive's identity record states (its file among ``names``, at
-    ``base``); None when it has none. ArchiveError naming the record when it cannot be read
-    or is not a valid one."""
+def recorded_identity(base: str, names: Iterable[str],
+                      open_binary: Opener | None = None) -> ArchiveIdentity | None:
+    """The archive's identity record (its file among ``names``, at ``base``: the identity
+    object of a bucket prefix); None when it has none. ArchiveError naming the record when it
+    cannot be read or is not a valid one."""
     if IDENTITY_FILE not in names:
         return None
     path = base.rstrip("/") + "/" + IDENTITY_FILE
     import json  # noqa: PLC0415 - only an archive with an identity record needs it
 
     try:
-        return identity_from_json(json.loads(read_capped(path, IDENTITY_CAP, open_binary))
-                                  ).segment_size
+        return identity_from_json(json.loads(read_capped(path, IDENTITY_CAP, open_binary)))
     except RecursionError:
         raise ArchiveError(f'invalid archive identity file "{path}": nested too deeply'
                            ) from None

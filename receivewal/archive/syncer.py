@@ -13,12 +13,19 @@ A job that fails stops the worker; the error is raised in the main thread at its
 ``.partial`` files of one timeline; :func:`restart_point` makes the next run restream from the
 older one, which it can then complete.
 
+A disk that does not finish an fsync must not hold a stop signal beyond the service's stop
+timeout: once ``stopping`` says a stop signal came, every wait for the worker ends at most
+:data:`STOP_SYNC_SECONDS` after it was first noticed. The jobs left are then abandoned with the
+process (what they would have made durable was never reported as flushed; the next start
+removes the temporary files and restreams from what is durable).
+
 For the crash tests only: when ``RECEIVEWAL_TEST_SYNCER_PAUSE`` names a file, the worker writes
 the name of the segment it is about to complete into that file and then waits forever before
 its fsync, so a test can SIGKILL the daemon exactly there. For the tests only too: while the
 file ``RECEIVEWAL_TEST_SYNCER_HOLD`` names exists, the worker holds every job that makes a file
 durable under its name (a new ``.partial``, a completion) before it starts, so a test sees the
-archive while its newest WAL is still under a temporary name (a slow fsync, held at will).
+archive while its newest WAL is still under a temporary name (a slow fsync, held at will);
+``RECEIVEWAL_TEST_STOP_SYNC`` sets :data:`STOP_SYNC_SECONDS`.
 """
 
 from __future__ import annotations
@@ -37,6 +44,11 @@ from receivewal.wal.names import SegmentFile
 
 PAUSE_ENV = "RECEIVEWAL_TEST_SYNCER_PAUSE"
 HOLD_ENV = "RECEIVEWAL_TEST_SYNCER_HOLD"
+STOP_SYNC_ENV = "RECEIVEWAL_TEST_STOP_SYNC"
+#: After a stop signal, how long waiting for the disk may last (the unit's TimeoutStopSec is 60;
+#: the rest of the stop needs up to 10 s for the server and 10 s for an upload in flight).
+STOP_SYNC_SECONDS = 20.0
+_WATCH_SECONDS = 0.25  # how often a wait for the worker looks at the stop signal
 WRITE_BEHIND_BYTES = 4 << 20  # start writeback of a segment every this many bytes
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>
 
@@ -63,8 +75,12 @@ _sync_file_range = _load_sync_file_range()
 class SegmentSyncer:
     """Runs the writer's fsync/rename jobs in order on one worker thread."""
 
-    def __init__(self, durable: Callable[[int], None]) -> None:
+    def __init__(self, durable: Callable[[int], None],
+                 stopping: Callable[[], bool] | None = None) -> None:
         self._durable = durable  # told the LSN of each finished job, in order, on the worker
+        self._stopping = stopping  # whether a stop signal came (None: waits are unbounded)
+        self._stop_sync = float(os.environ.get(STOP_SYNC_ENV, STOP_SYNC_SECONDS))
+        self._give_up_at: float | None = None  # monotonic: set when a stop is first noticed
         self._jobs: queue.SimpleQueue[tuple[int, bool, Job] | None] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
@@ -112,21 +128,46 @@ class SegmentSyncer:
         if self._error is not None:
             raise self._error
 
-    def drain(self) -> None:
-        """Wait until every submitted job has finished."""
+    @property
+    def stop_bound(self) -> float:
+        """Seconds a wait for the worker may last after a stop signal."""
+        return self._stop_sync
+
+    @property
+    def busy(self) -> bool:
+        """True while a submitted job has not finished."""
+        return self._pending > 0
+
+    def drain(self) -> bool:
+        """Wait until every submitted job has finished; True once they have. After a stop
+        signal, wait at most STOP_SYNC_SECONDS from when it was first noticed, then False."""
         with self._idle:
             while self._pending and self._error is None:
-                self._idle.wait()
+                if self._stopping is None:
+                    self._idle.wait()
+                    continue
+                if self._stopping() and self._give_up_at is None:
+                    self._give_up_at = time.monotonic() + self._stop_sync
+                left = _WATCH_SECONDS if self._give_up_at is None \
+                    else min(_WATCH_SECONDS, self._give_up_at - time.monotonic())
+                if left <= 0:
+                    break
+                self._idle.wait(left)
+            done = not self._pending
         self.check()
+        return done
 
     def close(self) -> None:
-        """Finish the queued jobs and stop the worker (idempotent)."""
+        """Finish the queued jobs and stop the worker (idempotent); after a stop signal that
+        the disk outlasted (see :meth:`drain`), the worker is left to end with the process."""
+        done = False
         try:
-            self.drain()
+            done = self.drain()
         finally:
             if self._thread is not None:
                 self._jobs.put(None)
-                self._thread.join()
+                if done or self._error is not None:
+                    self._thread.join()
                 self._thread = None
 
     def _work(self) -> None:

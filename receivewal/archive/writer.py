@@ -19,6 +19,7 @@ tests' kill points) are in :mod:`receivewal.archive.files`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from receivewal.archive.codecs import Compressor
@@ -36,7 +37,7 @@ from receivewal.archive.files import (
 )
 from receivewal.archive.layout import check_continuity, plan_writes, take_range
 from receivewal.archive.syncer import WRITE_BEHIND_BYTES, SegmentSyncer
-from receivewal.errors import ArchiveError
+from receivewal.errors import ArchiveError, ArchiveNotDurable
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import COMPRESSION_SUFFIXES, PARTIAL_SUFFIX, wal_file_name
 
@@ -53,7 +54,8 @@ class SegmentWriter:
 
     suffix = ""  # compression suffix of the files written
 
-    def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int) -> None:
+    def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int, *,
+                 stopping: Callable[[], bool] | None = None) -> None:
         self.archive = archive
         self.segment_size = segment_size
         self.timeline = timeline
@@ -66,7 +68,7 @@ class SegmentWriter:
         self._zeros = os.environ.get(PREALLOCATE_ENV) == "zeros"
         # overlapped durability (archive/syncer.py): a completed segment is fsynced and renamed
         # in the background while the next one is received
-        self.syncer = SegmentSyncer(self._durable) if archive.sync else None
+        self.syncer = SegmentSyncer(self._durable, stopping) if archive.sync else None
         self._behind = 0  # offset in the open segment up to which writeback was started
 
     @property
@@ -96,13 +98,15 @@ class SegmentWriter:
         """fsync the open segment; return the new flushed position.
 
         While a completed segment is still being fsynced in the background, the flushed
-        position is what the syncer has finished, and receiving goes on (unless ``wait``).
+        position is what the syncer has finished, and receiving goes on (unless ``wait``);
+        so it is after a stop signal that the disk outlasted (the syncer's bound).
         """
         if self.syncer is not None:
             if self.syncer.completing and not wait:
                 self.syncer.check()
                 return self.flushed
-            self.syncer.drain()
+            if not self.syncer.drain():
+                return self.flushed
         if self._fd is not None and self.flushed < self.position:
             if self.archive.sync:
                 try:
@@ -115,18 +119,30 @@ class SegmentWriter:
 
     def close(self) -> None:
         """fsync and close the open segment, leaving it as ``.partial``; finish the syncer's
-        queue (completed segments renamed) and stop its thread, even after a failure."""
+        queue (completed segments renamed) and stop its thread, even after a failure.
+
+        After a stop signal that the disk outlasted, the syncer's jobs are left to end with the
+        process (the open descriptor too, which one of them may still use), and
+        ArchiveNotDurable says from which LSN on the WAL is not durable."""
         try:
             if self._fd is not None:
                 try:
                     self.flush(wait=True)
                 finally:
-                    os.close(self._fd)
+                    if self.syncer is None or not self.syncer.busy:
+                        os.close(self._fd)
                     self._fd = None
                     self._segno = None
         finally:
             if self.syncer is not None:
                 self.syncer.close()
+        if self.flushed < self.position:
+            bound = "" if self.syncer is None else f" within {self.syncer.stop_bound:g} s"
+            raise ArchiveNotDurable(
+                f"stopped with the WAL from {format_lsn(self.flushed)} to "
+                f"{format_lsn(self.position)} on timeline {self.timeline} not durable: the "
+                f"disk did not finish its fsync{bound} of the stop signal; that WAL was never "
+                "reported as flushed, and the next start streams it again")
 
     # -- internals ---------------------------------------------------------------------------
     def _partial_path(self, segno: int) -> Path:
@@ -277,8 +293,8 @@ class CompressedSegmentWriter(SegmentWriter):
     """
 
     def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int,
-                 compress: CompressSpec) -> None:
-        super().__init__(archive, segment_size, timeline, start_lsn)
+                 compress: CompressSpec, *, stopping: Callable[[], bool] | None = None) -> None:
+        super().__init__(archive, segment_size, timeline, start_lsn, stopping=stopping)
         self.compress = compress
         self.suffix = COMPRESSION_SUFFIXES[compress.method]
         self._compressor: Compressor | None = None
@@ -366,8 +382,11 @@ class CompressedSegmentWriter(SegmentWriter):
 
 
 def open_segment_writer(archive: Archive, segment_size: int, timeline: int, start_lsn: int,
-                        compress: CompressSpec = NO_COMPRESSION) -> SegmentWriter:
-    """A writer for plain segments, or for compressed ones when ``compress`` names a method."""
+                        compress: CompressSpec = NO_COMPRESSION, *,
+                        stopping: Callable[[], bool] | None = None) -> SegmentWriter:
+    """A writer for plain segments, or for compressed ones when ``compress`` names a method;
+    ``stopping`` (whether a stop signal came) bounds its waits for the disk after one."""
     if compress.method:
-        return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress)
-    return SegmentWriter(archive, segment_size, timeline, start_lsn)
+        return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress,
+                                       stopping=stopping)
+    return SegmentWriter(archive, segment_size, timeline, start_lsn, stopping=stopping)

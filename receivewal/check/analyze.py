@@ -35,7 +35,13 @@ from typing import Any, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.archive.objectstore import is_bucket_url
-from receivewal.archive.sources import ArchiveSource, BucketOpener, connect, list_directory
+from receivewal.archive.sources import (
+    ArchiveSource,
+    BucketOpener,
+    connect,
+    list_directory,
+    recorded_identity,
+)
 from receivewal.check.crosscheck import (
     ArchiveReport,
     FollowerRun,
@@ -44,7 +50,13 @@ from receivewal.check.crosscheck import (
     choose_files,
     plan_scans,
 )
-from receivewal.check.verify import classify, detect_segment_size, histories_of, scan_file
+from receivewal.check.verify import (
+    classify,
+    detect_segment_size,
+    histories_of,
+    scan_file,
+    system_identifier_of,
+)
 from receivewal.check.walclock import WalClock, thin_marks, time_marks, wal_clock
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
@@ -201,8 +213,10 @@ class AnalyzeResult:
 
 
 def plan_archive(spark: Any, root: str, compressibility: bool
-                 ) -> tuple[list[tuple[Any, ...]], dict[int, str], int, list[WalProblem]]:
-    """Task rows, history texts, segment size and naming problems of one archive."""
+                 ) -> tuple[list[tuple[Any, ...]], dict[int, str], int, list[WalProblem],
+                            int | None]:
+    """Task rows, history texts, segment size, naming problems and the system identifier
+    its identity record names (None: none) of one archive."""
     files = list_archive(spark, root)
     sizes = dict(files)
     names = [n for n, _ in files]
@@ -210,7 +224,8 @@ def plan_archive(spark: Any, root: str, compressibility: bool
     if not classify(names, DEFAULT_SEGMENT_SIZE)[0]:
         raise ArchiveError(f"{root} holds no WAL segment files")
     opener = opener_for(base)
-    segment_size = detect_segment_size(base, names, opener)
+    identity = recorded_identity(base, names, opener)
+    segment_size = detect_segment_size(base, names, opener, identity)
     segments, history_names = classify(names, segment_size)
     chosen, problems = choose_files(segments)
     rows = [(root, base, t.file, t.segment.compression, t.segment.timeline, t.segment.segno,
@@ -218,7 +233,7 @@ def plan_archive(spark: Any, root: str, compressibility: bool
              compressibility) for t in plan_scans(chosen, segment_size=segment_size)]
     histories = histories_of(ArchiveSource(base, opener, tuple(files)), history_names,
                              problems)
-    return rows, dict(histories), segment_size, problems
+    return rows, dict(histories), segment_size, problems, system_identifier_of(identity)
 
 
 def _parallelism(spark: Any) -> int:
@@ -237,22 +252,23 @@ def run_analyze(spark: Any, roots: Iterable[str], output: Path, *,
     roots = list(dict.fromkeys(roots))
     rows, plans = [], {}
     for root in roots:
-        archive_rows, histories, segment_size, problems = plan_archive(spark, root,
-                                                                       compressibility)
+        archive_rows, histories, segment_size, problems, sysid = plan_archive(
+            spark, root, compressibility)
         rows += archive_rows
-        plans[root] = (histories, segment_size, problems)
+        plans[root] = (histories, segment_size, problems, sysid)
     tables = {name: str(output / name) for name in ("segments", "segment_rmgr", "problems",
                                                      "archives", "wal_per_hour")}
     collected = _scan_all(spark, rows, tables)
     reports, clocks = {}, {}
     for root in roots:
-        histories, segment_size, naming = plans[root]
+        histories, segment_size, naming, sysid = plans[root]
         own = [r for r in collected if r["archive"] == root]
         unreadable = [WalProblem(**p.asDict()) for r in own if r["scan_json"] is None
                       for p in r["problems"]]
         scans = [scan_from_json(r["scan_json"]) for r in own if r["scan_json"] is not None]
         reports[root] = check_archive(segment_size, scans, histories,
-                                      extra_problems=naming + unreadable)
+                                      extra_problems=naming + unreadable,
+                                      system_identifier=sysid)
         clocks[root] = wal_clock(scans, segment_size,
                                  ((m["lsn"], m["time"]) for r in own for m in r["marks"]))
     _write_archive_tables(spark, tables, reports, clocks)

@@ -18,13 +18,14 @@ from typing import Any
 
 from receivewal.archive.codecs import lz4_frame, zstandard_module
 from receivewal.archive.compression import Opener, read_wal_file
+from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.segmentbuffer import read_segment
 from receivewal.archive.sources import (
     ArchiveSource,
     list_source,
     read_capped,
-    recorded_segment_size,
+    recorded_identity,
 )
 from receivewal.check.crosscheck import (
     ArchiveReport,
@@ -146,17 +147,18 @@ def misnamed(names: Iterable[str], segment_size: int) -> list[WalProblem]:
             if looks_like_segment(name) and parse_segment_file_name(name, segment_size) is None]
 
 
-def detect_segment_size(base: str, names: Iterable[str],
-                        open_binary: Opener | None = None) -> int:
+def detect_segment_size(base: str, names: Iterable[str], open_binary: Opener | None,
+                        identity: ArchiveIdentity | None) -> int:
     """The archive's segment size by the one rule, :func:`~receivewal.wal.pageheader.
-    archive_segment_size` (restore's too): its identity file's, else the size most
+    archive_segment_size` (restore's too): its identity record's (``identity``, as
+    :func:`~receivewal.archive.sources.recorded_identity` read it), else the size most
     segment-named files' long headers state (a header whose page address is not where its
     file name puts the segment decides nothing: its scan reports it). When nothing decides and
     a file could not be read or had no valid header, ArchiveError says so; else PostgreSQL's
     default."""
     names = list(names)
     problems: list[ArchiveError] = []
-    size = archive_segment_size(recorded_segment_size(base, names, open_binary),
+    size = archive_segment_size(None if identity is None else identity.segment_size,
                                 _segment_heads(base, names, open_binary, problems))
     if size is not None:
         return size
@@ -184,6 +186,11 @@ def _segment_heads(base: str, names: list[str], open_binary: Opener | None,
         yield name, head
 
 
+def system_identifier_of(identity: ArchiveIdentity | None) -> int | None:
+    """The system identifier an identity record names (None: no record)."""
+    return None if identity is None else int(identity.system_identifier)
+
+
 def guess_compression(name: str) -> str:
     """The compression a segment-like file name says, before the segment size is known."""
     return at_rest_of(name)
@@ -194,11 +201,14 @@ def verify_archive(archive: Path | str, *, jobs: int | None = None,
                    compressibility: bool = False, collect_lsns: bool = False,
                    ) -> tuple[ArchiveReport, list[FileResult]]:
     """Scan and cross-check one archive: a directory, or ``s3://BUCKET/PREFIX`` (listed once,
-    each object then streamed through the same reader and scanner as a local file)."""
+    each object then streamed through the same reader and scanner as a local file). Its
+    identity record, when it has one, says whose segments it holds: any other system's are
+    foreign to it."""
     source = list_source(archive)
     names = source.names
+    identity = recorded_identity(source.base, names, source.open_binary)
     if segment_size is None:
-        segment_size = detect_segment_size(source.base, names, source.open_binary)
+        segment_size = detect_segment_size(source.base, names, source.open_binary, identity)
     segments, history_names = classify(names, segment_size)
     # several .partial forms of one segment: only a local archive has them (uploads are of
     # completed files)
@@ -214,7 +224,8 @@ def verify_archive(archive: Path | str, *, jobs: int | None = None,
     for r in results:
         problems.extend(r.problems)
     report = check_archive(segment_size, [r.scan for r in results if r.scan is not None],
-                           histories, start_lsn=start_lsn, extra_problems=problems)
+                           histories, start_lsn=start_lsn, extra_problems=problems,
+                           system_identifier=system_identifier_of(identity))
     return report, results
 
 

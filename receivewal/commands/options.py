@@ -182,6 +182,10 @@ class StreamOptions:
         help="What the flush position reported to the server waits for: disk (fsynced "
         "locally, as pg_receivewal) or upload (in the bucket too: the slot keeps WAL while "
         "the store is down, so pg_wal grows meanwhile).")
+    upload_wait: float = option(
+        Settings.upload_wait, "--upload-wait", setting="upload_wait", show_default=True,
+        help="At an exit no signal asked for (--endpos, --no-loop), wait at most this many "
+        "seconds for the completed files to be uploaded; exit 1 naming what is left.")
 
 
 @cache

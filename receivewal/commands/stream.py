@@ -109,4 +109,5 @@ def build_settings(opts: StreamOptions) -> Settings:
         progress=opts.progress and sys.stderr.isatty() and not _json_logs(opts),
         upload_to=opts.upload_to or None,
         confirm_after=opts.confirm_after,
+        upload_wait=float(opts.upload_wait),
     ).validate()

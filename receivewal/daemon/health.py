@@ -12,7 +12,8 @@ The exit codes ``receivewal status`` gives:
   (with ``--upload-to``) the oldest file waiting for upload was completed more than
   ``upload_critical`` seconds ago, or uploads are stopped by an error that waiting does not
   cure (credentials or permissions refused, a different object at a key, no such bucket,
-  another cluster's prefix);
+  another cluster's prefix, an identity object that cannot be read): a stop at an object stays
+  CRITICAL, naming it, until that object goes up, whatever the later tries say;
 - 3 UNKNOWN: there is no state file, or it cannot be read or trusted.
 
 :func:`evaluate` and :func:`describe` are pure; :func:`check` reads the file and probes the
@@ -99,6 +100,10 @@ def _judge_uploads(state: State, now: float, limits: UploadLimits) -> tuple[int,
                f"({_size(state.upload_pending_bytes)})"
                + ("" if age is None else f", the oldest completed {_ago(age)}"))
     reason = "" if error is None or not failing else f", {error.kind}: {error.message}"
+    stopped = state.upload_stopped
+    if stopped is not None:
+        return CRITICAL, (f"uploads to {state.upload_to} stopped ({backlog}), "
+                          f"{stopped.kind}: {stopped.message}")
     if failing and error is not None and error.kind not in _PASSING_UPLOAD_ERRORS:
         return CRITICAL, f"uploads to {state.upload_to} stopped ({backlog}){reason}"
     if age is not None and age > limits.critical:
@@ -221,6 +226,9 @@ def _upload_lines(state: State, now: float) -> list[tuple[str, str]]:
          f"{state.last_uploaded or '-'})"),
         ("last upload error", "-" if error is None else
          f"{error.kind}: {error.message} ({_ago(now - error.at)}){failing}"),
+        ("uploads stopped", "-" if state.upload_stopped is None else
+         f"{state.upload_stopped.kind}: {state.upload_stopped.message} "
+         f"(since {_ago(now - state.upload_stopped.at)})"),
     ]
 
 

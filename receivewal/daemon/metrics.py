@@ -205,6 +205,15 @@ class Metrics:
                     "(seconds since the epoch; 0: never)", 0.0 if error is None else error.at)
         yield info_family(f"{PREFIX}_upload_last_error", "Kind of the last failed upload try",
                           value={"kind": "none" if error is None else error.kind})
+        stopped = status.stopped
+        yield gauge("upload_stopped", "1 while the uploads are stopped at an object by an error "
+                    "that waiting does not cure (a different object at its key, a refused "
+                    "request, an identity object of another cluster or unreadable), else 0",
+                    0 if stopped is None else 1)
+        yield info_family(f"{PREFIX}_upload_stopped_object", "The object the uploads are "
+                          "stopped at, and the kind of error (none: not stopped)",
+                          value={"kind": "none" if stopped is None else stopped.kind,
+                                 "object": status.stopped_object or ""})
 
     def _labelled(self, counter_family: type[CounterMetricFamily],
                   gauge_family: type[GaugeMetricFamily]) -> Iterator[Metric]:

@@ -101,6 +101,10 @@ class Session:
         self.announced = False  # Connected said (after the first START, so that
         # the state file's fsynced write does not delay START_REPLICATION)
 
+    def _stopping(self) -> bool:
+        """Whether a stop signal came (what the uploads and the disk's waits give up on)."""
+        return self.stop.requested
+
     # -- setup -------------------------------------------------------------------------------
     def prepare(self) -> StartPoint:
         """Identify the server, check the archive is this server's, and choose the start.
@@ -114,7 +118,7 @@ class Session:
         self.events(ev.FileModeChosen(self.archive.adopt_file_mode(info.file_mode)))
         if self.uploads is not None:  # another cluster's prefix: refused before any write
             self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                               info.timeline), listing)
+                                               info.timeline), listing, self._stopping)
         self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
                                                     info.timeline), files)
         newest, rejected = self.archive.resume_point(info.segment_size,
@@ -205,7 +209,8 @@ class Session:
         assert self.info is not None
         slot = f"SLOT {self.settings.slot} " if self.settings.slot else ""
         self.writer = writer = open_segment_sink(self.archive, self.info.segment_size, timeline,
-                                                 lsn, self.settings.at_rest)
+                                                 lsn, self.settings.at_rest,
+                                                 stopping=self._stopping)
         try:
             self.conn.start_copy_both(
                 f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"

@@ -45,6 +45,7 @@ class Settings:
     progress: bool = False  # a progress line on stderr (only set when it is a console terminal)
     upload_to: str | None = None  # s3://BUCKET/PREFIX: completed files are uploaded there
     confirm_after: str = "disk"  # "upload": the flush reported never passes the uploads
+    upload_wait: float = 300.0  # seconds an --endpos/--no-loop exit waits for the uploads
 
     @property
     def report_flush(self) -> bool:
@@ -76,6 +77,11 @@ class Settings:
             raise ConfigurationError(f"invalid receive timeout: {self.receive_timeout}")
         if self.reconnect_delay < 0 or self.reconnect_delay_max < self.reconnect_delay:
             raise ConfigurationError("invalid reconnect delay")
+        self._validate_uploads()
+        return self
+
+    def _validate_uploads(self) -> None:
+        """The options of --upload-to."""
         if self.upload_to is not None:
             from receivewal.archive.objectstore import parse_bucket_url  # noqa: PLC0415 - the
             # object store's modules only with --upload-to
@@ -86,4 +92,5 @@ class Settings:
                                      "disk or upload")
         if self.confirm_after == "upload" and self.upload_to is None:
             raise ConfigurationError("--confirm-after upload needs --upload-to")
-        return self
+        if self.upload_wait < 0:
+            raise ConfigurationError(f"invalid --upload-wait: {self.upload_wait}")

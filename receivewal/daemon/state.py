@@ -31,7 +31,7 @@ FORMAT_VERSION = 1
 _LSN_FIELDS = ("received_lsn", "written_lsn", "flushed_lsn", "server_wal_end", "slot_restart_lsn")
 _TIME_FIELDS = ("started_at", "updated_at", "last_contact", "upload_oldest_pending",
                 "upload_failing_since")
-_ERROR_FIELDS = ("last_error", "upload_error")
+_ERROR_FIELDS = ("last_error", "upload_error", "upload_stopped")
 _MAX_PID = (1 << 31) - 1  # pid_t
 _MAX_COUNT = 1 << 63
 
@@ -75,7 +75,8 @@ class State:
     last_error: LastError | None = field(default=None)
     archive_warning: str | None = None  # found at start-up: an older island before a hole
     # --upload-to: where, the backlog (files, bytes, completion time of the oldest), what went
-    # up since start, and the last failed try (upload_failing_since: None once a try succeeds)
+    # up since start, and the last failed try (upload_failing_since: None once a try succeeds);
+    # upload_stopped: the error that stops the uploads at one object, until that object goes up
     upload_to: str | None = None
     upload_pending_files: int = 0
     upload_pending_bytes: int = 0
@@ -84,6 +85,7 @@ class State:
     last_uploaded: str | None = None
     upload_error: LastError | None = None
     upload_failing_since: float | None = None
+    upload_stopped: LastError | None = None
 
 
 def state_path(directory: Path) -> Path:

@@ -3,7 +3,11 @@
 Only this loop decides whether an error ends the program or is retried. Exit codes follow
 pg_receivewal: 0 when stopped by a signal or at ``--endpos``, 1 on an error that retrying
 cannot fix, on any error with ``--no-loop``, and when the first connection fails (unless
-``--wait-for-server``: then the first connection is retried with backoff too).
+``--wait-for-server``: then the first connection is retried with backoff too). Two more
+make an exit 1: a stop signal that came while the disk had not made the newest WAL durable
+and did not within the stop's bound (``ArchiveNotDurable``), and, with ``--upload-to``, an
+exit no signal asked for (``--endpos``, ``--no-loop``) that leaves completed files not
+uploaded after ``--upload-wait`` seconds.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
+    ArchiveNotDurable,
     ConnectionLost,
     DescriptorLimitError,
     DiskFullError,
@@ -201,7 +206,10 @@ class Supervisor:
         self.events = EventStream(EventLog(self.log), monitor, *self.listeners)
         self.stop.install()
         try:
-            return self._loop(archive, uploads)
+            code = self._loop(archive, uploads)
+            if uploads is not None and uploads.started and not self.stop.requested:
+                code = self._finish_uploads(uploads, code)
+            return code
         finally:
             if uploads is not None:
                 uploads.close()
@@ -215,11 +223,40 @@ class Supervisor:
         if self.settings.upload_to is None:
             return None
         from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
-        from receivewal.daemon.uploader import Uploader, retry_policy  # noqa: PLC0415
+        from receivewal.daemon.uploader import (  # noqa: PLC0415
+            ONE_TRY,
+            Uploader,
+            retry_policy,
+            upload_patience,
+        )
 
-        retry = retry_policy(os.environ)
-        bucket = Bucket.connect(self.settings.upload_to, retry)
-        return Uploader(archive, bucket, self.log, retry, environ=os.environ)
+        bucket = Bucket.connect(self.settings.upload_to, ONE_TRY, upload_patience(os.environ))
+        return Uploader(archive, bucket, self.log, retry_policy(os.environ), environ=os.environ)
+
+    def _finish_uploads(self, uploads: Uploader, code: int) -> int:
+        """An exit no signal asked for (--endpos, --no-loop): wait for the completed files to
+        go up, at most --upload-wait seconds (less when a stop signal comes or the uploads are
+        stopped at an object); the exit code, 1 with a line naming what is left."""
+        deadline = time.monotonic() + self.settings.upload_wait
+        while (left := uploads.waiting()) and uploads.running \
+                and uploads.status().stopped is None and not self.stop.requested \
+                and (wait := deadline - time.monotonic()) > 0:
+            self.stop.sleep(min(wait, TICK_SECONDS), on_tick=self._tick)
+        if not left:
+            return code
+        status = uploads.status()
+        if status.stopped is not None:
+            why = f"the uploads are stopped: {status.stopped.message}"
+        elif self.stop.requested:
+            why = f"{self.stop.signal_name} came while they were uploaded"
+        else:
+            why = f"not within --upload-wait {self.settings.upload_wait:g} s"
+            if status.failing_since is not None and status.last_error is not None:
+                why += f"; the last try failed: {status.last_error.message}"
+        self.events(Failed(f"{len(left)} completed files not uploaded to {status.destination}"
+                           f" ({left[0]} .. {left[-1]}), {why}; they stay in the archive "
+                           "directory and go up at the next run"))
+        return 1
 
     def _loop(self, archive: Archive, uploads: Uploader | None) -> int:
         attempt = 0
@@ -254,8 +291,7 @@ class Supervisor:
                     session.log_compression_summary()
                     conn.close()
             if self.stop.requested:
-                self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
-                return 0
+                return self._stopped(error)
             kind = error_kind(error)
             self.events(ErrorCounted(kind, str(error)))
             if not error.retryable or self.settings.no_loop or \
@@ -273,8 +309,16 @@ class Supervisor:
             self.events(Reconnecting(delay, attempt))
             self.stop.sleep(delay, on_tick=self._tick)
             if self.stop.requested:
-                self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
-                return 0
+                return self._stopped(None)
+
+    def _stopped(self, error: ReceivewalError | None) -> int:
+        """The exit code once a stop signal came, after ``error`` (None: none): 0, as
+        pg_receivewal; 1 when the disk did not make the newest WAL durable in time."""
+        if isinstance(error, ArchiveNotDurable):
+            self.events(Failed(str(error), error_kind(error)))
+            return 1
+        self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
+        return 0
 
     # -- --wait-for-server: the first connection is retried (as a service), not fatal ------
     def _wait_for_server(self) -> ReplicationConnection:

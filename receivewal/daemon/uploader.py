@@ -4,22 +4,34 @@ own, so that the receive loop never waits for the network.
 It subscribes to the archive's completed files (``FileCompleted`` events of
 :mod:`receivewal.archive.completions`, told once a segment or history file is durable under
 its final name); at start it takes the backlog from the archive directory and the local upload
-record (:mod:`receivewal.archive.uploads`), never from a listing of the bucket. Before the
-first upload, the prefix is claimed for this cluster (the identity object).
+record (:mod:`receivewal.archive.uploads`), never from a listing of the bucket.
 
-Failures never skip a file. A retryable one (the store down, throttled, credentials rejected)
-is retried with exponential backoff and full jitter, without end, while streaming goes on
-locally. A file that cannot go up as it is (a *different* object already at its key, a missing
-bucket) is a hard error: the uploader logs it, shows it in ``status``, leaves the stored object
-as it is and stops there (retrying that file now and then, so that it carries on by itself once
-an operator has removed the stray object): going on with the next files would leave a hole in
-the bucket that nothing points at, and would let ``--confirm-after upload`` release WAL that
-the bucket lacks.
+The prefix is claimed for this cluster (the identity object) from the uploader's thread, before
+the first upload: start-up waits a few seconds for the answer, so that another cluster's prefix
+stops the daemon before anything is written, and streams on whatever the store does after that
+(a store that takes connections and never answers holds nothing but the uploads). While
+uploading, the claim is made again now and then (:data:`IDENTITY_RECHECK`): an identity object
+deleted by hand or by an expiry rule (it is the prefix's oldest object) is written again
+before another cluster can take the prefix, and a prefix taken meanwhile stops the uploads.
+
+Every request has short timeouts and one attempt inside (:data:`PATIENCE`): the uploader's own
+loop retries, and says so at each failed try. Failures never skip a file. A retryable one
+(the store down, throttled, credentials rejected) is retried with exponential backoff and full
+jitter, without end, while streaming goes on locally. A file that cannot go up as it is (a
+*different* object already at its key, a missing bucket, an identity object that cannot be read
+or names another cluster) is a hard error: the uploader logs it, shows it in ``status`` and the
+metrics as the object the uploads are stopped at (until that object goes up, whatever later
+tries say), leaves the stored object as it is and stops there (retrying now and then, so that
+it carries on by itself once an operator has removed the stray object): going on with the next
+files would leave a hole in the bucket that nothing points at, and would let
+``--confirm-after upload`` release WAL that the bucket lacks.
 
 For the crash and store tests only: ``RECEIVEWAL_TEST_UPLOAD_PAUSE`` names a file into which the
 uploader writes the name it has just put, before recording it, and then waits forever (so a
 test can SIGKILL the daemon exactly there); ``RECEIVEWAL_TEST_UPLOAD_RETRY`` sets the longest
-wait between tries, in seconds (30 otherwise).
+wait between tries, in seconds (30 otherwise); ``RECEIVEWAL_TEST_UPLOAD_TIMEOUT`` the seconds
+each request waits to connect and to read, and start-up for the claim;
+``RECEIVEWAL_TEST_IDENTITY_RECHECK`` the seconds between checks of the identity object.
 """
 
 from __future__ import annotations
@@ -37,9 +49,9 @@ from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.completions import FileCompleted
 from receivewal.archive.directory import Archive
-from receivewal.archive.identity import ArchiveIdentity
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.listing import Listing
-from receivewal.archive.objectstore import RetryPolicy, backoff_delay
+from receivewal.archive.objectstore import Patience, RetryPolicy, backoff_delay
 from receivewal.archive.uploads import (
     PendingFile,
     UploadRecord,
@@ -51,7 +63,7 @@ from receivewal.archive.uploads import (
     write_upload_record,
 )
 from receivewal.daemon.state import LastError
-from receivewal.errors import ObjectConflict, ReceivewalError
+from receivewal.errors import ForeignArchive, ObjectConflict, ReceivewalError, StoreError
 from receivewal.wal.names import parse_history_file_name
 
 if TYPE_CHECKING:
@@ -59,7 +71,15 @@ if TYPE_CHECKING:
 
 PAUSE_ENV = "RECEIVEWAL_TEST_UPLOAD_PAUSE"
 RETRY_ENV = "RECEIVEWAL_TEST_UPLOAD_RETRY"
+TIMEOUT_ENV = "RECEIVEWAL_TEST_UPLOAD_TIMEOUT"
+RECHECK_ENV = "RECEIVEWAL_TEST_IDENTITY_RECHECK"
 CLOSE_SECONDS = 10.0  # how long stopping waits for an upload in flight
+#: Each request of the uploads: 5 s to connect (and for each send), 20 s without a byte of the
+#: answer, one attempt: a hanging store is an ``upload_failed`` within ~25 s, then retried.
+PATIENCE = Patience(connect=5.0, read=20.0, attempts=1)
+ONE_TRY = RetryPolicy(attempts=1)  # the bucket's own retries: none, the uploader's loop retries
+CLAIM_WAIT = 5.0  # seconds start-up waits for the claim of the prefix before streaming anyway
+IDENTITY_RECHECK = 60.0  # seconds between two claims of the prefix while uploading
 
 
 def retry_policy(environ: Mapping[str, str]) -> RetryPolicy:
@@ -68,6 +88,14 @@ def retry_policy(environ: Mapping[str, str]) -> RetryPolicy:
         return RetryPolicy()
     longest = float(environ[RETRY_ENV])
     return RetryPolicy(attempts=2, base_delay=longest / 4, max_delay=longest)
+
+
+def upload_patience(environ: Mapping[str, str]) -> Patience:
+    """How long each request of the uploads waits (the tests shorten it through TIMEOUT_ENV)."""
+    if TIMEOUT_ENV not in environ:
+        return PATIENCE
+    seconds = float(environ[TIMEOUT_ENV])
+    return Patience(connect=seconds, read=seconds, attempts=1)
 
 
 @dataclass(frozen=True)
@@ -84,6 +112,11 @@ class UploadStatus:
     uploaded_end: int | None = None  # LSN: end of the last segment confirmed uploaded
     last_error: LastError | None = None
     failing_since: float | None = None  # None: the last try succeeded
+    # the error that stops the uploads at one object (a different object at its key, a refused
+    # request, an identity object that names another cluster or cannot be read), kept until
+    # that object goes up whatever the later tries say; and that object's URL
+    stopped: LastError | None = None
+    stopped_object: str | None = None
 
     def state_fields(self) -> dict[str, Any]:
         """The State fields that show this status (the state file, ``status``)."""
@@ -96,6 +129,7 @@ class UploadStatus:
             "last_uploaded": self.last_uploaded,
             "upload_error": self.last_error,
             "upload_failing_since": self.failing_since,
+            "upload_stopped": self.stopped,
         }
 
 
@@ -123,7 +157,11 @@ class Uploader:
         self.clock = clock
         self.segment_size = 0  # known once the server is identified (begin)
         self._identity: ArchiveIdentity | None = None
-        self._claimed = False
+        self._starting = True  # begin() waits for the first claim's answer
+        self._refusal: ForeignArchive | None = None  # another cluster's prefix, for begin()
+        self._claimed_at: float | None = None  # monotonic: the last claim that succeeded
+        self._claim_wait = float(environ.get(TIMEOUT_ENV, CLAIM_WAIT))
+        self._recheck = float(environ.get(RECHECK_ENV, IDENTITY_RECHECK))
         self._record = UploadRecord(str(bucket.url))
         self._pending: deque[PendingFile] = deque()
         self._queued: set[str] = set()
@@ -136,22 +174,17 @@ class Uploader:
         self._unsubscribe: Callable[[], None] = lambda: None  # from the archive's completions
 
     # -- the session's side ------------------------------------------------------------------
-    def begin(self, identity: ArchiveIdentity, listing: Listing | None = None) -> None:
+    def begin(self, identity: ArchiveIdentity, listing: Listing | None = None,
+              stopping: Callable[[], bool] = lambda: False) -> None:
         """Once per daemon, when the server is identified and before anything is streamed:
-        claim the prefix (a refusal raises, non-retryable: nothing is written), take the
-        backlog from the archive (``listing``, when the start-up took one), follow its
-        completions and start the thread. When the store cannot be reached now, the claim is
-        left to the thread and streaming goes on."""
+        take the backlog from the archive (``listing``, when the start-up took one), start the
+        thread, which claims the prefix first, and wait a few seconds for that claim (less
+        when ``stopping`` says a stop signal came). Another cluster's prefix raises
+        ForeignArchive (nothing is written); anything else, or no answer in time, leaves the
+        claim to the thread, and streaming goes on. Then follow the archive's completions."""
         if self._thread is not None:
             return
         self._identity, self.segment_size = identity, identity.segment_size
-        try:
-            self.bucket.claim_prefix(identity)
-            self._claimed = True
-        except ReceivewalError as exc:
-            if not exc.retryable:
-                raise
-            self._failed(exc, "upload_claim_deferred")
         self._record = read_upload_record(self.archive, str(self.bucket.url))
         end = None if self._record.segment is None else \
             segment_end(self._record.segment, self.segment_size)
@@ -159,11 +192,29 @@ class Uploader:
         for pending in pending_files(self.archive, self._record, self.segment_size,
                                      listing):
             self._enqueue(pending)
-        self._unsubscribe = self.archive.completions.subscribe(self.follow)
         self._thread = threading.Thread(target=self._work, name="uploader", daemon=True)
         self._thread.start()
+        self._await_claim(stopping)
+        self._unsubscribe = self.archive.completions.subscribe(self.follow)
         self.log.info("uploads_started", destination=str(self.bucket.url),
                       backlog=len(self._pending), last_uploaded=self._record.segment)
+
+    def _await_claim(self, stopping: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + self._claim_wait
+        with self._wake:  # a reentrant lock: _failed takes it too
+            while self._starting and not stopping() \
+                    and (left := deadline - time.monotonic()) > 0:
+                self._wake.wait(min(left, 0.1))
+            if self._starting:  # said before the thread can record a late success
+                self._starting = False
+                self._failed(StoreError(
+                    f"{self.bucket.url} at {self.bucket.endpoint}: no answer to the claim of "
+                    f"the prefix within {self._claim_wait:g} s; streaming goes on, the "
+                    "uploads wait for the claim"), "upload_claim_deferred")
+            refusal = self._refusal
+        if refusal is not None:
+            self._stop.set()  # the thread has ended already
+            raise refusal
 
     def follow(self, completed: FileCompleted) -> None:
         """A file is complete and durable in the archive: queue it (never blocks on the
@@ -192,6 +243,21 @@ class Uploader:
         with self._wake:
             return self._status
 
+    def waiting(self) -> list[str]:
+        """The files queued and not uploaded yet, oldest first (any thread)."""
+        with self._wake:
+            return [item.name for item in self._pending]
+
+    @property
+    def started(self) -> bool:
+        """Whether begin() started the uploads (it did not when it refused the prefix)."""
+        return self._thread is not None and self._refusal is None
+
+    @property
+    def running(self) -> bool:
+        """Whether the upload thread runs (begun, and neither stopped nor refused)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def close(self) -> None:
         """Stop the thread: an upload in flight gets a few seconds, the rest waits on disk for
         the next run."""
@@ -205,19 +271,57 @@ class Uploader:
     # -- the thread --------------------------------------------------------------------------
     def _work(self) -> None:
         try:
-            if not self._claimed:
-                self._until_done(self._claim)
+            if not self._first_claim():
+                return
             while (item := self._next()) is not None:
-                self._until_done(partial(self._upload, item))
+                if self._claimed_at is None \
+                        or time.monotonic() - self._claimed_at >= self._recheck:
+                    self._until_done(self._claim, IDENTITY_FILE)
+                self._until_done(partial(self._upload, item), item.name)
         except BaseException as exc:
             self._failed(ReceivewalError(f"the uploader stopped: {type(exc).__name__}: {exc}"),
                          "uploader_stopped")
             raise
 
+    def _first_claim(self) -> bool:
+        """One try at the claim while begin() waits for it: another cluster's prefix goes back
+        to begin(), which refuses to stream (False: the thread ends). Any other failure, or an
+        answer after begin() stopped waiting, is handled as later failures are: the claim is
+        tried again and the uploads wait for it."""
+        try:
+            self._claim()
+        except ReceivewalError as exc:
+            with self._wake:
+                waited, self._starting = self._starting, False  # begin() still waiting
+                if waited and isinstance(exc, ForeignArchive):
+                    self._refusal = exc
+                self._wake.notify_all()
+            if self._refusal is not None:
+                return False
+            self._report(exc, IDENTITY_FILE,
+                         "upload_claim_deferred" if waited and exc.retryable else None)
+            self._stop.wait(self._delay(exc, 0))
+            self._until_done(self._claim, IDENTITY_FILE, attempt=1)
+            return True
+        with self._wake:
+            self._starting = False
+            self._wake.notify_all()
+        self._succeeded()
+        return True
+
     def _claim(self) -> None:
+        """Claim the prefix (again): write the identity object when it is missing, refuse one
+        that names another cluster or cannot be read."""
         assert self._identity is not None
-        self.bucket.claim_prefix(self._identity)
-        self._claimed = True
+        written = self.bucket.claim_prefix(self._identity)
+        key = self.bucket.key(IDENTITY_FILE)
+        if written and self._claimed_at is not None:
+            self.log.warning("identity_object_restored", key=key,
+                             reason="it was missing (deleted by hand or by an expiry rule): "
+                             "written again, so that no other cluster takes the prefix")
+        elif written:
+            self.log.info("prefix_claimed", key=key)
+        self._claimed_at = time.monotonic()
 
     def _next(self) -> PendingFile | None:
         with self._wake:
@@ -225,25 +329,40 @@ class Uploader:
                 self._wake.wait()
             return None if self._stop.is_set() else self._pending[0]
 
-    def _until_done(self, action: Callable[[], None]) -> None:
-        """Try ``action`` until it succeeds or the daemon stops; never skip it."""
-        attempt = 0
+    def _until_done(self, action: Callable[[], None], name: str, attempt: int = 0) -> None:
+        """Try ``action`` (about the object of the file ``name``) until it succeeds or the
+        daemon stops; never skip it."""
         while not self._stop.is_set():
             try:
                 action()
             except ReceivewalError as exc:
-                event = "upload_conflict" if isinstance(exc, ObjectConflict) else \
-                    "upload_failed" if exc.retryable else "upload_refused"
-                self._failed(exc, event)
-                delay = backoff_delay(self.retry, attempt) if exc.retryable \
-                    else self.retry.max_delay
+                self._report(exc, name)
+                self._stop.wait(self._delay(exc, attempt))
                 attempt += 1
-                self._stop.wait(delay)
             else:
-                if self._status.failing_since is not None:
-                    self.log.info("uploads_recovered", destination=str(self.bucket.url))
-                self._update(failing_since=None)
+                self._succeeded()
                 return
+
+    def _delay(self, exc: ReceivewalError, attempt: int) -> float:
+        """The wait before the next try: backoff for what waiting may cure, else the longest."""
+        return backoff_delay(self.retry, attempt) if exc.retryable else self.retry.max_delay
+
+    def _report(self, exc: ReceivewalError, name: str, event: str | None = None) -> None:
+        """A failed try about the object of ``name``: logged, and in the status; an error that
+        waiting does not cure stops the uploads at that object until it goes up."""
+        event = event or ("upload_conflict" if isinstance(exc, ObjectConflict) else
+                          "upload_failed" if exc.retryable else "upload_refused")
+        self._failed(exc, event)
+        if not exc.retryable:
+            with self._wake:
+                self._status = self._counted(stopped=self._status.last_error,
+                                             stopped_object=self.bucket.url.url(name))
+                self._wake.notify_all()
+
+    def _succeeded(self) -> None:
+        if self._status.failing_since is not None:
+            self.log.info("uploads_recovered", destination=str(self.bucket.url))
+        self._update(failing_since=None, stopped=None, stopped_object=None)
 
     def _upload(self, item: PendingFile) -> None:
         self.bucket.put_new(item.name, self.archive.directory / item.name)
@@ -264,6 +383,7 @@ class Uploader:
                 uploaded_files=status.uploaded_files + 1,
                 uploaded_bytes=status.uploaded_bytes + item.size,
                 last_uploaded=item.name, uploaded_end=end)
+            self._wake.notify_all()
         self.log.info("file_uploaded", file=item.name, key=self.bucket.key(item.name),
                       bytes=item.size, backlog=len(self._pending))
 

@@ -23,7 +23,8 @@ WORKER_GROUPS = {
 #: The longest units of work (minutes, against seconds for most modules), handed out first:
 #: a worker that started one of them last would run on alone long after the other finished.
 LONGEST_FIRST = ("spark", "tests/test_benchmarks.py", "deb", "tests/test_timelines.py",
-                 "tests/test_upload.py", "tests/test_restore_bucket.py")
+                 "tests/test_upload.py", "tests/test_restore_bucket.py",
+                 "tests/test_upload_faults.py")
 
 
 def worker_group(nodeid: str) -> str:

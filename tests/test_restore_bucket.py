@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -17,46 +16,56 @@ from pathlib import Path
 import pytest
 import zstandard
 from support.postgres_user import S3_PACKAGES, install_for_postgres
-from support.recovery import backup_then_rows
+from support.recovery import backup_then_rows, complete_segments
 from support.seaweed import SeaweedS3, free_port_pairs
 from support.servers import PgServer
 from support.streams import wait_for
 from support.tcpproxy import TcpProxy
+from support.walgen import SEGMENT, SYSID, name_of, record_offsets, wal_segment
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.bucketrestore import BucketSource
 from receivewal.archive.durable import temporary_name
+from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.spool import SPOOL_DIR, Spool
 from receivewal.commands.restore_call import source_id
+from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import AtRest
 
 pytestmark = pytest.mark.server
 
-SEGMENT = 16 << 20
-SYSID = 7311231231231231231
 _prefixes = itertools.count()
 
 
 def segment(segno: int, timeline: int = 1) -> bytes:
-    """A segment with its first page's long header and some bytes that differ per segment."""
-    header = struct.pack("<HHIQIxxxx", 0xD110, 2, timeline, segno * SEGMENT, 0)
-    header += struct.pack("<QII", SYSID, SEGMENT, 8192)
-    body = (f"segment {segno} of timeline {timeline} ".encode() * 4096)[:1 << 16]
-    return (header + body).ljust(SEGMENT, b"\0")
-
-
-def name_of(segno: int, timeline: int = 1) -> str:
-    return f"{timeline:08X}{segno // 256:08X}{segno % 256:08X}"
+    """Segment ``segno``: valid WAL of its own (restore checks what it serves)."""
+    return wal_segment(segno, timeline)
 
 
 @pytest.fixture
-def url(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh prefix; this process and its children reach the store through boto3's chain."""
+def store(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> SeaweedS3:
+    """The S3 server, which this process and its children reach through boto3's chain."""
     for key, value in seaweed.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("RECEIVEWAL_PREFETCH_IDLE", "10")  # no filler outlives a test for long
-    return f"s3://{seaweed.bucket}/restore-{next(_prefixes)}/wal"
+    return seaweed
+
+
+def new_prefix(store: SeaweedS3, sysid: int | str | None = SYSID,
+               size: int = SEGMENT) -> str:
+    """A fresh prefix, holding the identity object of an archive of database system
+    ``sysid`` as the daemon leaves it (None: no identity object)."""
+    prefix = f"s3://{store.bucket}/restore-{next(_prefixes)}/wal"
+    if sysid is not None:
+        Bucket.connect(prefix).claim_prefix(ArchiveIdentity(str(sysid), size, 1))
+    return prefix
+
+
+@pytest.fixture
+def url(store: SeaweedS3) -> str:
+    """A fresh prefix holding the identity object of the archive of ``SYSID``."""
+    return new_prefix(store)
 
 
 def put(url: str, name: str, body: bytes) -> None:
@@ -268,14 +277,15 @@ def test_two_concurrent_calls_for_the_same_file_both_succeed(url: str, tmp_path:
 
 
 def test_point_in_time_recovery_from_the_bucket_only(
-        pg: PgServer, seaweed: SeaweedS3, url: str, server_base: Path) -> None:
+        pg: PgServer, store: SeaweedS3, server_base: Path) -> None:
     """A base backup recovers with restore_command = receivewal restore -D s3://... and no
     local archive at all (segments uploaded plain and zstd-compressed, prefetch on): the
     recovered server has the primary's rows, and at promotion the filler empties its spool
     and exits (long before its idle limit)."""
+    url = new_prefix(store, pg.sql("SELECT system_identifier FROM pg_control_system()"))
     backup, expected = backup_then_rows(pg, "from-bucket", segments=3)
     wal = pg.datadir / "pg_wal"
-    names = sorted(p.name for p in wal.iterdir() if len(p.name) == 24 and p.is_file())
+    names = [p.name for p in complete_segments(pg)]
     label = (backup.datadir / "backup_label").read_text()
     first = label.split("(file ")[1][:24]
     uploaded = [n for n in names if n >= first]
@@ -288,7 +298,7 @@ def test_point_in_time_recovery_from_the_bucket_only(
     for path in wal.glob("*.history"):
         put(url, path.name, path.read_bytes())
     command = install_for_postgres(server_base, S3_PACKAGES)
-    env = " ".join(f"{k}={v}" for k, v in seaweed.env().items())
+    env = " ".join(f"{k}={v}" for k, v in store.env().items())
     try:
         backup.recover_from_archive(
             f"{env} RECEIVEWAL_PREFETCH_IDLE=600 {command} -D {url} --prefetch 3 %f %p")
@@ -410,3 +420,54 @@ def test_a_history_file_outside_pg_wal_starts_no_filler(url: str, tmp_path: Path
     done = restore(url, "00000002.history", tmp_path / "RECOVERYHISTORY")
     assert done.returncode == 0, done.stderr
     assert os.listdir(tmp_path) == ["RECOVERYHISTORY"]
+
+
+# -- issue 25: restore checks what it serves (items 1 and 2, from a bucket) ----------------------
+def flipped(data: bytes, offset: int) -> bytes:
+    out = bytearray(data)
+    out[offset] ^= 0x10
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("form", "prefetch"), [("plain", "2"), ("zstd", "0")])
+def test_an_object_with_a_flipped_bit_is_126(url: str, tmp_path: Path, form: str,
+                                             prefetch: str) -> None:
+    """Item 1: an object holding its segment with one bit flipped in a record (a .zst made
+    from the flipped bytes decodes fine): exit 126, one line naming the object and the
+    record's LSN, %p left as it was; with prefetch on, the filler does not spool it either
+    (the call waits for it, asks it, then restores it itself)."""
+    data = wal_segment(4)
+    at = record_offsets(data)[50]
+    put(url, name_of(3), segment(3))
+    key = name_of(4)
+    if form == "zstd":
+        key += ".zst"
+        put(url, key, zstandard.ZstdCompressor(write_checksum=True).compress(
+            flipped(data, at + 33)))
+    else:
+        put(url, key, flipped(data, at + 33))
+    target = tmp_path / "pg_wal" / "RECOVERYXLOG"
+    target.parent.mkdir()
+    assert restore(url, name_of(3), target, "--prefetch", prefetch).returncode == 0
+    done = restore(url, name_of(4), target, "--prefetch", prefetch)
+    assert done.returncode == 126, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"{url}/{key}" in done.stderr, done.stderr
+    assert format_lsn(4 * SEGMENT + at) in done.stderr, done.stderr
+    assert target.read_bytes() == segment(3)
+    assert sorted(os.listdir(target.parent)) == [".receivewal", "RECOVERYXLOG"] \
+        if prefetch != "0" else ["RECOVERYXLOG"]
+    if prefetch != "0":
+        assert name_of(4) not in spooled(Spool.beside(target, source_id(url)))
+
+
+def test_another_clusters_object_is_126(url: str, tmp_path: Path) -> None:
+    """Item 2: valid WAL of another database system under the right key, at a prefix whose
+    identity object names this one: exit 126 naming both system identifiers."""
+    put(url, name_of(3), wal_segment(3, system_identifier=SYSID + 1))
+    done = restore(url, name_of(3), tmp_path / "RECOVERYXLOG", "--prefetch", "0")
+    assert done.returncode == 126, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert str(SYSID + 1) in done.stderr, done.stderr
+    assert str(SYSID) in done.stderr, done.stderr
+    assert os.listdir(tmp_path) == []

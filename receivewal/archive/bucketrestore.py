@@ -3,7 +3,8 @@
 The same at-rest forms as a local archive, in the same order (plain, then compressed), each
 fetched by its exact key: no listing, which lags on some stores and needs s3:ListBucket. Each
 object is read into a bounded buffer (in memory up to 64 MiB, beyond that an unnamed file next
-to ``%p``), then decoded, checked and written to ``%p`` exactly as a local file is
+to ``%p``), then decoded, checked against the prefix's identity object (read once per
+source) and written to ``%p`` exactly as a local file is
 (:func:`receivewal.archive.restore.write_restored`).
 
 A source that restores many segments (the prefetch filler's, one per recovery) asks first for
@@ -25,6 +26,7 @@ from typing import IO
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.compression import read_wal_file
 from receivewal.archive.durable import spooled_buffer
+from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.restore import Candidate, NotInArchive, write_restored
 from receivewal.errors import ConfigurationError, ObjectNotFound
@@ -46,6 +48,14 @@ class BucketSource:
     def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY) -> None:
         self.bucket = Bucket.connect(url, retry)
         self.last_form: AtRest | None = None  # the form that served the last segment
+        self._identity: tuple[ArchiveIdentity | None] | None = None  # read once, then kept
+
+    def identity(self) -> ArchiveIdentity | None:
+        """The prefix's identity object, read on first use and kept for this source's life
+        (the filler's: one recovery)."""
+        if self._identity is None:
+            self._identity = (self.bucket.read_identity(),)
+        return self._identity[0]
 
     def forms(self, name: str) -> list[Candidate]:
         """The objects that can serve ``name``, in the order they are asked for: plain, then
@@ -60,6 +70,7 @@ class BucketSource:
         Raises NotInArchive when the store has no form of it, the store's errors after the
         retries, ConfigurationError for a bad name, ArchiveError naming a damaged object.
         """
+        identity = self.identity()
         for candidate in self.forms(name):
             key = candidate.path.name
             with spooled_buffer(target.parent, _IN_MEMORY) as buf:
@@ -68,9 +79,11 @@ class BucketSource:
                 except ObjectNotFound:
                     continue
                 url = self.bucket.url.url(key)
-                size = _segment_size(buf, candidate, url)
+                size = identity.segment_size if identity is not None else \
+                    _segment_size(buf, candidate, url)
                 buf.seek(0)
-                write_restored(buf, candidate, size, target, url)  # type: ignore[arg-type]
+                write_restored(buf, candidate, size, target, url,  # type: ignore[arg-type]
+                               identity=identity)
             if candidate.segment:
                 self.last_form = candidate.fmt
             return url
@@ -90,9 +103,9 @@ def _forms(name: str) -> list[Candidate]:
 def _segment_size(buf: IO[bytes], candidate: Candidate,
                   url: str) -> int:
     """The segment size by the one rule (:func:`~receivewal.wal.pageheader.
-    archive_segment_size`, no identity read here): the object's own first page header's when
-    its page address is where its name puts it, else PostgreSQL's default: the size checks
-    of the restore then judge the object."""
+    archive_segment_size`) when the prefix has no identity: the object's own first page
+    header's when its page address is where its name puts it, else PostgreSQL's default: the
+    checks of the restore then judge the object."""
     if not candidate.segment:
         return DEFAULT_SEGMENT_SIZE
     buf.seek(0)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from support.holders import holders_of
 from support.postgres_user import S3_PACKAGES, install_for_postgres
 from support.recovery import backup_then_rows, complete_segments
 from support.seaweed import SeaweedS3, free_port_pairs
@@ -209,20 +210,6 @@ def test_leftovers_of_a_killed_prefetch_are_never_served(url: str, tmp_path: Pat
     wait_for_file(spool.dir / name_of(5), "the prefetched segment")
     assert sorted(os.listdir(tmp_path / SPOOL_DIR)) == [".lock", spool.dir.name]
     assert spooled(spool) == [name_of(5)]
-
-
-def holders_of(path: Path) -> list[int]:
-    """The processes that have ``path`` open (read from /proc)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if any(os.readlink(fd) == str(path) for fd in (proc / "fd").iterdir()):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
 
 
 def test_sigkill_of_the_filler_mid_prefetch_then_calls_are_correct(

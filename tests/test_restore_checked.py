@@ -279,4 +279,4 @@ def test_without_an_identity_the_segment_size_comes_from_the_header() -> None:
     spoiled = bytearray(data[second])
     spoiled[60] ^= 1  # inside the piece of the record that began in the first segment
     with pytest.raises(DamagedSegment, match="crc"):
-        checked_segment(data[first], first, None, following=lambda count: spoiled[:count])
+        checked_segment(data[first], first, None, following=lambda count: bytes(spoiled[:count]))

@@ -98,8 +98,11 @@ def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> lis
     return [by_path[f.path] for f in ranked]
 
 
-def restore_file(directory: Path, name: str, target: str, *, partial: bool = False) -> Path:
+def restore_file(directory: Path, name: str, target: str, *, partial: bool = False,
+                 system_identifier: int | None = None) -> Path:
     """Restore ``name`` from the archive in ``directory`` to ``target``; return the source.
+    An archive without an identity file holds a segment to ``system_identifier`` when given
+    (the one the segments a caller read before had).
 
     Raises NotInArchive when no form of the file exists, ConfigurationError for a bad name or
     target, ArchiveError (CorruptFile for a file that cannot be decoded, DamagedSegment for
@@ -121,13 +124,14 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
         with source:
             size = _segment_size(identity, candidate)
             write_restored(source, candidate, size, Path(target), str(candidate.path),
-                           identity=identity)
+                           identity=identity, system_identifier=system_identifier)
         return candidate.path
     raise NotInArchive(f'"{name}" is not in the archive "{directory}"')
 
 
 def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Path,
-                   what: str, *, identity: ArchiveIdentity | None) -> CheckedSegment | None:
+                   what: str, *, identity: ArchiveIdentity | None,
+                   system_identifier: int | None = None) -> CheckedSegment | None:
     """Decode ``source`` (the file ``candidate`` names, ``what`` in messages) and write it to
     ``target`` atomically. A segment is decoded whole (at most ``size`` bytes) and handed out
     only once :func:`~receivewal.archive.segmentcheck.checked_segment` has passed it against
@@ -147,7 +151,8 @@ def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Pa
     except CorruptFile as exc:
         raise CorruptFile(f'"{what}" {exc}') from exc
     checked = checked_segment(data, candidate.path.name[:24], identity,
-                              partial=candidate.partial, file=what, segment_size=size)
+                              partial=candidate.partial, file=what, segment_size=size,
+                              system_identifier=system_identifier)
     with durable_file(target) as out:
         _write_padded(out, checked.data, size)
     return checked

@@ -145,17 +145,19 @@ def _take_spooled(call: Call) -> bool:
     """Serve the file from the prefetch spool (waiting for the filler when it is fetching
     it); whether it was there. The filler is told which file was asked for first, so that it
     keeps that file until it is taken."""
-    directory = prefetched.spool_dir(call.target, source_id(call.directory))
+    source = source_id(call.directory)
+    directory = prefetched.spool_dir(call.target, source)
     root = prefetched.spool_root(call.target)
     name = call.wal_name
-    if not (os.path.exists(os.path.join(directory, name))
+    if not prefetched.usable(directory) or not (
+            os.path.exists(os.path.join(directory, name))
             or prefetched.wait_for(directory, root, name)):
         return False
     try:
         prefetched.record_wanted(directory, name)
     except OSError:
         return False
-    return prefetched.take(directory, name, call.target)
+    return prefetched.take(directory, name, call.target, source)
 
 
 def _askable(call: Call) -> bool:
@@ -170,9 +172,12 @@ def _askable(call: Call) -> bool:
 def _ask_filler(call: Call) -> str | None:
     """The filler's answer for the file (``"spooled"``: taken to ``%p``; ``"absent"``), or
     None when there is no filler or it could not tell: the call restores it itself."""
-    directory = prefetched.spool_dir(call.target, source_id(call.directory))
+    source = source_id(call.directory)
+    directory = prefetched.spool_dir(call.target, source)
     root = prefetched.spool_root(call.target)
     if not prefetched.busy(root) and not _start_filler(call):
+        return None
+    if not prefetched.usable(directory):
         return None
     try:
         outcome = prefetched.ask(directory, root, call.wal_name)
@@ -182,7 +187,8 @@ def _ask_filler(call: Call) -> str | None:
             prefetched.record_wanted(directory, call.wal_name)
     except OSError:
         return None
-    return "spooled" if prefetched.take(directory, call.wal_name, call.target) else None
+    return "spooled" if prefetched.take(directory, call.wal_name, call.target, source) \
+        else None
 
 
 def _start_filler(call: Call) -> bool:
@@ -220,7 +226,7 @@ def _keep_prefetching(call: Call, *, recorded: bool) -> None:
     one when none runs."""
     if not recorded:
         directory = prefetched.spool_dir(call.target, source_id(call.directory))
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        prefetched.make_spool_dir(directory)  # OSError for a planted symbolic link
         prefetched.record_wanted(directory, call.wal_name)
     if prefetched.busy(prefetched.spool_root(call.target)):
         return
@@ -285,11 +291,17 @@ def _restore(call: Call) -> str:
     return _quoted(path.name)
 
 
+#: What, beside its URL, tells boto3's chain which store a bucket URL names: two stores with
+#: the same s3://BUCKET/PREFIX must not share a spool.
+STORE_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE",
+                   "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE")
+
+
 def source_id(directory: str) -> str:
-    """Where an archive is, for the prefetch spool: a bucket's URL and endpoint, or a local
-    directory's resolved path."""
+    """Where an archive is, for the prefetch spool: a bucket's URL with the endpoint and
+    profile variables of boto3's chain, or a local directory's resolved path."""
     if is_bucket_url(directory):
-        return f"{directory}|{os.environ.get('AWS_ENDPOINT_URL', '')}"
+        return "|".join([directory, *(os.environ.get(name, "") for name in STORE_VARIABLES)])
     return os.path.realpath(directory)
 
 

@@ -17,7 +17,7 @@ import pytest
 import zstandard
 from support.holders import holders_of
 from support.postgres_user import S3_PACKAGES, install_for_postgres
-from support.recovery import backup_then_rows, complete_segments
+from support.recovery import backup_then_rows, complete_segments, recover_or_stop
 from support.seaweed import SeaweedS3, free_port_pairs
 from support.servers import PgServer
 from support.streams import wait_for
@@ -458,3 +458,63 @@ def test_another_clusters_object_is_126(url: str, tmp_path: Path) -> None:
     assert str(SYSID + 1) in done.stderr, done.stderr
     assert str(SYSID) in done.stderr, done.stderr
     assert os.listdir(tmp_path) == []
+
+
+# -- issue 25, item 4: a prefix without the archive's identity object --------------------------
+@pytest.mark.parametrize("prefetch", ["0", "2"])
+@pytest.mark.parametrize("identity", ["absent", "garbled"])
+def test_a_prefix_without_a_readable_identity_object_is_126_never_1(
+        store: SeaweedS3, tmp_path: Path, prefetch: str, identity: str) -> None:
+    """A mistyped prefix (or another endpoint) holds no identity object: every call, for a
+    segment or a history file, present or not, is exit 126 naming the identity object (before:
+    "no such key", exit 1, and recovery promoted early); a garbled one likewise."""
+    url = new_prefix(store, None)
+    put(url, name_of(3), segment(3))
+    if identity == "garbled":
+        put(url, ".receivewal-archive.json", b'{"system_identifier": "x"')
+    wal = tmp_path / "pg_wal"
+    wal.mkdir()
+    (tmp_path / "recovery.signal").touch()  # a recovery: the first call starts the filler
+    for name, target in (("00000002.history", "RECOVERYHISTORY"), (name_of(3), "RECOVERYXLOG"),
+                         (name_of(4), "RECOVERYXLOG")):
+        done = restore(url, name, wal / target, "--prefetch", prefetch)
+        assert done.returncode == 126, done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1, done.stderr
+        assert f"{url}/.receivewal-archive.json" in lines[0], done.stderr
+        assert not (wal / target).exists()
+
+
+def test_recovery_of_a_stream_backup_from_a_mistyped_prefix_stops(
+        pg: PgServer, store: SeaweedS3, server_base: Path) -> None:
+    """Item 4 end to end: a base backup taken with ``-X stream`` (consistent on its own)
+    recovers with restore_command naming a prefix with a typo. Before: every call was exit 1
+    ("no such key"), and PostgreSQL promoted at the backup's end without the rows written
+    after it. Now the first call is exit 126 and recovery stops."""
+    sysid = pg.sql("SELECT system_identifier FROM pg_control_system()")
+    url = new_prefix(store, sysid)
+    backup = pg.base_backup("stream-backup", "-X", "stream")
+    pg.sql("CREATE TABLE t (id int)")
+    pg.sql("INSERT INTO t SELECT generate_series(1, 1000)")
+    pg.switch_wal()
+    for path in complete_segments_of_running(pg):
+        put(url, path.name, path.read_bytes())
+    command = install_for_postgres(server_base, S3_PACKAGES)
+    env = " ".join(f"{k}={v}" for k, v in store.env().items())
+    mistyped = url.replace("/wal", "/wall")
+    promoted = recover_or_stop(backup, f"{env} RECEIVEWAL_PREFETCH_IDLE=3 {command} -D "
+                                       f"{mistyped} %f %p")
+    try:
+        log = backup.logfile.read_text()
+        assert not promoted, f"promoted without the rows written after the backup:\n{log}"
+        assert f"{mistyped}/.receivewal-archive.json" in log, log
+        assert "command not executable" in log, log
+    finally:
+        backup.stop("immediate")
+
+
+def complete_segments_of_running(pg: PgServer) -> list[Path]:
+    """The running server's segments before the one it writes now."""
+    current = pg.sql("SELECT pg_walfile_name(pg_current_wal_insert_lsn())")
+    return sorted(p for p in pg.pg_wal.iterdir()
+                  if len(p.name) == 24 and p.is_file() and p.name < current)

@@ -11,28 +11,27 @@ A source that restores many segments (the prefetch filler's, one per recovery) a
 the form that served the last segment: an archive keeps one form, and every form asked for
 before it costs a round trip answered "no such key".
 
-Only when the store says "no such key" for every form is the file :class:`NotInArchive` (exit 1
-ends recovery there). Network, throttling and access errors are retried with backoff a few
-times (:data:`RESTORE_RETRY`) and then raised: the command exits 126 and PostgreSQL retries
-later, rather than end recovery early. On AWS, a GET of a missing key without s3:ListBucket on
-the bucket is answered 403, not 404: it reads as access denied, never as absent.
+Only when the prefix holds the archive's identity object and the store says "no such key" for
+every form is the file :class:`NotInArchive` (exit 1 ends recovery there): a prefix without
+one (a mistyped prefix, another endpoint) is an error, whatever the file. Network, throttling
+and access errors are retried with backoff a few times (:data:`RESTORE_RETRY`) and then
+raised: the command exits 126 and PostgreSQL retries later, rather than end recovery early. On
+AWS, a GET of a missing key without s3:ListBucket on the bucket is answered 403, not 404: it
+reads as access denied, never as absent.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import IO
 
 from receivewal.archive.bucket import Bucket
-from receivewal.archive.compression import read_wal_file
 from receivewal.archive.durable import spooled_buffer
-from receivewal.archive.identity import ArchiveIdentity
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.restore import Candidate, NotInArchive, write_restored
-from receivewal.errors import ConfigurationError, ObjectNotFound
-from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, MAX_SEGMENT_SIZE
+from receivewal.errors import ArchiveError, ConfigurationError, ObjectNotFound
+from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_name
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size
 
 #: A restore_command call retries a failing store for a few seconds at most, then exits 126.
 RESTORE_RETRY = RetryPolicy(attempts=4, base_delay=0.25, max_delay=2.0)
@@ -48,14 +47,23 @@ class BucketSource:
     def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY) -> None:
         self.bucket = Bucket.connect(url, retry)
         self.last_form: AtRest | None = None  # the form that served the last segment
-        self._identity: tuple[ArchiveIdentity | None] | None = None  # read once, then kept
+        self._identity: ArchiveIdentity | None = None  # read once, then kept
 
-    def identity(self) -> ArchiveIdentity | None:
+    def identity(self) -> ArchiveIdentity:
         """The prefix's identity object, read on first use and kept for this source's life
-        (the filler's: one recovery)."""
+        (the filler's: one recovery). A prefix without one is no archive receivewal wrote (a
+        mistyped prefix, another endpoint or profile): an ArchiveError, never "not in the
+        archive", which would end recovery early."""
         if self._identity is None:
-            self._identity = (self.bucket.read_identity(),)
-        return self._identity[0]
+            identity = self.bucket.read_identity()
+            if identity is None:
+                raise ArchiveError(
+                    f'"{self.bucket.url.url(IDENTITY_FILE)}": no archive identity object at '
+                    f"{self.bucket.url} (at {self.bucket.endpoint}): not an archive receivewal "
+                    "wrote there (a mistyped prefix, or another endpoint or profile?); "
+                    "nothing is restored from it")
+            self._identity = identity
+        return self._identity
 
     def forms(self, name: str) -> list[Candidate]:
         """The objects that can serve ``name``, in the order they are asked for: plain, then
@@ -79,8 +87,7 @@ class BucketSource:
                 except ObjectNotFound:
                     continue
                 url = self.bucket.url.url(key)
-                size = identity.segment_size if identity is not None else \
-                    _segment_size(buf, candidate, url)
+                size = identity.segment_size
                 buf.seek(0)
                 write_restored(buf, candidate, size, target, url,  # type: ignore[arg-type]
                                identity=identity)
@@ -98,31 +105,3 @@ def _forms(name: str) -> list[Candidate]:
         raise ConfigurationError(f"{name!r} is not a WAL segment or history file name")
     return [Candidate(Path(name + fmt.suffix), fmt, partial=False, segment=True)
             for fmt in AtRest]
-
-
-def _segment_size(buf: IO[bytes], candidate: Candidate,
-                  url: str) -> int:
-    """The segment size by the one rule (:func:`~receivewal.wal.pageheader.
-    archive_segment_size`) when the prefix has no identity: the object's own first page
-    header's when its page address is where its name puts it, else PostgreSQL's default: the
-    checks of the restore then judge the object."""
-    if not candidate.segment:
-        return DEFAULT_SEGMENT_SIZE
-    buf.seek(0)
-    head = read_wal_file(url, candidate.fmt, SIZE_OF_LONG_PHD,
-                         open_binary=lambda _: _Unclosed(buf))  # type: ignore[arg-type,return-value]
-    return archive_segment_size(None, [(candidate.path.name, head)]) or DEFAULT_SEGMENT_SIZE
-
-
-class _Unclosed:
-    """``buf`` as a context manager that leaves it open."""
-
-    def __init__(self, buf: IO[bytes]) -> None:
-        self.buf = buf
-
-    def __enter__(self) -> IO[bytes]:
-        return self.buf
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-

@@ -92,6 +92,7 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
     Without an identity record the first segment fetched sets the system identifier the
     others must have. The spool records it, and the source, before anything is spooled."""
     from receivewal.archive.directory import Archive  # noqa: PLC0415 - in the filler
+    from receivewal.archive.identity import ArchiveIdentity  # noqa: PLC0415
     from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415
     from receivewal.archive.restore import NotInArchive, restore_file  # noqa: PLC0415
     from receivewal.wal.pageheader import (  # noqa: PLC0415
@@ -100,6 +101,7 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
     )
 
     restore: Callable[[str, Path, int | None], object]
+    identity: ArchiveIdentity | None
     try:
         if is_bucket_url(directory):
             from receivewal.archive.bucketrestore import BucketSource  # noqa: PLC0415

@@ -146,17 +146,25 @@ class Bucket:
         self._library_errors = (exceptions.ClientError, exceptions.BotoCoreError)
 
     @classmethod
-    def connect(cls, url: str | BucketUrl, retry: RetryPolicy | None = None) -> Bucket:
-        """A client from boto3's standard chain (no request is sent yet)."""
+    def connect(cls, url: str | BucketUrl, retry: RetryPolicy | None = None, *,
+                timeouts: tuple[float, float] | None = None) -> Bucket:
+        """A client from boto3's standard chain (no request is sent yet). ``timeouts``
+        (connect, read; seconds) replace client_config's for each try, and botocore then makes
+        one attempt per try: ``retry`` alone retries (restore, whose whole call is bounded)."""
         parsed = url if isinstance(url, BucketUrl) else parse_bucket_url(url)
         try:
             import boto3  # noqa: PLC0415 - only here: the s3 extra is optional
+            from botocore.config import Config  # noqa: PLC0415
             from botocore.exceptions import BotoCoreError  # noqa: PLC0415
         except ImportError as exc:
             raise ConfigurationError(f"{parsed}: object storage needs boto3, which is not "
                                      "installed: pip install 'receivewal[s3]'") from exc
+        config = client_config()
+        if timeouts is not None:
+            config = config.merge(Config(connect_timeout=timeouts[0], read_timeout=timeouts[1],
+                                         retries={"mode": "standard", "total_max_attempts": 1}))
         try:
-            client = boto3.session.Session().client("s3", config=client_config())
+            client = boto3.session.Session().client("s3", config=config)
         except (BotoCoreError, ValueError) as exc:
             raise ConfigurationError(f"{parsed}: cannot configure the S3 client: {exc}") from exc
         return cls(parsed, client, retry or RetryPolicy())

@@ -35,6 +35,10 @@ from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_nam
 
 #: A restore_command call retries a failing store for a few seconds at most, then exits 126.
 RESTORE_RETRY = RetryPolicy(attempts=4, base_delay=0.25, max_delay=2.0)
+#: Seconds each try may take to connect, and to wait for each read (boto3's are 60): a store
+#: that accepts connections and never answers costs a call about 4 x 5 s, not 4 x 3 x 60 s
+#: (the call's whole time is bounded as well, by RECEIVEWAL_RESTORE_TIMEOUT).
+RESTORE_TIMEOUTS = (3.0, 5.0)
 _IN_MEMORY = 64 << 20
 # the largest object any archive file can be: a segment of the largest size, compressed by a
 # codec that expands incompressible input a little
@@ -45,7 +49,7 @@ class BucketSource:
     """An archive at ``s3://BUCKET/PREFIX`` to restore files from (one client, reused)."""
 
     def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY) -> None:
-        self.bucket = Bucket.connect(url, retry)
+        self.bucket = Bucket.connect(url, retry, timeouts=RESTORE_TIMEOUTS)
         self.last_form: AtRest | None = None  # the form that served the last segment
         self._identity: ArchiveIdentity | None = None  # read once, then kept
 

@@ -280,3 +280,31 @@ def test_without_an_identity_the_segment_size_comes_from_the_header() -> None:
     spoiled[60] ^= 1  # inside the piece of the record that began in the first segment
     with pytest.raises(DamagedSegment, match="crc"):
         checked_segment(data[first], first, None, following=lambda count: bytes(spoiled[:count]))
+
+
+# -- a record that runs into the next segment -----------------------------------------------------
+@pytest.mark.parametrize("where", ["its own tail", "the next segment's head"])
+def test_a_record_running_into_the_next_segment_is_checked_when_that_segment_is_there(
+        tmp_path: Path, pg_wal: Path, where: str) -> None:
+    """The real pair's first segment ends inside a record (its last 40 bytes) that the second
+    finishes (its first 120 after the long header): a bit flipped in that record, in either
+    file, fails its CRC, and the first segment's call is exit 126 naming the first file (the
+    record starts there). Without the second segment in the archive (the end of the archive,
+    or a segment still being streamed) the first is served: its last record cannot be checked
+    then, and PostgreSQL, which reads on, stops at the archive's end anyway."""
+    data = {path.name[:24]: zstandard.ZstdDecompressor().decompress(path.read_bytes())
+            for path in sorted((Path(__file__).parent / "data" / "wal").glob("*.zst"))}
+    first, second = data
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (archive / first).write_bytes(flipped(data[first], (1 << 20) - 10)
+                                  if where == "its own tail" else data[first])
+    (archive / (second + ".zst")).write_bytes(zstandard.ZstdCompressor().compress(
+        flipped(data[second], 40 + 10) if where != "its own tail" else data[second]))
+    done = restore(archive, first, str(pg_wal / "RECOVERYXLOG"))
+    assert done.returncode == 126, done.stderr
+    one_line(done.stderr, first, "crc")
+    nothing_at(pg_wal / "RECOVERYXLOG")
+    (archive / (second + ".zst")).unlink()
+    done = restore(archive, first, str(pg_wal / "RECOVERYXLOG"))
+    assert done.returncode == 0, done.stderr

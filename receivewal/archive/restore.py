@@ -17,6 +17,7 @@ size, so memory and the temporary file stay bounded whatever the file holds.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from receivewal.archive.durable import durable_file
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import open_regular
 from receivewal.archive.segmentbuffer import decode_segment
-from receivewal.archive.segmentcheck import CheckedSegment, checked_segment
+from receivewal.archive.segmentcheck import CheckedSegment, Following, checked_segment
 from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
 from receivewal.wal.names import (
@@ -37,6 +38,7 @@ from receivewal.wal.names import (
     is_other_wal_file_name,
     is_wal_file_name,
     parse_segment_file_name,
+    wal_file_name,
 )
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size
 
@@ -124,18 +126,21 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
         with source:
             size = _segment_size(identity, candidate)
             write_restored(source, candidate, size, Path(target), str(candidate.path),
-                           identity=identity, system_identifier=system_identifier)
+                           identity=identity, system_identifier=system_identifier,
+                           following=_following(directory, candidate, size))
         return candidate.path
     raise NotInArchive(f'"{name}" is not in the archive "{directory}"')
 
 
 def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Path,
                    what: str, *, identity: ArchiveIdentity | None,
-                   system_identifier: int | None = None) -> CheckedSegment | None:
+                   system_identifier: int | None = None,
+                   following: Following | None = None) -> CheckedSegment | None:
     """Decode ``source`` (the file ``candidate`` names, ``what`` in messages) and write it to
     ``target`` atomically. A segment is decoded whole (at most ``size`` bytes) and handed out
     only once :func:`~receivewal.archive.segmentcheck.checked_segment` has passed it against
-    the archive's ``identity`` (a ``.partial`` padded with zeros to ``size``); the check is
+    the archive's ``identity`` (``following``: the next segment's first bytes, to check the
+    record that runs into it); a ``.partial`` is padded with zeros to ``size``. The check is
     returned. Any other file (a history file) is copied as it is, at most ``size`` bytes."""
     if not candidate.segment:
         chunks = decompress_chunks(source, candidate.fmt, cap=size)
@@ -152,10 +157,33 @@ def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Pa
         raise CorruptFile(f'"{what}" {exc}') from exc
     checked = checked_segment(data, candidate.path.name[:24], identity,
                               partial=candidate.partial, file=what, segment_size=size,
-                              system_identifier=system_identifier)
+                              system_identifier=system_identifier, following=following)
     with durable_file(target) as out:
         _write_padded(out, checked.data, size)
     return checked
+
+
+def _following(directory: Path, candidate: Candidate, size: int) -> Following | None:
+    """The first bytes of the complete segment after ``candidate`` in the archive, when it
+    is there (a complete segment's last record often runs into it: its CRC covers both); None
+    for a ``.partial`` (nothing after it is served) or a file that is not a segment. A next
+    segment that cannot be read is not at hand: its own call judges it."""
+    parsed = parse_segment_file_name(candidate.path.name, size)
+    if not candidate.segment or candidate.partial or parsed is None:
+        return None
+    name = wal_file_name(parsed.timeline, parsed.segno + 1, size)
+
+    def read(count: int) -> bytes | None:
+        for fmt in AtRest:
+            path = directory / (name + fmt.suffix)
+            if os.path.lexists(path):
+                try:
+                    return read_wal_file(str(path), fmt, count)
+                except ArchiveError:
+                    return None
+        return None
+
+    return read
 
 
 def segment_size(directory: Path, candidate: Candidate) -> int:

@@ -117,7 +117,8 @@ class Spool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.stale_question = prefetched.question(str(self.dir))
             self.signal_file = self.recovery_signal()
-            self._prune([])  # nothing a killed filler spooled is kept
+            self._prune([])  # nothing a killed filler spooled is kept, nor its record
+            (self.dir / prefetched.SOURCE_FILE).unlink(missing_ok=True)
             self._write_window(names)
         except BaseException:
             os.close(fd)

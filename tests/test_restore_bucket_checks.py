@@ -163,7 +163,7 @@ def silent_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def test_a_store_that_never_answers_is_126_within_the_call_bound(
         url: str, silent_store: str, tmp_path: Path, prefetch: str) -> None:
     """A store that accepts connections and never answers (before: 723 s for one call, 4 tries
-    of boto3's 3 x 60 s reads): the call gives up within RECEIVEWAL_RESTORE_TIMEOUT (here 6 s),
+    of boto3's 3 x 60 s reads): the call gives up within RECEIVEWAL_RESTORE_TIMEOUT (here 3 s),
     having said on stderr what it waits for, and exits 126 with one line naming the object and
     the store. With prefetch on (a recovery's first call starts the filler, which hangs as
     well), the waits for the filler count in the same bound."""
@@ -172,10 +172,10 @@ def test_a_store_that_never_answers_is_126_within_the_call_bound(
     (tmp_path / "recovery.signal").touch()
     began = time.monotonic()
     done = restore(url, "00000002.history", wal / "RECOVERYHISTORY", "--prefetch", prefetch,
-                   env={"RECEIVEWAL_RESTORE_TIMEOUT": "6"}, timeout=60)
+                   env={"RECEIVEWAL_RESTORE_TIMEOUT": "3"}, timeout=60)
     took = time.monotonic() - began
     assert done.returncode == 126, done.stderr
-    assert took < 20, f"{took:.1f} s: {done.stderr}"
+    assert took < 15, f"{took:.1f} s: {done.stderr}"
     lines = done.stderr.splitlines()
     waiting = [line for line in lines if line.startswith("receivewal restore: waiting")]
     assert waiting, done.stderr

@@ -52,6 +52,7 @@ ASK_FILE = ".ask"  # a call's question to the filler: "NAME TOKEN"
 ANSWER_FILE = ".answer"  # the filler's answer: "NAME TOKEN absent" or "NAME TOKEN failed"
 WAIT_LIMIT = 30.0  # seconds a call waits for a file being prefetched before fetching it itself
 NOTICE_AFTER = 5.0  # seconds of waiting after which a call says on stderr what it waits for
+#                     (half the call's bound when that is shorter)
 _POLL = 0.005
 _HEX = frozenset("0123456789ABCDEF")
 _XLOGID_SPAN = 0x1_0000_0000  # the bytes one xlogid (a name's middle 8 digits) spans
@@ -205,20 +206,21 @@ def _read_record(directory: str, record: str) -> list[str]:
         return []
 
 
-def ask(directory: str, root: str, name: str, limit: float = WAIT_LIMIT,
-        notice: Callable[[], object] | None = None) -> str | None:
+def ask(directory: str, root: str, name: str, limit: float = WAIT_LIMIT,  # noqa: PLR0917
+        notice: Callable[[], object] | None = None, notice_after: float = NOTICE_AFTER,
+        ) -> str | None:
     """Ask the filler at work to fetch ``name`` (a segment or a history file) into the spool:
     ``"spooled"`` when it is there, ``"absent"`` when the archive has no form of it (answered
     after this question was asked), None when the filler could not tell (a failure, the filler
     gone, ``limit`` seconds): then the call restores the file itself. ``notice`` is called
-    once the answer has taken :data:`NOTICE_AFTER` seconds (the call says what it waits for)."""
+    once the answer has taken ``notice_after`` seconds (the call says what it waits for)."""
     token = f"{os.getpid()}-{time.monotonic_ns()}"
     _write_record(directory, ASK_FILE, f"{name} {token}")
     path = os.path.join(directory, name)
     began = time.monotonic()
     deadline = began + min(limit, WAIT_LIMIT)
     while (now := time.monotonic()) < deadline:
-        if notice is not None and now - began >= NOTICE_AFTER:
+        if notice is not None and now - began >= notice_after:
             notice()
             notice = None
         if os.path.exists(path):
@@ -243,8 +245,9 @@ def answer(directory: str, name: str, token: str, outcome: str) -> None:
     _write_record(directory, ANSWER_FILE, f"{name} {token} {outcome}")
 
 
-def wait_for(directory: str, root: str, name: str, limit: float = WAIT_LIMIT,
-             notice: Callable[[], object] | None = None) -> bool:
+def wait_for(directory: str, root: str, name: str, limit: float = WAIT_LIMIT,  # noqa: PLR0917
+             notice: Callable[[], object] | None = None, notice_after: float = NOTICE_AFTER,
+             ) -> bool:
     """While the filler at work has ``name`` in its window, wait until it is spooled, the
     filler is gone or drops it (the archive lacks it), at most ``limit`` seconds (and
     :data:`WAIT_LIMIT`); whether it was waited for. ``notice`` as for :func:`ask`."""
@@ -256,7 +259,7 @@ def wait_for(directory: str, root: str, name: str, limit: float = WAIT_LIMIT,
     while not os.path.exists(path) and (now := time.monotonic()) < deadline:
         if not busy(root) or name not in window(directory):
             break
-        if notice is not None and now - began >= NOTICE_AFTER:
+        if notice is not None and now - began >= notice_after:
             notice()
             notice = None
         time.sleep(_POLL)

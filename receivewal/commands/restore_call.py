@@ -18,7 +18,8 @@ On object storage a call is bounded: each request has a few seconds to connect a
 (:data:`~receivewal.archive.bucketrestore.RESTORE_TIMEOUTS`), and the whole call
 :func:`restore_timeout` seconds (``RECEIVEWAL_RESTORE_TIMEOUT``, default 180), waits for the
 prefetch filler included; after :data:`~receivewal.archive.prefetched.NOTICE_AFTER` seconds
-it says on stderr what it waits for (PostgreSQL's log shows it), and at the bound it exits 126.
+(or half the bound) it says on stderr what it waits for (PostgreSQL's log shows it), and at
+the bound it exits 126.
 
 With ``--prefetch N`` (default 8, for a bucket and a local directory alike), the N segments after
 the one asked for are kept in a spool next to ``%p`` by a detached filler, one per recovery
@@ -178,7 +179,7 @@ def _take_spooled(call: Call) -> bool:
     if not prefetched.usable(directory) or not (
             os.path.exists(os.path.join(directory, name))
             or prefetched.wait_for(directory, root, name, call.left(),
-                                   lambda: _say_waiting(call, filler=True))):
+                                   lambda: _say_waiting(call, filler=True), _notice_after())):
         return False
     try:
         prefetched.record_wanted(directory, name)
@@ -208,7 +209,7 @@ def _ask_filler(call: Call) -> str | None:
         return None
     try:
         outcome = prefetched.ask(directory, root, call.wal_name, call.left(),
-                                 lambda: _say_waiting(call, filler=True))
+                                 lambda: _say_waiting(call, filler=True), _notice_after())
         if outcome != "spooled":
             return outcome
         if prefetched.is_segment_name(call.wal_name):
@@ -313,7 +314,7 @@ class _TimedOut(BaseException):
 
 
 def _watch(call: Call) -> bool:
-    """Arm the call's alarm: after NOTICE_AFTER seconds it says what it waits for, at the
+    """Arm the call's alarm: after _notice_after() seconds it says what it waits for, at the
     deadline it raises _TimedOut. Whether it was armed."""
     import signal  # noqa: PLC0415 - not on the spool's path
 
@@ -329,8 +330,14 @@ def _watch(call: Call) -> bool:
         signal.setitimer(signal.ITIMER_REAL, left)
 
     signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(0.01, min(prefetched.NOTICE_AFTER, call.left())))
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, min(_notice_after(), call.left())))
     return True
+
+
+def _notice_after() -> float:
+    """Seconds of waiting after which a call says what it waits for: NOTICE_AFTER, or half
+    the call's bound when that is shorter."""
+    return min(prefetched.NOTICE_AFTER, restore_timeout() / 2)
 
 
 def _endpoint() -> str:

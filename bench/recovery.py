@@ -45,6 +45,7 @@ from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import IS_ROOT, PgServer, make_shared_dir, pg_bin
 
 from receivewal.archive.bucket import Bucket
+from receivewal.archive.directory import Archive
 from receivewal.wal.lsn import format_lsn, parse_lsn
 from receivewal.wal.names import is_other_wal_file_name, parse_segment_file_name
 
@@ -90,10 +91,15 @@ def archive(server: PgServer, directory: Path, slot: str, end: int, *method: str
 
 
 def upload(store: SeaweedS3, directory: Path) -> str:
-    """Put the archive's WAL files (segments, history files) under a prefix; its URL."""
+    """Put the archive's identity object (as the daemon does first) and WAL files (segments,
+    history files) under a prefix; its URL."""
     os.environ.update(store.env())
     url = f"s3://{store.bucket}/recovery"
     bucket = Bucket.connect(url)
+    identity = Archive(directory).read_identity()
+    if identity is None:
+        raise SystemExit(f"{directory} has no identity file: restore needs the prefix's")
+    bucket.claim_prefix(identity)
     for path in sorted(directory.iterdir()):
         parsed = parse_segment_file_name(path.name, SEGMENT)
         if (parsed is not None and not parsed.partial) or is_other_wal_file_name(path.name):

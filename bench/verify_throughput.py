@@ -17,6 +17,11 @@ On each, in one run: ``pg_waldump --stats`` (CPU time of the child, best of 3), 
 the compiled scanner and on the pure-Python one (``receivewal.wal.accel``), and with a pool of
 all cores (wall time). The ratios are verify's MB/s per core over pg_waldump's.
 
+The same table has restore's check of a segment before it serves it
+(:func:`receivewal.archive.segmentcheck.checked_segment`, the same scanner over one segment in
+memory: CPU of this process, best of 3 per segment, on both paths), with its cost per 16 MiB
+segment.
+
 Then the whole command, start-up included: ``receivewal verify`` run as a subprocess (``-j 1``,
 ``-j`` of every core, and the default), against ``pg_waldump --stats`` on the same archive;
 wall and CPU seconds of each child, best of ``--repeats``. The ratio is pg_waldump's wall time
@@ -179,6 +184,28 @@ def bench_command(label: str, archive: Path, repeats: int) -> None:
         print(f"  {what:<36} {wall:>8.3f} {cpu:>8.3f} {mb / wall:>8.1f} {wd_wall / wall:>13.2f}")
 
 
+def time_restore_check(archive: Path, names: list[str], native: bool) -> float:
+    """CPU seconds of restore's checked_segment over every segment of ``archive`` (each read
+    into memory first, each the best of REPEATS), on the C or the pure-Python scanner."""
+    from receivewal.archive.segmentcheck import checked_segment  # noqa: PLC0415
+
+    saved = accel.native
+    accel.native = accel.load_native() if native else None
+    try:
+        total = 0.0
+        for name in names:
+            data = (archive / name).read_bytes()
+            best = float("inf")
+            for _ in range(REPEATS):
+                began = time.process_time()
+                checked_segment(data, name, None)
+                best = min(best, time.process_time() - began)
+            total += best
+    finally:
+        accel.native = saved
+    return total
+
+
 def bench_archive(label: str, archive: Path) -> None:
     """Time pg_waldump --stats and verify (both paths) on one archive; print the rows."""
     names = sorted(p.name for p in archive.iterdir() if len(p.name) == 24)
@@ -193,6 +220,13 @@ def bench_archive(label: str, archive: Path) -> None:
     if accel.load_native() is not None:
         rows.append(("verify -j 1, C scanner (CPU)", time_verify(archive, 1, native=True)))
     rows.append(("verify -j 1, pure Python (CPU)", time_verify(archive, 1, native=False)))
+    checks = []
+    if accel.load_native() is not None:
+        checks.append(("restore's check, C scanner (CPU)",
+                       time_restore_check(archive, names, native=True)))
+    checks.append(("restore's check, pure Python (CPU)",
+                   time_restore_check(archive, names, native=False)))
+    rows += checks
     if accel.load_native() is not None:
         rows.append(("verify -j 1, C scanner (wall)",
                      time_verify(archive, 1, native=True, wall=True)))
@@ -201,6 +235,8 @@ def bench_archive(label: str, archive: Path) -> None:
     print(f"  {'what':<36} {'seconds':>8} {'MB/s':>8} {'x pg_waldump':>13}")
     for what, secs in rows:
         print(f"  {what:<36} {secs:>8.3f} {mb / secs:>8.1f} {wd_cpu / secs:>13.2f}")
+    for what, secs in checks:
+        print(f"  {what}: {secs / len(names) * 1000:.1f} ms per segment")
 
 
 def main() -> None:

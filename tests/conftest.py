@@ -151,6 +151,16 @@ def seaweed() -> Iterator[SeaweedS3]:
         yield server
 
 
+@pytest.fixture
+def store(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> SeaweedS3:
+    """The module's S3 server, which this process and its children (restore calls, their
+    prefetch fillers, which exit after 10 idle seconds) reach through boto3's chain."""
+    for key, value in seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RECEIVEWAL_PREFETCH_IDLE", "10")
+    return seaweed
+
+
 @pytest.fixture(scope="session")
 def seaweed_server() -> Iterator[SeaweedS3]:
     """The S3 server the shared Spark session (``spark``) is started for: its Python workers

@@ -13,6 +13,7 @@ from support.archives import SEGMENT, complete_files, decoded, partial_files
 from support.postgres_user import install_for_postgres, readable_by_postgres
 from support.servers import PgServer
 from support.streams import lsn_to_int, start_receivewal, wait_for
+from support.walgen import wal_segment
 
 from receivewal.archive.compression import CompressSpec, new_compressor
 
@@ -41,8 +42,8 @@ def compressed(method: str, data: bytes, *, finish: bool = True) -> bytes:
 
 @pytest.fixture
 def segment() -> bytes:
-    """A segment's worth of recognisable bytes."""
-    return (bytes(range(256)) * (SEGMENT // 256 // 2)) + os.urandom(SEGMENT // 2)
+    """A segment of valid WAL (restore checks what it serves)."""
+    return wal_segment(3)
 
 
 @pytest.mark.parametrize("suffix", ["", ".gz", ".lz4", ".zst"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
+from support.walgen import wal_segment
 
 from receivewal.archive import absence
 from receivewal.archive.objectstore import is_bucket_url
@@ -50,7 +50,7 @@ def test_restore_imports_no_click_structlog_psycopg_nor_unused_codecs(
     lz4 or the zstandard compressor (a .zst file needs only the bounded zstd decoder)."""
     archive = tmp_path / "archive"
     archive.mkdir()
-    data = bytes(16 << 20)
+    data = wal_segment(3)
     if compressed:
         (archive / (NAME + ".zst")).write_bytes(
             zstandard.ZstdCompressor(write_checksum=True).compress(data))
@@ -79,12 +79,6 @@ SPOOL_PROBE = (  # what the call loads beyond the interpreter's start (site, .pt
 )
 SLOW = ("dataclasses", "pathlib", "re", "typing", "json", "enum", "tempfile", "hashlib",
         *HEAVY)
-
-
-def wal_segment(segno: int) -> bytes:
-    """A 16 MiB segment of timeline 1 whose first page has the long header."""
-    head = struct.pack("<HHIQIxxxxQII", 0xD110, 2, 1, segno << 24, 0, 7, 16 << 20, 8192)
-    return (head + f"segment {segno}".encode() * 1000).ljust(16 << 20, b"\0")
 
 
 def test_a_call_served_from_the_spool_imports_only_os_level_modules(tmp_path: Path) -> None:

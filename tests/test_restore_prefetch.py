@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.archives import SEGMENT, proven_segment
 from support.postgres_user import install_for_postgres, readable_by_postgres
-from support.recovery import backup_then_rows
+from support.recovery import backup_then_rows, complete_segments
 from support.servers import PgServer
+from support.walgen import wal_segment
 
 from receivewal.archive.compression import CompressSpec, new_compressor
 from receivewal.archive.spool import Spool
@@ -28,9 +28,8 @@ def name_of(segno: int) -> str:
 
 
 def segment(segno: int) -> bytes:
-    """Segment ``segno`` of timeline 1: a proving first page, then bytes of its own."""
-    head = proven_segment(segno)[:8192]
-    return (head + os.urandom(1 << 16) * (SEGMENT >> 16))[:SEGMENT]
+    """Segment ``segno`` of timeline 1: valid WAL of its own."""
+    return wal_segment(segno)
 
 
 def stored(data: bytes, method: str | None) -> bytes:
@@ -81,8 +80,7 @@ def test_point_in_time_recovery_from_a_compressed_local_archive_with_prefetch(
     spool, and at promotion the filler empties its spool and exits (long before its idle
     limit)."""
     backup, expected = backup_then_rows(pg, "prefetched", segments=4)
-    wal = pg.datadir / "pg_wal"
-    for i, path in enumerate(sorted(p for p in wal.iterdir() if len(p.name) == 24)):
+    for i, path in enumerate(complete_segments(pg)):
         method = ("zstd", "lz4")[i % 2]
         suffix = {"zstd": ".zst", "lz4": ".lz4"}[method]
         (archive_dir / (path.name + suffix)).write_bytes(stored(path.read_bytes(), method))

@@ -20,6 +20,7 @@ from pathlib import Path
 import lz4.frame
 import pytest
 from support.archives import SEGMENT, proven_segment
+from support.walgen import wal_segment
 
 from receivewal.archive import restore as restore_module
 from receivewal.commands.cli import main
@@ -143,7 +144,7 @@ def test_unexpected_exception_in_restore_is_exit_126(
     point) exits 126 with one line, never 1 ("not in the archive" ends recovery early), and
     leaves nothing at %p."""
     archive, pg_wal = dirs
-    (archive / NAME).write_bytes(proven_segment(3))
+    (archive / NAME).write_bytes(wal_segment(3))
 
     def broken(*args: object, **kwargs: object) -> None:
         raise error
@@ -235,7 +236,7 @@ def test_status_of_a_huge_state_file_is_unknown_in_bounded_memory(tmp_path: Path
 def test_a_regular_segment_still_restores(dirs: tuple[Path, Path]) -> None:
     """The guards refuse only what is not a regular file: a real segment is served."""
     archive, pg_wal = dirs
-    segment = proven_segment(3)
+    segment = wal_segment(3)
     (archive / NAME).write_bytes(segment)
     done = run("restore", "-D", str(archive), NAME, str(pg_wal / "RECOVERYXLOG"))
     assert done.returncode == 0, done.stderr

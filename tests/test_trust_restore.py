@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.archives import SEGMENT, zstd_bomb
 from support.memory import PEAK_RSS_KB
+from support.walgen import wal_segment
 
 from receivewal.archive.durable import temporary_name
 from receivewal.commands.cli import main
@@ -171,7 +172,7 @@ def test_planted_symlink_at_temp_name_is_not_written_through(
     """A symlink planted where the temporary file would be created is neither followed nor
     removed; the segment still arrives at %p."""
     archive, pg_wal = dirs
-    segment = os.urandom(SEGMENT)
+    segment = wal_segment(3)
     (archive / NAME).write_bytes(segment)
     victim = archive / "victim"
     victim.write_bytes(b"keep me")
@@ -186,7 +187,7 @@ def test_planted_symlink_at_temp_name_is_not_written_through(
 
 def test_symlink_at_target_is_replaced_not_followed(dirs: tuple[Path, Path]) -> None:
     archive, pg_wal = dirs
-    segment = os.urandom(SEGMENT)
+    segment = wal_segment(3)
     (archive / NAME).write_bytes(segment)
     victim = archive / "victim"
     victim.write_bytes(b"keep me")
@@ -202,7 +203,7 @@ def test_temp_file_is_fsynced_before_the_rename(dirs: tuple[Path, Path],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The temporary file's data is durable before it takes %p's name."""
     archive, pg_wal = dirs
-    (archive / NAME).write_bytes(bytes(SEGMENT))
+    (archive / NAME).write_bytes(wal_segment(3))
     events: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
 
@@ -224,7 +225,7 @@ STALLED_RESTORE = (
     "import signal, sys\n"
     "from receivewal.archive import restore\n"
     "from receivewal.commands.cli import main\n"
-    "def stalled(out, fill, expect):\n"
+    "def stalled(out, data, size):\n"
     "    out.write(bytes(8192))\n"
     "    out.flush()\n"
     "    print('stalled', file=sys.stderr, flush=True)\n"
@@ -239,7 +240,7 @@ def test_sigterm_removes_the_temporary_file(dirs: tuple[Path, Path]) -> None:
     temporary file got its first chunk) leaves no temporary file and no %p, and the helper
     dies of the signal as PostgreSQL expects."""
     archive, pg_wal = dirs
-    (archive / NAME).write_bytes(bytes(SEGMENT))
+    (archive / NAME).write_bytes(wal_segment(3))
     target = pg_wal / "RECOVERYXLOG"
     argv = [sys.executable, "-c", STALLED_RESTORE, "restore", "-D", str(archive), NAME,
             str(target)]

@@ -3,38 +3,42 @@
 The same at-rest forms as a local archive, in the same order (plain, then compressed), each
 fetched by its exact key: no listing, which lags on some stores and needs s3:ListBucket. Each
 object is read into a bounded buffer (in memory up to 64 MiB, beyond that an unnamed file next
-to ``%p``), then decoded, checked and written to ``%p`` exactly as a local file is
+to ``%p``), then decoded, checked against the prefix's identity object (read once per
+source) and written to ``%p`` exactly as a local file is
 (:func:`receivewal.archive.restore.write_restored`).
 
 A source that restores many segments (the prefetch filler's, one per recovery) asks first for
 the form that served the last segment: an archive keeps one form, and every form asked for
 before it costs a round trip answered "no such key".
 
-Only when the store says "no such key" for every form is the file :class:`NotInArchive` (exit 1
-ends recovery there). Network, throttling and access errors are retried with backoff a few
-times (:data:`RESTORE_RETRY`) and then raised: the command exits 126 and PostgreSQL retries
-later, rather than end recovery early. On AWS, a GET of a missing key without s3:ListBucket on
-the bucket is answered 403, not 404: it reads as access denied, never as absent.
+Only when the prefix holds the archive's identity object and the store says "no such key" for
+every form is the file :class:`NotInArchive` (exit 1 ends recovery there): a prefix without
+one (a mistyped prefix, another endpoint) is an error, whatever the file. Network, throttling
+and access errors are retried with backoff a few times (:data:`RESTORE_RETRY`) and then
+raised: the command exits 126 and PostgreSQL retries later, rather than end recovery early. On
+AWS, a GET of a missing key without s3:ListBucket on the bucket is answered 403, not 404: it
+reads as access denied, never as absent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 from receivewal.archive.bucket import Bucket
-from receivewal.archive.compression import read_wal_file
 from receivewal.archive.durable import spooled_buffer
-from receivewal.archive.objectstore import RetryPolicy
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
+from receivewal.archive.objectstore import Patience, RetryPolicy
 from receivewal.archive.restore import Candidate, NotInArchive, write_restored
-from receivewal.errors import ConfigurationError, ObjectNotFound
-from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, MAX_SEGMENT_SIZE
+from receivewal.errors import ArchiveError, ConfigurationError, ObjectNotFound
+from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_name
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size
 
 #: A restore_command call retries a failing store for a few seconds at most, then exits 126.
 RESTORE_RETRY = RetryPolicy(attempts=4, base_delay=0.25, max_delay=2.0)
+#: Seconds each try may take to connect, and to wait for each read (boto3's are 60): a store
+#: that accepts connections and never answers costs a call about 4 x 5 s, not 4 x 3 x 60 s
+#: (the call's whole time is bounded as well, by RECEIVEWAL_RESTORE_TIMEOUT).
+RESTORE_PATIENCE = Patience(connect=3.0, read=5.0, attempts=1)
 _IN_MEMORY = 64 << 20
 # the largest object any archive file can be: a segment of the largest size, compressed by a
 # codec that expands incompressible input a little
@@ -45,17 +49,25 @@ class BucketSource:
     """An archive at ``s3://BUCKET/PREFIX`` to restore files from (one client, reused)."""
 
     def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY) -> None:
-        self.bucket = Bucket.connect(url, retry)
+        self.bucket = Bucket.connect(url, retry, RESTORE_PATIENCE)
         self.last_form: AtRest | None = None  # the form that served the last segment
-        self._recorded: tuple[int | None] | None = None  # the identity's segment size, once read
+        self._identity: ArchiveIdentity | None = None  # read once, then kept
 
-    def recorded_segment_size(self) -> int | None:
-        """The segment size the prefix's identity object states (None: it has none), read
-        once per source; ArchiveError naming the object when it cannot be read."""
-        if self._recorded is None:
+    def identity(self) -> ArchiveIdentity:
+        """The prefix's identity object, read on first use and kept for this source's life
+        (the filler's: one recovery). A prefix without one is no archive receivewal wrote (a
+        mistyped prefix, another endpoint or profile): an ArchiveError, never "not in the
+        archive", which would end recovery early."""
+        if self._identity is None:
             identity = self.bucket.read_identity()
-            self._recorded = (None if identity is None else identity.segment_size,)
-        return self._recorded[0]
+            if identity is None:
+                raise ArchiveError(
+                    f'"{self.bucket.url.url(IDENTITY_FILE)}": no archive identity object at '
+                    f"{self.bucket.url} (at {self.bucket.endpoint}): not an archive receivewal "
+                    "wrote there (a mistyped prefix, or another endpoint or profile?); "
+                    "nothing is restored from it")
+            self._identity = identity
+        return self._identity
 
     def forms(self, name: str) -> list[Candidate]:
         """The objects that can serve ``name``, in the order they are asked for: plain, then
@@ -70,6 +82,7 @@ class BucketSource:
         Raises NotInArchive when the store has no form of it, the store's errors after the
         retries, ConfigurationError for a bad name, ArchiveError naming a damaged object.
         """
+        identity = self.identity()
         for candidate in self.forms(name):
             key = candidate.path.name
             with spooled_buffer(target.parent, _IN_MEMORY) as buf:
@@ -78,10 +91,10 @@ class BucketSource:
                 except ObjectNotFound:
                     continue
                 url = self.bucket.url.url(key)
-                size = _segment_size(buf, candidate, url, self.recorded_segment_size()) \
-                    if candidate.segment else DEFAULT_SEGMENT_SIZE
+                size = identity.segment_size
                 buf.seek(0)
-                write_restored(buf, candidate, size, target, url)  # type: ignore[arg-type]
+                write_restored(buf, candidate, size, target, url,  # type: ignore[arg-type]
+                               identity=identity)
             if candidate.segment:
                 self.last_form = candidate.fmt
             return url
@@ -96,32 +109,3 @@ def _forms(name: str) -> list[Candidate]:
         raise ConfigurationError(f"{name!r} is not a WAL segment or history file name")
     return [Candidate(Path(name + fmt.suffix), fmt, partial=False, segment=True)
             for fmt in AtRest]
-
-
-def _segment_size(buf: IO[bytes], candidate: Candidate, url: str,
-                  recorded: int | None) -> int:
-    """The segment size by the one rule (:func:`~receivewal.wal.pageheader.
-    archive_segment_size`, a local restore's too): the identity object's (``recorded``), else
-    the object's own first page header's when its page address is where its name puts it,
-    else PostgreSQL's default: the size checks of the restore then judge the object."""
-    def head() -> Iterator[tuple[str, bytes]]:  # read only when the identity decides nothing
-        buf.seek(0)
-        yield candidate.path.name, read_wal_file(
-            url, candidate.fmt, SIZE_OF_LONG_PHD,
-            open_binary=lambda _: _Unclosed(buf))  # type: ignore[arg-type,return-value]
-
-    return archive_segment_size(recorded, head()) or DEFAULT_SEGMENT_SIZE
-
-
-class _Unclosed:
-    """``buf`` as a context manager that leaves it open."""
-
-    def __init__(self, buf: IO[bytes]) -> None:
-        self.buf = buf
-
-    def __enter__(self) -> IO[bytes]:
-        return self.buf
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-

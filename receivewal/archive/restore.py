@@ -1,23 +1,24 @@
 """Restoring one file from the archive for PostgreSQL's ``restore_command`` (``%f`` to ``%p``).
 
 The archive may hold the segment plain or compressed (any :class:`~receivewal.wal.names.AtRest`
-format); it is decoded into a new temporary file next to ``%p``, fsynced, renamed into place and
-the directory fsynced (:mod:`receivewal.archive.durable`, never through a planted symlink):
-recovery never sees half a file.
+format); it is decoded whole, checked (:func:`~receivewal.archive.segmentcheck.checked_segment`:
+page headers against its name and the archive's identity, the CRC of every record), written to
+a new temporary file next to ``%p``, fsynced, renamed into place and the directory fsynced
+(:mod:`receivewal.archive.durable`, never through a planted symlink): recovery never sees half
+a file, nor a byte the check has not passed.
 
 Nothing the archive holds can make recovery end early by mistake: only a file the archive does
-not have is :class:`NotInArchive`. A file that is there but cannot be trusted (damaged, larger
-than a segment, a complete segment of the wrong size, a symlink, a FIFO, a socket or a device)
-or an archive whose identity file cannot be trusted raises the project's
+not have is :class:`NotInArchive`. A file that is there but cannot be trusted (undecodable,
+larger than a segment, WAL that fails the check, a symlink, a FIFO, a socket or a device) or an
+archive whose identity file cannot be trusted raises the project's
 :class:`~receivewal.errors.ArchiveError` naming the file. Decoding is bounded by the segment
 size, so memory and the temporary file stay bounded whatever the file holds.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -25,23 +26,21 @@ from typing import BinaryIO
 from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
 from receivewal.archive.directory import Archive
 from receivewal.archive.durable import durable_file
-from receivewal.archive.identity import IDENTITY_FILE
+from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import open_regular
+from receivewal.archive.segmentbuffer import decode_segment
+from receivewal.archive.segmentcheck import CheckedSegment, Following, checked_segment
 from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
-from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
 from receivewal.wal.names import (
     PARTIAL_SUFFIX,
     AtRest,
     is_other_wal_file_name,
     is_wal_file_name,
     parse_segment_file_name,
+    wal_file_name,
 )
-from receivewal.wal.pageheader import (
-    MAX_SYSTEM_IDENTIFIER,
-    SIZE_OF_LONG_PHD,
-    archive_segment_size,
-)
-from receivewal.wal.timeline import is_timeline_id
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size
 
 
 class NotInArchive(ReceivewalError):  # noqa: N818 - names the outcome, as recovery sees it
@@ -101,17 +100,22 @@ def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> lis
     return [by_path[f.path] for f in ranked]
 
 
-def restore_file(directory: Path, name: str, target: str, *, partial: bool = False) -> Path:
+def restore_file(directory: Path, name: str, target: str, *, partial: bool = False,
+                 system_identifier: int | None = None) -> Path:
     """Restore ``name`` from the archive in ``directory`` to ``target``; return the source.
+    An archive without an identity file holds a segment to ``system_identifier`` when given
+    (the one the segments a caller read before had).
 
     Raises NotInArchive when no form of the file exists, ConfigurationError for a bad name or
-    target, ArchiveError (CorruptFile for a damaged file) naming the file otherwise.
+    target, ArchiveError (CorruptFile for a file that cannot be decoded, DamagedSegment for
+    one that decodes to WAL that must not be served) naming the file otherwise.
     """
     if not target:
         raise ConfigurationError("the target file name (%p) is empty")
     if not directory.is_dir():
         raise ArchiveError(f'archive directory "{directory}" does not exist or is not a '
                            "directory")
+    identity = Archive(directory).read_identity()
     for candidate in candidates(directory, name, partial=partial):
         try:
             source = open_regular(candidate.path)  # a symlink, FIFO or device is damage
@@ -120,49 +124,79 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
         except OSError as exc:
             raise ArchiveError(f'cannot open "{candidate.path}": {exc.strerror}') from exc
         with source:
-            _restore_from(directory, candidate, source, Path(target))
+            size = _segment_size(identity, candidate)
+            write_restored(source, candidate, size, Path(target), str(candidate.path),
+                           identity=identity, system_identifier=system_identifier,
+                           following=_following(directory, candidate, size))
         return candidate.path
     raise NotInArchive(f'"{name}" is not in the archive "{directory}"')
 
 
-def _restore_from(directory: Path, candidate: Candidate, source: BinaryIO, target: Path,
-                  ) -> None:
-    write_restored(source, candidate, segment_size(directory, candidate), target,
-                   str(candidate.path), on_disk=True)
-
-
 def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Path,
-                   what: str, *, on_disk: bool = False) -> None:
-    """Decode ``source`` (the file ``candidate`` names, ``what`` in messages) into ``target``
-    atomically, checked against the segment ``size``: a complete segment must hold exactly
-    ``size`` bytes, a ``.partial`` at most (padded with zeros), any file at most ``size``.
-    A plain file ``on_disk`` is copied by the kernel."""
+                   what: str, *, identity: ArchiveIdentity | None,
+                   system_identifier: int | None = None,
+                   following: Following | None = None) -> CheckedSegment | None:
+    """Decode ``source`` (the file ``candidate`` names, ``what`` in messages) and write it to
+    ``target`` atomically. A segment is decoded whole (at most ``size`` bytes) and handed out
+    only once :func:`~receivewal.archive.segmentcheck.checked_segment` has passed it against
+    the archive's ``identity`` (``following``: the next segment's first bytes, to check the
+    record that runs into it); a ``.partial`` is padded with zeros to ``size``. The check is
+    returned. Any other file (a history file) is copied as it is, at most ``size`` bytes."""
     if not candidate.segment:
-        expect = None
-    elif candidate.partial:
-        expect = (0, size)  # padded with zeros: where the received WAL ends
-    else:
-        expect = (size, size)
-    fill: Callable[[BinaryIO], int]
-    if on_disk and candidate.fmt is AtRest.PLAIN and not candidate.partial:
-        fill = lambda out: _copy_plain(source, out, size)  # noqa: E731 - one line
-    else:
-        chunks = decompress_chunks(source, candidate.fmt, truncated_ok=candidate.partial,
-                                   cap=size)
-        fill = lambda out: _write_chunks(out, chunks)  # noqa: E731 - one line
+        chunks = decompress_chunks(source, candidate.fmt, cap=size)
+        try:
+            with durable_file(target) as out:
+                for chunk in chunks:
+                    out.write(chunk)
+        except CorruptFile as exc:
+            raise CorruptFile(f'"{what}" {exc}') from exc
+        return None
     try:
-        _write_atomically(fill, target, expect)
+        data = decode_segment(source, candidate.fmt, size, partial=candidate.partial)
     except CorruptFile as exc:
         raise CorruptFile(f'"{what}" {exc}') from exc
+    checked = checked_segment(data, candidate.path.name[:24], identity,
+                              partial=candidate.partial, file=what, segment_size=size,
+                              system_identifier=system_identifier, following=following)
+    with durable_file(target) as out:
+        _write_padded(out, checked.data, size)
+    return checked
+
+
+def _following(directory: Path, candidate: Candidate, size: int) -> Following | None:
+    """The first bytes of the complete segment after ``candidate`` in the archive, when it
+    is there (a complete segment's last record often runs into it: its CRC covers both); None
+    for a ``.partial`` (nothing after it is served) or a file that is not a segment. A next
+    segment that cannot be read is not at hand: its own call judges it."""
+    parsed = parse_segment_file_name(candidate.path.name, size)
+    if not candidate.segment or candidate.partial or parsed is None:
+        return None
+    name = wal_file_name(parsed.timeline, parsed.segno + 1, size)
+
+    def read(count: int) -> bytes | None:
+        for fmt in AtRest:
+            path = directory / (name + fmt.suffix)
+            if os.path.lexists(path):
+                try:
+                    return read_wal_file(str(path), fmt, count)
+                except ArchiveError:
+                    return None
+        return None
+
+    return read
 
 
 def segment_size(directory: Path, candidate: Candidate) -> int:
     """The archive's segment size by the one rule, :func:`~receivewal.wal.pageheader.
     archive_segment_size` (verify's too): its identity file's (validated), else the size the
     file's own first page header states when its page address is where its name puts it,
-    else PostgreSQL's default (the size checks below then judge the file)."""
-    return archive_segment_size(_identity_segment_size(directory), _head(candidate)) \
-        or DEFAULT_SEGMENT_SIZE
+    else PostgreSQL's default (the checks then judge the file)."""
+    return _segment_size(Archive(directory).read_identity(), candidate)
+
+
+def _segment_size(identity: ArchiveIdentity | None, candidate: Candidate) -> int:
+    recorded = None if identity is None else identity.segment_size
+    return archive_segment_size(recorded, _head(candidate)) or DEFAULT_SEGMENT_SIZE
 
 
 def _head(candidate: Candidate) -> Iterator[tuple[str, bytes]]:
@@ -172,68 +206,7 @@ def _head(candidate: Candidate) -> Iterator[tuple[str, bytes]]:
                                                  SIZE_OF_LONG_PHD)
 
 
-def _identity_segment_size(directory: Path) -> int | None:
-    """The identity file's segment size after checking every value it holds."""
-    path = directory / IDENTITY_FILE
-    identity = Archive(directory).read_identity()
-    if identity is None:
-        return None
-    try:
-        check_segment_size(identity.segment_size)
-    except ConfigurationError as exc:
-        raise ArchiveError(f'archive identity file "{path}": {exc}') from exc
-    if not is_timeline_id(identity.timeline):
-        raise ArchiveError(f'archive identity file "{path}": invalid timeline '
-                           f"{identity.timeline}")
-    sysid = identity.system_identifier
-    if not (sysid.isascii() and sysid.isdigit() and int(sysid) <= MAX_SYSTEM_IDENTIFIER):
-        raise ArchiveError(f'archive identity file "{path}": invalid system identifier '
-                           f"{sysid[:40]!r}")
-    return identity.segment_size
-
-
-def _write_atomically(fill: Callable[[BinaryIO], int], target: Path,
-                      expect: tuple[int, int] | None) -> None:
-    """Write a new temporary file with ``fill`` (which returns the bytes it wrote), pad it to
-    ``expect`` = (least, pad to) bytes, fsync, rename to ``target``, fsync the directory
-    (:func:`~receivewal.archive.durable.durable_file`: the temporary file is removed on any
-    error, SIGTERM raised as an exception by the command included)."""
-    with durable_file(target) as out:
-        _write_padded(out, fill, expect)
-
-
-def _write_padded(out: BinaryIO, fill: Callable[[BinaryIO], int],
-                  expect: tuple[int, int] | None) -> None:
-    written = fill(out)
-    if expect is not None:
-        least, pad_to = expect
-        if written < least:
-            raise CorruptFile(f"holds {written} bytes, a segment has {least}")
-        out.truncate(pad_to)  # zeros past the received WAL of a .partial
-
-
-def _write_chunks(out: BinaryIO, chunks: Iterable[bytes]) -> int:
-    return sum(out.write(chunk) for chunk in chunks)
-
-
-def _copy_plain(source: BinaryIO, out: BinaryIO, cap: int) -> int:
-    """Copy a plain file of at most ``cap`` bytes in the kernel (copy_file_range, else
-    sendfile): no byte passes through Python. Returns the bytes copied."""
-    size = os.fstat(source.fileno()).st_size
-    if size > cap:
-        raise CorruptFile(f"holds more than {cap} bytes")
-    out.flush()
-    src, dst, copied = source.fileno(), out.fileno(), 0
-    while copied < size:
-        try:
-            step = os.copy_file_range(src, dst, size - copied, copied, copied)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            os.lseek(dst, copied, os.SEEK_SET)
-            step = os.sendfile(dst, src, copied, size - copied)
-        if step == 0:
-            break  # the file shrank while it was copied: the size check judges it
-        copied += step
-    out.seek(copied)
-    return copied
+def _write_padded(out: BinaryIO, data: bytes | bytearray, size: int) -> None:
+    """Write a checked segment's bytes, then zeros up to ``size`` (a .partial's padding)."""
+    out.write(data)
+    out.truncate(size)  # zeros past the received WAL of a .partial

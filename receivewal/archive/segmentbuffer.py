@@ -1,4 +1,5 @@
-"""Whole segments read into one reused buffer per process (verify's and analyze's scans).
+"""Whole segments read into one reused buffer per process (verify's and analyze's scans,
+and restore's check of what it serves).
 
 A plain segment is read with ``readinto`` straight into the buffer (no per-chunk ``bytes``,
 no join, no fresh 16 MiB allocation whose pages the kernel must fault in for every file); a
@@ -30,10 +31,19 @@ def read_segment(path: str, compression: str, segment_size: int,
     reused buffer, valid until the next call; anything shorter (a ``.partial``, a truncated
     file) is returned as a copy of its own.
     """
+    with reading(path, open_binary) as raw:
+        return decode_segment(raw, compression, segment_size,
+                              partial=path.endswith(PARTIAL_SUFFIX))
+
+
+def decode_segment(raw: BinaryIO, compression: str, segment_size: int, *,
+                   partial: bool = False) -> bytes | bytearray:
+    """The decompressed content of the open segment file ``raw`` (``partial``: a ``.partial``,
+    whose compressed stream may end short), as :func:`read_segment` returns it."""
     global _buffer  # noqa: PLW0603 - one buffer per process is the point
     if len(_buffer) != segment_size:
         _buffer = bytearray(segment_size)
-    with memoryview(_buffer) as view, reading(path, open_binary) as raw:
+    with memoryview(_buffer) as view:
         if not compression:
             size = _fill(raw, view)
             if size == segment_size and raw.read(1):
@@ -41,7 +51,7 @@ def read_segment(path: str, compression: str, segment_size: int,
         else:
             size = 0
             for chunk in decompress_chunks(raw, compression, cap=segment_size,
-                                           truncated_ok=path.endswith(PARTIAL_SUFFIX)):
+                                           truncated_ok=partial):
                 view[size:size + len(chunk)] = chunk
                 size += len(chunk)
         return _buffer if size == segment_size else bytes(view[:size])

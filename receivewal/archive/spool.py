@@ -12,10 +12,15 @@ is killed) and follows the calls (:meth:`Spool.follow`): each call records the s
 for, and the filler keeps the window of segments after it spooled, until recovery has ended
 (the data directory's ``recovery.signal`` and ``standby.signal`` are gone) or no call has come
 for :data:`IDLE_LIMIT` seconds; then it empties its spool and exits. It removes what a killed
-filler left (temporary files) and every file outside its window (other archives'
-subdirectories too), so the spool never holds more than the window's files. Files are written
-as restore writes ``%p`` (a new temporary file, fsync, rename), and a spooled file is validated
-again when it is served (:mod:`receivewal.archive.prefetched`): never a stale or torn file.
+filler left (everything: a new filler starts from an empty spool) and every file outside its
+window (other archives' subdirectories too), so the spool never holds more than the window's
+files. Files are fetched through restore's one path (:func:`~receivewal.archive.restore.
+restore_file`, which checks every segment before it writes it), as restore writes ``%p`` (a new
+temporary file, fsync, rename); the filler records the exact source and the system identifier
+(``.source``) and a spooled file is validated again when it is served, only while its filler
+lives (:mod:`receivewal.archive.prefetched`): never a stale, torn or foreign file. The spool's
+directories are opened without following a symbolic link (``O_NOFOLLOW``): nothing is pruned
+through a link planted in pg_wal.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class Spool:
 
     def __init__(self, target: Path, source: str) -> None:
         self.target = target
+        self.source = source
         self.root = Path(prefetched.spool_root(str(target)))
         self.dir = Path(prefetched.spool_dir(str(target), source))
         self.stale_question: tuple[str, str] | None = None  # asked of an earlier filler
@@ -92,11 +98,6 @@ class Spool:
         """The spool of the archive ``source`` for restores to ``target`` (``%p``)."""
         return cls(target, source)
 
-    def take(self, name: str, target: Path) -> bool:
-        """Move the spooled segment ``name`` to ``target`` (then fsync the directory) if the
-        spool holds a valid one; False otherwise (an invalid file is removed)."""
-        return prefetched.take(str(self.dir), name, str(target))
-
     def busy(self) -> bool:
         """Whether a filler holds the spool's lock right now."""
         return prefetched.busy(str(self.root))
@@ -105,13 +106,19 @@ class Spool:
         """Take the spool's lock for a filler of ``names`` (None when another filler holds it):
         remove what is outside the window and record the window. The returned descriptor
         holds the lock, across a fork too, until :meth:`follow` closes it."""
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        prefetched.make_spool_dir(str(self.dir))  # OSError for a planted symbolic link
+        root = self._open_root()
+        try:
+            fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=root)
+        finally:
+            os.close(root)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.stale_question = prefetched.question(str(self.dir))
             self.signal_file = self.recovery_signal()
-            self._prune(names)
+            self._prune([])  # nothing a killed filler spooled is kept, nor its record
+            (self.dir / prefetched.SOURCE_FILE).unlink(missing_ok=True)
             self._write_window(names)
         except BaseException:
             os.close(fd)
@@ -290,31 +297,74 @@ class Spool:
         """Whether the server is still recovering (a signal file is still there)."""
         return signal_file is None or any((signal_file.parent / s).exists() for s in _SIGNALS)
 
+    def record_source(self, system_identifier: str) -> None:
+        """Record the archive's system identifier ("-" while not known) and this spool's
+        exact source: a call serves nothing the record does not match."""
+        prefetched.record_source(str(self.dir), system_identifier, self.source)
+
     def _write_window(self, names: list[str]) -> None:
-        (self.dir / WINDOW_FILE).write_text("".join(f"{n}\n" for n in names))
+        prefetched.write_window(str(self.dir), names)
+
+    def _open_root(self) -> int:
+        """A descriptor of the spool's root, reached from pg_wal (which may be a link, as
+        ``initdb -X`` makes it) without following a symbolic link below it."""
+        fd = os.open(self.root.parent.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in prefetched.SPOOL_PARTS:
+                below = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = below
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _empty(self) -> None:
         """Remove this archive's spooled files (recovery no longer needs them)."""
         with contextlib.suppress(OSError):
-            for entry in self.dir.iterdir():
-                _remove(entry)
+            root = self._open_root()
+            try:
+                _clear(root, self.dir.name, ())
+            finally:
+                os.close(root)
 
     def _prune(self, keep: Iterable[str]) -> None:
         """Remove other archives' subdirectories, leftovers of killed fillers and every file
         outside the window ``keep`` (the lock is held)."""
-        for entry in self.root.iterdir():
-            if entry.name != LOCK_FILE and entry != self.dir:
-                _remove(entry)
-        wanted = {*keep, prefetched.WANTED_FILE, WINDOW_FILE, prefetched.ASK_FILE,
-                  prefetched.ANSWER_FILE}
-        for entry in self.dir.iterdir():
-            if entry.name not in wanted:
-                _remove(entry)
+        root = self._open_root()
+        try:
+            for entry in os.scandir(root):
+                if entry.name not in (LOCK_FILE, self.dir.name):
+                    _remove(root, entry)
+            _clear(root, self.dir.name, {*keep, prefetched.WANTED_FILE, WINDOW_FILE,
+                                         prefetched.ASK_FILE, prefetched.ANSWER_FILE,
+                                         prefetched.SOURCE_FILE})
+        finally:
+            os.close(root)
 
 
-def _remove(path: Path) -> None:
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _clear(root: int, name: str, keep: Iterable[str]) -> None:
+    """Remove what the directory ``name`` in ``root`` holds but ``keep``; nothing when it is
+    missing (a symbolic link there is an OSError: never followed)."""
+    try:
+        fd = os.open(name, _DIRECTORY_FLAGS, dir_fd=root)
+    except FileNotFoundError:
+        return
+    try:
+        for entry in os.scandir(fd):
+            if entry.name not in keep:
+                _remove(fd, entry)
+    finally:
+        os.close(fd)
+
+
+def _remove(directory: int, entry: os.DirEntry[str]) -> None:
+    """Remove ``entry`` of the open ``directory`` (a subdirectory whole), following no link."""
     with contextlib.suppress(FileNotFoundError):
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.name, dir_fd=directory)
         else:
-            path.unlink()
+            os.unlink(entry.name, dir_fd=directory)

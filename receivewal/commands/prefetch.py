@@ -66,7 +66,7 @@ def _start(directory: str, spool: Spool, names: list[str], count: int,
         if os.fork():
             os._exit(0)
         _detach()
-        spool.follow(lock, _fetcher(directory), count, size,
+        spool.follow(lock, _fetcher(directory, spool), count, size,
                      first=names[0] if size is None and names else None)
     except BaseException:  # noqa: BLE001, S110 - the child's failure is never the call's
         pass
@@ -82,30 +82,62 @@ def _detach() -> None:
     os.close(null)
 
 
-def _fetcher(directory: str) -> Callable[[str, Path], bool | None]:
+def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]:
     """``fetch(name, path)`` for the spool: True when restored to ``path``, False when the
-    archive does not have it, None when it cannot be fetched now (the call will say why)."""
-    from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415 - in the filler
+    archive does not have it, None when it cannot be fetched now (the call will say why).
+
+    Every file comes through restore's one path, which checks each segment against the
+    archive's identity: read here once for the recovery (from a bucket, the identity object;
+    when it cannot be read, nothing is fetched and each call restores, and reports, itself).
+    Without an identity record the first segment fetched sets the system identifier the
+    others must have. The spool records it, and the source, before anything is spooled."""
+    from receivewal.archive.directory import Archive  # noqa: PLC0415 - in the filler
+    from receivewal.archive.identity import ArchiveIdentity  # noqa: PLC0415
+    from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415
     from receivewal.archive.restore import NotInArchive, restore_file  # noqa: PLC0415
+    from receivewal.wal.pageheader import (  # noqa: PLC0415
+        SIZE_OF_LONG_PHD,
+        parse_long_header,
+    )
 
-    if is_bucket_url(directory):
-        from receivewal.archive.bucketrestore import BucketSource  # noqa: PLC0415
+    restore: Callable[[str, Path, int | None], object]
+    identity: ArchiveIdentity | None
+    try:
+        if is_bucket_url(directory):
+            from receivewal.archive.bucketrestore import BucketSource  # noqa: PLC0415
 
-        bucket = BucketSource(directory)
+            bucket = BucketSource(directory)
+            identity = bucket.identity()
 
-        def restore(name: str, path: Path) -> object:
-            return bucket.restore(name, path)
-    else:
-        def restore(name: str, path: Path) -> object:
-            return restore_file(Path(directory), name, str(path))
+            def restore(name: str, path: Path, sysid: int | None) -> object:
+                return bucket.restore(name, path)
+        else:
+            identity = Archive(Path(directory)).read_identity()
+
+            def restore(name: str, path: Path, sysid: int | None) -> object:
+                return restore_file(Path(directory), name, str(path), system_identifier=sysid)
+    except (ReceivewalError, OSError):
+        return lambda name, path: None
+    pinned = None if identity is None else int(identity.system_identifier)
+    spool.record_source("-" if pinned is None else str(pinned))
 
     def fetch(name: str, path: Path) -> bool | None:
+        nonlocal pinned
         try:
-            restore(name, path)
+            restore(name, path, pinned)
         except NotInArchive:
             return False
         except (ReceivewalError, OSError):
             return None
+        if pinned is None and len(name) == 24:
+            try:
+                with path.open("rb") as fh:  # checked; a call may have taken it already
+                    header = parse_long_header(fh.read(SIZE_OF_LONG_PHD))
+            except OSError:
+                header = None
+            if header is not None:
+                pinned = header.system_identifier
+                spool.record_source(str(pinned))
         return True
 
     return fetch

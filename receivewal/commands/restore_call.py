@@ -14,6 +14,13 @@ else (damage, a store that cannot be reached or refuses the credentials after a 
 bad ``%f``/``%p``, the unforeseen): PostgreSQL stops recovery on a status above 125 instead of
 ending it early. On SIGTERM the temporary file is removed and the helper dies of the signal.
 
+On object storage a call is bounded: each request has a few seconds to connect and to read
+(:data:`~receivewal.archive.bucketrestore.RESTORE_PATIENCE`), and the whole call
+:func:`restore_timeout` seconds (``RECEIVEWAL_RESTORE_TIMEOUT``, default 180), waits for the
+prefetch filler included; after :data:`~receivewal.archive.prefetched.NOTICE_AFTER` seconds
+(or half the bound) it says on stderr what it waits for (PostgreSQL's log shows it), and at
+the bound it exits 126.
+
 With ``--prefetch N`` (default 8, for a bucket and a local directory alike), the N segments after
 the one asked for are kept in a spool next to ``%p`` by a detached filler, one per recovery
 (:mod:`receivewal.commands.prefetch`), and a later call finds its file there: a rename. A call
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from receivewal.archive import prefetched
 from receivewal.commands.plain import Plain
@@ -37,18 +45,24 @@ if TYPE_CHECKING:
 NOT_FOUND = 1
 DAMAGED = 126
 PREFETCH = 8  # the default: a local archive's files are decoded (and fsynced) ahead too
+RESTORE_TIMEOUT = 180.0  # seconds a call on object storage may take in all, by default
 
 
 class Call(Plain):
     """One restore_command call (a plain class: ``dataclasses`` costs each call ~15 ms)."""
 
-    __slots__ = ("directory", "partial", "prefetch", "target", "wal_name")
+    __slots__ = ("deadline", "directory", "partial", "prefetch", "target", "wal_name")
 
     def __init__(self, wal_name: str, target: str, directory: str, partial: bool = False,
                  prefetch: int | None = None) -> None:
         self.wal_name, self.target, self.directory = wal_name, target, directory
         self.partial = partial
         self.prefetch = prefetch  # None: the default
+        self.deadline: float | None = None  # time.monotonic() at which a bucket call gives up
+
+    def left(self) -> float:
+        """Seconds this call may still wait (for the store, or the filler)."""
+        return 1e9 if self.deadline is None else self.deadline - time.monotonic()
 
     @property
     def window(self) -> int:
@@ -109,10 +123,23 @@ class _Terminated(BaseException):
     """SIGTERM arrived: unwind (removing the temporary file), then die of the signal."""
 
 
+def restore_timeout() -> float:
+    """Seconds a call on object storage may take in all (``RECEIVEWAL_RESTORE_TIMEOUT``: a
+    positive number; anything else, or nothing, is the default, :data:`RESTORE_TIMEOUT`)."""
+    text = os.environ.get("RECEIVEWAL_RESTORE_TIMEOUT", "")
+    try:
+        value = float(text) if text else RESTORE_TIMEOUT
+    except ValueError:
+        return RESTORE_TIMEOUT
+    return value if 0 < value < 1e7 else RESTORE_TIMEOUT
+
+
 def run(call: Call) -> int:
     """Restore the file; the exit status for PostgreSQL."""
     if not call.directory:  # it would name the current directory
         return _say("error: the archive directory (-D) is empty", DAMAGED)
+    if is_bucket_url(call.directory):
+        call.deadline = time.monotonic() + restore_timeout()
     spooled = call.window > 0 and bool(call.target) and prefetched.is_segment_name(
         call.wal_name)
     served = spooled and _take_spooled(call)
@@ -145,17 +172,20 @@ def _take_spooled(call: Call) -> bool:
     """Serve the file from the prefetch spool (waiting for the filler when it is fetching
     it); whether it was there. The filler is told which file was asked for first, so that it
     keeps that file until it is taken."""
-    directory = prefetched.spool_dir(call.target, source_id(call.directory))
+    source = source_id(call.directory)
+    directory = prefetched.spool_dir(call.target, source)
     root = prefetched.spool_root(call.target)
     name = call.wal_name
-    if not (os.path.exists(os.path.join(directory, name))
-            or prefetched.wait_for(directory, root, name)):
+    if not prefetched.usable(directory) or not (
+            os.path.exists(os.path.join(directory, name))
+            or prefetched.wait_for(directory, root, name, call.left(),
+                                   lambda: _say_waiting(call, filler=True), _notice_after())):
         return False
     try:
         prefetched.record_wanted(directory, name)
     except OSError:
         return False
-    return prefetched.take(directory, name, call.target)
+    return prefetched.take(directory, name, call.target, source)
 
 
 def _askable(call: Call) -> bool:
@@ -170,19 +200,24 @@ def _askable(call: Call) -> bool:
 def _ask_filler(call: Call) -> str | None:
     """The filler's answer for the file (``"spooled"``: taken to ``%p``; ``"absent"``), or
     None when there is no filler or it could not tell: the call restores it itself."""
-    directory = prefetched.spool_dir(call.target, source_id(call.directory))
+    source = source_id(call.directory)
+    directory = prefetched.spool_dir(call.target, source)
     root = prefetched.spool_root(call.target)
     if not prefetched.busy(root) and not _start_filler(call):
         return None
+    if not prefetched.usable(directory):
+        return None
     try:
-        outcome = prefetched.ask(directory, root, call.wal_name)
+        outcome = prefetched.ask(directory, root, call.wal_name, call.left(),
+                                 lambda: _say_waiting(call, filler=True), _notice_after())
         if outcome != "spooled":
             return outcome
         if prefetched.is_segment_name(call.wal_name):
             prefetched.record_wanted(directory, call.wal_name)
     except OSError:
         return None
-    return "spooled" if prefetched.take(directory, call.wal_name, call.target) else None
+    return "spooled" if prefetched.take(directory, call.wal_name, call.target, source) \
+        else None
 
 
 def _start_filler(call: Call) -> bool:
@@ -220,7 +255,7 @@ def _keep_prefetching(call: Call, *, recorded: bool) -> None:
     one when none runs."""
     if not recorded:
         directory = prefetched.spool_dir(call.target, source_id(call.directory))
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        prefetched.make_spool_dir(directory)  # OSError for a planted symbolic link
         prefetched.record_wanted(directory, call.wal_name)
     if prefetched.busy(prefetched.spool_root(call.target)):
         return
@@ -239,7 +274,10 @@ def _restore_guarded(call: Call) -> int:
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
         raise _Terminated
 
+    if call.left() <= 0:
+        return _say_timed_out(call)
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    watched = call.deadline is not None and _watch(call)
     try:
         # Imported here, so that a broken installation (a codec or boto3 that fails to load)
         # is exit 126 as well, not a traceback and exit 1.
@@ -250,6 +288,8 @@ def _restore_guarded(call: Call) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         raise
+    except _TimedOut:
+        return _say_timed_out(call)
     except (ReceivewalError, OSError) as exc:
         if isinstance(exc, NotInArchive):
             return _say(str(exc), NOT_FOUND)
@@ -261,9 +301,63 @@ def _restore_guarded(call: Call) -> int:
                     f"{_quoted(call.directory)}: unexpected {type(exc).__name__}: "
                     f"{_detail(exc)}", DAMAGED)
     finally:
+        if watched:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGTERM, previous)
     _say(f"restored {_quoted(call.wal_name)} from {source}", 0)
     return 0
+
+
+class _TimedOut(BaseException):
+    """The call's bound on object storage has passed (raised by its alarm, wherever it waits:
+    a BaseException, so that no library's ``except Exception`` swallows it)."""
+
+
+def _watch(call: Call) -> bool:
+    """Arm the call's alarm: after _notice_after() seconds it says what it waits for, at the
+    deadline it raises _TimedOut. Whether it was armed."""
+    import signal  # noqa: PLC0415 - not on the spool's path
+
+    said = [False]
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        left = call.left()
+        if left <= 0.01:
+            raise _TimedOut
+        if not said[0]:
+            said[0] = True
+            _say_waiting(call, filler=False)
+        signal.setitimer(signal.ITIMER_REAL, left)
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(0.01, min(_notice_after(), call.left())))
+    return True
+
+
+def _notice_after() -> float:
+    """Seconds of waiting after which a call says what it waits for: NOTICE_AFTER, or half
+    the call's bound when that is shorter."""
+    return min(prefetched.NOTICE_AFTER, restore_timeout() / 2)
+
+
+def _endpoint() -> str:
+    """The object store's endpoint as boto3's chain takes it, for messages."""
+    return (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            or "AWS S3 (boto3's default endpoint)")
+
+
+def _say_waiting(call: Call, filler: bool) -> None:
+    where = _quoted(f"{call.directory.rstrip('/')}/{call.wal_name}")
+    what = (f"the prefetch filler to fetch {where} from {_endpoint()}" if filler
+            else f"the object store at {_endpoint()} to answer for {where}")
+    _say(f"waiting for {what} (giving up after {restore_timeout():g} s in all: "
+         "RECEIVEWAL_RESTORE_TIMEOUT)", 0)
+
+
+def _say_timed_out(call: Call) -> int:
+    return _say(f"error: cannot restore {_quoted(call.wal_name)} from "
+                f"{_quoted(call.directory)}: no answer from the object store at {_endpoint()} "
+                f"within {restore_timeout():g} s (RECEIVEWAL_RESTORE_TIMEOUT)", DAMAGED)
 
 
 def _restore(call: Call) -> str:
@@ -285,11 +379,17 @@ def _restore(call: Call) -> str:
     return _quoted(path.name)
 
 
+#: What, beside its URL, tells boto3's chain which store a bucket URL names: two stores with
+#: the same s3://BUCKET/PREFIX must not share a spool.
+STORE_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE",
+                   "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE")
+
+
 def source_id(directory: str) -> str:
-    """Where an archive is, for the prefetch spool: a bucket's URL and endpoint, or a local
-    directory's resolved path."""
+    """Where an archive is, for the prefetch spool: a bucket's URL with the endpoint and
+    profile variables of boto3's chain, or a local directory's resolved path."""
     if is_bucket_url(directory):
-        return f"{directory}|{os.environ.get('AWS_ENDPOINT_URL', '')}"
+        return "|".join([directory, *(os.environ.get(name, "") for name in STORE_VARIABLES)])
     return os.path.realpath(directory)
 
 

@@ -116,3 +116,29 @@ class TcpProxy:
             self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the thread
         self.listener.close()
         self.cut()
+
+
+class SilentListener:
+    """Accepts TCP connections on 127.0.0.1 and never answers a byte: a store that hangs."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = int(self.listener.getsockname()[1])
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.held.append(client)  # kept open, never read from or written to
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        for client in self.held:
+            client.close()

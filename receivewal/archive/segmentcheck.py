@@ -1,0 +1,106 @@
+"""The one check a segment passes before it leaves the archive: :func:`checked_segment`.
+
+PostgreSQL trusts what restore_command gives it: handed a damaged segment, or another
+cluster's, it ends replay at the first bad record, promotes and never reads the segments
+after it. So every path that hands WAL out (restore from a directory or a bucket,
+``--partial``, the prefetch filler before it spools a file, the uploader before an upload)
+goes through this function, with the segment's bytes (decompressed), its name and the
+archive's identity, and gets a :class:`CheckedSegment` or a :class:`DamagedSegment` naming
+the file and the LSN. What is checked, by the WAL reader verify uses
+(:class:`~receivewal.wal.reader.SegmentScanner`, the C scanner where it is built):
+
+- every page header, against the segment's name (page address; timeline, as the reader's
+  rules have it: no page of a later timeline than the file's, none going back), the segment
+  size (the identity's, else the size its own header states) and the block size;
+- the system identifier in its first page header, against the archive's identity;
+- every record that lies in the segment: length, resource manager, ``xl_prev`` link, CRC-32C
+  and block references; the lengths of a record that runs into the next segment, and of the
+  one the segment opens with, whose CRCs need that other segment (``following`` finishes the
+  last record from the next segment's first pages when the caller has them);
+- a complete segment is a whole segment of WAL (zeros only after an XLOG_SWITCH record);
+  a ``.partial`` is valid WAL, then zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from receivewal.archive.identity import ArchiveIdentity
+from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
+from receivewal.wal.names import parse_segment_file_name
+from receivewal.wal.pageheader import archive_segment_size
+from receivewal.wal.reader import SegmentScanner
+
+
+class DamagedSegment(ArchiveError):  # noqa: N818 - reads as what the caller is told
+    """A segment that must not be handed out: ``file`` (a path or URL), the ``lsn`` where it
+    goes wrong and what is wrong there. Never retryable: the bytes will not change."""
+
+    def __init__(self, file: str, lsn: int, detail: str) -> None:
+        super().__init__(f'"{file}" at {format_lsn(lsn)}: {detail}: not served')
+        self.file, self.lsn, self.detail = file, lsn, detail
+
+
+@dataclass(frozen=True)
+class CheckedSegment:
+    """A segment that passed :func:`checked_segment`: its bytes as given (a ``.partial``'s
+    without the zeros that pad it to a segment), and what they were checked against."""
+
+    name: str
+    data: bytes | bytearray
+    segment_size: int
+    system_identifier: int | None  # None: a .partial holding no WAL at all
+    partial: bool
+
+
+#: ``following(count)``: the first ``count`` bytes of the next segment (decompressed), or None
+#: when it is not at hand.
+Following = Callable[[int], bytes | None]
+
+
+def checked_segment(data: bytes | bytearray, name: str, identity: ArchiveIdentity | None, *,
+                    partial: bool = False, file: str | None = None,
+                    segment_size: int | None = None, system_identifier: int | None = None,
+                    following: Following | None = None) -> CheckedSegment:
+    """Check the segment ``name`` (``TTTTTTTTXXXXXXXXYYYYYYYY``) whose decompressed bytes are
+    ``data`` (``partial``: a ``.partial``'s, at most a segment) from the archive whose identity
+    record is ``identity`` (None when it has none: then ``system_identifier``, when given, is
+    the one its segments must have, e.g. the first one a recovery read, and ``segment_size``
+    the archive's, by the one rule, else the size the segment's own header states).
+
+    Returns the :class:`CheckedSegment`; raises :class:`DamagedSegment` naming ``file``
+    (default ``name``) and the LSN of the first thing wrong, ConfigurationError when ``name``
+    is not a segment's name at that size.
+    """
+    file = file or name
+    if identity is not None:
+        size = identity.segment_size
+        system_identifier = int(identity.system_identifier)
+    else:
+        size = segment_size or archive_segment_size(None, [(name, bytes(data[:64]))]) \
+            or DEFAULT_SEGMENT_SIZE
+    segment = parse_segment_file_name(name, size)
+    if segment is None or segment.partial or segment.compression:
+        raise ConfigurationError(f"{name!r} is not a WAL segment name for {size}-byte segments")
+    start = segment.start_lsn(size)
+    scanner = SegmentScanner(data, name, start_lsn=start, segment_size=size,
+                             timeline=segment.timeline, segno=segment.segno, partial=partial)
+    scanner.scan()
+    if following is not None and scanner.next_bytes_needed():
+        head = following(scanner.next_bytes_needed())
+        if head is not None:
+            scanner.continue_record(head, "the next segment")
+    scan = scanner.result()
+    errors = sorted((p for p in scan.problems if p.severity == "error"), key=lambda p: p.lsn)
+    if errors:
+        first = errors[0]
+        where = "" if first.file == name else f" (in {first.file})"
+        raise DamagedSegment(file, first.lsn, f"damaged WAL{where}: {first.detail} "
+                                              f"({first.kind})")
+    found = scan.system_identifier
+    if found is not None and system_identifier is not None and found != system_identifier:
+        raise DamagedSegment(file, start, f"WAL of database system {found}, but the archive "
+                                          f"belongs to database system {system_identifier}")
+    return CheckedSegment(name, data, size, found, partial)

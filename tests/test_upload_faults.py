@@ -236,3 +236,51 @@ def test_an_endpos_exit_uploads_what_it_completed_or_says_what_is_left(
                       "-E", endpos, "--log-format", "json", env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert set(completed) <= keys(seaweed, prefix)
+
+
+def test_a_segment_damaged_before_its_upload_is_refused_and_never_confirmed(
+        pg: PgServer, seaweed: SeaweedS3, prefix: str, tmp_path: Path) -> None:
+    """A completed local segment is damaged (one flipped bit) while it waits for the store:
+    the uploader checks it first (page headers, record CRCs, the system identifier), refuses
+    it and every segment after it (uploads go in order), status is CRITICAL naming the
+    object, and with --confirm-after upload the slot never passes its start: the server
+    keeps the only good copy. Before: the damaged file was uploaded as it was and the slot
+    released the WAL."""
+    pg.sql("SELECT pg_create_physical_replication_slot('held', true)")
+    archive, log = tmp_path / "archive", tmp_path / "log"
+    archive.mkdir()
+    proc = stream(pg, archive, f"s3://{seaweed.bucket}/{prefix}", log, "-S", "held",
+                  "--confirm-after", "upload", "-s", "0.2", env=store_env(seaweed))
+    try:
+        pg.generate_wal(1)
+        wait_for(lambda: uploaded_all(seaweed, prefix, archive), what="a first upload")
+        before = set(complete_segments(archive))
+        seaweed.kill()
+        try:
+            pg.generate_wal(2)
+            wait_for(lambda: len(set(complete_segments(archive)) - before) >= 2,
+                     what="two segments completed while the store is down")
+            damaged = min(set(complete_segments(archive)) - before)
+            path = archive / damaged
+            data = bytearray(path.read_bytes())
+            data[SEGMENT // 2 + 1000] ^= 0x10
+            path.write_bytes(bytes(data))
+        finally:
+            seaweed.start()
+        wait_for(lambda: events(log, "upload_refused"), timeout=60,
+                 what="the damaged segment refused")
+        refused = events(log, "upload_refused")[0]
+        assert damaged in str(refused["error"])
+        assert "not uploaded" in str(refused["error"])
+        assert damaged not in keys(seaweed, prefix)
+        later = set(complete_segments(archive)) - before - {damaged}
+        assert later
+        assert not later & keys(seaweed, prefix)
+        wait_for(lambda: status(archive)[0] == 2, what="status CRITICAL")
+        assert damaged in status(archive)[1]["summary"]
+        start = (int(damaged[8:16], 16) * 0x100 + int(damaged[16:], 16)) * SEGMENT
+        restart = pg.sql("SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = "
+                         "'held'")
+        assert lsn_to_int(restart) <= start
+    finally:
+        stop(proc)

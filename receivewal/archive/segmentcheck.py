@@ -25,22 +25,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
 
+from receivewal.archive.compression import CorruptFile, decompress_chunks
 from receivewal.archive.identity import ArchiveIdentity
+from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
-from receivewal.wal.names import parse_segment_file_name
+from receivewal.wal.names import at_rest_of, parse_segment_file_name
 from receivewal.wal.pageheader import archive_segment_size
 from receivewal.wal.reader import SegmentScanner
 
 
 class DamagedSegment(ArchiveError):  # noqa: N818 - reads as what the caller is told
     """A segment that must not be handed out: ``file`` (a path or URL), the ``lsn`` where it
-    goes wrong and what is wrong there. Never retryable: the bytes will not change."""
+    goes wrong and what is wrong there (``outcome``: what is therefore not done). Never
+    retryable: the bytes will not change."""
 
-    def __init__(self, file: str, lsn: int, detail: str) -> None:
-        super().__init__(f'"{file}" at {format_lsn(lsn)}: {detail}: not served')
+    def __init__(self, file: str, lsn: int, detail: str, outcome: str = "not served") -> None:
+        super().__init__(f'"{file}" at {format_lsn(lsn)}: {detail}: {outcome}')
         self.file, self.lsn, self.detail = file, lsn, detail
+
+    def refusing(self, outcome: str) -> DamagedSegment:
+        """The same finding, saying ``outcome`` (e.g. "not uploaded") instead."""
+        return DamagedSegment(self.file, self.lsn, self.detail, outcome)
 
 
 @dataclass(frozen=True)
@@ -104,3 +113,23 @@ def checked_segment(data: bytes | bytearray, name: str, identity: ArchiveIdentit
         raise DamagedSegment(file, start, f"WAL of database system {found}, but the archive "
                                           f"belongs to database system {system_identifier}")
     return CheckedSegment(name, data, size, found, partial)
+
+
+def checked_file(path: Path, identity: ArchiveIdentity) -> bytes:
+    """The bytes of the complete archive segment file at ``path`` (any at-rest form, as it
+    sits), once its decompressed content has passed :func:`checked_segment` against
+    ``identity``: what the uploader hands to the store, so that the bytes checked are the
+    bytes uploaded, whatever happens to the file meanwhile. Raises DamagedSegment (saying
+    "not uploaded") or CorruptFile naming the file, OSError when it cannot be read."""
+    size = identity.segment_size
+    with open_regular(path) as fh:
+        raw = fh.read(size + size // 64 + 1)  # the largest a segment is, compressed or not
+    fmt = at_rest_of(path.name)
+    try:
+        data = raw if not fmt else b"".join(decompress_chunks(BytesIO(raw), fmt, cap=size))
+        checked_segment(data, path.name[:24], identity, file=str(path))
+    except CorruptFile as exc:
+        raise CorruptFile(f'"{path}" {exc}: not uploaded') from exc
+    except DamagedSegment as exc:
+        raise exc.refusing("not uploaded") from None
+    return raw

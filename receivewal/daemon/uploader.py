@@ -48,10 +48,11 @@ from typing import TYPE_CHECKING, Any
 from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.completions import FileCompleted
-from receivewal.archive.directory import Archive
+from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.listing import Listing
 from receivewal.archive.objectstore import Patience, RetryPolicy, backoff_delay
+from receivewal.archive.segmentcheck import checked_file
 from receivewal.archive.uploads import (
     PendingFile,
     UploadRecord,
@@ -365,7 +366,18 @@ class Uploader:
         self._update(failing_since=None, stopped=None, stopped_object=None)
 
     def _upload(self, item: PendingFile) -> None:
-        self.bucket.put_new(item.name, self.archive.directory / item.name)
+        """Upload one completed file; a segment only once its bytes have passed the check
+        every file leaving the archive passes (a damaged one stops the uploads there, and
+        with --confirm-after upload the slot keeps the server's good copy)."""
+        path = self.archive.directory / item.name
+        body: Path | bytes = path
+        if parse_history_file_name(item.name) is None:
+            assert self._identity is not None
+            try:
+                body = checked_file(path, self._identity)
+            except OSError as exc:
+                raise os_error(exc, f'cannot read "{path}" to upload it') from exc
+        self.bucket.put_new(item.name, body)
         if self._pause:
             Path(self._pause).write_text(item.name)
             threading.Event().wait()  # forever: the test SIGKILLs us here

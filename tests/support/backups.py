@@ -3,16 +3,22 @@ of a real server's stream, and a link that plays a recording back."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import shutil
 import struct
+import subprocess
 import tarfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from receivewal.replication.connection import ReplicationConnection, build_conninfo
 from receivewal.replication.link import COPY_DONE, CopyData, CopyDone, Result, ResultStatus, Row
 from receivewal.wal.lsn import format_lsn
+from support.servers import PgServer, pg_bin
 
 
 def make_tar(files: Sequence[tuple[str, bytes]], *, dirs: Sequence[str] = (),
@@ -160,3 +166,51 @@ class RecordingLink:
         if result is not None and result.status is ResultStatus.TUPLES_OK:
             self.recording.end_rows = result.rows
         return result
+
+
+# -- real servers --------------------------------------------------------------------------------
+def pgbench(pg: PgServer, *args: str) -> list[str]:
+    """pgbench's command line against ``pg`` (as the postgres superuser, over TCP)."""
+    return [pg_bin("pgbench"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+            *args, "postgres"]
+
+
+def start_pgbench(pg: PgServer, seconds: int) -> subprocess.Popen[bytes]:
+    """pgbench's TPC-B-like load for ``seconds`` in the background (initialised already)."""
+    return subprocess.Popen(pgbench(pg, "-n", "-c", "2", "-T", str(seconds)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def add_tablespace(pg: PgServer, name: str) -> Path:
+    """A tablespace of ``pg`` in a directory of its own, with a table of 2,000 rows."""
+    location = pg.base / name
+    location.mkdir()
+    shutil.chown(location, "postgres", "postgres")
+    pg.sql(f"CREATE TABLESPACE {name} LOCATION '{location}'")
+    pg.sql(f"CREATE TABLE {name}_rows (n int) TABLESPACE {name}")
+    pg.sql(f"INSERT INTO {name}_rows SELECT generate_series(1, 2000)")
+    return location
+
+
+@contextlib.contextmanager
+def replication_link(pg: PgServer) -> Iterator[ReplicationConnection]:
+    """A replication connection to ``pg``, closed afterwards."""
+    conn = ReplicationConnection.open(build_conninfo(pg.dsn))
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def give_to_postgres(*paths: Path) -> None:
+    """chown -R postgres: what the server user must own (a data directory, a tablespace)."""
+    for path in paths:
+        subprocess.run(["chown", "-R", "postgres:postgres", str(path)], check=True)
+
+
+def verifybackup(pgdata: Path, manifest: Path, *ignored: str) -> subprocess.CompletedProcess[str]:
+    """pg_verifybackup of an unpacked data directory against ``manifest`` (the WAL not
+    parsed: the archive holds it), ``ignored`` files left out."""
+    ignore = [arg for name in ignored for arg in ("-i", name)]
+    return subprocess.run([pg_bin("pg_verifybackup"), "-n", *ignore, "-m", str(manifest),
+                           str(pgdata)], capture_output=True, text=True, check=False)

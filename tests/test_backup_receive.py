@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +26,9 @@ from support.backups import (
     PlayedLink,
     Recording,
     RecordingLink,
-    add_tablespace,
-    pgbench,
+    backup_under_load,
+    loaded_primary,
     replication_link,
-    start_pgbench,
     verifybackup,
 )
 from support.memory import PEAK_RSS_KB
@@ -45,10 +43,10 @@ from receivewal.backup.directory import BACKUPS
 from receivewal.backup.manifest import BackupMismatch, ManifestCheck, parse_manifest
 from receivewal.backup.record import RECORD_NAME, BackupRecord
 from receivewal.backup.tar import MemberData, MemberEnd, MemberKind, MemberStart, TarReader
-from receivewal.backup.transfer import take_backup
+from receivewal.backup.transfer import BackupLink, take_backup
 from receivewal.backup.unpack import unpack_backup
-from receivewal.errors import ArchiveError
-from receivewal.replication.commands import ServerInfo, identify_server
+from receivewal.errors import ArchiveError, ReceivewalError
+from receivewal.replication.commands import ServerInfo
 
 pytestmark = pytest.mark.server
 
@@ -68,29 +66,22 @@ class Primary:
 @pytest.fixture(scope="module")
 def primary() -> Iterator[Primary]:
     base = make_shared_dir("receivewal-backup-")
-    pg = PgServer(base, "primary")
+    pg: PgServer | None = None
     try:
-        pg.init(initdb_args=("--wal-segsize=1",))
-        pg.start()
-        tablespace = add_tablespace(pg, "ts")
-        subprocess.run(pgbench(pg, "-i", "-q", "-s", "1"), check=True, capture_output=True)
+        pg, tablespace = loaded_primary(base)
         archive = base / "archive"
         archive.mkdir()
-        load = start_pgbench(pg, 6)
-        try:
-            time.sleep(1)
-            with replication_link(pg) as conn:
-                server = identify_server(conn)
-                recorder = RecordingLink(conn)
-                record = take_backup(recorder, BackupRequest(label="under load", fast=True),
-                                     archive, server, compress=parse_compress_option("zstd"))
-            assert load.poll() is None, "pgbench was still writing when the backup ended"
-        finally:
-            load.wait(timeout=30)
-        assert load.returncode == 0, load.stderr.read() if load.stderr else ""
+        recorder = RecordingLink(None)
+
+        def recording(link: BackupLink) -> BackupLink:
+            recorder.link = link
+            return recorder
+
+        server, record = backup_under_load(pg, archive, "under load", "zstd", recording)
         yield Primary(pg, tablespace, server, archive, record, recorder.recording)
     finally:
-        pg.stop("immediate")
+        if pg is not None:
+            pg.stop("immediate")
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -345,3 +336,25 @@ def test_memory_does_not_grow_with_the_database(primary: Primary, tmp_path: Path
     database, peak_kb = map(int, done.stdout.split())
     assert database > 150 << 20
     assert peak_kb < 90 << 10, f"peak RSS {peak_kb} kB for a {database >> 20} MB database"
+
+
+def test_a_backup_cut_off_by_the_server_leaves_nothing(primary: Primary,
+                                                       tmp_path: Path) -> None:
+    """The walsender terminated in the middle of the stream: one line from the server's side,
+    and the backup directory is gone."""
+    killed: list[str] = []
+
+    def terminate(done: int) -> None:
+        if not killed:
+            killed.append(primary.pg.sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE backend_type = 'walsender'"))
+
+    with replication_link(primary.pg) as conn, pytest.raises(ReceivewalError) as caught:
+        take_backup(conn, BackupRequest(fast=True, max_rate=4096), tmp_path, primary.server,
+                    on_progress=terminate, sync=False)
+    assert killed == ["t"]
+    assert "\n" not in str(caught.value)
+    assert str(caught.value).startswith("base backup failed: ")
+    assert "terminat" in str(caught.value)
+    assert list((tmp_path / BACKUPS).iterdir()) == []

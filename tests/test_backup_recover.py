@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,27 +16,24 @@ from pathlib import Path
 
 import pytest
 from support.backups import (
-    add_tablespace,
+    backup_under_load,
     give_to_postgres,
-    pgbench,
-    replication_link,
-    start_pgbench,
+    loaded_primary,
+    start_recovered,
 )
 from support.postgres_user import install_for_postgres, readable_by_postgres
 from support.recovery import complete_segments
 from support.servers import PgServer, make_shared_dir
 
-from receivewal.archive.compression import parse_compress_option
+from receivewal.archive.compression import decompress_chunks, new_compressor, parse_compress_option
 from receivewal.backup.catalog import read_catalog
 from receivewal.backup.choice import choose_backup, time_target
-from receivewal.backup.command import BackupRequest
 from receivewal.backup.directory import BACKUPS
+from receivewal.backup.manifest import BackupMismatch
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.settings import recovery_settings, restore_command, start_instructions
-from receivewal.backup.transfer import take_backup
 from receivewal.backup.unpack import unpack_backup, write_recovery
 from receivewal.errors import ArchiveError
-from receivewal.replication.commands import identify_server
 
 pytestmark = pytest.mark.server
 
@@ -58,22 +54,12 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup() -> Iterator[Setup]:
     base = make_shared_dir("receivewal-recover-")
-    pg = PgServer(base, "primary")
+    pg: PgServer | None = None
     try:
-        pg.init(initdb_args=("--wal-segsize=1",))
-        pg.start()
-        tablespace = add_tablespace(pg, "ts")
-        subprocess.run(pgbench(pg, "-i", "-q", "-s", "1"), check=True, capture_output=True)
+        pg, tablespace = loaded_primary(base)
         archive = base / "archive"
         archive.mkdir()
-        load = start_pgbench(pg, 5)
-        time.sleep(1)
-        with replication_link(pg) as conn:
-            server = identify_server(conn)
-            record = take_backup(conn, BackupRequest(label="pitr", fast=True), archive, server,
-                                 compress=parse_compress_option("lz4"))
-        assert load.poll() is None, "pgbench was still writing when the backup ended"
-        assert load.wait(timeout=30) == 0
+        server, record = backup_under_load(pg, archive, "pitr", "lz4")
         history_rows = pg.sql("SELECT count(*) FROM pgbench_history")
         pg.sql("CREATE TABLE marker (what text) TABLESPACE ts")
         pg.sql("INSERT INTO marker VALUES ('before')")
@@ -93,7 +79,8 @@ def setup() -> Iterator[Setup]:
         yield Setup(base, archive, tablespace, record, target, history_rows,
                     install_for_postgres(base))
     finally:
-        pg.stop("immediate")
+        if pg is not None:
+            pg.stop("immediate")
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -121,16 +108,8 @@ def test_recovery_to_a_time_between_two_transactions(setup: Setup) -> None:
     assert f"pg_ctl -D {pgdata}" in instructions
     give_to_postgres(pgdata, moved)
 
-    server = PgServer(setup.base, "recovered")
-    server.configure({})  # its own port and socket directory, after the primary's settings
-    server.sockdir.mkdir()
-    give_to_postgres(server.sockdir)
-    server.start_or_fail()
+    server = start_recovered(setup.base, "recovered")
     try:
-        deadline = time.monotonic() + 120
-        while server.sql("SELECT pg_is_in_recovery()") != "f":
-            assert time.monotonic() < deadline, "recovery did not end"
-            time.sleep(0.2)
         assert server.sql("SELECT string_agg(what, ',') FROM marker") == "before"
         assert server.sql("SELECT count(*) FROM pgbench_history") == setup.history_rows
         assert server.sql("SELECT count(*) FROM ts_rows") == "2000"
@@ -163,3 +142,23 @@ def test_a_data_directory_that_is_not_empty_is_refused(setup: Setup, tmp_path: P
     with pytest.raises(ArchiveError, match=r"tablespace directory .* is not empty"):
         unpack_backup(setup.archive / BACKUPS / setup.record.backup_id, setup.record,
                       tmp_path / "new")
+
+
+def test_a_backup_damaged_at_rest_is_refused_naming_the_file(setup: Setup,
+                                                             tmp_path: Path) -> None:
+    """A copy of the backup whose base.tar.lz4 says '16' in PG_VERSION: unpacking it stops
+    with the file's name (the manifest's checksum differs) and says what is left behind."""
+    source = setup.archive / BACKUPS / setup.record.backup_id
+    copy = tmp_path / "backup"
+    shutil.copytree(source, copy)
+    with (source / "base.tar.lz4").open("rb") as fh:
+        tar = b"".join(decompress_chunks(fh, "lz4"))
+    at = tar.index(b"15\n", tar.index(b"PG_VERSION"))
+    compressor = new_compressor(parse_compress_option("lz4"))
+    (copy / "base.tar.lz4").write_bytes(
+        compressor.begin() + compressor.compress(tar[:at] + b"16" + tar[at + 2:])
+        + compressor.finish())
+    with pytest.raises(BackupMismatch, match=r'"PG_VERSION" has SHA256 checksum .* left '
+                                             r"incomplete: remove before recovering again"):
+        unpack_backup(copy, setup.record, tmp_path / "pgdata",
+                      mapping={str(setup.tablespace): str(tmp_path / "ts")}, sync=False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.backups import give_to_postgres, replication_link
+from support.backups import give_to_postgres, replication_link, start_recovered
 from support.postgres_user import install_for_postgres, readable_by_postgres
 from support.recovery import complete_segments
 from support.servers import PgServer, make_shared_dir
@@ -126,16 +126,8 @@ def test_cleanup_keeps_what_the_timeline_1_backup_and_timeline_2_need(promoted: 
     write_recovery(pgdata, recovery_settings(RecoveryTarget(), "promote",
                                              restore_command(promoted.command, str(archive))))
     give_to_postgres(pgdata)
-    server = PgServer(promoted.base, "recovered")
-    server.configure({})
-    server.sockdir.mkdir()
-    give_to_postgres(server.sockdir)
-    server.start_or_fail()
+    server = start_recovered(promoted.base, "recovered")
     try:
-        deadline = time.monotonic() + 120
-        while server.sql("SELECT pg_is_in_recovery()") != "f":
-            assert time.monotonic() < deadline, "recovery did not end"
-            time.sleep(0.2)
         assert server.sql("SELECT string_agg(what, ',' ORDER BY what) FROM rows") == \
             "a on 1,b on 1,c on 2"
         assert server.timeline() == 3

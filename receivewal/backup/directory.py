@@ -38,7 +38,7 @@ from receivewal.errors import ArchiveError
 from receivewal.wal.names import AtRest
 
 BACKUPS = "backups"
-FILE_MODE = 0o600
+FILE_MODE = 0o600  # 0o640 when the server's data directory is group-readable, as for WAL
 _ATTEMPTS = 100
 
 
@@ -65,11 +65,13 @@ class _Open:
 class BackupDirectory:
     """One backup being written (a :class:`~receivewal.backup.receipt.BackupSink`)."""
 
-    def __init__(self, path: Path, lock_fd: int, compress: CompressSpec, *, sync: bool) -> None:
+    def __init__(self, path: Path, lock_fd: int, compress: CompressSpec, *, sync: bool,
+                 file_mode: int = FILE_MODE) -> None:
         self.path = path
         self.backup_id = path.name
         self.compress = compress
         self.sync = sync
+        self.file_mode = file_mode
         self.stored: list[StoredArchive] = []
         self.manifest_sha256 = ""
         self._lock_fd: int | None = lock_fd
@@ -77,11 +79,14 @@ class BackupDirectory:
 
     @classmethod
     def create(cls, archive: Path, started: datetime, compress: CompressSpec, *,
-               sync: bool = True) -> BackupDirectory:
-        """A new, empty, locked backup directory under ``archive/backups`` (made if missing)."""
+               sync: bool = True, file_mode: int = FILE_MODE) -> BackupDirectory:
+        """A new, empty, locked backup directory under ``archive/backups`` (made if missing);
+        its files get ``file_mode`` (the archive's: the server's data directory mode's), its
+        directories the same with the search bits."""
         backups = archive / BACKUPS
+        directory_mode = 0o700 | (0o050 if file_mode & 0o040 else 0)
         try:
-            backups.mkdir(mode=0o700)
+            backups.mkdir(mode=directory_mode)
             sync_path(archive, sync=sync)
         except FileExistsError:
             pass
@@ -91,13 +96,13 @@ class BackupDirectory:
         for attempt in range(_ATTEMPTS):
             path = backups / (f"{base}-{attempt}" if attempt else base)
             try:
-                path.mkdir(mode=0o700)
+                path.mkdir(mode=directory_mode)
             except FileExistsError:
                 continue
             except OSError as exc:
                 raise _os_error("create directory", path, exc) from exc
             sync_path(backups, sync=sync)
-            return cls(path, lock_directory(path), compress, sync=sync)
+            return cls(path, lock_directory(path), compress, sync=sync, file_mode=file_mode)
         raise ArchiveError(f"could not find a free backup name like {base} in {backups}")
 
     # -- the sink ----------------------------------------------------------------------------
@@ -110,7 +115,7 @@ class BackupDirectory:
             name, compressor = archive.name + AtRest(method).suffix, new_compressor(self.compress)
         target = self.path / name
         try:
-            fd, tmp = create_temporary(target, FILE_MODE)
+            fd, tmp = create_temporary(target, self.file_mode)
         except OSError as exc:
             raise _os_error("create file", target, exc) from exc
         self._open = _Open(archive, name, method, fd=fd, tmp=tmp, compressor=compressor)
@@ -157,7 +162,7 @@ class BackupDirectory:
     def write_manifest(self, data: bytes) -> str:
         """Write the manifest durably; its SHA-256."""
         try:
-            write_file_durably(self.path, MANIFEST_NAME, data, mode=FILE_MODE, sync=self.sync)
+            write_file_durably(self.path, MANIFEST_NAME, data, mode=self.file_mode, sync=self.sync)
         except OSError as exc:
             raise _os_error("write file", self.path / MANIFEST_NAME, exc) from exc
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
@@ -168,8 +173,8 @@ class BackupDirectory:
         assert self._open is None
         assert record.backup_id == self.backup_id
         try:
-            write_file_durably(self.path, RECORD_NAME, record_to_json(record), mode=FILE_MODE,
-                               sync=self.sync)
+            write_file_durably(self.path, RECORD_NAME, record_to_json(record),
+                               mode=self.file_mode, sync=self.sync)
         except OSError as exc:
             raise _os_error("write file", self.path / RECORD_NAME, exc) from exc
         self._unlock()

@@ -31,7 +31,7 @@ from receivewal.backup.directory import BackupDirectory
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import Receipt, ReceivedBackup
 from receivewal.backup.record import BackupRecord, WalSpan
-from receivewal.errors import ProtocolError, ServerError, StopRequested
+from receivewal.errors import ConnectionLost, ProtocolError, ServerError, StopRequested
 from receivewal.replication.commands import ServerInfo
 from receivewal.replication.link import COPY_DONE, CopyData, CopyDone, Result, ResultStatus, Row
 
@@ -53,37 +53,37 @@ def receive_backup(link: BackupLink, request: BackupRequest, receipt_for: Callab
         [list[Row]], Receipt], *, stopping: Callable[[], bool] = lambda: False,
 ) -> ReceivedBackup:
     """Run BASE_BACKUP on ``link`` and feed its stream to the receipt ``receipt_for`` makes
-    from the tablespace rows; the checked backup."""
+    from the tablespace rows; the checked backup. The server's refusal or the connection's loss
+    is raised as it came, its message starting with "base backup failed"."""
     try:
         results = link.start_copy_out(base_backup_command(request))
+        if len(results) != 2:
+            raise ProtocolError(f"BASE_BACKUP sent {len(results)} result sets before its COPY "
+                                "stream, expected 2")
+        start = parse_position(results[0], "start position")
+        receipt = receipt_for(results[1])
+        while True:
+            payload = link.read_copy(WAIT)
+            if payload is COPY_DONE:
+                break
+            if payload is None:
+                if stopping():
+                    raise StopRequested("base backup stopped before it was complete")
+                continue
+            assert not isinstance(payload, CopyDone)
+            receipt.receive(payload)
+        end = parse_position(_end_rows(link), "end position")
     except ServerError as exc:
-        raise ServerError(f"could not start base backup: {exc}", exc.sqlstate) from exc
-    if len(results) != 2:
-        raise ProtocolError(f"BASE_BACKUP sent {len(results)} result sets before its COPY "
-                            "stream, expected 2")
-    start = parse_position(results[0], "start position")
-    receipt = receipt_for(results[1])
-    while True:
-        payload = link.read_copy(WAIT)
-        if payload is COPY_DONE:
-            break
-        if payload is None:
-            if stopping():
-                raise StopRequested("base backup stopped before it was complete")
-            continue
-        assert not isinstance(payload, CopyDone)
-        receipt.receive(payload)
-    end = parse_position(_end_rows(link), "end position")
+        raise type(exc)(f"base backup failed: {exc}", exc.sqlstate) from exc
+    except ConnectionLost as exc:
+        raise ConnectionLost(f"base backup failed: {exc}") from exc
     return receipt.finish(start, end)
 
 
 def _end_rows(link: BackupLink) -> list[Row]:
     """The end position's rows, then the command's completion."""
-    try:
-        result = link.next_result()
-        done = link.next_result()
-    except ServerError as exc:
-        raise ServerError(f"base backup failed: {exc}", exc.sqlstate) from exc
+    result = link.next_result()
+    done = link.next_result()
     if result is None or result.status is not ResultStatus.TUPLES_OK:
         raise ProtocolError("BASE_BACKUP ended without its end position")
     if done is None or done.status is not ResultStatus.COMMAND_OK:
@@ -102,7 +102,8 @@ def take_backup(link: BackupLink, request: BackupRequest, archive: Path, server:
     """A complete base backup of ``server`` (IDENTIFY_SYSTEM's answer on ``link``) in
     ``archive/backups/<id>/``; its record."""
     started = now()
-    directory = BackupDirectory.create(archive, started, compress, sync=sync)
+    directory = BackupDirectory.create(archive, started, compress, sync=sync,
+                                       file_mode=server.file_mode)
     try:
         received = receive_backup(
             link, request,

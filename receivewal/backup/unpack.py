@@ -99,13 +99,18 @@ def unpack_backup(backup_dir: Path, record: BackupRecord, pgdata: Path, *,
     manifest = parse_manifest(data, str(manifest_path))
     check = ManifestCheck(_algorithm(manifest.files.values()), f"backup {record.backup_id}")
     files = size = 0
-    for archive in sorted(record.archives, key=lambda a: a.tablespace_oid is None):
-        root = pgdata if archive.tablespace_oid is None else targets[archive.tablespace_oid]
-        extractor = _Extractor(root, archive, check, targets, sync=sync)
-        extractor.run(backup_dir / archive.name)
-        files, size = files + extractor.files, size + extractor.bytes
-    check.compare(manifest)
-    _rewrite_tablespace_map(pgdata, targets, sync=sync)
+    try:
+        for archive in sorted(record.archives, key=lambda a: a.tablespace_oid is None):
+            root = pgdata if archive.tablespace_oid is None else targets[archive.tablespace_oid]
+            extractor = _Extractor(root, archive, check, targets, sync=sync)
+            extractor.run(backup_dir / archive.name)
+            files, size = files + extractor.files, size + extractor.bytes
+        check.compare(manifest)
+        _rewrite_tablespace_map(pgdata, targets, sync=sync)
+    except ArchiveError as exc:
+        left = " and ".join(str(p) for p in [pgdata, *targets.values()] if p.exists())
+        raise type(exc)(f"{exc} ({left} left incomplete: remove before recovering again)"
+                        if left else str(exc)) from exc
     return Unpacked(pgdata, targets, files, size)
 
 

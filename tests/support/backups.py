@@ -11,10 +11,16 @@ import shutil
 import struct
 import subprocess
 import tarfile
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from receivewal.archive.compression import parse_compress_option
+from receivewal.backup.command import BackupRequest
+from receivewal.backup.record import BackupRecord
+from receivewal.backup.transfer import BackupLink, take_backup
+from receivewal.replication.commands import ServerInfo, identify_server
 from receivewal.replication.connection import ReplicationConnection, build_conninfo
 from receivewal.replication.link import COPY_DONE, CopyData, CopyDone, Result, ResultStatus, Row
 from receivewal.wal.lsn import format_lsn
@@ -214,3 +220,50 @@ def verifybackup(pgdata: Path, manifest: Path, *ignored: str) -> subprocess.Comp
     ignore = [arg for name in ignored for arg in ("-i", name)]
     return subprocess.run([pg_bin("pg_verifybackup"), "-n", *ignore, "-m", str(manifest),
                            str(pgdata)], capture_output=True, text=True, check=False)
+
+
+def loaded_primary(base: Path) -> tuple[PgServer, Path]:
+    """A started primary in ``base`` (1 MiB segments: WAL is cheap) with the tablespace
+    ``ts`` and pgbench's tables (scale 1); the server and the tablespace's directory."""
+    pg = PgServer(base, "primary")
+    pg.init(initdb_args=("--wal-segsize=1",))
+    pg.start()
+    tablespace = add_tablespace(pg, "ts")
+    subprocess.run(pgbench(pg, "-i", "-q", "-s", "1"), check=True, capture_output=True)
+    return pg, tablespace
+
+
+def backup_under_load(pg: PgServer, archive: Path, label: str, compress: str,
+                      recorder: Callable[[BackupLink], BackupLink] = lambda link: link,
+                      ) -> tuple[ServerInfo, BackupRecord]:
+    """A backup of ``pg`` into ``archive`` taken while pgbench writes (checked: pgbench still
+    ran when the backup ended, and it succeeded); ``recorder`` may wrap the link."""
+    load = start_pgbench(pg, 6)
+    try:
+        time.sleep(1)
+        with replication_link(pg) as conn:
+            server = identify_server(conn)
+            record = take_backup(recorder(conn), BackupRequest(label=label, fast=True), archive,
+                                 server, compress=parse_compress_option(compress))
+        assert load.poll() is None, "pgbench was still writing when the backup ended"
+    finally:
+        load.wait(timeout=30)
+    assert load.returncode == 0, load.stderr.read() if load.stderr else ""
+    return server, record
+
+
+def start_recovered(base: Path, name: str, timeout: float = 120) -> PgServer:
+    """Start the recovered data directory ``base/name`` (its own port and socket directory,
+    set after the settings the backup brought) and wait until recovery has ended."""
+    server = PgServer(base, name)
+    server.configure({})
+    server.sockdir.mkdir()
+    give_to_postgres(server.sockdir)
+    server.start_or_fail()
+    deadline = time.monotonic() + timeout
+    while server.sql("SELECT pg_is_in_recovery()") != "f":
+        if time.monotonic() > deadline:
+            server.stop("immediate")
+            raise AssertionError(f"recovery of {name} did not end")
+        time.sleep(0.2)
+    return server

@@ -32,6 +32,7 @@ from receivewal.backup.directory import BACKUPS
 from receivewal.backup.manifest import BackupMismatch
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.settings import recovery_settings, restore_command, start_instructions
+from receivewal.backup.stored import stored_manifest, verify_backup
 from receivewal.backup.unpack import unpack_backup, write_recovery
 from receivewal.errors import ArchiveError
 
@@ -146,8 +147,9 @@ def test_a_data_directory_that_is_not_empty_is_refused(setup: Setup, tmp_path: P
 
 def test_a_backup_damaged_at_rest_is_refused_naming_the_file(setup: Setup,
                                                              tmp_path: Path) -> None:
-    """A copy of the backup whose base.tar.lz4 says '16' in PG_VERSION: unpacking it stops
-    with the file's name (the manifest's checksum differs) and says what is left behind."""
+    """A copy of the backup whose base.tar.lz4 says '16' in PG_VERSION: verifying it names
+    the file (the manifest's checksum differs), and so does unpacking it, which also says
+    what it left behind. The backup itself verifies."""
     source = setup.archive / BACKUPS / setup.record.backup_id
     copy = tmp_path / "backup"
     shutil.copytree(source, copy)
@@ -158,6 +160,11 @@ def test_a_backup_damaged_at_rest_is_refused_naming_the_file(setup: Setup,
     (copy / "base.tar.lz4").write_bytes(
         compressor.begin() + compressor.compress(tar[:at] + b"16" + tar[at + 2:])
         + compressor.finish())
+    verified = verify_backup(source, setup.record)
+    assert verified.files == len(stored_manifest(source, setup.record).files)
+    with pytest.raises(BackupMismatch, match=r'^backup \w+ does not match its manifest: '
+                                             r'"PG_VERSION" has SHA256 checksum \w+ as stored'):
+        verify_backup(copy, setup.record)
     with pytest.raises(BackupMismatch, match=r'"PG_VERSION" has SHA256 checksum .* left '
                                              r"incomplete: remove before recovering again"):
         unpack_backup(copy, setup.record, tmp_path / "pgdata",

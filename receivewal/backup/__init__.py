@@ -12,6 +12,7 @@ The flow of ``receivewal backup``, top to bottom, and the halves of ``recover`` 
     directory      ARCHIVE/backups/<id>/: archives, manifest, the record last (files)
     record         backup.json, the record of a complete backup (pure)
     catalog        the backups an archive holds: complete, running, interrupted (files)
+    stored         a stored backup read back, every file checked against its manifest (files)
     choice         which backup a recovery to a target starts from (pure)
     settings       the recovery settings as text; how to start the server (pure)
     unpack         a backup into an empty data directory, and the recovery files (files)

@@ -166,12 +166,14 @@ class ManifestCheck:
     """The files of a backup as they arrive, then compared with its manifest.
 
     ``algorithm`` is the checksum the manifest was asked to carry (a hashlib name such as
-    SHA256). ``where`` names the backup in errors.
+    SHA256). ``where`` names the backup in errors, ``seen`` where its files were read ("on
+    receipt", "as stored").
     """
 
-    def __init__(self, algorithm: str, where: str) -> None:
+    def __init__(self, algorithm: str, where: str, seen: str = "on receipt") -> None:
         self.algorithm = algorithm.upper()
         self.where = where
+        self.seen = seen
         self.received: dict[str, tuple[int, str]] = {}
         self._problems: list[str] = []
 
@@ -194,14 +196,14 @@ class ManifestCheck:
             if got is None:
                 problems.append(f'"{entry.path}" is in the manifest but not in the backup')
             elif got[0] != entry.size:
-                problems.append(f'"{entry.path}" has size {got[0]} on receipt but size '
+                problems.append(f'"{entry.path}" has size {got[0]} {self.seen} but size '
                                 f"{entry.size} in the manifest")
             elif entry.algorithm and entry.algorithm != self.algorithm:
                 problems.append(f'"{entry.path}" has a {entry.algorithm} checksum in the '
                                 f"manifest, {self.algorithm} was expected")
             elif entry.algorithm and got[1] != entry.checksum:
-                problems.append(f'"{entry.path}" has {entry.algorithm} checksum {got[1]} on '
-                                f"receipt, {entry.checksum} in the manifest")
+                problems.append(f'"{entry.path}" has {entry.algorithm} checksum {got[1]} '
+                                f"{self.seen}, {entry.checksum} in the manifest")
         problems.extend(f'"{path}" is in the backup but not in the manifest'
                         for path in self.received if path not in manifest.files)
         if problems:

@@ -97,10 +97,14 @@ def take_backup(link: BackupLink, request: BackupRequest, archive: Path, server:
                 compress: CompressSpec = NO_COMPRESSION, sync: bool = True,
                 now: Callable[[], datetime] = lambda: datetime.now(UTC),
                 stopping: Callable[[], bool] = lambda: False,
-                before_commit: Callable[[ReceivedBackup], None] | None = None,
+                before_commit: Callable[[BackupRecord], None] | None = None,
                 on_progress: Callable[[int], None] | None = None) -> BackupRecord:
     """A complete base backup of ``server`` (IDENTIFY_SYSTEM's answer on ``link``) in
-    ``archive/backups/<id>/``; its record."""
+    ``archive/backups/<id>/``; its record.
+
+    ``before_commit`` is given the record before it is written: the place to wait until the
+    archive holds the WAL the backup needs (:meth:`BackupRecord.wal_segments`), or to raise
+    when it does not come (the directory is then removed)."""
     started = now()
     directory = BackupDirectory.create(archive, started, compress, sync=sync,
                                        file_mode=server.file_mode)
@@ -111,10 +115,10 @@ def take_backup(link: BackupLink, request: BackupRequest, archive: Path, server:
                                  where=f"backup {directory.backup_id}", on_progress=on_progress),
             stopping=stopping)
         manifest_sha256 = directory.write_manifest(received.manifest_bytes)
-        if before_commit is not None:
-            before_commit(received)
         record = backup_record(directory, request, server, received, started=started,
                                ended=now(), manifest_sha256=manifest_sha256)
+        if before_commit is not None:
+            before_commit(record)
         directory.commit(record)
     except BaseException:
         directory.abort()

@@ -16,21 +16,18 @@ mapped directories: PostgreSQL makes the ``pg_tblspc`` links from it when it sta
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from receivewal.archive.compression import decompress_chunks
 from receivewal.archive.durable import sync_file, sync_path, write_all, write_file_durably
-from receivewal.archive.reading import open_regular, read_small_file
-from receivewal.backup.manifest import MANIFEST_CAP, ManifestCheck, parse_manifest
+from receivewal.archive.reading import read_small_file
 from receivewal.backup.record import BackupRecord, StoredArchive
 from receivewal.backup.settings import auto_conf_lines
-from receivewal.backup.tar import MemberData, MemberEnd, MemberKind, MemberStart, TarReader
+from receivewal.backup.stored import manifest_check, read_members, stored_manifest
+from receivewal.backup.tar import MemberData, MemberKind, MemberStart, TarEvent
 from receivewal.errors import ArchiveError, ConfigurationError
 
 TABLESPACE_MAP = "tablespace_map"
@@ -88,22 +85,14 @@ def unpack_backup(backup_dir: Path, record: BackupRecord, pgdata: Path, *,
     refuse_unless_empty(pgdata, "data directory")
     for target in targets.values():
         refuse_unless_empty(target, "tablespace directory")
-    manifest_path = backup_dir / record.manifest_name
-    try:
-        data = read_small_file(manifest_path, MANIFEST_CAP)
-    except OSError as exc:
-        raise ArchiveError(f'could not read "{manifest_path}": {exc.strerror or exc}') from exc
-    if hashlib.sha256(data).hexdigest() != record.manifest_sha256:
-        raise ArchiveError(f'"{manifest_path}" is not the manifest its record names (SHA-256 '
-                           "differs)")
-    manifest = parse_manifest(data, str(manifest_path))
-    check = ManifestCheck(_algorithm(manifest.files.values()), f"backup {record.backup_id}")
+    manifest = stored_manifest(backup_dir, record)
+    check = manifest_check(manifest, record)
     files = size = 0
     try:
         for archive in sorted(record.archives, key=lambda a: a.tablespace_oid is None):
             root = pgdata if archive.tablespace_oid is None else targets[archive.tablespace_oid]
-            extractor = _Extractor(root, archive, check, targets, sync=sync)
-            extractor.run(backup_dir / archive.name)
+            extractor = _Extractor(root, archive, targets, sync=sync)
+            extractor.run(read_members(backup_dir, archive, check))
             files, size = files + extractor.files, size + extractor.bytes
         check.compare(manifest)
         _rewrite_tablespace_map(pgdata, targets, sync=sync)
@@ -114,27 +103,20 @@ def unpack_backup(backup_dir: Path, record: BackupRecord, pgdata: Path, *,
     return Unpacked(pgdata, targets, files, size)
 
 
-def _algorithm(entries: Any) -> str:
-    found = {entry.algorithm for entry in entries if entry.algorithm}
-    return found.pop() if len(found) == 1 else "SHA256"
-
-
 class _Extractor:
     """One archive's members written under ``root``."""
 
-    def __init__(self, root: Path, archive: StoredArchive, check: ManifestCheck,
-                 targets: Mapping[int, Path], *, sync: bool) -> None:
-        self.root, self.archive, self.check = root, archive, check
+    def __init__(self, root: Path, archive: StoredArchive, targets: Mapping[int, Path], *,
+                 sync: bool) -> None:
+        self.root, self.archive = root, archive
         self.targets, self.sync = targets, sync
         self.made: list[Path] = []  # directories made, fsynced at the end
         self.known: set[Path] = set()
         self.links: set[str] = set()
         self.files = self.bytes = 0
         self.fd = -1
-        self.size = 0
-        self.digest: Any = None
 
-    def run(self, path: Path) -> None:
+    def run(self, events: Iterator[TarEvent]) -> None:
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self.root, 0o700)  # PostgreSQL refuses a data directory others can enter
@@ -142,28 +124,21 @@ class _Extractor:
             raise ArchiveError(f'could not create directory "{self.root}": '
                                f"{exc.strerror or exc}") from exc
         self.known.add(self.root)
-        reader = TarReader(str(path))
         try:
-            with open_regular(path) as fh:
-                for chunk in decompress_chunks(fh, self.archive.compression):
-                    for event in reader.feed(chunk):
-                        self._event(event)
-            reader.close()
+            for event in events:
+                self._event(event)
+            for directory in reversed(self.made):
+                sync_path(directory, sync=self.sync)
         except OSError as exc:
-            raise ArchiveError(f'could not unpack "{path}": {exc.strerror or exc}') from exc
-        except ArchiveError as exc:
-            raise ArchiveError(f'could not unpack "{path}": {exc}') from exc
+            raise ArchiveError(f'could not unpack into "{self.root}": '
+                               f"{exc.strerror or exc}") from exc
         finally:
             if self.fd >= 0:
                 os.close(self.fd)
-        for directory in reversed(self.made):
-            sync_path(directory, sync=self.sync)
 
-    def _event(self, event: MemberStart | MemberData | MemberEnd) -> None:
+    def _event(self, event: TarEvent) -> None:
         if isinstance(event, MemberData):
             write_all(self.fd, event.data)
-            self.digest.update(event.data)
-            self.size += len(event.data)
         elif isinstance(event, MemberStart):
             self._start(event)
         elif event.member.kind is MemberKind.FILE:
@@ -172,9 +147,7 @@ class _Extractor:
             self.fd = -1
             target = self.root / event.member.name
             os.utime(target, (event.member.mtime, event.member.mtime))
-            self.check.add(self._manifest_path(event.member.name), self.size,
-                           self.digest.hexdigest())
-            self.files, self.bytes = self.files + 1, self.bytes + self.size
+            self.files, self.bytes = self.files + 1, self.bytes + event.member.size
 
     def _start(self, event: MemberStart) -> None:
         member = event.member
@@ -186,20 +159,19 @@ class _Extractor:
         if member.kind is MemberKind.DIRECTORY:
             self._directory(target, member.mode)
         elif member.kind is MemberKind.SYMLINK:
-            self._symlink(member.name, member.linkname)
+            self._symlink(member.name)
         else:
             self.fd = os.open(target, _FILE_FLAGS, member.mode & 0o777 or 0o600)
-            self.size, self.digest = 0, self.check.hasher()
 
-    def _symlink(self, name: str, linkname: str) -> None:
-        """pg_tblspc/<oid> only (the backup was taken without a tablespace map)."""
+    def _symlink(self, name: str) -> None:
+        """pg_tblspc/<oid> only (the backup was taken without a tablespace map), pointing at
+        the tablespace's directory (the server's, or the mapping's)."""
         parent, _, oid = name.rpartition("/")
         if self.archive.tablespace_oid is not None or parent != "pg_tblspc" \
                 or not oid.isdigit() or int(oid) not in self.targets:
             raise ArchiveError(f"symbolic link {name!r} is not a tablespace's link")
         os.symlink(self.targets[int(oid)], self.root / name)
         self.links.add(name)
-        del linkname  # the server's location: the mapping's directory replaces it
 
     def _directory(self, path: Path, mode: int = 0o700) -> None:
         """``path`` as a real directory, made (with its parents) when missing."""
@@ -213,10 +185,6 @@ class _Extractor:
             if not stat.S_ISDIR(os.lstat(path).st_mode):
                 raise ArchiveError(f"{path} exists and is not a directory") from None
         self.known.add(path)
-
-    def _manifest_path(self, name: str) -> str:
-        oid = self.archive.tablespace_oid
-        return name if oid is None else f"pg_tblspc/{oid}/{name}"
 
 
 def tablespace_map_entries(text: str) -> list[tuple[str, str]]:

@@ -42,7 +42,7 @@ from receivewal.backup.command import BackupRequest
 from receivewal.backup.directory import BACKUPS
 from receivewal.backup.manifest import BackupMismatch, ManifestCheck, parse_manifest
 from receivewal.backup.record import RECORD_NAME, BackupRecord
-from receivewal.backup.tar import MemberData, MemberEnd, MemberKind, MemberStart, TarReader
+from receivewal.backup.tar import MemberData, MemberStart, TarReader
 from receivewal.backup.transfer import BackupLink, take_backup
 from receivewal.backup.unpack import unpack_backup
 from receivewal.errors import ArchiveError, ReceivewalError
@@ -189,20 +189,10 @@ def test_pg_basebackups_tar_and_manifest_are_checked_the_same_way(primary: Prima
         verify = ManifestCheck("SHA256", "pg_basebackup's backup")
         for tar in sorted(out.glob("*.tar")):
             data = base_tar if tar.name == "base.tar" else tar.read_bytes()
-            oid = None if tar.name == "base.tar" else tar.name.removesuffix(".tar")
-            reader, digest, size = TarReader(tar.name), None, 0
+            prefix = "" if tar.name == "base.tar" else f"pg_tblspc/{tar.name[:-4]}/"
+            reader = TarReader(tar.name)
             for event in reader.feed(data):
-                if isinstance(event, MemberStart) and event.member.kind is MemberKind.FILE:
-                    digest, size = verify.hasher(), 0
-                elif isinstance(event, MemberData) and digest is not None:
-                    digest.update(event.data)
-                    size += len(event.data)
-                elif isinstance(event, MemberEnd) and event.member.kind is MemberKind.FILE:
-                    assert digest is not None
-                    name = event.member.name if oid is None else \
-                        f"pg_tblspc/{oid}/{event.member.name}"
-                    verify.add(name, size, digest.hexdigest())
-                    digest = None
+                verify.follow(event, prefix.__add__)
             reader.close()
         verify.compare(manifest)
 

@@ -9,7 +9,7 @@ every byte before the line that holds it (as pg_verifybackup reads it: up to and
 next-to-last newline).
 
 :class:`ManifestCheck` is what pg_verifybackup checks of the files, done on a stream: each
-file's size and digest as its bytes pass (:meth:`ManifestCheck.hasher`), then every file of the
+file's size and digest as its bytes pass (:meth:`ManifestCheck.follow`), then every file of the
 manifest present exactly once, with its size and checksum, and nothing that the manifest does
 not list. It holds one digest per file, never a file's bytes.
 """
@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from receivewal.backup.tar import MemberData, MemberKind, MemberStart, TarEvent
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.wal.lsn import format_lsn, parse_lsn
 from receivewal.wal.timeline import is_timeline_id
@@ -176,10 +177,29 @@ class ManifestCheck:
         self.seen = seen
         self.received: dict[str, tuple[int, str]] = {}
         self._problems: list[str] = []
+        self._digest: Any = None  # of the file being read
+        self._size = 0
 
     def hasher(self) -> Any:
         """A fresh digest for one file's bytes (``update``, ``hexdigest``)."""
         return hashlib.new(self.algorithm.lower())
+
+    def follow(self, event: TarEvent, path_of: Callable[[str], str]) -> None:
+        """Take one event of a tar archive being read: a file's bytes are hashed as they pass,
+        and at its end the file is added under ``path_of(member name)``, how the manifest
+        names it."""
+        if isinstance(event, MemberData):
+            if self._digest is not None:
+                self._digest.update(event.data)
+                self._size += len(event.data)
+        elif event.member.kind is not MemberKind.FILE:
+            return
+        elif isinstance(event, MemberStart):
+            self._digest, self._size = self.hasher(), 0
+        else:
+            assert self._digest is not None
+            self.add(path_of(event.member.name), self._size, self._digest.hexdigest())
+            self._digest = None
 
     def add(self, path: str, size: int, digest: str) -> None:
         """A file arrived whole: its path as the manifest names it, size and hex digest."""

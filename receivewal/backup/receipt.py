@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from receivewal.backup.command import Position, Tablespace
 from receivewal.backup.copystream import (
@@ -35,7 +35,7 @@ from receivewal.backup.manifest import (
     ManifestError,
     parse_manifest,
 )
-from receivewal.backup.tar import MemberData, MemberEnd, MemberKind, MemberStart, TarReader
+from receivewal.backup.tar import MemberEnd, MemberKind, TarReader
 from receivewal.wal.lsn import format_lsn
 
 
@@ -100,9 +100,6 @@ class _Current:
         self.tar = TarReader(info.name)
         self.inflater = Inflater(info.compression, info.name) if info.compression else None
         self.sent = self.files = 0
-        self.path = ""
-        self.size = 0
-        self.digest: Any = None
 
 
 class Receipt:
@@ -190,17 +187,8 @@ class Receipt:
 
     def _tar_bytes(self, current: _Current, data: memoryview) -> None:
         for event in current.tar.feed(data):
-            if isinstance(event, MemberData):
-                current.digest.update(event.data)
-                current.size += len(event.data)
-            elif isinstance(event, MemberStart):
-                if event.member.kind is MemberKind.FILE:
-                    current.path = current.info.manifest_path(event.member.name)
-                    current.size, current.digest = 0, self.check.hasher()
-                else:
-                    current.digest = _NoDigest()
-            elif isinstance(event, MemberEnd) and event.member.kind is MemberKind.FILE:
-                self.check.add(current.path, current.size, current.digest.hexdigest())
+            self.check.follow(event, current.info.manifest_path)
+            if isinstance(event, MemberEnd) and event.member.kind is MemberKind.FILE:
                 current.files += 1
 
     def _end_archive(self) -> None:
@@ -214,9 +202,3 @@ class Receipt:
         self.summaries.append(ArchiveSummary(current.info, current.sent, current.tar.offset,
                                              current.files))
 
-
-class _NoDigest:
-    """A directory's or a link's (empty) data goes nowhere."""
-
-    def update(self, data: memoryview) -> None:
-        del data

@@ -9,21 +9,19 @@ while it unpacks) check: every file of the manifest there once, of its size and 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from receivewal.archive.compression import decompress_chunks
 from receivewal.archive.reading import open_regular, read_small_file
 from receivewal.backup.manifest import MANIFEST_CAP, Manifest, ManifestCheck, parse_manifest
 from receivewal.backup.record import BackupRecord, StoredArchive
 from receivewal.backup.tar import (
-    MemberData,
     MemberEnd,
     MemberKind,
-    MemberStart,
     TarEvent,
     TarReader,
 )
@@ -69,21 +67,11 @@ def read_members(backup_dir: Path, archive: StoredArchive, check: ManifestCheck,
     it ends. Errors (unreadable, damaged, not a tar) name the file."""
     path = backup_dir / archive.name
     reader = TarReader(str(path))
-    digest: Any = None
-    size = 0
     try:
         with open_regular(path) as fh:
             for chunk in decompress_chunks(fh, archive.compression):
                 for event in reader.feed(chunk):
-                    if isinstance(event, MemberData):
-                        digest.update(event.data)
-                        size += len(event.data)
-                    elif isinstance(event, MemberStart) and \
-                            event.member.kind is MemberKind.FILE:
-                        digest, size = check.hasher(), 0
-                    elif isinstance(event, MemberEnd) and event.member.kind is MemberKind.FILE:
-                        check.add(manifest_path(archive, event.member.name), size,
-                                  digest.hexdigest())
+                    check.follow(event, functools.partial(manifest_path, archive))
                     yield event
         reader.close()
     except OSError as exc:

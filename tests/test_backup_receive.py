@@ -126,9 +126,11 @@ def test_compression_on_either_side_is_stored_and_unpacks(primary: Primary, tmp_
                                                           server: str | None, client: str,
                                                           stored: str) -> None:
     """What the server compressed is stored as sent (the client's --compress does not apply
-    twice); a plain stream is compressed as asked; either unpacks against the manifest."""
-    request = BackupRequest(label="compressed", fast=True, server_compression=None if
-                            server is None else parse_compress_option(server))
+    twice); a plain stream is compressed as asked; either unpacks against the manifest. The
+    server takes PROGRESS and MAX_RATE as the command spells them."""
+    request = BackupRequest(label="compressed", fast=True, progress=True, max_rate=1024 * 1024,
+                            server_compression=None if server is None
+                            else parse_compress_option(server))
     with replication_link(primary.pg) as conn:
         record = take_backup(conn, request, tmp_path, primary.server,
                              compress=parse_compress_option(client), sync=False)
@@ -138,6 +140,24 @@ def test_compression_on_either_side_is_stored_and_unpacks(primary: Primary, tmp_
                              mapping={str(primary.tablespace): str(tmp_path / "ts")}, sync=False)
     assert unpacked.files == len(parse_manifest((directory / "backup_manifest")
                                                 .read_bytes()).files)
+
+
+def test_without_a_tablespace_map_the_link_is_made_to_the_mapped_directory(
+        primary: Primary, tmp_path: Path) -> None:
+    """TABLESPACE_MAP off: the base archive holds pg_tblspc/<oid> as a symbolic link, which
+    the unpack makes toward the tablespace's new directory (never writing through it)."""
+    with replication_link(primary.pg) as conn:
+        record = take_backup(conn, BackupRequest(fast=True, tablespace_map=False), tmp_path,
+                             primary.server, sync=False)
+    moved = tmp_path / "ts"
+    unpack_backup(tmp_path / BACKUPS / record.backup_id, record, tmp_path / "pgdata",
+                  mapping={str(primary.tablespace): str(moved)}, sync=False)
+    [oid] = [a.tablespace_oid for a in record.archives if a.tablespace_oid is not None]
+    link = tmp_path / "pgdata" / "pg_tblspc" / str(oid)
+    assert link.is_symlink()
+    assert link.readlink() == moved
+    assert not (tmp_path / "pgdata" / "tablespace_map").exists()
+    assert any(moved.rglob("*")), "the tablespace's files are in its new directory"
 
 
 def flip_byte_of(recording: Recording, member: str) -> Recording:

@@ -4,12 +4,15 @@ and pg_archivecleanup's rule."""
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
+from receivewal.archive.lock import lock_directory
 from receivewal.backup.archivecleanup import oldest_kept_name, plan_archive_cleanup
-from receivewal.backup.catalog import BackupEntry, EntryState
+from receivewal.backup.catalog import BackupEntry, EntryState, read_catalog
 from receivewal.backup.choice import (
     RecoveryTarget,
     TargetKind,
@@ -19,7 +22,9 @@ from receivewal.backup.choice import (
     time_target,
     xid_target,
 )
+from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import (
+    RECORD_NAME,
     BackupRecord,
     StoredArchive,
     WalSpan,
@@ -312,3 +317,27 @@ def test_archive_cleanup_takes_pg_archivecleanups_arguments(argument: str, name:
 def test_archive_cleanup_refuses_other_arguments(argument: str) -> None:
     with pytest.raises(ConfigurationError, match="invalid file name argument"):
         oldest_kept_name(argument)
+
+
+# -- the catalog -------------------------------------------------------------------------------
+def test_the_catalog_tells_complete_running_interrupted_empty_and_damaged_apart(
+        tmp_path: Path) -> None:
+    """A record makes a backup complete; without one, a held lock is a running backup, a
+    directory with files and no lock an interrupted one, an empty one may be starting (left
+    alone); a record that cannot be read is damaged."""
+    backups = tmp_path / BACKUPS
+    for name in ("complete", "running", "interrupted", "empty", "damaged"):
+        (backups / name).mkdir(parents=True)
+    (backups / "complete" / RECORD_NAME).write_bytes(record_to_json(record("complete", 5, 6)))
+    (backups / "damaged" / RECORD_NAME).write_text("{")
+    for name in ("running", "interrupted"):
+        (backups / name / ".base.tar.zst.1.receivewal-tmp").write_bytes(b"x")
+    lock = lock_directory(backups / "running")
+    try:
+        states = {e.backup_id: e.state for e in read_catalog(tmp_path)}
+    finally:
+        os.close(lock)
+    assert states == {"complete": EntryState.COMPLETE, "running": EntryState.RUNNING,
+                      "interrupted": EntryState.INTERRUPTED, "empty": EntryState.EMPTY,
+                      "damaged": EntryState.DAMAGED}
+    assert [e.state for e in read_catalog(tmp_path / "none")] == []

@@ -5,6 +5,12 @@ without is an interrupted backup, or one being written (its writer holds ``flock
 directory: :func:`~receivewal.archive.lock.is_locked` tells them apart); one whose record
 cannot be read is damaged. Recovery uses only the complete ones; retention removes complete
 ones that its policy drops and interrupted ones, never a running or a damaged one.
+
+The writer makes the directory, then takes its lock, then writes files, and lets the lock go
+only once the record is written (or the directory removed). So a directory is called
+interrupted only when it is not empty (its writer had the lock), the lock is free, and then
+still no record is there: a writer that dies never writes its record later. An empty
+directory may be a backup between its ``mkdir`` and its lock: it is left alone.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class EntryState(Enum):
     RUNNING = "being written"
     INTERRUPTED = "interrupted (no record)"
     UNKNOWN = "no record, and whether it is being written cannot be told"
+    EMPTY = "empty: a backup starting, or one that never began"
     DAMAGED = "record unreadable"
 
 
@@ -60,15 +67,33 @@ def read_catalog(archive: Path) -> list[BackupEntry]:
 
 
 def read_entry(path: Path) -> BackupEntry:
-    """What the backup directory ``path`` is."""
+    """What the backup directory ``path`` is (the order of the looks: see the module's
+    docstring)."""
+    entry = _complete(path)
+    if entry is not None:
+        return entry
+    try:
+        empty = not any(path.iterdir())
+    except OSError as exc:
+        return BackupEntry(path.name, EntryState.DAMAGED, problem=str(exc))
+    running = is_locked(path)
+    if running is None:
+        return BackupEntry(path.name, EntryState.UNKNOWN)
+    if running:
+        return BackupEntry(path.name, EntryState.RUNNING)
+    if empty:
+        return BackupEntry(path.name, EntryState.EMPTY)
+    return _complete(path) or BackupEntry(path.name, EntryState.INTERRUPTED)
+
+
+def _complete(path: Path) -> BackupEntry | None:
+    """The entry of ``path`` when it has a record (a damaged one when it cannot be read);
+    None when it has none."""
     record_path = path / RECORD_NAME
     try:
         data = read_small_file(record_path, RECORD_CAP)
     except FileNotFoundError:
-        running = is_locked(path)
-        state = (EntryState.UNKNOWN if running is None else
-                 EntryState.RUNNING if running else EntryState.INTERRUPTED)
-        return BackupEntry(path.name, state)
+        return None
     except (OSError, ArchiveError) as exc:
         return BackupEntry(path.name, EntryState.DAMAGED, problem=str(exc))
     try:

@@ -148,6 +148,18 @@ def _exec_steps(pgconn: pq.abc.PGconn, sql: bytes) -> Steps[pq.abc.PGresult | No
     return last
 
 
+def _results_until_copy_steps(pgconn: pq.abc.PGconn, sql: bytes) -> Steps[list[pq.abc.PGresult]]:
+    """Send ``sql``; every result up to and including the first COPY (or the last result)."""
+    pgconn.send_query(sql)
+    yield from _flush_steps(pgconn)
+    results = []
+    while (res := (yield from _result_steps(pgconn))) is not None:
+        results.append(res)
+        if res.status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
+            break
+    return results
+
+
 def _connect(conninfo: str, stop: StopFlag | None, timeout: float) -> pq.abc.PGconn:
     pgconn = pq.PGconn.connect_start(conninfo.encode())
     try:
@@ -258,6 +270,22 @@ class ReplicationConnection:
                         "could not send replication command")
         if res is None or res.status != pq.ExecStatus.COPY_BOTH:
             raise self._error("could not start WAL streaming", res)
+
+    def start_copy_out(self, sql: str) -> list[list[Row]]:
+        """Send a command that answers with result sets and then a COPY OUT stream
+        (BASE_BACKUP); return the rows of the result sets before the COPY."""
+        command = sql.split(maxsplit=1)[0]
+        results = self._run(_results_until_copy_steps(self.pgconn, sql.encode()),
+                            f"{command} failed")
+        last = results[-1] if results else None
+        if last is None or last.status != pq.ExecStatus.COPY_OUT:
+            raise self._error(f"{command} failed", last)
+        rows = []
+        for res in results[:-1]:
+            if res.status != pq.ExecStatus.TUPLES_OK:
+                raise self._error(f"{command} failed", res)
+            rows.append(self._rows(res))
+        return rows
 
     # -- the COPY stream ---------------------------------------------------------------------
     def read_copy(self, timeout: float) -> CopyData | CopyDone | None:

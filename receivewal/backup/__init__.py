@@ -1,0 +1,25 @@
+"""Base backups: taken over the replication protocol into the archive, recovered, expired.
+
+The flow of ``receivewal backup``, top to bottom, and the halves of ``recover`` and ``cleanup``:
+
+    command        PostgreSQL 15's BASE_BACKUP command text and its result sets (pure)
+    copystream     the COPY stream's messages: new archive, data, progress, manifest (pure)
+    tar            a streaming tar reader: members and their data in pieces (pure)
+    manifest       backup_manifest, its own checksum, the check of the files against it (pure)
+    inflate        a server-compressed archive decoded on its way through (pure)
+    receipt        the stream fed in, every file hashed, compared with the manifest (pure)
+    transfer       BASE_BACKUP over a link, into a backup directory
+    directory      ARCHIVE/backups/<id>/: archives, manifest, the record last (files)
+    record         backup.json, the record of a complete backup (pure)
+    catalog        the backups an archive holds: complete, running, interrupted (files)
+    stored         a stored backup read back, every file checked against its manifest (files)
+    choice         which backup a recovery to a target starts from (pure)
+    settings       the recovery settings as text; how to start the server (pure)
+    unpack         a backup into an empty data directory, and the recovery files (files)
+    retention      what cleanup removes and keeps, and why (pure)
+    archivecleanup cleanup -D DIR OLDESTKEPTWALFILE, pg_archivecleanup's rule (pure)
+    cleanup        the archive read for the planner, and the removal (files)
+
+Every fsync and rename goes through :mod:`receivewal.archive.durable`; the connection is
+reached through :class:`~receivewal.backup.transfer.BackupLink` (no psycopg here).
+"""

@@ -1,0 +1,106 @@
+"""The backups an archive holds: ``ARCHIVE/backups/*/`` read (files opened: their records).
+
+A directory with a readable record (:mod:`receivewal.backup.record`) is a complete backup; one
+without is an interrupted backup, or one being written (its writer holds ``flock`` on the
+directory: :func:`~receivewal.archive.lock.is_locked` tells them apart); one whose record
+cannot be read is damaged. Recovery uses only the complete ones; retention removes complete
+ones that its policy drops and interrupted ones, never a running or a damaged one.
+
+The writer makes the directory, then takes its lock, then writes files, and lets the lock go
+only once the record is written (or the directory removed). So a directory is called
+interrupted only when it is not empty (its writer had the lock), the lock is free, and then
+still no record is there: a writer that dies never writes its record later. An empty
+directory may be a backup between its ``mkdir`` and its lock: it is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from receivewal.archive.lock import is_locked
+from receivewal.archive.reading import read_small_file
+from receivewal.backup.directory import BACKUPS
+from receivewal.backup.record import RECORD_CAP, RECORD_NAME, BackupRecord, record_from_json
+from receivewal.errors import ArchiveError
+
+
+class EntryState(Enum):
+    """What a directory of ``backups/`` is."""
+
+    COMPLETE = "complete"
+    RUNNING = "being written"
+    INTERRUPTED = "interrupted (no record)"
+    UNKNOWN = "no record, and whether it is being written cannot be told"
+    EMPTY = "empty: a backup starting, or one that never began"
+    DAMAGED = "record unreadable"
+
+
+@dataclass(frozen=True)
+class BackupEntry:
+    """One directory of ``backups/``: its record when complete, else what it is."""
+
+    backup_id: str
+    state: EntryState
+    record: BackupRecord | None = None
+    problem: str = ""  # a damaged record's problem
+
+    def describe(self) -> str:
+        """The entry's state in words."""
+        return f"{self.state.value}: {self.problem}" if self.problem else self.state.value
+
+
+def read_catalog(archive: Path) -> list[BackupEntry]:
+    """Every backup directory of ``archive``, by name (none when there is no ``backups``)."""
+    backups = archive / BACKUPS
+    try:
+        with os.scandir(backups) as found:
+            names = sorted(e.name for e in found
+                           if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise ArchiveError(f'could not list "{backups}": {exc.strerror or exc}') from exc
+    return [read_entry(backups / name) for name in names]
+
+
+def read_entry(path: Path) -> BackupEntry:
+    """What the backup directory ``path`` is (the order of the looks: see the module's
+    docstring)."""
+    entry = _complete(path)
+    if entry is not None:
+        return entry
+    try:
+        empty = not any(path.iterdir())
+    except OSError as exc:
+        return BackupEntry(path.name, EntryState.DAMAGED, problem=str(exc))
+    running = is_locked(path)
+    if running is None:
+        return BackupEntry(path.name, EntryState.UNKNOWN)
+    if running:
+        return BackupEntry(path.name, EntryState.RUNNING)
+    if empty:
+        return BackupEntry(path.name, EntryState.EMPTY)
+    return _complete(path) or BackupEntry(path.name, EntryState.INTERRUPTED)
+
+
+def _complete(path: Path) -> BackupEntry | None:
+    """The entry of ``path`` when it has a record (a damaged one when it cannot be read);
+    None when it has none."""
+    record_path = path / RECORD_NAME
+    try:
+        data = read_small_file(record_path, RECORD_CAP)
+    except FileNotFoundError:
+        return None
+    except (OSError, ArchiveError) as exc:
+        return BackupEntry(path.name, EntryState.DAMAGED, problem=str(exc))
+    try:
+        record = record_from_json(data, str(record_path))
+    except ArchiveError as exc:
+        return BackupEntry(path.name, EntryState.DAMAGED, problem=str(exc))
+    if record.backup_id != path.name:
+        return BackupEntry(path.name, EntryState.DAMAGED,
+                           problem=f"{record_path} names backup {record.backup_id}")
+    return BackupEntry(path.name, EntryState.COMPLETE, record)

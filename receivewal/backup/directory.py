@@ -1,0 +1,201 @@
+"""A backup directory, ``ARCHIVE/backups/<id>/``, written as the backup arrives.
+
+Each archive is streamed into a temporary file next to its final name, compressed on the way
+when asked (``--compress``; an archive the server compressed is stored as it came), then
+fsynced, renamed and the directory fsynced, all through :mod:`receivewal.archive.durable`.
+The manifest follows the same way, and the record (:mod:`receivewal.backup.record`) last:
+a directory is a complete backup only once its record is there, so a crash or SIGKILL at any
+moment leaves at most a directory without a record, which recovery ignores and retention
+removes. While it writes, the process holds ``flock`` on the directory itself
+(:func:`~receivewal.archive.lock.lock_directory`), which tells a running backup from an
+interrupted one.
+
+Memory is a compressor's window and one message at a time, whatever the database's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from datetime import datetime
+from pathlib import Path
+
+from receivewal.archive.codecs import Compressor
+from receivewal.archive.compression import CompressSpec, new_compressor
+from receivewal.archive.durable import (
+    create_temporary,
+    rename,
+    sync_file,
+    sync_path,
+    write_all,
+    write_file_durably,
+)
+from receivewal.archive.lock import lock_directory
+from receivewal.backup.manifest import MANIFEST_NAME
+from receivewal.backup.receipt import ArchiveInfo
+from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
+from receivewal.errors import ArchiveError
+from receivewal.wal.names import AtRest
+
+BACKUPS = "backups"
+FILE_MODE = 0o600  # 0o640 when the server's data directory is group-readable, as for WAL
+_ATTEMPTS = 100
+
+
+def backup_id_for(moment: datetime) -> str:
+    """The name a backup started at ``moment`` (UTC) is given, before any ``-N`` that keeps it
+    apart from another started in the same second."""
+    return moment.strftime("%Y%m%dT%H%M%SZ")
+
+
+def _os_error(what: str, path: Path, exc: OSError) -> ArchiveError:
+    return ArchiveError(f'could not {what} "{path}": {exc.strerror or exc}')
+
+
+class _Open:
+    """The archive file being written."""
+
+    def __init__(self, info: ArchiveInfo, name: str, compression: str, *, fd: int, tmp: Path,
+                 compressor: Compressor | None) -> None:
+        self.info, self.name, self.compression = info, name, compression
+        self.fd, self.tmp, self.compressor = fd, tmp, compressor
+        self.stored = self.received = 0
+
+
+class BackupDirectory:
+    """One backup being written (a :class:`~receivewal.backup.receipt.BackupSink`)."""
+
+    def __init__(self, path: Path, lock_fd: int, compress: CompressSpec, *, sync: bool,
+                 file_mode: int = FILE_MODE) -> None:
+        self.path = path
+        self.backup_id = path.name
+        self.compress = compress
+        self.sync = sync
+        self.file_mode = file_mode
+        self.stored: list[StoredArchive] = []
+        self.manifest_sha256 = ""
+        self._lock_fd: int | None = lock_fd
+        self._open: _Open | None = None
+
+    @classmethod
+    def create(cls, archive: Path, started: datetime, compress: CompressSpec, *,
+               sync: bool = True, file_mode: int = FILE_MODE) -> BackupDirectory:
+        """A new, empty, locked backup directory under ``archive/backups`` (made if missing);
+        its files get ``file_mode`` (the archive's: the server's data directory mode's), its
+        directories the same with the search bits."""
+        backups = archive / BACKUPS
+        directory_mode = 0o700 | (0o050 if file_mode & 0o040 else 0)
+        try:
+            backups.mkdir(mode=directory_mode)
+            sync_path(archive, sync=sync)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise _os_error("create directory", backups, exc) from exc
+        base = backup_id_for(started)
+        for attempt in range(_ATTEMPTS):
+            path = backups / (f"{base}-{attempt}" if attempt else base)
+            try:
+                path.mkdir(mode=directory_mode)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise _os_error("create directory", path, exc) from exc
+            sync_path(backups, sync=sync)
+            return cls(path, lock_directory(path), compress, sync=sync, file_mode=file_mode)
+        raise ArchiveError(f"could not find a free backup name like {base} in {backups}")
+
+    # -- the sink ----------------------------------------------------------------------------
+    def begin_archive(self, archive: ArchiveInfo) -> None:
+        """Open the file for ``archive``."""
+        if archive.compression or not self.compress.method:
+            name, method, compressor = archive.name, archive.compression, None
+        else:
+            method = self.compress.method
+            name, compressor = archive.name + AtRest(method).suffix, new_compressor(self.compress)
+        target = self.path / name
+        try:
+            fd, tmp = create_temporary(target, self.file_mode)
+        except OSError as exc:
+            raise _os_error("create file", target, exc) from exc
+        self._open = _Open(archive, name, method, fd=fd, tmp=tmp, compressor=compressor)
+        if compressor is not None:
+            self._write(compressor.begin())
+
+    def archive_bytes(self, data: memoryview) -> None:
+        """Write the archive's next bytes (compressed when asked)."""
+        current = self._open
+        assert current is not None
+        current.received += len(data)
+        self._write(data if current.compressor is None else current.compressor.compress(data))
+
+    def end_archive(self) -> None:
+        """Finish, fsync and rename the archive file; fsync the directory."""
+        current = self._open
+        assert current is not None
+        if current.compressor is not None:
+            self._write(current.compressor.finish())
+        final = self.path / current.name
+        try:
+            sync_file(current.fd, sync=self.sync)
+            os.close(current.fd)
+            current.fd = -1
+            rename(current.tmp, final)
+            sync_path(self.path, sync=self.sync)
+        except OSError as exc:
+            raise _os_error("write file", final, exc) from exc
+        self._open = None
+        self.stored.append(StoredArchive(current.name, current.info.tablespace_oid,
+                                         current.info.location, current.compression,
+                                         current.stored, current.received))
+
+    def _write(self, data: bytes | memoryview) -> None:
+        current = self._open
+        assert current is not None
+        try:
+            write_all(current.fd, data)
+        except OSError as exc:
+            raise _os_error("write file", current.tmp, exc) from exc
+        current.stored += len(data)
+
+    # -- the end -----------------------------------------------------------------------------
+    def write_manifest(self, data: bytes) -> str:
+        """Write the manifest durably; its SHA-256."""
+        try:
+            write_file_durably(self.path, MANIFEST_NAME, data, mode=self.file_mode, sync=self.sync)
+        except OSError as exc:
+            raise _os_error("write file", self.path / MANIFEST_NAME, exc) from exc
+        self.manifest_sha256 = hashlib.sha256(data).hexdigest()
+        return self.manifest_sha256
+
+    def commit(self, record: BackupRecord) -> None:
+        """Write the record, last: from now on the directory is a complete backup."""
+        assert self._open is None
+        assert record.backup_id == self.backup_id
+        try:
+            write_file_durably(self.path, RECORD_NAME, record_to_json(record),
+                               mode=self.file_mode, sync=self.sync)
+        except OSError as exc:
+            raise _os_error("write file", self.path / RECORD_NAME, exc) from exc
+        self._unlock()
+
+    def abort(self) -> None:
+        """Give the backup up: remove what was written and the directory (best effort: what
+        stays has no record, which retention removes)."""
+        current, self._open = self._open, None
+        if current is not None:
+            if current.fd >= 0:
+                os.close(current.fd)
+            current.tmp.unlink(missing_ok=True)
+        for name in [*(a.name for a in self.stored), MANIFEST_NAME]:
+            (self.path / name).unlink(missing_ok=True)
+        self._unlock()
+        try:
+            self.path.rmdir()
+        except OSError:
+            return
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None

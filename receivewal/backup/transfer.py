@@ -1,0 +1,144 @@
+"""One base backup from a replication connection into a backup directory.
+
+:func:`take_backup` sends BASE_BACKUP (:mod:`receivewal.backup.command`), reads the start
+position and the tablespaces, feeds the COPY stream to a
+:class:`~receivewal.backup.receipt.Receipt` that writes into a
+:class:`~receivewal.backup.directory.BackupDirectory`, reads the end position, checks the
+backup against its manifest, writes the manifest, and (once ``before_commit`` has had its say,
+e.g. waited for the archive to hold the backup's WAL) the record. On any error the directory
+is removed; a crash leaves it without a record.
+
+It needs of the connection only :class:`BackupLink`, which
+:class:`~receivewal.replication.connection.ReplicationConnection` is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
+from receivewal.backup.command import (
+    BackupRequest,
+    base_backup_command,
+    parse_position,
+    parse_tablespaces,
+)
+from receivewal.backup.directory import BackupDirectory
+from receivewal.backup.manifest import MANIFEST_NAME
+from receivewal.backup.receipt import Receipt, ReceivedBackup
+from receivewal.backup.record import BackupRecord, WalSpan
+from receivewal.errors import ConnectionLost, ProtocolError, ServerError, StopRequested
+from receivewal.replication.commands import ServerInfo
+from receivewal.replication.link import COPY_DONE, CopyData, CopyDone, Result, ResultStatus, Row
+
+WAIT = 1.0  # seconds between looks at the stop signal while the server is quiet
+
+
+class BackupLink(Protocol):
+    """What a base backup needs of a replication connection."""
+
+    def start_copy_out(self, sql: str) -> list[list[Row]]:
+        """Send ``sql``; the rows of each result set before the COPY OUT it starts."""
+
+    def read_copy(self, timeout: float) -> CopyData | CopyDone | None: ...
+
+    def next_result(self) -> Result | None: ...
+
+
+def receive_backup(link: BackupLink, request: BackupRequest, receipt_for: Callable[
+        [list[Row]], Receipt], *, stopping: Callable[[], bool] = lambda: False,
+) -> ReceivedBackup:
+    """Run BASE_BACKUP on ``link`` and feed its stream to the receipt ``receipt_for`` makes
+    from the tablespace rows; the checked backup. The server's refusal or the connection's loss
+    is raised as it came, its message starting with "base backup failed"."""
+    try:
+        results = link.start_copy_out(base_backup_command(request))
+        if len(results) != 2:
+            raise ProtocolError(f"BASE_BACKUP sent {len(results)} result sets before its COPY "
+                                "stream, expected 2")
+        start = parse_position(results[0], "start position")
+        receipt = receipt_for(results[1])
+        while True:
+            payload = link.read_copy(WAIT)
+            if payload is COPY_DONE:
+                break
+            if payload is None:
+                if stopping():
+                    raise StopRequested("base backup stopped before it was complete")
+                continue
+            assert not isinstance(payload, CopyDone)
+            receipt.receive(payload)
+        end = parse_position(_end_rows(link), "end position")
+    except ServerError as exc:
+        raise type(exc)(f"base backup failed: {exc}", exc.sqlstate) from exc
+    except ConnectionLost as exc:
+        raise ConnectionLost(f"base backup failed: {exc}") from exc
+    return receipt.finish(start, end)
+
+
+def _end_rows(link: BackupLink) -> list[Row]:
+    """The end position's rows, then the command's completion."""
+    result = link.next_result()
+    done = link.next_result()
+    if result is None or result.status is not ResultStatus.TUPLES_OK:
+        raise ProtocolError("BASE_BACKUP ended without its end position")
+    if done is None or done.status is not ResultStatus.COMMAND_OK:
+        raise ProtocolError("BASE_BACKUP ended without its command completion")
+    while link.next_result() is not None:
+        pass
+    return result.rows
+
+
+def take_backup(link: BackupLink, request: BackupRequest, archive: Path, server: ServerInfo, *,
+                compress: CompressSpec = NO_COMPRESSION, sync: bool = True,
+                now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                stopping: Callable[[], bool] = lambda: False,
+                before_commit: Callable[[BackupRecord], None] | None = None,
+                on_progress: Callable[[int], None] | None = None) -> BackupRecord:
+    """A complete base backup of ``server`` (IDENTIFY_SYSTEM's answer on ``link``) in
+    ``archive/backups/<id>/``; its record.
+
+    ``before_commit`` is given the record before it is written: the place to wait until the
+    archive holds the WAL the backup needs (:meth:`BackupRecord.wal_segments`), or to raise
+    when it does not come (the directory is then removed)."""
+    started = now()
+    directory = BackupDirectory.create(archive, started, compress, sync=sync,
+                                       file_mode=server.file_mode)
+    try:
+        received = receive_backup(
+            link, request,
+            lambda rows: Receipt(parse_tablespaces(rows), directory, algorithm=request.checksum,
+                                 where=f"backup {directory.backup_id}", on_progress=on_progress),
+            stopping=stopping)
+        manifest_sha256 = directory.write_manifest(received.manifest_bytes)
+        record = backup_record(directory, request, server, received, started=started,
+                               ended=now(), manifest_sha256=manifest_sha256)
+        if before_commit is not None:
+            before_commit(record)
+        directory.commit(record)
+    except BaseException:
+        directory.abort()
+        raise
+    return record
+
+
+def backup_record(directory: BackupDirectory, request: BackupRequest, server: ServerInfo,
+                  received: ReceivedBackup, *, started: datetime, ended: datetime,
+                  manifest_sha256: str) -> BackupRecord:
+    """The record of a backup received into ``directory``."""
+    archives = tuple(dataclasses.replace(stored, tar_bytes=summary.tar_bytes)
+                     for stored, summary in zip(directory.stored, received.archives, strict=True))
+    return BackupRecord(
+        backup_id=directory.backup_id, label=request.label,
+        system_identifier=server.system_identifier, server_version=server.version,
+        wal_segment_size=server.segment_size, timeline=received.start.timeline,
+        start_lsn=received.start.lsn, end_timeline=received.end.timeline,
+        end_lsn=received.end.lsn, start_time=started, end_time=ended, archives=archives,
+        wal_spans=tuple(WalSpan(r.timeline, r.start, r.end)
+                        for r in received.manifest.wal_ranges),
+        manifest_name=MANIFEST_NAME, manifest_sha256=manifest_sha256,
+        database_bytes=received.database_bytes)

@@ -56,6 +56,12 @@ WRITES_OTHER = {
     "archive/writer.py::CompressedSegmentWriter._synced": "the daemon writing what it receives",
     "daemon/state.py::write_state": "the state file",
     "logical/store.py::ChangeLogStore._complete": "a change log file (no WAL)",
+    "backup/directory.py::BackupDirectory.begin_archive": "a base backup's tar (no WAL)",
+    "backup/directory.py::BackupDirectory.end_archive": "a base backup's tar (no WAL)",
+    "backup/directory.py::BackupDirectory.write_manifest": "a base backup's manifest",
+    "backup/directory.py::BackupDirectory.commit": "a base backup's record",
+    "backup/unpack.py::_rewrite_tablespace_map": "a recovered data directory's tablespace map",
+    "backup/unpack.py::write_recovery": "a recovered data directory's recovery settings",
     "logical/store.py::ChangeLogStore._compress": "a change log file (no WAL)",
 }
 

@@ -557,15 +557,19 @@ def test_rotation_adds_a_recipient_then_drops_the_old_one_and_every_file_stays_r
         for key in (alice, bob):
             keys = load_identity_file(str(key.path))
             done = age_decrypt(path, key)
+            assert keys.can_read(listed) == (key.recipient in readers)
             if key.recipient in readers:
+                keys.require(listed, file=str(path))
                 require_readable(listed, keys.public, file=str(path), key_file=str(key.path))
                 assert decrypt_bytes(path.read_bytes(), keys, file=str(path),
                                      recipients=listed) == data
                 assert (done.returncode, done.stdout) == (0, data)
             else:
-                with pytest.raises(NotARecipient):
-                    require_readable(listed, keys.public, file=str(path),
-                                     key_file=str(key.path))
+                with pytest.raises(NotARecipient) as refused:
+                    keys.require(listed, file=str(path))
+                assert str(refused.value) == (
+                    f'"{path}" is encrypted to {listed.describe()}; the identity file '
+                    f'"{key.path}" holds {key.recipient}: none of them can decrypt it')
                 with pytest.raises(NotARecipient, match=f'^"{path}" is encrypted to '):
                     decrypt_bytes(path.read_bytes(), keys, file=str(path), recipients=listed)
                 assert done.returncode != 0

@@ -51,6 +51,7 @@ from receivewal.archive.recipients import (
     RecipientSet,
     listed_lines,
     recipient_set,
+    require_readable,
 )
 from receivewal.errors import ArchiveError, ConfigurationError
 
@@ -122,6 +123,15 @@ class Keys:
     path: str
     public: frozenset[str]  # the recipients the keys decrypt for
     identities: tuple[Any, ...] = field(repr=False)  # pyrage's: never printed
+
+    def can_read(self, recipients: RecipientSet) -> bool:
+        """Whether one of these keys is among a file's ``recipients`` (its recipients file)."""
+        return not self.public.isdisjoint(recipients.recipients)
+
+    def require(self, recipients: RecipientSet, *, file: str) -> None:
+        """Nothing when :meth:`can_read`; NotARecipient naming ``file``, its recipients, this
+        identity file and its keys otherwise (before anything is fetched or written)."""
+        require_readable(recipients, self.public, file=file, key_file=self.path)
 
 
 def load_identity_file(path: str) -> Keys:

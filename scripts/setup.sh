@@ -28,6 +28,9 @@ fi
 command -v chattr >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)  # barman recover, in tests/test_barman.py
+# the age command line: tests/test_encryption.py decrypts what receivewal encrypts with it, and
+# the other way round (bench/encryption_throughput.py measures against it)
+command -v age >/dev/null 2>&1 || need_apt+=(age)
 # bench/slow_link.py (root only: network namespaces and tc) shapes a veth link with ip and tc
 if [ "$(id -u)" = 0 ] && ! { command -v ip && command -v tc; } >/dev/null 2>&1; then
   need_apt+=(iproute2)

@@ -97,3 +97,10 @@ def test_upload_throughput_bench_runs() -> None:
     out = run_bench("upload_throughput.py", "--gb", "0.05", "--wal-gb", "0.03", "--rounds", "1")
     assert "receivewal / transfer manager" in out
     assert "with / without" in out
+
+
+def test_encryption_throughput_bench_runs() -> None:
+    """receivewal's three ways and the age command line each give the input back."""
+    out = run_bench("encryption_throughput.py", "--mb", "4", "--rounds", "1")
+    assert "every decryption gave the input back" in out
+    assert "receivewal / age, encrypt" in out

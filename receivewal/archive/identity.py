@@ -2,13 +2,17 @@
 
 One JSON document (system identifier as PostgreSQL prints it, in decimal; segment size;
 timeline) read and written the same way wherever the archive lives, and one rule for a server
-that is not the archive's own.
+that is not the archive's own. An archive encrypted at rest also lists the recipient sets its
+files were encrypted to (``recipient_sets``, see :mod:`receivewal.archive.recipients`); the
+record of an archive that never was is written as before, and readers that predate the field
+ignore it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from receivewal.archive.recipients import AdoptedSet, sets_from_json, sets_to_json
 from receivewal.errors import ForeignArchive, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER
@@ -24,6 +28,7 @@ class ArchiveIdentity:
     system_identifier: str
     segment_size: int
     timeline: int
+    recipient_sets: tuple[AdoptedSet, ...] = ()  # in the order adopted; the last is current
 
 
 def identity_from_json(data: object) -> ArchiveIdentity:
@@ -44,18 +49,21 @@ def identity_from_json(data: object) -> ArchiveIdentity:
     if not isinstance(timeline, int) or isinstance(timeline, bool) \
             or not is_timeline_id(timeline):
         raise ValueError(f"timeline {timeline!r} is not a timeline")
-    return ArchiveIdentity(str(sysid), size, timeline)
+    return ArchiveIdentity(str(sysid), size, timeline, sets_from_json(data.get("recipient_sets")))
 
 
 def identity_to_json(identity: ArchiveIdentity) -> bytes:
     """The identity record's bytes (the file in a directory, the object at a prefix)."""
     import json  # noqa: PLC0415 - a writer's need: readers (verify) parse without this module
 
-    return json.dumps({
+    record: dict[str, object] = {
         "system_identifier": identity.system_identifier,
         "wal_segment_size": identity.segment_size,
         "timeline": identity.timeline,
-    }, indent=2).encode() + b"\n"
+    }
+    if identity.recipient_sets:
+        record["recipient_sets"] = sets_to_json(identity.recipient_sets)
+    return json.dumps(record, indent=2).encode() + b"\n"
 
 
 def check_same_cluster(where: str, recorded: ArchiveIdentity, server: ArchiveIdentity) -> None:

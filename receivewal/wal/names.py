@@ -4,7 +4,9 @@ A segment file is named ``TTTTTTTTXXXXXXXXYYYYYYYY``: timeline, then the segment
 into a "log" part and a "seg" part, each eight upper-case hex digits, as PostgreSQL names the
 files in ``pg_wal``. An archive may also hold the same name with a compression suffix (``.gz``
 and ``.lz4`` as pg_receivewal 15 writes them, ``.zst`` which receivewal adds) and with a
-``.partial`` suffix for a segment that is still being received.
+``.partial`` suffix for a segment that is still being received. A file encrypted at rest adds
+``.age`` after the compression suffix (``.zst.age``): encryption is a layer over the at-rest
+format, not a member of :class:`AtRest`; see the end of this module.
 """
 
 from __future__ import annotations
@@ -137,3 +139,38 @@ def is_wal_file_name(name: str) -> bool:
 def is_other_wal_file_name(name: str) -> bool:
     """A history or backup history file name, which an archive holds as it is."""
     return parse_history_file_name(name) is not None or _OTHER_WAL_RE.fullmatch(name) is not None
+
+
+# -- encryption at rest ------------------------------------------------------------------------
+#: The suffix of a file encrypted at rest (an age file), after any compression suffix: a
+#: segment is compressed, then encrypted (``000000010000000000000004.zst.age``). Never before
+#: ``.partial``: a segment is encrypted when it is completed; a ``.partial`` stays as it is
+#: written (plain or compressed). History files stay plain.
+ENCRYPTED_SUFFIX = ".age"
+#: The suffix of the file next to an encrypted file that lists the recipients it is for
+#: (``000000010000000000000004.zst.age.recipients``; see :mod:`receivewal.archive.recipients`).
+RECIPIENTS_SUFFIX = ".recipients"
+
+
+def encrypted_file_name(name: str) -> str:
+    """The name of the file ``name`` (complete, plain or compressed) once encrypted."""
+    assert not name.endswith((PARTIAL_SUFFIX, ENCRYPTED_SUFFIX)), name
+    return name + ENCRYPTED_SUFFIX
+
+
+def recipients_file_name(name: str) -> str:
+    """The name of the recipients file of the encrypted file ``name``."""
+    assert name.endswith(ENCRYPTED_SUFFIX), name
+    return name + RECIPIENTS_SUFFIX
+
+
+def parse_encrypted_segment_name(name: str, segment_size: int) -> SegmentFile | None:
+    """The complete segment file an encrypted file holds, as :func:`parse_segment_file_name`
+    parses its name without ``.age`` (``...04.zst.age``: segment 4, zstd); None when ``name``
+    is not an encrypted complete segment's (a ``.partial`` is never encrypted).
+    :func:`parse_segment_file_name` itself does not take encrypted names: the readers of
+    an archive learn them when they learn to decrypt."""
+    if not name.endswith(ENCRYPTED_SUFFIX):
+        return None
+    segment = parse_segment_file_name(name.removesuffix(ENCRYPTED_SUFFIX), segment_size)
+    return None if segment is None or segment.partial else segment

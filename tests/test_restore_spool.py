@@ -19,7 +19,7 @@ import pytest
 from support.holders import holders_of
 from support.walgen import SEGMENT, SYSID, name_of, wal_segment
 
-from receivewal.archive import prefetched
+from receivewal.archive import durable, prefetched
 from receivewal.archive.spool import SPOOL_DIR, Spool
 from receivewal.commands.restore_call import source_id
 
@@ -175,3 +175,20 @@ def test_an_archive_path_that_is_not_utf8_works_with_prefetch(tmp_path: Path) ->
         assert "Traceback" not in done.stderr
         assert target.read_bytes() == wal_segment(segno)
     assert "from the prefetch spool" in done.stderr
+
+
+# -- issue 26, item 2 ------------------------------------------------------------------------------
+def test_a_spool_record_is_never_written_through_a_file_at_its_temporary_name(
+        tmp_path: Path) -> None:
+    """A file already at a spool record's temporary name (a killed call's leftover, or a hard
+    link planted there) is left alone: the record is written through a new file, created
+    exclusively as every file receivewal writes (before: it was opened with O_TRUNC, and the
+    planted link's other name was overwritten)."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    os.link(precious, spool / durable.temporary_name(".wanted"))
+    prefetched.record_wanted(str(spool), name_of(4))
+    assert precious.read_text() == "keep me"
+    assert prefetched.wanted(str(spool)) == name_of(4)

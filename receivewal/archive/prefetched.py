@@ -188,14 +188,9 @@ def write_window(directory: str, names: list[str]) -> None:
 
 
 def _write_bytes(directory: str, record: str, body: bytes) -> None:
-    """Write a small record under a temporary name and rename it (never through a link)."""
-    tmp = os.path.join(directory, durable.temporary_name(record))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, body)
-    finally:
-        os.close(fd)
-    durable.rename(tmp, os.path.join(directory, record))
+    """Write a small record as every file is written (a new temporary file, never through
+    a link, renamed into place), without fsyncs: a hint."""
+    durable.write_file_durably(directory, record, body, sync=False)
 
 
 def _read_record(directory: str, record: str) -> list[str]:
@@ -292,10 +287,9 @@ def take(directory: str, name: str, target: str, source: str) -> bool:
             pass
         return False
     try:
-        durable.rename(path, target)  # another call may have taken it first: then fetch
+        durable.finish_file(path, target)  # another call may have taken it first: then fetch
     except FileNotFoundError:
         return False
-    durable.sync_path(os.path.dirname(target) or ".")
     return True
 
 

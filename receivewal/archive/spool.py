@@ -252,7 +252,8 @@ class Spool:
         if not fetched:
             return fetched, 0
         size = into.stat().st_size
-        durable.rename(into, self.dir / name)  # fetch synced the file; a call fsyncs pg_wal
+        durable.finish_file(into, self.dir / name, sync=False)  # fetch synced the file; a
+        # call fsyncs pg_wal when it takes it
         return fetched, size
 
     def _window_from(self, latest: str, count: int, segment_size: int) -> list[str]:

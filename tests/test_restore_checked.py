@@ -26,7 +26,7 @@ from support.walgen import SEGMENT, SYSID, name_of, record_offsets, wal_segment
 
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.segmentcheck import DamagedSegment, checked_segment
-from receivewal.archive.spool import Spool
+from receivewal.restore.filler import Spool
 from receivewal.wal.lsn import format_lsn, parse_lsn
 
 IDENTITY = ".receivewal-archive.json"

@@ -18,10 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.walgen import wal_segment
 
-from receivewal.archive import absence
 from receivewal.archive.objectstore import is_bucket_url
-from receivewal.archive.spool import Spool
-from receivewal.commands import restore_call
+from receivewal.restore import absence
+from receivewal.restore import call as restore_call
+from receivewal.restore.filler import Spool
 from receivewal.wal.names import AtRest
 
 NAME = "000000010000000000000003"
@@ -135,7 +135,7 @@ def test_a_file_the_archive_lacks_is_exit_1_without_the_restore_machinery(
     status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
     assert status == 1
     assert done.stderr == f'receivewal restore: "{name}" is not in the archive "{tmp_path}"\n'
-    assert sorted(set(modules) & {*SLOW, "receivewal.archive.restore"}) == []
+    assert sorted(set(modules) & {*SLOW, "receivewal.restore.local"}) == []
 
 
 def test_a_dangling_symlink_is_not_taken_for_absence(tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ def test_a_dangling_symlink_is_not_taken_for_absence(tmp_path: Path) -> None:
 
 
 def test_the_lean_suffixes_are_the_at_rest_formats() -> None:
-    """archive/absence.py spells the at-rest suffixes without importing wal.names: the same
+    """restore/absence.py spells the at-rest suffixes without importing wal.names: the same
     ones, in the same order."""
     assert tuple(fmt.suffix for fmt in AtRest) == absence.SUFFIXES
 
@@ -170,7 +170,7 @@ def test_a_recoverys_first_call_starts_the_filler_without_the_restore_machinery(
     status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
     spool = Spool.beside(data_dir / "pg_wal" / "RECOVERYHISTORY", os.path.realpath(archive))
     assert (status, spool.busy()) == (1, True)
-    heavy = {"receivewal.archive.restore", "receivewal.archive.objectstore",
+    heavy = {"receivewal.restore.local", "receivewal.archive.objectstore",
              "receivewal.archive.compression", *HEAVY}
     assert sorted(set(modules) & heavy) == []
     (data_dir / "recovery.signal").unlink()

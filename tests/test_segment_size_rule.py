@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_to_json
-from receivewal.archive.restore import candidates, segment_size
 from receivewal.check.verify import verify_archive
+from receivewal.restore.local import candidates, segment_size
 from receivewal.wal import pageheader
 from receivewal.wal.names import wal_file_name
 

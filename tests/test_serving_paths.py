@@ -22,15 +22,15 @@ WRITERS = {"durable_file", "write_file_durably", "create_temporary", "finish_fil
 #: The paths that hand WAL out: each reaches checked_segment (directly or through the one
 #: function that calls it), with what it serves.
 HANDS_OUT = {
-    "archive/restore.py::write_restored":
+    "restore/local.py::write_restored":
         "restore's one writer of %p: a directory, --partial, a bucket (BucketSource.restore), "
         "and the prefetch filler (whose fetch is restore_file or BucketSource.restore)",
     "daemon/uploader.py::Uploader._upload":
         "uploads a completed segment: the bytes checked_file read and checked are the bytes "
         "put (issue 25 item 6)",
-    "archive/spool.py::Spool._fetch_sized":
+    "restore/filler.py::Spool._fetch_sized":
         "the filler renames into the spool what its fetch wrote through write_restored",
-    "archive/prefetched.py::take":
+    "restore/served.py::take":
         "a call renames a spooled file to %p: only the filler writes the spool, through "
         "write_restored (see the filler's fetch below), and take serves it only while that "
         "filler lives, for the recorded source and system",
@@ -49,7 +49,7 @@ WRITES_OTHER = {
     "archive/bucket.py::Bucket.claim_prefix": "the prefix's identity object",
     "archive/partials.py::_convert": "a .partial converted inside the archive (start-up)",
     "archive/uploads.py::write_upload_record": "the upload record",
-    "archive/prefetched.py::_write_bytes": "the spool's small records (.wanted, .window...)",
+    "restore/served.py::_write_bytes": "the spool's small records (.wanted, .window...)",
     "archive/writer.py::SegmentWriter._create_temporary": "the daemon writing what it receives",
     "archive/writer.py::SegmentWriter._create_preallocated": "the daemon writing what it receives",
     "archive/writer.py::SegmentWriter._promote": "the daemon writing what it receives",
@@ -142,12 +142,12 @@ def test_every_path_that_hands_wal_out_reaches_the_check() -> None:
     for key in graph:
         by_name[key.rsplit("::", 1)[1].rsplit(".", 1)[-1]].add(key)
     check = "checked_segment"
-    assert reaches("archive/restore.py::write_restored", check, graph, by_name)
-    for source in ("archive/restore.py::restore_file",
-                   "archive/bucketrestore.py::BucketSource.restore"):
+    assert reaches("restore/local.py::write_restored", check, graph, by_name)
+    for source in ("restore/local.py::restore_file",
+                   "restore/remote.py::BucketSource.restore"):
         assert "write_restored" in graph[source], source
-    fetch = graph["commands/prefetch.py::_fetcher.fetch"] | \
-        graph["commands/prefetch.py::_fetcher.restore"]
+    fetch = graph["restore/launch.py::_fetcher.fetch"] | \
+        graph["restore/launch.py::_fetcher.restore"]
     assert {"restore_file", "restore"} <= fetch
     writing = {name for name in fetch if name in WRITERS or name.startswith("durable.")}
     assert writing == set(), "the filler's fetch writes only through restore's one path"

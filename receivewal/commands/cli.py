@@ -1,7 +1,7 @@
 """Entry point of the ``receivewal`` console script (and ``python -m receivewal``).
 
 A ``restore`` call is PostgreSQL's restore_command, run once per WAL file during recovery, and
-recovery waits for each: :mod:`receivewal.commands.restore_call` reads its usual command line
+recovery waits for each: :mod:`receivewal.restore.call` reads its usual command line
 itself and runs it without importing click (or structlog, or psycopg). A plain ``verify``
 command line is read and run the same way by :mod:`receivewal.commands.verify_call` (its start-up
 is most of a small archive's check). Everything else, and any restore or verify command line
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``receivewal`` console script."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["restore"]:
-        from receivewal.commands import restore_call  # noqa: PLC0415 - the lean path
+        from receivewal.restore import call as restore_call  # noqa: PLC0415 - the lean path
 
         call = restore_call.parse(args[1:])
         if call is not None:

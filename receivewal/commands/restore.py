@@ -1,7 +1,7 @@
 """``receivewal restore %f %p``: a restore_command that reads the archive (the click command).
 
 A call as PostgreSQL makes it never reaches this module: :mod:`receivewal.commands.cli` hands
-it to :mod:`receivewal.commands.restore_call` before click is imported, and that module holds
+it to :mod:`receivewal.restore.call` before click is imported, and that module holds
 the behaviour (exit statuses, the bucket, the prefetch spool). This command owns the options'
 help and every command line the lean path does not take: a usage error exits 126, never 1
 (which would tell PostgreSQL the file is absent and end recovery early).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import click
 
-from receivewal.commands.restore_call import DAMAGED, Call, run
+from receivewal.restore.call import DAMAGED, Call, run
 
 
 class _RestoreCommand(click.Command):

@@ -1,7 +1,7 @@
 """The prefetch spool as a restore_command call sees it: serving a spooled segment.
 
 PostgreSQL waits for each restore_command call, and a call whose segment the filler
-(:mod:`receivewal.archive.spool`) has spooled only has to rename it to ``%p``. So this half of
+(:mod:`receivewal.restore.filler`) has spooled only has to rename it to ``%p``. So this half of
 the spool imports only ``os``-level modules and :mod:`receivewal.wal.pageheader` (each of
 ``dataclasses``, ``pathlib``, ``re`` or ``typing`` would cost a call more CPU than the rename;
 a test pins that), and paths are strings.

@@ -15,16 +15,16 @@ bad ``%f``/``%p``, the unforeseen): PostgreSQL stops recovery on a status above 
 ending it early. On SIGTERM the temporary file is removed and the helper dies of the signal.
 
 On object storage a call is bounded: each request has a few seconds to connect and to read
-(:data:`~receivewal.archive.bucketrestore.RESTORE_PATIENCE`), and the whole call
+(:data:`~receivewal.restore.remote.RESTORE_PATIENCE`), and the whole call
 :func:`restore_timeout` seconds (``RECEIVEWAL_RESTORE_TIMEOUT``, default 180), waits for the
-prefetch filler included; after :data:`~receivewal.archive.prefetched.NOTICE_AFTER` seconds
+prefetch filler included; after :data:`~receivewal.restore.served.NOTICE_AFTER` seconds
 (or half the bound) it says on stderr what it waits for (PostgreSQL's log shows it), and at
 the bound it exits 126.
 
 With ``--prefetch N`` (default 8, for a bucket and a local directory alike), the N segments after
 the one asked for are kept in a spool next to ``%p`` by a detached filler, one per recovery
-(:mod:`receivewal.commands.prefetch`), and a later call finds its file there: a rename. A call
-served from the spool imports only ``os``-level modules (:mod:`receivewal.archive.prefetched`):
+(:mod:`receivewal.restore.launch`), and a later call finds its file there: a rename. A call
+served from the spool imports only ``os``-level modules (:mod:`receivewal.restore.served`):
 it costs little more than the interpreter's start.
 """
 
@@ -34,9 +34,9 @@ import os
 import sys
 import time
 
-from receivewal.archive import prefetched
 from receivewal.commands.plain import Plain
 from receivewal.errors import ReceivewalError
+from receivewal.restore import served
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -140,16 +140,16 @@ def run(call: Call) -> int:
         return _say("error: the archive directory (-D) is empty", DAMAGED)
     if is_bucket_url(call.directory):
         call.deadline = time.monotonic() + restore_timeout()
-    spooled = call.window > 0 and bool(call.target) and prefetched.is_segment_name(
+    spooled = call.window > 0 and bool(call.target) and served.is_segment_name(
         call.wal_name)
-    served = spooled and _take_spooled(call)
-    if not served and _askable(call):
+    taken = spooled and _take_spooled(call)
+    if not taken and _askable(call):
         outcome = _ask_filler(call)
         if outcome == "absent":
             return _say(f'"{call.wal_name}" is not in the archive "{call.directory}" (no such '
                         "key in any of its forms)", NOT_FOUND)
-        served = outcome == "spooled"
-    if served:
+        taken = outcome == "spooled"
+    if taken:
         _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
     elif call.target and not call.partial and _surely_absent(call):
         if call.window > 0:
@@ -162,7 +162,7 @@ def run(call: Call) -> int:
     if spooled:
         # prefetching only saves later calls time: this call has succeeded whatever happens
         try:  # noqa: SIM105 - contextlib would cost each call its import
-            _keep_prefetching(call, recorded=served)
+            _keep_prefetching(call, recorded=taken)
         except (OSError, ReceivewalError):
             pass
     return 0
@@ -173,19 +173,19 @@ def _take_spooled(call: Call) -> bool:
     it); whether it was there. The filler is told which file was asked for first, so that it
     keeps that file until it is taken."""
     source = source_id(call.directory)
-    directory = prefetched.spool_dir(call.target, source)
-    root = prefetched.spool_root(call.target)
+    directory = served.spool_dir(call.target, source)
+    root = served.spool_root(call.target)
     name = call.wal_name
-    if not prefetched.usable(directory) or not (
+    if not served.usable(directory) or not (
             os.path.exists(os.path.join(directory, name))
-            or prefetched.wait_for(directory, root, name, call.left(),
+            or served.wait_for(directory, root, name, call.left(),
                                    lambda: _say_waiting(call, filler=True), _notice_after())):
         return False
     try:
-        prefetched.record_wanted(directory, name)
+        served.record_wanted(directory, name)
     except OSError:
         return False
-    return prefetched.take(directory, name, call.target, source)
+    return served.take(directory, name, call.target, source)
 
 
 def _askable(call: Call) -> bool:
@@ -193,30 +193,30 @@ def _askable(call: Call) -> bool:
     of its own would import boto3 and make a client), a segment or history file."""
     return (call.window > 0 and bool(call.target) and not call.partial
             and is_bucket_url(call.directory)
-            and (prefetched.is_segment_name(call.wal_name)
-                 or prefetched.is_history_name(call.wal_name)))
+            and (served.is_segment_name(call.wal_name)
+                 or served.is_history_name(call.wal_name)))
 
 
 def _ask_filler(call: Call) -> str | None:
     """The filler's answer for the file (``"spooled"``: taken to ``%p``; ``"absent"``), or
     None when there is no filler or it could not tell: the call restores it itself."""
     source = source_id(call.directory)
-    directory = prefetched.spool_dir(call.target, source)
-    root = prefetched.spool_root(call.target)
-    if not prefetched.busy(root) and not _start_filler(call):
+    directory = served.spool_dir(call.target, source)
+    root = served.spool_root(call.target)
+    if not served.busy(root) and not _start_filler(call):
         return None
-    if not prefetched.usable(directory):
+    if not served.usable(directory):
         return None
     try:
-        outcome = prefetched.ask(directory, root, call.wal_name, call.left(),
+        outcome = served.ask(directory, root, call.wal_name, call.left(),
                                  lambda: _say_waiting(call, filler=True), _notice_after())
         if outcome != "spooled":
             return outcome
-        if prefetched.is_segment_name(call.wal_name):
-            prefetched.record_wanted(directory, call.wal_name)
+        if served.is_segment_name(call.wal_name):
+            served.record_wanted(directory, call.wal_name)
     except OSError:
         return None
-    return "spooled" if prefetched.take(directory, call.wal_name, call.target, source) \
+    return "spooled" if served.take(directory, call.wal_name, call.target, source) \
         else None
 
 
@@ -224,28 +224,28 @@ def _start_filler(call: Call) -> bool:
     """From a recovery's first call (a history file's, ``%p`` in pg_wal), start the filler:
     it fetches the recovery's first segment, and the calls after it ask it (from a bucket,
     none of them imports boto3 or makes a client). Whether a filler is at work now."""
-    if (not prefetched.is_history_name(call.wal_name)
+    if (not served.is_history_name(call.wal_name)
             or os.path.basename(os.path.dirname(os.path.abspath(call.target))) != "pg_wal"):
         return False
-    if prefetched.busy(prefetched.spool_root(call.target)):
+    if served.busy(served.spool_root(call.target)):
         return True
     from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery
 
-    from receivewal.commands.prefetch import start_filler  # noqa: PLC0415
+    from receivewal.restore.launch import start_filler  # noqa: PLC0415
 
     try:
         start_filler(call.directory, source_id(call.directory), Path(call.target),
                      call.window)
     except (OSError, ReceivewalError):
         return False
-    return prefetched.busy(prefetched.spool_root(call.target))
+    return served.busy(served.spool_root(call.target))
 
 
 def _surely_absent(call: Call) -> bool:
-    """Whether a local archive plainly lacks the file (see :mod:`receivewal.archive.absence`)."""
+    """Whether a local archive plainly lacks the file (see :mod:`receivewal.restore.absence`)."""
     if is_bucket_url(call.directory):
         return False
-    from receivewal.archive.absence import surely_absent  # noqa: PLC0415 - os-level only
+    from receivewal.restore.absence import surely_absent  # noqa: PLC0415 - os-level only
 
     return surely_absent(call.directory, call.wal_name)
 
@@ -254,14 +254,14 @@ def _keep_prefetching(call: Call, *, recorded: bool) -> None:
     """Tell the filler which file this call asked for (unless ``recorded`` already); start
     one when none runs."""
     if not recorded:
-        directory = prefetched.spool_dir(call.target, source_id(call.directory))
-        prefetched.make_spool_dir(directory)  # OSError for a planted symbolic link
-        prefetched.record_wanted(directory, call.wal_name)
-    if prefetched.busy(prefetched.spool_root(call.target)):
+        directory = served.spool_dir(call.target, source_id(call.directory))
+        served.make_spool_dir(directory)  # OSError for a planted symbolic link
+        served.record_wanted(directory, call.wal_name)
+    if served.busy(served.spool_root(call.target)):
         return
     from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery
 
-    from receivewal.commands.prefetch import start_prefetch  # noqa: PLC0415
+    from receivewal.restore.launch import start_prefetch  # noqa: PLC0415
 
     start_prefetch(call.directory, source_id(call.directory), call.wal_name,
                    Path(call.target), call.window)
@@ -281,7 +281,7 @@ def _restore_guarded(call: Call) -> int:
     try:
         # Imported here, so that a broken installation (a codec or boto3 that fails to load)
         # is exit 126 as well, not a traceback and exit 1.
-        from receivewal.archive.restore import NotInArchive  # noqa: PLC0415
+        from receivewal.restore.local import NotInArchive  # noqa: PLC0415
 
         source = _restore(call)
     except _Terminated:
@@ -337,7 +337,7 @@ def _watch(call: Call) -> bool:
 def _notice_after() -> float:
     """Seconds of waiting after which a call says what it waits for: NOTICE_AFTER, or half
     the call's bound when that is shorter."""
-    return min(prefetched.NOTICE_AFTER, restore_timeout() / 2)
+    return min(served.NOTICE_AFTER, restore_timeout() / 2)
 
 
 def _endpoint() -> str:
@@ -370,10 +370,10 @@ def _restore(call: Call) -> str:
 
         raise ConfigurationError("the target file name (%p) is empty")
     if is_bucket_url(call.directory):
-        from receivewal.archive.bucketrestore import BucketSource  # noqa: PLC0415
+        from receivewal.restore.remote import BucketSource  # noqa: PLC0415
 
         return _quoted(BucketSource(call.directory).restore(call.wal_name, target))
-    from receivewal.archive.restore import restore_file  # noqa: PLC0415
+    from receivewal.restore.local import restore_file  # noqa: PLC0415
 
     path = restore_file(Path(call.directory), call.wal_name, call.target, partial=call.partial)
     return _quoted(path.name)

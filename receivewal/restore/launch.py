@@ -1,11 +1,11 @@
 """Prefetching for restore_command: one filler per recovery keeps the segments after the one
-PostgreSQL last asked for in the spool (:mod:`receivewal.archive.spool`) while it replays.
+PostgreSQL last asked for in the spool (:mod:`receivewal.restore.filler`) while it replays.
 
 The filler is forked from the first call that finds none at work (which has imported what
 restoring needs already: the object store's client is made once per recovery, not per call),
 leaves its session and process group, and closes the call's output, so PostgreSQL (which
 waits for the call, not for the filler) goes on at once. It follows the calls until recovery
-ends or no call comes for a while (:meth:`~receivewal.archive.spool.Spool.follow`). Its
+ends or no call comes for a while (:meth:`~receivewal.restore.filler.Spool.follow`). Its
 failures are its own: a file it cannot fetch is left to the call that asks for it, which
 reports it as any call does. Nothing here can change a call's exit status.
 """
@@ -17,8 +17,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from receivewal.archive.spool import Spool, following_names
 from receivewal.errors import ReceivewalError
+from receivewal.restore.filler import Spool, following_names
 
 
 def start_prefetch(directory: str, source: str, name: str, target: Path, count: int) -> None:
@@ -94,7 +94,7 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
     from receivewal.archive.directory import Archive  # noqa: PLC0415 - in the filler
     from receivewal.archive.identity import ArchiveIdentity  # noqa: PLC0415
     from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415
-    from receivewal.archive.restore import NotInArchive, restore_file  # noqa: PLC0415
+    from receivewal.restore.local import NotInArchive, restore_file  # noqa: PLC0415
     from receivewal.wal.pageheader import (  # noqa: PLC0415
         SIZE_OF_LONG_PHD,
         parse_long_header,
@@ -104,7 +104,7 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
     identity: ArchiveIdentity | None
     try:
         if is_bucket_url(directory):
-            from receivewal.archive.bucketrestore import BucketSource  # noqa: PLC0415
+            from receivewal.restore.remote import BucketSource  # noqa: PLC0415
 
             bucket = BucketSource(directory)
             identity = bucket.identity()

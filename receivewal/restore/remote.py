@@ -5,7 +5,7 @@ fetched by its exact key: no listing, which lags on some stores and needs s3:Lis
 object is read into a bounded buffer (in memory up to 64 MiB, beyond that an unnamed file next
 to ``%p``), then decoded, checked against the prefix's identity object (read once per
 source) and written to ``%p`` exactly as a local file is
-(:func:`receivewal.archive.restore.write_restored`).
+(:func:`receivewal.restore.local.write_restored`).
 
 A source that restores many segments (the prefetch filler's, one per recovery) asks first for
 the form that served the last segment: an archive keeps one form, and every form asked for
@@ -28,8 +28,8 @@ from receivewal.archive.bucket import Bucket
 from receivewal.archive.durable import spooled_buffer
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.objectstore import Patience, RetryPolicy
-from receivewal.archive.restore import Candidate, NotInArchive, write_restored
 from receivewal.errors import ArchiveError, ConfigurationError, ObjectNotFound
+from receivewal.restore.local import Candidate, NotInArchive, write_restored
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_name
 

@@ -20,7 +20,7 @@ from support.holders import holders_of
 from support.walgen import SEGMENT, SYSID, name_of, wal_segment
 
 from receivewal.archive import durable
-from receivewal.restore import served
+from receivewal.restore import served, spoolfiles
 from receivewal.restore.call import source_id
 from receivewal.restore.filler import SPOOL_DIR, Spool
 
@@ -103,7 +103,7 @@ def test_a_buckets_spool_is_named_by_its_endpoint_and_profile(
         monkeypatch.setenv(name, value)
         seen.add(source_id(url))
     assert len(seen) == 4
-    assert len({served.spool_dir("/x/pg_wal/RECOVERYXLOG", s) for s in seen}) == 4
+    assert len({spoolfiles.spool_dir("/x/pg_wal/RECOVERYXLOG", s) for s in seen}) == 4
 
 
 def test_the_spool_records_its_source_and_system_and_serves_nothing_else(
@@ -120,7 +120,7 @@ def test_the_spool_records_its_source_and_system_and_serves_nothing_else(
     source = source_id(str(archive))
     spool = Spool.beside(target, source)
     wait_until(lambda: name_of(5) in os.listdir(spool.dir), "the filler's window")
-    assert served.recorded_source(str(spool.dir)) == (str(SYSID), source)
+    assert spoolfiles.recorded_source(str(spool.dir)) == (str(SYSID), source)
     planted = wal_segment(4, system_identifier=OTHER)
     (spool.dir / name_of(4)).write_bytes(planted)
     assert not served.take(str(spool.dir), name_of(4), str(target), source)
@@ -190,6 +190,6 @@ def test_a_spool_record_is_never_written_through_a_file_at_its_temporary_name(
     precious = tmp_path / "precious"
     precious.write_text("keep me")
     os.link(precious, spool / durable.temporary_name(".wanted"))
-    served.record_wanted(str(spool), name_of(4))
+    spoolfiles.record_wanted(str(spool), name_of(4))
     assert precious.read_text() == "keep me"
-    assert served.wanted(str(spool)) == name_of(4)
+    assert spoolfiles.wanted(str(spool)) == name_of(4)

@@ -22,7 +22,7 @@ WRITERS = {"durable_file", "write_file_durably", "create_temporary", "finish_fil
 #: The paths that hand WAL out: each reaches checked_segment (directly or through the one
 #: function that calls it), with what it serves.
 HANDS_OUT = {
-    "restore/local.py::write_restored":
+    "restore/writing.py::write_restored":
         "restore's one writer of %p: a directory, --partial, a bucket (BucketSource.restore), "
         "and the prefetch filler (whose fetch is restore_file or BucketSource.restore)",
     "daemon/uploader.py::Uploader._upload":
@@ -49,7 +49,7 @@ WRITES_OTHER = {
     "archive/bucket.py::Bucket.claim_prefix": "the prefix's identity object",
     "archive/partials.py::_convert": "a .partial converted inside the archive (start-up)",
     "archive/uploads.py::write_upload_record": "the upload record",
-    "restore/served.py::_write_bytes": "the spool's small records (.wanted, .window...)",
+    "restore/spoolfiles.py::_write_bytes": "the spool's small records (.wanted, .window...)",
     "archive/writer.py::SegmentWriter._create_temporary": "the daemon writing what it receives",
     "archive/writer.py::SegmentWriter._create_preallocated": "the daemon writing what it receives",
     "archive/writer.py::SegmentWriter._promote": "the daemon writing what it receives",
@@ -142,7 +142,7 @@ def test_every_path_that_hands_wal_out_reaches_the_check() -> None:
     for key in graph:
         by_name[key.rsplit("::", 1)[1].rsplit(".", 1)[-1]].add(key)
     check = "checked_segment"
-    assert reaches("restore/local.py::write_restored", check, graph, by_name)
+    assert reaches("restore/writing.py::write_restored", check, graph, by_name)
     for source in ("restore/local.py::restore_file",
                    "restore/remote.py::BucketSource.restore"):
         assert "write_restored" in graph[source], source

@@ -24,7 +24,7 @@ from support.walgen import wal_segment
 
 from receivewal.commands.cli import main
 from receivewal.daemon.state import STATE_FILE
-from receivewal.restore import local as restore_module
+from receivewal.restore import writing as restore_module
 
 NAME = "000000010000000000000003"
 BEFORE = "000000010000000000000002"

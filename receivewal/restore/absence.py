@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from receivewal.restore.served import is_history_name, is_segment_name
+from receivewal.restore.spoolfiles import is_history_name, is_segment_name
 
 #: The at-rest suffixes of a segment, :class:`receivewal.wal.names.AtRest`'s in its order
 #: (spelled here so that the check imports nothing; a test holds the two equal).

@@ -37,6 +37,7 @@ import time
 from receivewal.commands.plain import Plain
 from receivewal.errors import ReceivewalError
 from receivewal.restore import served
+from receivewal.restore.spoolfiles import is_segment_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -68,6 +69,16 @@ class Call(Plain):
     def window(self) -> int:
         """How many segments to prefetch after this one."""
         return PREFETCH if self.prefetch is None else self.prefetch
+
+    @property
+    def from_bucket(self) -> bool:
+        """Whether the archive is in object storage."""
+        return is_bucket_url(self.directory)
+
+    @property
+    def source(self) -> str:
+        """Where the archive is, for the prefetch spool (:func:`source_id`)."""
+        return source_id(self.directory)
 
 
 def is_bucket_url(text: str) -> bool:
@@ -140,11 +151,11 @@ def run(call: Call) -> int:
         return _say("error: the archive directory (-D) is empty", DAMAGED)
     if is_bucket_url(call.directory):
         call.deadline = time.monotonic() + restore_timeout()
-    spooled = call.window > 0 and bool(call.target) and served.is_segment_name(
-        call.wal_name)
-    taken = spooled and _take_spooled(call)
-    if not taken and _askable(call):
-        outcome = _ask_filler(call)
+    spooled = call.window > 0 and bool(call.target) and is_segment_name(call.wal_name)
+    waiting = _waiting(call)
+    taken = spooled and served.take_spooled(call, waiting)
+    if not taken and served.askable(call):
+        outcome = served.ask_filler(call, waiting)
         if outcome == "absent":
             return _say(f'"{call.wal_name}" is not in the archive "{call.directory}" (no such '
                         "key in any of its forms)", NOT_FOUND)
@@ -153,7 +164,7 @@ def run(call: Call) -> int:
         _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
     elif call.target and not call.partial and _surely_absent(call):
         if call.window > 0:
-            _start_filler(call)  # at a recovery's start, for the first segment
+            served.start_filler(call)  # at a recovery's start, for the first segment
         return _say(f'"{call.wal_name}" is not in the archive "{call.directory}"', NOT_FOUND)
     else:
         status = _restore_guarded(call)
@@ -162,109 +173,19 @@ def run(call: Call) -> int:
     if spooled:
         # prefetching only saves later calls time: this call has succeeded whatever happens
         try:  # noqa: SIM105 - contextlib would cost each call its import
-            _keep_prefetching(call, recorded=taken)
+            served.keep_prefetching(call, recorded=taken)
         except (OSError, ReceivewalError):
             pass
     return 0
 
 
-def _take_spooled(call: Call) -> bool:
-    """Serve the file from the prefetch spool (waiting for the filler when it is fetching
-    it); whether it was there. The filler is told which file was asked for first, so that it
-    keeps that file until it is taken."""
-    source = source_id(call.directory)
-    directory = served.spool_dir(call.target, source)
-    root = served.spool_root(call.target)
-    name = call.wal_name
-    if not served.usable(directory) or not (
-            os.path.exists(os.path.join(directory, name))
-            or served.wait_for(directory, root, name, call.left(),
-                                   lambda: _say_waiting(call, filler=True), _notice_after())):
-        return False
-    try:
-        served.record_wanted(directory, name)
-    except OSError:
-        return False
-    return served.take(directory, name, call.target, source)
-
-
-def _askable(call: Call) -> bool:
-    """Whether to ask the filler at work for a file not spooled: from a bucket (where a call
-    of its own would import boto3 and make a client), a segment or history file."""
-    return (call.window > 0 and bool(call.target) and not call.partial
-            and is_bucket_url(call.directory)
-            and (served.is_segment_name(call.wal_name)
-                 or served.is_history_name(call.wal_name)))
-
-
-def _ask_filler(call: Call) -> str | None:
-    """The filler's answer for the file (``"spooled"``: taken to ``%p``; ``"absent"``), or
-    None when there is no filler or it could not tell: the call restores it itself."""
-    source = source_id(call.directory)
-    directory = served.spool_dir(call.target, source)
-    root = served.spool_root(call.target)
-    if not served.busy(root) and not _start_filler(call):
-        return None
-    if not served.usable(directory):
-        return None
-    try:
-        outcome = served.ask(directory, root, call.wal_name, call.left(),
-                                 lambda: _say_waiting(call, filler=True), _notice_after())
-        if outcome != "spooled":
-            return outcome
-        if served.is_segment_name(call.wal_name):
-            served.record_wanted(directory, call.wal_name)
-    except OSError:
-        return None
-    return "spooled" if served.take(directory, call.wal_name, call.target, source) \
-        else None
-
-
-def _start_filler(call: Call) -> bool:
-    """From a recovery's first call (a history file's, ``%p`` in pg_wal), start the filler:
-    it fetches the recovery's first segment, and the calls after it ask it (from a bucket,
-    none of them imports boto3 or makes a client). Whether a filler is at work now."""
-    if (not served.is_history_name(call.wal_name)
-            or os.path.basename(os.path.dirname(os.path.abspath(call.target))) != "pg_wal"):
-        return False
-    if served.busy(served.spool_root(call.target)):
-        return True
-    from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery
-
-    from receivewal.restore.launch import start_filler  # noqa: PLC0415
-
-    try:
-        start_filler(call.directory, source_id(call.directory), Path(call.target),
-                     call.window)
-    except (OSError, ReceivewalError):
-        return False
-    return served.busy(served.spool_root(call.target))
-
-
 def _surely_absent(call: Call) -> bool:
     """Whether a local archive plainly lacks the file (see :mod:`receivewal.restore.absence`)."""
-    if is_bucket_url(call.directory):
+    if call.from_bucket:
         return False
     from receivewal.restore.absence import surely_absent  # noqa: PLC0415 - os-level only
 
     return surely_absent(call.directory, call.wal_name)
-
-
-def _keep_prefetching(call: Call, *, recorded: bool) -> None:
-    """Tell the filler which file this call asked for (unless ``recorded`` already); start
-    one when none runs."""
-    if not recorded:
-        directory = served.spool_dir(call.target, source_id(call.directory))
-        served.make_spool_dir(directory)  # OSError for a planted symbolic link
-        served.record_wanted(directory, call.wal_name)
-    if served.busy(served.spool_root(call.target)):
-        return
-    from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery
-
-    from receivewal.restore.launch import start_prefetch  # noqa: PLC0415
-
-    start_prefetch(call.directory, source_id(call.directory), call.wal_name,
-                   Path(call.target), call.window)
 
 
 def _restore_guarded(call: Call) -> int:
@@ -281,7 +202,7 @@ def _restore_guarded(call: Call) -> int:
     try:
         # Imported here, so that a broken installation (a codec or boto3 that fails to load)
         # is exit 126 as well, not a traceback and exit 1.
-        from receivewal.restore.local import NotInArchive  # noqa: PLC0415
+        from receivewal.restore.writing import NotInArchive  # noqa: PLC0415
 
         source = _restore(call)
     except _Terminated:
@@ -338,6 +259,11 @@ def _notice_after() -> float:
     """Seconds of waiting after which a call says what it waits for: NOTICE_AFTER, or half
     the call's bound when that is shorter."""
     return min(served.NOTICE_AFTER, restore_timeout() / 2)
+
+
+def _waiting(call: Call) -> served.Notice:
+    """What a call waiting for the filler says, and after how long."""
+    return served.Notice(lambda: _say_waiting(call, filler=True), _notice_after())
 
 
 def _endpoint() -> str:

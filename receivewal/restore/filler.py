@@ -1,7 +1,7 @@
-"""The prefetch spool: segments fetched ahead of PostgreSQL's recovery, so that most
-restore_command calls are a rename.
+"""The prefetch filler: the detached process that keeps segments fetched ahead of PostgreSQL's
+recovery in the spool, so that most restore_command calls are a rename.
 
-It lives next to ``%p``, in ``pg_wal/.receivewal/prefetch`` (as WAL-G's ``pg_wal/.wal-g/prefetch``:
+The spool lives next to ``%p``, in ``pg_wal/.receivewal/prefetch`` (as WAL-G's ``pg_wal/.wal-g/prefetch``:
 on the same file system as ``%p``, so serving a file is a rename; PostgreSQL ignores the
 directory). Each archive gets a subdirectory named by a digest of where it is (its resolved
 path, or its URL and endpoint), so a file fetched from one archive is never served for another;
@@ -35,12 +35,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from receivewal.archive import durable
-from receivewal.restore import served
+from receivewal.restore import spoolfiles
 from receivewal.wal.names import parse_segment_file_name, wal_file_name
 
-SPOOL_DIR = Path(served.SPOOL_DIR)
-LOCK_FILE = served.LOCK_FILE
-WINDOW_FILE = served.WINDOW_FILE
+SPOOL_DIR = Path(spoolfiles.SPOOL_DIR)
+LOCK_FILE = spoolfiles.LOCK_FILE
+WINDOW_FILE = spoolfiles.WINDOW_FILE
 IDLE_LIMIT = 60.0  # seconds without a call after which a filler exits (RECEIVEWAL_PREFETCH_IDLE)
 _IDLE_POLL = 0.02  # seconds between looks at what the calls asked for, when all is spooled
 _RETRY = 1.0  # seconds before a segment the archive lacked is asked for again
@@ -89,8 +89,8 @@ class Spool:
     def __init__(self, target: Path, source: str) -> None:
         self.target = target
         self.source = source
-        self.root = Path(served.spool_root(str(target)))
-        self.dir = Path(served.spool_dir(str(target), source))
+        self.root = Path(spoolfiles.spool_root(str(target)))
+        self.dir = Path(spoolfiles.spool_dir(str(target), source))
         self.stale_question: tuple[str, str] | None = None  # asked of an earlier filler
         self.signal_file: Path | None = None  # the recovery's, when the spool was claimed
 
@@ -101,13 +101,13 @@ class Spool:
 
     def busy(self) -> bool:
         """Whether a filler holds the spool's lock right now."""
-        return served.busy(str(self.root))
+        return spoolfiles.busy(str(self.root))
 
     def claim(self, names: list[str]) -> int | None:
         """Take the spool's lock for a filler of ``names`` (None when another filler holds it):
         remove what is outside the window and record the window. The returned descriptor
         holds the lock, across a fork too, until :meth:`follow` closes it."""
-        served.make_spool_dir(str(self.dir))  # OSError for a planted symbolic link
+        spoolfiles.make_spool_dir(str(self.dir))  # OSError for a planted symbolic link
         root = self._open_root()
         try:
             fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -116,10 +116,10 @@ class Spool:
             os.close(root)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self.stale_question = served.question(str(self.dir))
+            self.stale_question = spoolfiles.question(str(self.dir))
             self.signal_file = self.recovery_signal()
             self._prune([])  # nothing a killed filler spooled is kept, nor its record
-            (self.dir / served.SOURCE_FILE).unlink(missing_ok=True)
+            (self.dir / spoolfiles.SOURCE_FILE).unlink(missing_ok=True)
             self._write_window(names)
         except BaseException:
             os.close(fd)
@@ -159,8 +159,8 @@ class Spool:
                 if stamp != seen:  # a call came (a new name, or the same asked again)
                     seen, last_call = stamp, now
                     if not ended:
-                        self._move(window, served.wanted(str(self.dir)))
-                asked = served.question(str(self.dir))
+                        self._move(window, spoolfiles.wanted(str(self.dir)))
+                asked = spoolfiles.question(str(self.dir))
                 if asked is not None and asked != answered:
                     answered, last_call = asked, time.monotonic()
                     size = self._answer(*asked, fetch)
@@ -234,12 +234,12 @@ class Spool:
         path = self.dir / name
         if path.exists():
             return None
-        if served.is_segment_name(name):
+        if spoolfiles.is_segment_name(name):
             fetched, size = self._fetch_sized(name, fetch)
         else:
             fetched, size = fetch(name, path), 0
         if not fetched:
-            served.answer(str(self.dir), name, token,
+            spoolfiles.answer(str(self.dir), name, token,
                               "failed" if fetched is None else "absent")
         return size or None
 
@@ -266,7 +266,7 @@ class Spool:
 
     def _wanted_stamp(self) -> tuple[int, int] | None:
         try:
-            info = (self.dir / served.WANTED_FILE).stat()
+            info = (self.dir / spoolfiles.WANTED_FILE).stat()
         except OSError:
             return None
         return info.st_ino, info.st_mtime_ns
@@ -283,7 +283,7 @@ class Spool:
         for line in text.splitlines():
             if line.startswith("START WAL LOCATION:"):
                 name = line.rpartition("(file ")[2].rstrip(")").strip()
-                return name if served.is_segment_name(name) else None
+                return name if spoolfiles.is_segment_name(name) else None
         return None
 
     def recovery_signal(self) -> Path | None:
@@ -302,17 +302,17 @@ class Spool:
     def record_source(self, system_identifier: str) -> None:
         """Record the archive's system identifier ("-" while not known) and this spool's
         exact source: a call serves nothing the record does not match."""
-        served.record_source(str(self.dir), system_identifier, self.source)
+        spoolfiles.record_source(str(self.dir), system_identifier, self.source)
 
     def _write_window(self, names: list[str]) -> None:
-        served.write_window(str(self.dir), names)
+        spoolfiles.write_window(str(self.dir), names)
 
     def _open_root(self) -> int:
         """A descriptor of the spool's root, reached from pg_wal (which may be a link, as
         ``initdb -X`` makes it) without following a symbolic link below it."""
         fd = os.open(self.root.parent.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            for part in served.SPOOL_PARTS:
+            for part in spoolfiles.SPOOL_PARTS:
                 below = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = below
@@ -338,9 +338,9 @@ class Spool:
             for entry in os.scandir(root):
                 if entry.name not in (LOCK_FILE, self.dir.name):
                     _remove(root, entry)
-            _clear(root, self.dir.name, {*keep, served.WANTED_FILE, WINDOW_FILE,
-                                         served.ASK_FILE, served.ANSWER_FILE,
-                                         served.SOURCE_FILE})
+            _clear(root, self.dir.name, {*keep, spoolfiles.WANTED_FILE, WINDOW_FILE,
+                                         spoolfiles.ASK_FILE, spoolfiles.ANSWER_FILE,
+                                         spoolfiles.SOURCE_FILE})
         finally:
             os.close(root)
 

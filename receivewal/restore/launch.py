@@ -1,5 +1,6 @@
-"""Prefetching for restore_command: one filler per recovery keeps the segments after the one
-PostgreSQL last asked for in the spool (:mod:`receivewal.restore.filler`) while it replays.
+"""Starting the prefetch filler, and what it fetches with: one filler per recovery keeps the
+segments after the one PostgreSQL last asked for in the spool
+(:mod:`receivewal.restore.filler`) while it replays.
 
 The filler is forked from the first call that finds none at work (which has imported what
 restoring needs already: the object store's client is made once per recovery, not per call),
@@ -94,7 +95,8 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
     from receivewal.archive.directory import Archive  # noqa: PLC0415 - in the filler
     from receivewal.archive.identity import ArchiveIdentity  # noqa: PLC0415
     from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415
-    from receivewal.restore.local import NotInArchive, restore_file  # noqa: PLC0415
+    from receivewal.restore.local import restore_file  # noqa: PLC0415
+    from receivewal.restore.writing import NotInArchive  # noqa: PLC0415
     from receivewal.wal.pageheader import (  # noqa: PLC0415
         SIZE_OF_LONG_PHD,
         parse_long_header,

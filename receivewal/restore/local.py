@@ -1,36 +1,28 @@
-"""Restoring one file from the archive for PostgreSQL's ``restore_command`` (``%f`` to ``%p``).
-
-The archive may hold the segment plain or compressed (any :class:`~receivewal.wal.names.AtRest`
-format); it is decoded whole, checked (:func:`~receivewal.archive.segmentcheck.checked_segment`:
-page headers against its name and the archive's identity, the CRC of every record), written to
-a new temporary file next to ``%p``, fsynced, renamed into place and the directory fsynced
-(:mod:`receivewal.archive.durable`, never through a planted symlink): recovery never sees half
-a file, nor a byte the check has not passed.
+"""Restoring one file from a local archive directory for PostgreSQL's ``restore_command``
+(``%f`` to ``%p``): which of the directory's files serves the name (:func:`candidates`), the
+archive's segment size, and the next segment's first bytes for the check of the record that
+runs into it; the file is then written by :func:`~receivewal.restore.writing.write_restored`.
 
 Nothing the archive holds can make recovery end early by mistake: only a file the archive does
-not have is :class:`NotInArchive`. A file that is there but cannot be trusted (undecodable,
-larger than a segment, WAL that fails the check, a symlink, a FIFO, a socket or a device) or an
-archive whose identity file cannot be trusted raises the project's
-:class:`~receivewal.errors.ArchiveError` naming the file. Decoding is bounded by the segment
-size, so memory and the temporary file stay bounded whatever the file holds.
+not have is :class:`~receivewal.restore.writing.NotInArchive`. A file that is there but cannot
+be trusted (undecodable, larger than a segment, WAL that fails the check, a symlink, a FIFO, a
+socket or a device) or an archive whose identity file cannot be trusted raises the project's
+:class:`~receivewal.errors.ArchiveError` naming the file.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
-from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
+from receivewal.archive.compression import read_wal_file
 from receivewal.archive.directory import Archive
-from receivewal.archive.durable import durable_file
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import open_regular
-from receivewal.archive.segmentbuffer import decode_segment
-from receivewal.archive.segmentcheck import CheckedSegment, Following, checked_segment
-from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
+from receivewal.archive.segmentcheck import Following
+from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.restore.writing import Candidate, NotInArchive, write_restored
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
 from receivewal.wal.names import (
     PARTIAL_SUFFIX,
@@ -41,20 +33,6 @@ from receivewal.wal.names import (
     wal_file_name,
 )
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size
-
-
-class NotInArchive(ReceivewalError):  # noqa: N818 - names the outcome, as recovery sees it
-    """The archive has no file of that name (recovery may end there)."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """An archive file that can serve the asked name."""
-
-    path: Path
-    fmt: AtRest
-    partial: bool
-    segment: bool  # a WAL segment (else a history or backup history file, served as it is)
 
 
 def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
@@ -132,37 +110,6 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
     raise NotInArchive(f'"{name}" is not in the archive "{directory}"')
 
 
-def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Path,
-                   what: str, *, identity: ArchiveIdentity | None,
-                   system_identifier: int | None = None,
-                   following: Following | None = None) -> CheckedSegment | None:
-    """Decode ``source`` (the file ``candidate`` names, ``what`` in messages) and write it to
-    ``target`` atomically. A segment is decoded whole (at most ``size`` bytes) and handed out
-    only once :func:`~receivewal.archive.segmentcheck.checked_segment` has passed it against
-    the archive's ``identity`` (``following``: the next segment's first bytes, to check the
-    record that runs into it); a ``.partial`` is padded with zeros to ``size``. The check is
-    returned. Any other file (a history file) is copied as it is, at most ``size`` bytes."""
-    if not candidate.segment:
-        chunks = decompress_chunks(source, candidate.fmt, cap=size)
-        try:
-            with durable_file(target) as out:
-                for chunk in chunks:
-                    out.write(chunk)
-        except CorruptFile as exc:
-            raise CorruptFile(f'"{what}" {exc}') from exc
-        return None
-    try:
-        data = decode_segment(source, candidate.fmt, size, partial=candidate.partial)
-    except CorruptFile as exc:
-        raise CorruptFile(f'"{what}" {exc}') from exc
-    checked = checked_segment(data, candidate.path.name[:24], identity,
-                              partial=candidate.partial, file=what, segment_size=size,
-                              system_identifier=system_identifier, following=following)
-    with durable_file(target) as out:
-        _write_padded(out, checked.data, size)
-    return checked
-
-
 def _following(directory: Path, candidate: Candidate, size: int) -> Following | None:
     """The first bytes of the complete segment after ``candidate`` in the archive, when it
     is there (a complete segment's last record often runs into it: its CRC covers both); None
@@ -204,9 +151,3 @@ def _head(candidate: Candidate) -> Iterator[tuple[str, bytes]]:
     if candidate.segment:
         yield candidate.path.name, read_wal_file(str(candidate.path), candidate.fmt,
                                                  SIZE_OF_LONG_PHD)
-
-
-def _write_padded(out: BinaryIO, data: bytes | bytearray, size: int) -> None:
-    """Write a checked segment's bytes, then zeros up to ``size`` (a .partial's padding)."""
-    out.write(data)
-    out.truncate(size)  # zeros past the received WAL of a .partial

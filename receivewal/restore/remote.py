@@ -29,7 +29,7 @@ from receivewal.archive.durable import spooled_buffer
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.objectstore import Patience, RetryPolicy
 from receivewal.errors import ArchiveError, ConfigurationError, ObjectNotFound
-from receivewal.restore.local import Candidate, NotInArchive, write_restored
+from receivewal.restore.writing import Candidate, NotInArchive, write_restored
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_name
 

@@ -1,12 +1,6 @@
-"""``receivewal restore %f %p`` as PostgreSQL runs it: the lean path, without click.
-
-PostgreSQL runs the restore_command once per WAL file and waits for each, so a call imports
-only what restoring needs: no click, structlog or psycopg, and a codec only for a compressed
-file. :func:`parse` reads the command line PostgreSQL's configuration gives (``-D DIR``,
-``--directory[=]DIR``, ``--partial``, ``--prefetch[=]N``, the two names, and the
-``RECEIVEWAL_DIRECTORY``/``RECEIVEWAL_PREFETCH`` variables); anything else (``--help``, an
-unknown option, a missing argument) is left to the click command in
-:mod:`receivewal.commands.restore`, which owns the options' help and usage errors.
+"""One ``receivewal restore %f %p`` call, as PostgreSQL runs it: :func:`run` takes the
+:class:`Call` (read from the command line by :mod:`receivewal.commands.restore_options`) and
+returns the exit status.
 
 Exit status is what recovery understands: 0 when the file was restored, 1 only when the archive
 definitely does not have it (every form missing; for a bucket, "no such key"), 126 for anything
@@ -34,7 +28,6 @@ import os
 import sys
 import time
 
-from receivewal.commands.plain import Plain
 from receivewal.errors import ReceivewalError
 from receivewal.restore import served
 from receivewal.restore.spoolfiles import is_segment_name
@@ -49,7 +42,7 @@ PREFETCH = 8  # the default: a local archive's files are decoded (and fsynced) a
 RESTORE_TIMEOUT = 180.0  # seconds a call on object storage may take in all, by default
 
 
-class Call(Plain):
+class Call:
     """One restore_command call (a plain class: ``dataclasses`` costs each call ~15 ms)."""
 
     __slots__ = ("deadline", "directory", "partial", "prefetch", "target", "wal_name")
@@ -85,49 +78,6 @@ def is_bucket_url(text: str) -> bool:
     """Whether the archive is object storage: :func:`receivewal.archive.objectstore.is_bucket_url`,
     without importing that module (a test holds the two equal)."""
     return text.startswith("s3://")
-
-
-def parse(args: list[str]) -> Call | None:
-    """The call ``args`` (after ``restore``) asks for, or None for click to handle."""
-    directory = os.environ.get("RECEIVEWAL_DIRECTORY")
-    prefetch_text = os.environ.get("RECEIVEWAL_PREFETCH")
-    partial, names = False, []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in {"-D", "--directory", "--prefetch"}:
-            if i + 1 >= len(args):
-                return None
-            if arg == "--prefetch":
-                prefetch_text = args[i + 1]
-            else:
-                directory = args[i + 1]
-            i += 2
-            continue
-        if arg.startswith("--directory="):
-            directory = arg.partition("=")[2]
-        elif arg.startswith("--prefetch="):
-            prefetch_text = arg.partition("=")[2]
-        elif arg.startswith("-D") and len(arg) > 2:
-            directory = arg[2:]
-        elif arg == "--partial":
-            partial = True
-        elif arg.startswith("-"):
-            return None
-        else:
-            names.append(arg)
-        i += 1
-    prefetch = _count(prefetch_text)
-    if directory is None or len(names) != 2 or prefetch == -1:
-        return None
-    return Call(names[0], names[1], directory, partial, prefetch)
-
-
-def _count(text: str | None) -> int | None:
-    """A prefetch count (None when not given, -1 when invalid: click then says why)."""
-    if text is None:
-        return None
-    return int(text) if text.isascii() and text.isdigit() and int(text) <= 64 else -1
 
 
 class _Terminated(BaseException):

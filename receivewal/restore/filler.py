@@ -1,11 +1,12 @@
 """The prefetch filler: the detached process that keeps segments fetched ahead of PostgreSQL's
 recovery in the spool, so that most restore_command calls are a rename.
 
-The spool lives next to ``%p``, in ``pg_wal/.receivewal/prefetch`` (as WAL-G's ``pg_wal/.wal-g/prefetch``:
-on the same file system as ``%p``, so serving a file is a rename; PostgreSQL ignores the
-directory). Each archive gets a subdirectory named by a digest of where it is (its resolved
-path, or its URL and endpoint), so a file fetched from one archive is never served for another;
-a WAL file name carries its timeline, so neither is one of another timeline.
+The spool lives next to ``%p``, in ``pg_wal/.receivewal/prefetch`` (as WAL-G's
+``pg_wal/.wal-g/prefetch``: on the same file system as ``%p``, so serving a file is a rename;
+PostgreSQL ignores the directory). Each archive gets a subdirectory named by a digest of where
+it is (its resolved path, or its URL and endpoint), so a file fetched from one archive is never
+served for another; a WAL file name carries its timeline, so neither is one of another
+timeline (:mod:`receivewal.restore.spoolfiles`).
 
 One filler per recovery holds the spool's lock (``flock``: released by the kernel when a filler
 is killed) and follows the calls (:meth:`Spool.follow`): each call records the segment it asked

@@ -226,3 +226,19 @@ def test_a_file_is_finished_by_one_function() -> None:
                   if path != durable_py and functions_calling(path, {"create_temporary"})
                   and not functions_calling(path, {"finish_file"})]
     assert unfinished == []
+
+
+def test_restore_is_a_room_beside_the_daemon() -> None:
+    """restore/ (restore_command and its prefetch spool) stands on archive/ and wal/ beside
+    daemon/ and check/: only the command line imports it, and it imports neither the command
+    line nor the daemon, replication, check, relay or logical rooms."""
+    graph = import_graph()
+    rooms = ("receivewal.commands", "receivewal.daemon", "receivewal.replication",
+             "receivewal.check", "receivewal.relay", "receivewal.logical")
+    inside = [m for m in graph if m.startswith("receivewal.restore")]
+    assert "receivewal.restore.call" in inside
+    up = sorted(f"{m} -> {t}" for m in inside for t in graph[m] if t.startswith(rooms))
+    assert up == []
+    users = sorted(m for m, targets in graph.items() if not m.startswith("receivewal.restore")
+                   and any(t.startswith("receivewal.restore") for t in targets))
+    assert [m for m in users if not m.startswith("receivewal.commands.")] == []

@@ -8,7 +8,7 @@ restore_command gives without importing click (a call's start-up is recovery's t
 owns ``--help`` and the usage errors and takes every command line :func:`parse` leaves to it
 (``--help``, an unknown option, a missing argument, a value click would refuse).
 
-On this module's path: no click, dataclasses or typing (a test pins what a call imports).
+This module is on a call's lean path: see :mod:`receivewal.restore` for what it may import.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ the bound it exits 126.
 
 With ``--prefetch N`` (default 8, for a bucket and a local directory alike), the N segments after
 the one asked for are kept in a spool next to ``%p`` by a detached filler, one per recovery
-(:mod:`receivewal.restore.launch`), and a later call finds its file there: a rename. A call
-served from the spool imports only ``os``-level modules (:mod:`receivewal.restore.served`):
-it costs little more than the interpreter's start.
+(:mod:`receivewal.restore.launch`), and a later call finds its file there: a rename
+(:mod:`receivewal.restore.served`). What a call may import is the package's rule
+(:mod:`receivewal.restore`): this module is on the lean path.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ from support.walgen import wal_segment
 
 from receivewal import restore
 from receivewal.archive.objectstore import is_bucket_url
-from receivewal.restore import absence
 from receivewal.restore import call as restore_call
 from receivewal.restore.filler import Spool
+from receivewal.wal.leannames import AT_REST_SUFFIXES
 from receivewal.wal.names import AtRest
 
 NAME = "000000010000000000000003"
@@ -188,9 +188,11 @@ def test_a_dangling_symlink_is_not_taken_for_absence(tmp_path: Path) -> None:
 
 
 def test_the_lean_suffixes_are_the_at_rest_formats() -> None:
-    """restore/absence.py spells the at-rest suffixes without importing wal.names: the same
-    ones, in the same order."""
-    assert tuple(fmt.suffix for fmt in AtRest) == absence.SUFFIXES
+    """wal/leannames' suffixes (which restore/absence.py uses without importing wal.names) are
+    the at-rest formats', each its own."""
+    assert tuple(fmt.suffix for fmt in AtRest) == AT_REST_SUFFIXES
+    assert {fmt: fmt.suffix for fmt in AtRest} == {
+        AtRest.PLAIN: "", AtRest.GZIP: ".gz", AtRest.LZ4: ".lz4", AtRest.ZSTD: ".zst"}
 
 
 def test_a_recoverys_first_call_starts_the_filler_without_the_restore_machinery(

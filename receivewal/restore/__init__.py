@@ -36,6 +36,7 @@ LEAN = frozenset({
     "receivewal.restore.spoolfiles", "receivewal.restore.absence",
     "receivewal.archive", "receivewal.archive.durable",
     "receivewal.wal", "receivewal.wal.lsn", "receivewal.wal.pageheader",
+    "receivewal.wal.leannames",
 })
 
 #: The standard library's modules a lean call may load: the operating system's calls.

@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import os
 
-from receivewal.restore.spoolfiles import is_history_name, is_segment_name
-
-#: The at-rest suffixes of a segment, :class:`receivewal.wal.names.AtRest`'s in its order
-#: (spelled here so that the check imports nothing; a test holds the two equal).
-SUFFIXES = ("", ".gz", ".lz4", ".zst")
+from receivewal.wal.leannames import AT_REST_SUFFIXES, is_history_name, is_segment_name
 
 
 def surely_absent(directory: str, name: str) -> bool:
     """Whether the local archive ``directory`` (an existing directory) has no form of the
     segment or history file ``name``; False whenever that is not plainly so."""
     if is_segment_name(name):
-        forms = [name + suffix for suffix in SUFFIXES]
+        forms = [name + suffix for suffix in AT_REST_SUFFIXES]
     elif is_history_name(name):
         forms = [name]
     else:

@@ -30,7 +30,7 @@ import time
 
 from receivewal.errors import ReceivewalError
 from receivewal.restore import served
-from receivewal.restore.spoolfiles import is_segment_name
+from receivewal.wal.leannames import is_segment_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

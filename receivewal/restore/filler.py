@@ -37,6 +37,7 @@ from pathlib import Path
 
 from receivewal.archive import durable
 from receivewal.restore import spoolfiles
+from receivewal.wal.leannames import is_segment_name
 from receivewal.wal.names import parse_segment_file_name, wal_file_name
 
 SPOOL_DIR = Path(spoolfiles.SPOOL_DIR)
@@ -235,7 +236,7 @@ class Spool:
         path = self.dir / name
         if path.exists():
             return None
-        if spoolfiles.is_segment_name(name):
+        if is_segment_name(name):
             fetched, size = self._fetch_sized(name, fetch)
         else:
             fetched, size = fetch(name, path), 0
@@ -284,7 +285,7 @@ class Spool:
         for line in text.splitlines():
             if line.startswith("START WAL LOCATION:"):
                 name = line.rpartition("(file ")[2].rstrip(")").strip()
-                return name if spoolfiles.is_segment_name(name) else None
+                return name if is_segment_name(name) else None
         return None
 
     def recovery_signal(self) -> Path | None:

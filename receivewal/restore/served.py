@@ -22,8 +22,6 @@ from receivewal.restore.spoolfiles import (
     answered,
     ask_question,
     busy,
-    is_history_name,
-    is_segment_name,
     make_spool_dir,
     record_wanted,
     recorded_source,
@@ -32,7 +30,12 @@ from receivewal.restore.spoolfiles import (
     usable,
     window,
 )
-from receivewal.wal.lsn import join_lsn
+from receivewal.wal.leannames import (
+    is_history_name,
+    is_segment_name,
+    name_timeline,
+    segment_start,
+)
 from receivewal.wal.pageheader import (
     SIZE_OF_LONG_PHD,
     first_page_problem,
@@ -68,7 +71,6 @@ WAIT_LIMIT = 30.0  # seconds a call waits for a file being prefetched before fet
 NOTICE_AFTER = 5.0  # seconds of waiting after which a call says on stderr what it waits for
 #                     (half the call's bound when that is shorter)
 _POLL = 0.005
-_XLOGID_SPAN = 0x1_0000_0000  # the bytes one xlogid (a name's middle 8 digits) spans
 
 
 class Notice:
@@ -287,14 +289,13 @@ def is_spooled_segment(path: str, name: str, system_identifier: str = "-") -> bo
         size = header_segment_size(head)
     except ConfigurationError:
         return False
-    log, seg = int(name[8:16], 16), int(name[16:], 16)
-    if size != info.st_size or seg >= _XLOGID_SPAN // size:
+    start = segment_start(name, size)
+    if size != info.st_size or start is None:
         return False
     header = parse_long_header(head)
     assert header is not None  # header_segment_size read it
     if system_identifier != "-" and not system_identifier.isdigit():
         return False  # a record that cannot be read matches nothing
     sysid = None if system_identifier == "-" else int(system_identifier)
-    return first_page_problem(header, timeline=int(name[:8], 16),
-                              page_address=join_lsn(log, seg * size), segment_size=size,
-                              system_identifier=sysid) is None
+    return first_page_problem(header, timeline=name_timeline(name), page_address=start,
+                              segment_size=size, system_identifier=sysid) is None

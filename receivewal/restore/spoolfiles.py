@@ -25,6 +25,7 @@ import stat
 import zlib
 
 from receivewal.archive import durable
+from receivewal.wal.leannames import is_segment_name
 
 SPOOL_PARTS = (".receivewal", "prefetch")  # below pg_wal; then the archive's digest
 SPOOL_DIR = os.path.join(*SPOOL_PARTS)
@@ -34,7 +35,6 @@ WANTED_FILE = ".wanted"
 SOURCE_FILE = ".source"  # "SYSID\nSOURCE\n": "-" while the system identifier is not known
 ASK_FILE = ".ask"  # a call's question to the filler: "NAME TOKEN"
 ANSWER_FILE = ".answer"  # the filler's answer: "NAME TOKEN absent" or "NAME TOKEN failed"
-_HEX = frozenset("0123456789ABCDEF")
 
 
 def spool_root(target: str) -> str:
@@ -104,17 +104,6 @@ def recorded_source(directory: str) -> tuple[str, str] | None:
     if len(lines) < 3:
         return None
     return lines[0].decode("ascii", "replace"), lines[1].decode("utf-8", "surrogateescape")
-
-
-def is_segment_name(name: str) -> bool:
-    """Whether ``name`` looks like a WAL segment file name (24 upper-case hex digits)."""
-    return len(name) == 24 and _HEX.issuperset(name) and name[:8] != "00000000"
-
-
-def is_history_name(name: str) -> bool:
-    """Whether ``name`` looks like a timeline history file name (``TTTTTTTT.history``)."""
-    return (len(name) == 16 and name.endswith(".history") and _HEX.issuperset(name[:8])
-            and name[:8] != "00000000")
 
 
 def busy(root: str) -> bool:

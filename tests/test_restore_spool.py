@@ -120,7 +120,7 @@ def test_the_spool_records_its_source_and_system_and_serves_nothing_else(
     source = source_id(str(archive))
     spool = Spool.beside(target, source)
     wait_until(lambda: name_of(5) in os.listdir(spool.dir), "the filler's window")
-    assert spoolfiles.recorded_source(str(spool.dir)) == (str(SYSID), source)
+    assert spoolfiles.recorded_source(str(spool.dir)) == (str(SYSID), str(SEGMENT), source)
     planted = wal_segment(4, system_identifier=OTHER)
     (spool.dir / name_of(4)).write_bytes(planted)
     assert not served.take(str(spool.dir), name_of(4), str(target), source)

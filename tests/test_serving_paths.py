@@ -146,8 +146,8 @@ def test_every_path_that_hands_wal_out_reaches_the_check() -> None:
     for source in ("restore/local.py::restore_file",
                    "restore/remote.py::BucketSource.restore"):
         assert "write_restored" in graph[source], source
-    fetch = graph["restore/launch.py::_fetcher.fetch"] | \
-        graph["restore/launch.py::_fetcher.restore"]
+    fetch = graph["restore/launch.py::fetcher.fetch"] | \
+        graph["restore/launch.py::fetcher.restore"]
     assert {"restore_file", "restore"} <= fetch
     writing = {name for name in fetch if name in WRITERS or name.startswith("durable.")}
     assert writing == set(), "the filler's fetch writes only through restore's one path"

@@ -17,9 +17,10 @@ filler left (everything: a new filler starts from an empty spool) and every file
 window (other archives' subdirectories too), so the spool never holds more than the window's
 files. Files are fetched through restore's one path (:func:`~receivewal.restore.local.
 restore_file`, which checks every segment before it writes it), as restore writes ``%p`` (a new
-temporary file, fsync, rename); the filler records the exact source and the system identifier
-(``.source``) and a spooled file is validated again when it is served, only while its filler
-lives (:mod:`receivewal.restore.served`): never a stale, torn or foreign file. The spool's
+temporary file, fsync, rename); the filler records the exact source, the system identifier
+and the segment size (``.source``) and a spooled file is validated again when it is served,
+only while its filler lives (:mod:`receivewal.restore.served`): never a stale, torn or foreign
+file. The spool's
 directories are opened without following a symbolic link (``O_NOFOLLOW``): nothing is pruned
 through a link planted in pg_wal.
 """
@@ -301,10 +302,10 @@ class Spool:
         """Whether the server is still recovering (a signal file is still there)."""
         return signal_file is None or any((signal_file.parent / s).exists() for s in _SIGNALS)
 
-    def record_source(self, system_identifier: str) -> None:
-        """Record the archive's system identifier ("-" while not known) and this spool's
-        exact source: a call serves nothing the record does not match."""
-        spoolfiles.record_source(str(self.dir), system_identifier, self.source)
+    def record_source(self, system_identifier: str, segment_size: str) -> None:
+        """Record the archive's system identifier and segment size ("-" while not known) and
+        this spool's exact source: a call serves nothing the record does not match."""
+        spoolfiles.record_source(str(self.dir), system_identifier, segment_size, self.source)
 
     def _write_window(self, names: list[str]) -> None:
         spoolfiles.write_window(str(self.dir), names)

@@ -67,7 +67,7 @@ def _start(directory: str, spool: Spool, names: list[str], count: int,
         if os.fork():
             os._exit(0)
         _detach()
-        spool.follow(lock, _fetcher(directory, spool), count, size,
+        spool.follow(lock, fetcher(directory, spool), count, size,
                      first=names[0] if size is None and names else None)
     except BaseException:  # noqa: BLE001, S110 - the child's failure is never the call's
         pass
@@ -83,7 +83,7 @@ def _detach() -> None:
     os.close(null)
 
 
-def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]:
+def fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]:
     """``fetch(name, path)`` for the spool: True when restored to ``path``, False when the
     archive does not have it, None when it cannot be fetched now (the call will say why).
 
@@ -91,18 +91,21 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
     archive's identity: read here once for the recovery (from a bucket, the identity object;
     when it cannot be read, nothing is fetched and each call restores, and reports, itself).
     Without an identity record the first segment fetched sets the system identifier the
-    others must have. The spool records it, and the source, before anything is spooled."""
+    others must have. The archive's segment size is decided by the one rule (verify's and
+    restore's), before each fetch while no identity record decides it. The spool records both,
+    and the source, before anything is spooled."""
     from receivewal.archive.directory import Archive  # noqa: PLC0415 - in the filler
     from receivewal.archive.identity import ArchiveIdentity  # noqa: PLC0415
     from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415
-    from receivewal.restore.local import restore_file  # noqa: PLC0415
+    from receivewal.restore.local import archive_segment_size, restore_file  # noqa: PLC0415
     from receivewal.restore.writing import NotInArchive  # noqa: PLC0415
     from receivewal.wal.pageheader import (  # noqa: PLC0415
         SIZE_OF_LONG_PHD,
         parse_long_header,
     )
 
-    restore: Callable[[str, Path, int | None], object]
+    restore: Callable[[str, Path, int | None, int], object]
+    decide: Callable[[], int]
     identity: ArchiveIdentity | None
     try:
         if is_bucket_url(directory):
@@ -110,23 +113,35 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
 
             bucket = BucketSource(directory)
             identity = bucket.identity()
+            decide = bucket.segment_size
 
-            def restore(name: str, path: Path, sysid: int | None) -> object:
+            def restore(name: str, path: Path, sysid: int | None, size: int) -> object:
                 return bucket.restore(name, path)
         else:
-            identity = Archive(Path(directory)).read_identity()
+            local = Path(directory)
+            identity = Archive(local).read_identity()
 
-            def restore(name: str, path: Path, sysid: int | None) -> object:
-                return restore_file(Path(directory), name, str(path), system_identifier=sysid)
+            def decide() -> int:
+                return archive_segment_size(local, identity)
+
+            def restore(name: str, path: Path, sysid: int | None, size: int) -> object:
+                return restore_file(local, name, str(path), system_identifier=sysid,
+                                    segment_size=size)
+        size = decide() if identity is not None else None
     except (ReceivewalError, OSError):
         return lambda name, path: None
     pinned = None if identity is None else int(identity.system_identifier)
-    spool.record_source("-" if pinned is None else str(pinned))
+    spool.record_source(_or_dash(pinned), _or_dash(size))
 
     def fetch(name: str, path: Path) -> bool | None:
-        nonlocal pinned
+        nonlocal pinned, size
         try:
-            restore(name, path, pinned)
+            decided = size if identity is not None else decide()
+            if decided != size:
+                size = decided
+                spool.record_source(_or_dash(pinned), str(size))
+            assert size is not None
+            restore(name, path, pinned, size)
         except NotInArchive:
             return False
         except (ReceivewalError, OSError):
@@ -139,7 +154,12 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
                 header = None
             if header is not None:
                 pinned = header.system_identifier
-                spool.record_source(str(pinned))
+                spool.record_source(str(pinned), str(size))
         return True
 
     return fetch
+
+
+def _or_dash(value: int | None) -> str:
+    """A record's field: the number, or "-" while it is not known."""
+    return "-" if value is None else str(value)

@@ -21,6 +21,7 @@ from receivewal.archive.directory import Archive
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import open_regular
 from receivewal.archive.segmentcheck import Following
+from receivewal.archive.sources import decide_segment_size
 from receivewal.errors import ArchiveError, ConfigurationError
 from receivewal.restore.writing import Candidate, NotInArchive, write_restored
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
@@ -32,7 +33,6 @@ from receivewal.wal.names import (
     parse_segment_file_name,
     wal_file_name,
 )
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size
 
 
 def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
@@ -60,7 +60,7 @@ def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> lis
         return partials
     from receivewal.archive.partials import rank_partials  # noqa: PLC0415 - the WAL reader
     # only where two .partial forms compete, not on every restore_command call
-    size = segment_size(directory, partials[0])
+    size = archive_segment_size(directory, Archive(directory).read_identity())
     forms = []
     for c in partials:
         parsed = parse_segment_file_name(c.path.name, size)
@@ -79,10 +79,13 @@ def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> lis
 
 
 def restore_file(directory: Path, name: str, target: str, *, partial: bool = False,
-                 system_identifier: int | None = None) -> Path:
+                 system_identifier: int | None = None, segment_size: int | None = None,
+                 ) -> Path:
     """Restore ``name`` from the archive in ``directory`` to ``target``; return the source.
     An archive without an identity file holds a segment to ``system_identifier`` when given
-    (the one the segments a caller read before had).
+    (the one the segments a caller read before had). ``segment_size`` is the archive's, when
+    the caller has decided it by :func:`archive_segment_size` (the prefetch filler records
+    it): else it is decided here.
 
     Raises NotInArchive when no form of the file exists, ConfigurationError for a bad name or
     target, ArchiveError (CorruptFile for a file that cannot be decoded, DamagedSegment for
@@ -102,7 +105,7 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
         except OSError as exc:
             raise ArchiveError(f'cannot open "{candidate.path}": {exc.strerror}') from exc
         with source:
-            size = _segment_size(identity, candidate)
+            size = segment_size or archive_segment_size(directory, identity)
             write_restored(source, candidate, size, Path(target), str(candidate.path),
                            identity=identity, system_identifier=system_identifier,
                            following=_following(directory, candidate, size))
@@ -133,21 +136,16 @@ def _following(directory: Path, candidate: Candidate, size: int) -> Following | 
     return read
 
 
-def segment_size(directory: Path, candidate: Candidate) -> int:
-    """The archive's segment size by the one rule, :func:`~receivewal.wal.pageheader.
-    archive_segment_size` (verify's too): its identity file's (validated), else the size the
-    file's own first page header states when its page address is where its name puts it,
-    else PostgreSQL's default (the checks then judge the file)."""
-    return _segment_size(Archive(directory).read_identity(), candidate)
+def archive_segment_size(directory: Path, identity: ArchiveIdentity | None) -> int:
+    """The segment size of the archive in ``directory`` by the one rule,
+    :func:`~receivewal.archive.sources.decide_segment_size` (verify's, a bucket's and the
+    filler's too), from the same inputs: its identity file's (``identity``, validated), else
+    the size most of its segment files' first page headers state (the directory is listed
+    then), else PostgreSQL's default (the checks then judge the file)."""
+    return decide_segment_size(identity, str(directory), _listed(directory)) \
+        or DEFAULT_SEGMENT_SIZE
 
 
-def _segment_size(identity: ArchiveIdentity | None, candidate: Candidate) -> int:
-    recorded = None if identity is None else identity.segment_size
-    return archive_segment_size(recorded, _head(candidate)) or DEFAULT_SEGMENT_SIZE
-
-
-def _head(candidate: Candidate) -> Iterator[tuple[str, bytes]]:
-    """The candidate's name and first bytes, read when asked for (a segment's only)."""
-    if candidate.segment:
-        yield candidate.path.name, read_wal_file(str(candidate.path), candidate.fmt,
-                                                 SIZE_OF_LONG_PHD)
+def _listed(directory: Path) -> Iterator[str]:
+    """The directory's file names in order, listed when first asked for."""
+    yield from sorted(os.listdir(directory))

@@ -36,12 +36,8 @@ from receivewal.wal.leannames import (
     name_timeline,
     segment_start,
 )
-from receivewal.wal.pageheader import (
-    SIZE_OF_LONG_PHD,
-    first_page_problem,
-    header_segment_size,
-    parse_long_header,
-)
+from receivewal.wal.lsn import check_segment_size
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
 TYPE_CHECKING = False  # typing stays off the call's path
 if TYPE_CHECKING:
@@ -227,7 +223,8 @@ def take(directory: str, name: str, target: str, source: str) -> bool:
     if recorded is None:
         return False
     try:
-        valid = (is_spooled_segment(path, name, recorded[0]) if is_segment_name(name)
+        valid = (is_spooled_segment(path, name, recorded[0], recorded[1])
+                 if is_segment_name(name)
                  else stat.S_ISREG(os.lstat(path).st_mode))
     except FileNotFoundError:
         return False
@@ -246,7 +243,7 @@ def take(directory: str, name: str, target: str, source: str) -> bool:
     return True
 
 
-def _owned_record(directory: str, source: str) -> tuple[str, str] | None:
+def _owned_record(directory: str, source: str) -> tuple[str, str, str] | None:
     """The spool's record when a live filler owns it (else the spool is emptied) and it was
     filled from ``source``; None otherwise."""
     if not usable(directory):
@@ -255,7 +252,7 @@ def _owned_record(directory: str, source: str) -> tuple[str, str] | None:
         empty(directory)
         return None
     recorded = recorded_source(directory)
-    return recorded if recorded is not None and recorded[1] == source else None
+    return recorded if recorded is not None and recorded[2] == source else None
 
 
 def empty(directory: str) -> None:
@@ -272,11 +269,13 @@ def empty(directory: str) -> None:
                 pass
 
 
-def is_spooled_segment(path: str, name: str, system_identifier: str = "-") -> bool:
-    """Whether ``path`` is a regular file holding one whole segment named ``name``: its size
-    is its page header's segment size, and the header is that segment's first page, of the
-    database system ``system_identifier`` ("-": any). Raises FileNotFoundError when nothing
-    is there."""
+def is_spooled_segment(path: str, name: str, system_identifier: str = "-",
+                       segment_size: str = "-") -> bool:
+    """Whether ``path`` is a regular file holding one whole segment named ``name`` of the
+    archive the filler recorded: its size is the archive's segment size as the filler decided
+    it (``segment_size``, by the one rule; "-": not decided, nothing is served), and its first
+    page header is that segment's, of that size, of the database system ``system_identifier``
+    ("-": any). Raises FileNotFoundError when nothing is there."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
@@ -285,17 +284,17 @@ def is_spooled_segment(path: str, name: str, system_identifier: str = "-") -> bo
         os.close(fd)
     if not stat.S_ISREG(info.st_mode) or not is_segment_name(name):
         return False
+    if not segment_size.isdigit() or not (system_identifier == "-"
+                                          or system_identifier.isdigit()):
+        return False  # a record that cannot be read matches nothing
     try:
-        size = header_segment_size(head)
+        size = check_segment_size(int(segment_size))
     except ConfigurationError:
         return False
     start = segment_start(name, size)
-    if size != info.st_size or start is None:
-        return False
     header = parse_long_header(head)
-    assert header is not None  # header_segment_size read it
-    if system_identifier != "-" and not system_identifier.isdigit():
-        return False  # a record that cannot be read matches nothing
+    if header is None or size != info.st_size or start is None:
+        return False
     sysid = None if system_identifier == "-" else int(system_identifier)
     return first_page_problem(header, timeline=name_timeline(name), page_address=start,
                               segment_size=size, system_identifier=sysid) is None

@@ -4,9 +4,10 @@ The spool lives next to ``%p``, in ``pg_wal/.receivewal/prefetch`` (:data:`SPOOL
 directory per archive, named by a digest of where the archive is (:func:`spool_dir`). Its
 files: the spooled segments and history files (complete files only: the filler checks each
 (:func:`~receivewal.archive.segmentcheck.checked_segment`), writes it under a temporary name and
-renames it), ``.source`` (the system identifier of the archive and the exact source the filler
-fills it from), ``.window`` (the names the filler is fetching, in order), ``.wanted`` (the last
-segment a call asked for: the filler keeps the segments after it spooled), ``.ask`` and
+renames it), ``.source`` (the system identifier and the segment size of the archive, and the
+exact source the filler fills it from), ``.window`` (the names the filler is fetching, in
+order), ``.wanted`` (the last segment a call asked for: the filler keeps the segments after it
+spooled), ``.ask`` and
 ``.answer`` (a call's question to the filler, and the filler's answer when it spooled nothing).
 ``.lock`` in the spool's root is held by the filler while it runs (:func:`busy`).
 
@@ -32,7 +33,7 @@ SPOOL_DIR = os.path.join(*SPOOL_PARTS)
 LOCK_FILE = ".lock"
 WINDOW_FILE = ".window"
 WANTED_FILE = ".wanted"
-SOURCE_FILE = ".source"  # "SYSID\nSOURCE\n": "-" while the system identifier is not known
+SOURCE_FILE = ".source"  # "SYSID\nSEGMENT_SIZE\nSOURCE\n": "-" for what is not known yet
 ASK_FILE = ".ask"  # a call's question to the filler: "NAME TOKEN"
 ANSWER_FILE = ".answer"  # the filler's answer: "NAME TOKEN absent" or "NAME TOKEN failed"
 
@@ -87,23 +88,28 @@ def make_spool_dir(directory: str) -> None:
             raise OSError(f"{path}: part of the prefetch spool's path is not a directory")
 
 
-def record_source(directory: str, system_identifier: str, source: str) -> None:
-    """Record whose WAL the spool holds: the archive's system identifier ("-" while not
-    known) and the exact source (the filler's, before it spools anything)."""
-    _write_bytes(directory, SOURCE_FILE, b"%s\n%s\n" % (system_identifier.encode(),
-                                                          _encoded(source)))
+def record_source(directory: str, system_identifier: str, segment_size: str,
+                  source: str) -> None:
+    """Record whose WAL the spool holds: the archive's system identifier and its segment size
+    (as the filler decided it: "-" while not known) and the exact source (the filler's, before
+    it spools anything)."""
+    _write_bytes(directory, SOURCE_FILE, b"%s\n%s\n%s\n" % (
+        system_identifier.encode(), segment_size.encode(), _encoded(source)))
 
 
-def recorded_source(directory: str) -> tuple[str, str] | None:
-    """The system identifier and the source recorded in the spool, or None."""
+def recorded_source(directory: str) -> tuple[str, str, str] | None:
+    """The system identifier, the segment size and the source recorded in the spool, or
+    None."""
     try:
         with open(os.path.join(directory, SOURCE_FILE), "rb") as fh:
-            lines = fh.read(8192).split(b"\n")
+            text = fh.read(8192)
     except OSError:
         return None
-    if len(lines) < 3:
+    lines = text.split(b"\n", 2)
+    if len(lines) < 3 or not lines[2].endswith(b"\n"):
         return None
-    return lines[0].decode("ascii", "replace"), lines[1].decode("utf-8", "surrogateescape")
+    return (lines[0].decode("ascii", "replace"), lines[1].decode("ascii", "replace"),
+            lines[2][:-1].decode("utf-8", "surrogateescape"))
 
 
 def busy(root: str) -> bool:

@@ -24,7 +24,7 @@ from support.walgen import wal_segment
 
 from receivewal import restore
 from receivewal.archive.objectstore import is_bucket_url
-from receivewal.restore import call as restore_call
+from receivewal.restore import call
 from receivewal.restore.filler import Spool
 from receivewal.wal.leannames import AT_REST_SUFFIXES
 from receivewal.wal.names import AtRest
@@ -153,13 +153,13 @@ def test_a_call_served_from_the_spool_imports_only_os_level_modules(tmp_path: Pa
 @given(st.text())
 def test_messages_quote_names_as_json_does(text: str) -> None:
     """The lean path quotes names without importing json, exactly as json.dumps does."""
-    assert restore_call._quoted(text) == json.dumps(text, ensure_ascii=False)
+    assert call._quoted(text) == json.dumps(text, ensure_ascii=False)
 
 
 @pytest.mark.parametrize("text", ["s3://b/p", "s3:/b", "S3://b", "/srv/s3://x", "", "s3://"])
 def test_the_lean_bucket_test_is_the_object_stores(text: str) -> None:
-    """restore_call.is_bucket_url (no import of the object store) judges as objectstore's."""
-    assert restore_call.is_bucket_url(text) == is_bucket_url(text)
+    """restore.call.is_bucket_url (no import of the object store) judges as objectstore's."""
+    assert call.is_bucket_url(text) == is_bucket_url(text)
 
 
 @pytest.mark.parametrize("name", [NAME, "00000002.history"])

@@ -10,7 +10,8 @@ below it:
     archive/      segment files on disk: layout, writers, compression at rest, durability
     wal/          LSNs, file names, timelines, the WAL page and record reader
 
-Beside that path: ``check/`` reads archives back (verify, analyze) and ``relay/`` compresses a
+Beside that path: ``check/`` reads archives back (verify, analyze), ``restore/`` serves them to
+PostgreSQL's recovery (restore_command and its prefetch spool), and ``relay/`` compresses a
 plain server's stream for receivers over a slow link.
 """
 

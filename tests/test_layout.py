@@ -192,3 +192,53 @@ def test_the_session_writes_through_the_segment_sink_interface() -> None:
     assert "SegmentWriter" not in session
     assert not [path for path in sorted(PACKAGE.rglob("*.py")) if "on_completed" in
                 path.read_text()]
+
+
+def functions_calling(path: Path, names: set[str]) -> set[str]:
+    """The functions of ``path`` (nested ones by their own name) that call one of ``names``,
+    as ``f(...)``, ``os.f(...)`` or ``durable.f(...)``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.FunctionDef):
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call):
+                    func = call.func
+                    name = func.id if isinstance(func, ast.Name) else \
+                        func.attr if isinstance(func, ast.Attribute) else ""
+                    if name in names:
+                        found.add(node.name)
+    return found
+
+
+def test_a_file_is_finished_by_one_function() -> None:
+    """One way to finish a file, as walmethods.c's close is: ``durable.finish_file`` fsyncs it,
+    renames it into place and fsyncs the directory. It holds the package's only rename (no
+    other function of durable renames, and durable offers no other), durable's own
+    ``durable_file`` finishes through it, and every module that makes a temporary file
+    (``create_temporary``) gives it its name through it."""
+    durable_py = PACKAGE / "archive" / "durable.py"
+    assert functions_calling(durable_py, {"replace", "rename"}) == {"finish_file"}
+    assert "durable_file" in functions_calling(durable_py, {"finish_file"})
+    from receivewal.archive import durable  # noqa: PLC0415
+
+    assert not hasattr(durable, "rename")
+    unfinished = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
+                  if path != durable_py and functions_calling(path, {"create_temporary"})
+                  and not functions_calling(path, {"finish_file"})]
+    assert unfinished == []
+
+
+def test_restore_is_a_room_beside_the_daemon() -> None:
+    """restore/ (restore_command and its prefetch spool) stands on archive/ and wal/ beside
+    daemon/ and check/: only the command line imports it, and it imports neither the command
+    line nor the daemon, replication, check, relay or logical rooms."""
+    graph = import_graph()
+    rooms = ("receivewal.commands", "receivewal.daemon", "receivewal.replication",
+             "receivewal.check", "receivewal.relay", "receivewal.logical")
+    inside = [m for m in graph if m.startswith("receivewal.restore")]
+    assert "receivewal.restore.call" in inside
+    up = sorted(f"{m} -> {t}" for m in inside for t in graph[m] if t.startswith(rooms))
+    assert up == []
+    users = sorted(m for m, targets in graph.items() if not m.startswith("receivewal.restore")
+                   and any(t.startswith("receivewal.restore") for t in targets))
+    assert [m for m in users if not m.startswith("receivewal.commands.")] == []

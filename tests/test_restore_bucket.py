@@ -24,10 +24,10 @@ from support.streams import wait_for
 from support.tcpproxy import TcpProxy
 from support.walgen import SEGMENT, name_of, wal_segment
 
-from receivewal.archive.bucketrestore import BucketSource
 from receivewal.archive.durable import temporary_name
-from receivewal.archive.spool import SPOOL_DIR, Spool
-from receivewal.commands.restore_call import source_id
+from receivewal.restore.call import source_id
+from receivewal.restore.filler import SPOOL_DIR, Spool
+from receivewal.restore.remote import BucketSource
 from receivewal.wal.names import AtRest
 
 pytestmark = pytest.mark.server

@@ -22,9 +22,9 @@ from support.servers import PgServer
 from support.tcpproxy import SilentListener
 from support.walgen import SEGMENT, SYSID, name_of, record_offsets, wal_segment
 
-from receivewal.archive.bucketrestore import BucketSource
-from receivewal.archive.spool import Spool
-from receivewal.commands.restore_call import restore_timeout, source_id
+from receivewal.restore.call import restore_timeout, source_id
+from receivewal.restore.filler import Spool
+from receivewal.restore.remote import BucketSource
 from receivewal.wal.lsn import format_lsn
 
 pytestmark = pytest.mark.server

@@ -26,8 +26,9 @@ from support.walgen import SEGMENT, SYSID, name_of, record_offsets, wal_segment
 
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.segmentcheck import DamagedSegment, checked_segment
-from receivewal.archive.spool import Spool
+from receivewal.restore.filler import Spool
 from receivewal.wal.lsn import format_lsn, parse_lsn
+from receivewal.wal.pageheader import archive_segment_size
 
 IDENTITY = ".receivewal-archive.json"
 
@@ -263,23 +264,28 @@ def test_checked_segment_passes_good_wal_and_names_the_file_and_lsn_of_bad() -> 
 
 
 @pytest.mark.usefixtures("scanner_path")
-def test_without_an_identity_the_segment_size_comes_from_the_header() -> None:
-    """An archive without an identity record: a real server's 1 MiB segments pass (the
-    record crossing into the second is finished from its first pages when given), and a
-    system identifier the caller has seen before is held to."""
+def test_without_an_identity_the_segment_size_is_the_rules() -> None:
+    """An archive without an identity record: its segment size is what the one rule makes of
+    its headers (1 MiB, a real server's), a segment checked at that size passes (the record
+    crossing into the second is finished from its first pages when given), and a system
+    identifier the caller has seen before is held to."""
     data = {path.name[:24]: zstandard.ZstdDecompressor().decompress(path.read_bytes())
             for path in sorted((Path(__file__).parent / "data" / "wal").glob("*.zst"))}
     (first, second) = data
-    checked = checked_segment(data[first], first, None,
+    size = archive_segment_size(None, [(name, wal[:64]) for name, wal in data.items()])
+    assert size == 1 << 20
+    checked = checked_segment(data[first], first, None, segment_size=size,
                               following=lambda count: data[second][:count])
-    assert checked.segment_size == 1 << 20
-    checked_segment(data[second], second, None, system_identifier=checked.system_identifier)
+    assert checked.segment_size == size
+    checked_segment(data[second], second, None, segment_size=size,
+                    system_identifier=checked.system_identifier)
     with pytest.raises(DamagedSegment, match="database system"):
-        checked_segment(data[second], second, None, system_identifier=1)
+        checked_segment(data[second], second, None, segment_size=size, system_identifier=1)
     spoiled = bytearray(data[second])
     spoiled[60] ^= 1  # inside the piece of the record that began in the first segment
     with pytest.raises(DamagedSegment, match="crc"):
-        checked_segment(data[first], first, None, following=lambda count: bytes(spoiled[:count]))
+        checked_segment(data[first], first, None, segment_size=size,
+                        following=lambda count: bytes(spoiled[:count]))
 
 
 # -- a record that runs into the next segment -----------------------------------------------------

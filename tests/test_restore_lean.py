@@ -1,6 +1,10 @@
-"""The restore_command path is lean: PostgreSQL runs it once per WAL file and waits for each,
-so ``receivewal restore`` imports neither click nor structlog nor psycopg, and a codec only for
-the file that needs it; ``restore --help`` still comes from click."""
+"""The restore_command path is lean: the start-up-cost rule of :mod:`receivewal.restore` (its
+docstring states it; :data:`~receivewal.restore.NEVER`, :data:`~receivewal.restore.LEAN`,
+:data:`~receivewal.restore.OS_LEVEL`) holds. PostgreSQL runs restore_command once per WAL file
+and waits for each: ``receivewal restore`` imports neither click nor structlog nor psycopg, and
+a codec only for the file that needs it; a call served from the spool, or told at once that the
+archive lacks its file, loads only the lean modules; ``restore --help`` still comes from
+click."""
 
 from __future__ import annotations
 
@@ -18,14 +22,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.walgen import wal_segment
 
-from receivewal.archive import absence
+from receivewal import restore
 from receivewal.archive.objectstore import is_bucket_url
-from receivewal.archive.spool import Spool
-from receivewal.commands import restore_call
+from receivewal.restore import call
+from receivewal.restore.filler import Spool
+from receivewal.wal.leannames import AT_REST_SUFFIXES
 from receivewal.wal.names import AtRest
 
 NAME = "000000010000000000000003"
-HEAVY = ("click", "structlog", "psycopg", "boto3", "lz4", "zstandard")
+HEAVY = (*sorted(restore.NEVER), "boto3", "lz4", "zstandard")
 PROBE = (
     "import json, sys\n"
     "from receivewal.commands.cli import main\n"
@@ -77,14 +82,48 @@ SPOOL_PROBE = (  # what the call loads beyond the interpreter's start (site, .pt
     "status = main(sys.argv[1:])\n"
     "print(repr([status, sorted(set(sys.modules) - before)]))\n"
 )
-SLOW = ("dataclasses", "pathlib", "re", "typing", "json", "enum", "tempfile", "hashlib",
-        *HEAVY)
+ROOT = Path(restore.__file__).parents[2]  # holds receivewal/
+
+
+def beyond_the_lean_path(modules: list[str]) -> list[str]:
+    """The modules of ``modules`` that the rule does not let a lean call load."""
+    return sorted(set(modules) - restore.LEAN - restore.OS_LEVEL)
+
+
+def top_level_imports(module: str) -> set[str]:
+    """The modules ``module`` imports when it is imported: at its top, not in a function nor
+    under ``if TYPE_CHECKING``; ``from a import b`` counts as ``a.b`` when that is a module."""
+    path = ROOT.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                is_module = ROOT.joinpath(*name.split(".")).with_suffix(".py").exists()
+                found.add(name if is_module else node.module)
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(restore.LEAN))
+def test_a_lean_module_imports_only_lean_modules_at_its_top(module: str) -> None:
+    """Rule 3: each module of the lean path imports, when it is imported, only modules of the
+    lean path and os-level ones of the standard library (the rest inside functions)."""
+    assert sorted(top_level_imports(module) - restore.LEAN - restore.OS_LEVEL) == []
+
+
+def test_the_rules_slow_modules_are_not_os_level() -> None:
+    """What rule 2 names as too slow for a lean call is outside the lean sets."""
+    slow = {"dataclasses", "pathlib", "re", "typing", "enum", "json", *restore.NEVER}
+    assert slow & (restore.LEAN | restore.OS_LEVEL) == set()
 
 
 def test_a_call_served_from_the_spool_imports_only_os_level_modules(tmp_path: Path) -> None:
-    """With a filler at work, a call whose segment is spooled is a rename: it loads none of
-    dataclasses, pathlib, re, typing, json, enum, tempfile, hashlib (nor the heavy ones), and
-    the target holds the archive's bytes."""
+    """Rule 2: with a filler at work, a call whose segment is spooled is a rename: it loads
+    only the lean path's modules (none of dataclasses, pathlib, re, typing, json, enum, nor
+    the heavy ones), and the target holds the archive's bytes."""
     archive = tmp_path / "archive"
     archive.mkdir()
     for segno in (3, 4, 5):
@@ -107,20 +146,20 @@ def test_a_call_served_from_the_spool_imports_only_os_level_modules(tmp_path: Pa
     status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
     assert status == 0
     assert "from the prefetch spool" in done.stderr
-    assert sorted(set(modules) & set(SLOW)) == []
+    assert beyond_the_lean_path(modules) == []
     assert target.read_bytes() == wal_segment(4)
 
 
 @given(st.text())
 def test_messages_quote_names_as_json_does(text: str) -> None:
     """The lean path quotes names without importing json, exactly as json.dumps does."""
-    assert restore_call._quoted(text) == json.dumps(text, ensure_ascii=False)
+    assert call._quoted(text) == json.dumps(text, ensure_ascii=False)
 
 
 @pytest.mark.parametrize("text", ["s3://b/p", "s3:/b", "S3://b", "/srv/s3://x", "", "s3://"])
 def test_the_lean_bucket_test_is_the_object_stores(text: str) -> None:
-    """restore_call.is_bucket_url (no import of the object store) judges as objectstore's."""
-    assert restore_call.is_bucket_url(text) == is_bucket_url(text)
+    """restore.call.is_bucket_url (no import of the object store) judges as objectstore's."""
+    assert call.is_bucket_url(text) == is_bucket_url(text)
 
 
 @pytest.mark.parametrize("name", [NAME, "00000002.history"])
@@ -128,14 +167,14 @@ def test_a_file_the_archive_lacks_is_exit_1_without_the_restore_machinery(
         tmp_path: Path, name: str) -> None:
     """Recovery asks for files the archive lacks on every run (the next timeline's history
     file, the segment after the last): a call answers exit 1 with the usual line, loading
-    none of the restore path's heavier modules."""
+    only the lean path's modules (rule 2), none of the restore machinery."""
     done = subprocess.run([sys.executable, "-c", SPOOL_PROBE, "restore", "-D", str(tmp_path),
                            name, str(tmp_path / "RECOVERYXLOG")], capture_output=True,
                           text=True, check=True, timeout=60)
     status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
     assert status == 1
     assert done.stderr == f'receivewal restore: "{name}" is not in the archive "{tmp_path}"\n'
-    assert sorted(set(modules) & {*SLOW, "receivewal.archive.restore"}) == []
+    assert beyond_the_lean_path(modules) == []
 
 
 def test_a_dangling_symlink_is_not_taken_for_absence(tmp_path: Path) -> None:
@@ -149,9 +188,11 @@ def test_a_dangling_symlink_is_not_taken_for_absence(tmp_path: Path) -> None:
 
 
 def test_the_lean_suffixes_are_the_at_rest_formats() -> None:
-    """archive/absence.py spells the at-rest suffixes without importing wal.names: the same
-    ones, in the same order."""
-    assert tuple(fmt.suffix for fmt in AtRest) == absence.SUFFIXES
+    """wal/leannames' suffixes (which restore/absence.py uses without importing wal.names) are
+    the at-rest formats', each its own."""
+    assert tuple(fmt.suffix for fmt in AtRest) == AT_REST_SUFFIXES
+    assert {fmt: fmt.suffix for fmt in AtRest} == {
+        AtRest.PLAIN: "", AtRest.GZIP: ".gz", AtRest.LZ4: ".lz4", AtRest.ZSTD: ".zst"}
 
 
 def test_a_recoverys_first_call_starts_the_filler_without_the_restore_machinery(
@@ -170,7 +211,7 @@ def test_a_recoverys_first_call_starts_the_filler_without_the_restore_machinery(
     status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
     spool = Spool.beside(data_dir / "pg_wal" / "RECOVERYHISTORY", os.path.realpath(archive))
     assert (status, spool.busy()) == (1, True)
-    heavy = {"receivewal.archive.restore", "receivewal.archive.objectstore",
+    heavy = {"receivewal.restore.local", "receivewal.archive.objectstore",
              "receivewal.archive.compression", *HEAVY}
     assert sorted(set(modules) & heavy) == []
     (data_dir / "recovery.signal").unlink()

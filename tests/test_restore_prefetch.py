@@ -18,7 +18,7 @@ from support.servers import PgServer
 from support.walgen import wal_segment
 
 from receivewal.archive.compression import CompressSpec, new_compressor
-from receivewal.archive.spool import Spool
+from receivewal.restore.filler import Spool
 
 FORMS = {"": None, ".gz": "gzip", ".lz4": "lz4", ".zst": "zstd"}
 

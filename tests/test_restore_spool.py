@@ -19,9 +19,10 @@ import pytest
 from support.holders import holders_of
 from support.walgen import SEGMENT, SYSID, name_of, wal_segment
 
-from receivewal.archive import prefetched
-from receivewal.archive.spool import SPOOL_DIR, Spool
-from receivewal.commands.restore_call import source_id
+from receivewal.archive import durable
+from receivewal.restore import served, spoolfiles
+from receivewal.restore.call import source_id
+from receivewal.restore.filler import SPOOL_DIR, Spool
 
 OTHER = SYSID + 1
 IDENTITY = ".receivewal-archive.json"
@@ -102,7 +103,7 @@ def test_a_buckets_spool_is_named_by_its_endpoint_and_profile(
         monkeypatch.setenv(name, value)
         seen.add(source_id(url))
     assert len(seen) == 4
-    assert len({prefetched.spool_dir("/x/pg_wal/RECOVERYXLOG", s) for s in seen}) == 4
+    assert len({spoolfiles.spool_dir("/x/pg_wal/RECOVERYXLOG", s) for s in seen}) == 4
 
 
 def test_the_spool_records_its_source_and_system_and_serves_nothing_else(
@@ -119,13 +120,13 @@ def test_the_spool_records_its_source_and_system_and_serves_nothing_else(
     source = source_id(str(archive))
     spool = Spool.beside(target, source)
     wait_until(lambda: name_of(5) in os.listdir(spool.dir), "the filler's window")
-    assert prefetched.recorded_source(str(spool.dir)) == (str(SYSID), source)
+    assert spoolfiles.recorded_source(str(spool.dir)) == (str(SYSID), str(SEGMENT), source)
     planted = wal_segment(4, system_identifier=OTHER)
     (spool.dir / name_of(4)).write_bytes(planted)
-    assert not prefetched.take(str(spool.dir), name_of(4), str(target), source)
+    assert not served.take(str(spool.dir), name_of(4), str(target), source)
     assert not (spool.dir / name_of(4)).exists()
-    assert not prefetched.take(str(spool.dir), name_of(5), str(target), source + "/else")
-    assert prefetched.take(str(spool.dir), name_of(5), str(target), source)
+    assert not served.take(str(spool.dir), name_of(5), str(target), source + "/else")
+    assert served.take(str(spool.dir), name_of(5), str(target), source)
     assert target.read_bytes() == wal_segment(5)
 
 
@@ -175,3 +176,20 @@ def test_an_archive_path_that_is_not_utf8_works_with_prefetch(tmp_path: Path) ->
         assert "Traceback" not in done.stderr
         assert target.read_bytes() == wal_segment(segno)
     assert "from the prefetch spool" in done.stderr
+
+
+# -- issue 26, item 2 ------------------------------------------------------------------------------
+def test_a_spool_record_is_never_written_through_a_file_at_its_temporary_name(
+        tmp_path: Path) -> None:
+    """A file already at a spool record's temporary name (a killed call's leftover, or a hard
+    link planted there) is left alone: the record is written through a new file, created
+    exclusively as every file receivewal writes (before: it was opened with O_TRUNC, and the
+    planted link's other name was overwritten)."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    os.link(precious, spool / durable.temporary_name(".wanted"))
+    spoolfiles.record_wanted(str(spool), name_of(4))
+    assert precious.read_text() == "keep me"
+    assert spoolfiles.wanted(str(spool)) == name_of(4)

@@ -3,7 +3,7 @@ segment (:func:`receivewal.archive.segmentcheck.checked_segment`), and every pat
 WAL out of the archive goes through it.
 
 Every function of the package that writes a file or an object (``durable_file``,
-``write_file_durably``, ``create_temporary``, ``durable.rename``, ``put_new``) is listed
+``write_file_durably``, ``create_temporary``, ``finish_file``, ``put_new``) is listed
 below, either as a path that hands WAL out (and then it must reach ``checked_segment``) or as
 one that writes something else, with the reason. A new function that writes is in neither list
 until someone decides which it is: a new serving path cannot bypass the check unnoticed.
@@ -16,20 +16,21 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent / "receivewal"
-WRITERS = {"durable_file", "write_file_durably", "create_temporary", "put_new"}
+WRITERS = {"durable_file", "write_file_durably", "create_temporary", "finish_file",
+           "put_new"}
 
 #: The paths that hand WAL out: each reaches checked_segment (directly or through the one
 #: function that calls it), with what it serves.
 HANDS_OUT = {
-    "archive/restore.py::write_restored":
+    "restore/writing.py::write_restored":
         "restore's one writer of %p: a directory, --partial, a bucket (BucketSource.restore), "
         "and the prefetch filler (whose fetch is restore_file or BucketSource.restore)",
     "daemon/uploader.py::Uploader._upload":
         "uploads a completed segment: the bytes checked_file read and checked are the bytes "
         "put (issue 25 item 6)",
-    "archive/spool.py::Spool._fetch_sized":
+    "restore/filler.py::Spool._fetch_sized":
         "the filler renames into the spool what its fetch wrote through write_restored",
-    "archive/prefetched.py::take":
+    "restore/served.py::take":
         "a call renames a spooled file to %p: only the filler writes the spool, through "
         "write_restored (see the filler's fetch below), and take serves it only while that "
         "filler lives, for the recorded source and system",
@@ -48,7 +49,7 @@ WRITES_OTHER = {
     "archive/bucket.py::Bucket.claim_prefix": "the prefix's identity object",
     "archive/partials.py::_convert": "a .partial converted inside the archive (start-up)",
     "archive/uploads.py::write_upload_record": "the upload record",
-    "archive/prefetched.py::_write_bytes": "the spool's small records (.wanted, .window...)",
+    "restore/spoolfiles.py::_write_bytes": "the spool's small records (.wanted, .window...)",
     "archive/writer.py::SegmentWriter._create_temporary": "the daemon writing what it receives",
     "archive/writer.py::SegmentWriter._create_preallocated": "the daemon writing what it receives",
     "archive/writer.py::SegmentWriter._promote": "the daemon writing what it receives",
@@ -94,8 +95,8 @@ def functions() -> dict[str, set[str]]:
 
 def called(function: ast.AST, durable: set[str]) -> set[str]:
     """The names a function calls (``f(...)`` and ``x.f(...)`` alike, nested functions
-    included); a call of durable's (``durable.rename``, or ``rename`` imported from it) also
-    as ``durable.NAME``."""
+    included); a call of durable's (``durable.finish_file``, or ``finish_file`` imported from
+    it) also as ``durable.NAME``."""
     names = set()
     for node in ast.walk(function):
         if isinstance(node, ast.Call):
@@ -132,7 +133,7 @@ def test_every_function_that_writes_is_classified() -> None:
     """The functions that write files or objects are exactly the three lists' (a new one must
     be put in one of them, saying whether it hands WAL out)."""
     writes = {key for key, names in functions().items()
-              if names & (WRITERS | {"durable.rename"})}
+              if names & WRITERS}
     listed = {**HANDS_OUT, **NOT_YET, **WRITES_OTHER}
     assert sorted(writes - listed.keys()) == [], "unclassified writers"
     assert sorted(listed.keys() - writes) == [], "listed functions that no longer write"
@@ -147,12 +148,12 @@ def test_every_path_that_hands_wal_out_reaches_the_check() -> None:
     for key in graph:
         by_name[key.rsplit("::", 1)[1].rsplit(".", 1)[-1]].add(key)
     check = "checked_segment"
-    assert reaches("archive/restore.py::write_restored", check, graph, by_name)
-    for source in ("archive/restore.py::restore_file",
-                   "archive/bucketrestore.py::BucketSource.restore"):
+    assert reaches("restore/writing.py::write_restored", check, graph, by_name)
+    for source in ("restore/local.py::restore_file",
+                   "restore/remote.py::BucketSource.restore"):
         assert "write_restored" in graph[source], source
-    fetch = graph["commands/prefetch.py::_fetcher.fetch"] | \
-        graph["commands/prefetch.py::_fetcher.restore"]
+    fetch = graph["restore/launch.py::fetcher.fetch"] | \
+        graph["restore/launch.py::fetcher.restore"]
     assert {"restore_file", "restore"} <= fetch
     writing = {name for name in fetch if name in WRITERS or name.startswith("durable.")}
     assert writing == set(), "the filler's fetch writes only through restore's one path"

@@ -22,9 +22,9 @@ import pytest
 from support.archives import SEGMENT, proven_segment
 from support.walgen import wal_segment
 
-from receivewal.archive import restore as restore_module
 from receivewal.commands.cli import main
 from receivewal.daemon.state import STATE_FILE
+from receivewal.restore import writing as restore_module
 
 NAME = "000000010000000000000003"
 BEFORE = "000000010000000000000002"

@@ -223,7 +223,7 @@ def test_temp_file_is_fsynced_before_the_rename(dirs: tuple[Path, Path],
 
 STALLED_RESTORE = (
     "import signal, sys\n"
-    "from receivewal.archive import restore\n"
+    "from receivewal.restore import writing as restore\n"
     "from receivewal.commands.cli import main\n"
     "def stalled(out, data, size):\n"
     "    out.write(bytes(8192))\n"

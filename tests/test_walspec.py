@@ -43,6 +43,16 @@ def test_the_timeline_and_system_identifier_limits_are_defined_once() -> None:
         False, True, True, False]
 
 
+def test_file_names_are_read_in_wal_only() -> None:
+    """A WAL file name's parts (timeline, log and seg digits) are read, and its digits
+    spelled, only in wal/ (leannames for the lean path, names for the rest): restore's spool
+    and the archive's layout call them (issue 26: they read names by hand). check/charts.py
+    is another item of issue 26."""
+    by_hand = r"\[(:8|8:16|16:|16:24)\], 16\)|0123456789ABCDEF"
+    assert {p for p in places(by_hand) if not p.startswith("wal/")} - {"check/charts.py"} == set()
+    assert places(r"0x1_?0000_?0000\b") == {"wal/leannames.py"}
+
+
 def test_lsns_are_parsed_and_printed_in_wal_lsn_only() -> None:
     """The 32-bit halves of an LSN are joined and split only in wal/lsn.py."""
     assert places(r"(<<|>>) 32\b") == {"wal/lsn.py"}

@@ -23,6 +23,7 @@ from pathlib import Path
 from receivewal.archive.completions import Completions, FileCompleted, FileKind
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
 from receivewal.archive.durable import (
+    DirectoryNotSynced,
     is_temporary,
     probe_writable,
     sync_path,
@@ -49,7 +50,11 @@ OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 def os_error(exc: OSError, what: str) -> ArchiveError:
     """Turn an OSError into the project's error, marking a full disk and a lack of file
-    descriptors as retryable."""
+    descriptors as retryable. A directory's failed fsync after a rename
+    (:class:`~receivewal.archive.durable.DirectoryNotSynced`) is said as such, whatever
+    ``what`` was."""
+    if isinstance(exc, DirectoryNotSynced):
+        what = f'could not fsync directory "{exc.filename}"'
     if exc.errno in _DISK_FULL:
         return DiskFullError(f"{what}: no space left on device ({exc.strerror})")
     if exc.errno in OUT_OF_DESCRIPTORS:

@@ -1,9 +1,12 @@
 """Durable writes: the one module that creates temporary files, fsyncs and renames.
 
-Every file receivewal writes, in the archive or for a restore (``%p``, the prefetch spool), is
-made the same way, as pg_receivewal's walmethods.c does: a new temporary file next to its
-target, written, fsynced, renamed into place, and the directory fsynced. With the archive's
-``--no-sync`` the two fsyncs are skipped; nothing else changes.
+Every file receivewal writes whole (the archive's, ``%p``, the prefetch spool's files and
+records, the state file, a completed change log) is made the same way, as pg_receivewal's
+walmethods.c does: a new temporary file next to its target, written, then finished by
+:func:`finish_file`, the one place where a file gets its name: fsynced, renamed into place, and
+the directory fsynced (walmethods.c does it once too, in its close). With the archive's
+``--no-sync`` (and for the prefetch spool, whose files are hints and copies) the two fsyncs are
+skipped; nothing else changes.
 
 One naming rule for the temporary files: ``.<name>.<pid>.receivewal-tmp`` next to ``<name>``
 (``.<name>.<pid>-<random>.receivewal-tmp`` when that is taken: a leftover, or something
@@ -12,6 +15,7 @@ ever written through a planted file or symbolic link. :func:`is_temporary` recog
 the names earlier versions used, so that the archive's lock holder removes what a crash left
 behind (:meth:`receivewal.archive.directory.Archive.remove_temporaries`).
 
+Paths may be strings (a restore call's lean path imports no pathlib) or ``Path`` objects.
 Errors are OSError: the caller names the file in the project's error.
 """
 
@@ -53,24 +57,31 @@ def create_temporary(target: Path, mode: int | None = None, *, replace_own: bool
     alone and a fresh random name is taken, unless ``replace_own`` (the archive's lock holder
     replaces a leftover of its own process).
     """
-    first = target.with_name(temporary_name(target.name))
+    fd, path = _create_temporary(os.fspath(target), mode, replace_own=replace_own)
+    return fd, target.with_name(os.path.basename(path))
+
+
+def _create_temporary(target: str, mode: int | None, *, replace_own: bool = False,
+                      ) -> tuple[int, str]:
+    directory, name = os.path.split(target)
+    first = os.path.join(directory, temporary_name(name))
     if replace_own:
-        first.unlink(missing_ok=True)
+        _unlink_if_there(first)
     try:
         return _create_exclusive(first, mode), first
     except FileExistsError:
         pass
     import secrets  # noqa: PLC0415 - only when the name is taken
     while True:
-        fresh = target.with_name(temporary_name(target.name,
-                                                f"{os.getpid()}-{secrets.token_hex(4)}"))
+        fresh = os.path.join(directory, temporary_name(
+            name, f"{os.getpid()}-{secrets.token_hex(4)}"))
         try:
             return _create_exclusive(fresh, mode), fresh
         except FileExistsError:
             continue
 
 
-def _create_exclusive(path: Path, mode: int | None) -> int:
+def _create_exclusive(path: str, mode: int | None) -> int:
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, _AS_A_COPY if mode is None else mode)
     if mode is not None:
@@ -78,9 +89,14 @@ def _create_exclusive(path: Path, mode: int | None) -> int:
             os.fchmod(fd, mode)  # O_CREAT's mode is filtered by the umask
         except OSError:
             os.close(fd)
-            path.unlink(missing_ok=True)
+            _unlink_if_there(path)
             raise
     return fd
+
+
+def _unlink_if_there(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -107,37 +123,64 @@ def sync_path(path: str | os.PathLike[str], *, sync: bool = True) -> None:
         os.close(fd)
 
 
-def rename(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
-    """Give ``source`` the name ``target`` atomically (replacing what is there); the caller
-    fsyncs the directory."""
-    os.replace(source, target)
+class DirectoryNotSynced(OSError):  # noqa: N818 - says what happened, as FileNotFoundError
+    """:func:`finish_file` renamed the file, but its directory's fsync failed (``filename``
+    is the directory): the file has its name, which a crash may still lose."""
+
+
+def finish_file(temporary: str | os.PathLike[str], target: str | os.PathLike[str], *,
+                fd: int | None = None, close: bool = False, sync: bool = True) -> None:
+    """Give the file written as ``temporary`` its name ``target``, durably: the one way a file
+    is finished. fsync it through ``fd`` (None: its writer has fsynced it already), close
+    ``fd`` when ``close`` (also when the fsync fails), rename it to ``target`` atomically
+    (replacing what is there), then fsync ``target``'s directory. ``sync`` off skips both
+    fsyncs (``--no-sync``; the prefetch spool), never the order.
+
+    Raises OSError; DirectoryNotSynced when only the directory's fsync failed."""
+    if fd is not None:
+        try:
+            sync_file(fd, sync=sync)
+        finally:
+            if close:
+                os.close(fd)
+    os.replace(temporary, target)
+    directory = os.path.dirname(os.fspath(target)) or "."
+    try:
+        sync_path(directory, sync=sync)
+    except OSError as exc:
+        raise DirectoryNotSynced(exc.errno, exc.strerror, directory) from exc
 
 
 @contextlib.contextmanager
-def durable_file(target: Path, mode: int | None = None, *, sync: bool = True,
-                 ) -> Iterator[BinaryIO]:
+def durable_file(target: str | os.PathLike[str], mode: int | None = None, *,
+                 sync: bool = True) -> Iterator[BinaryIO]:
     """Write ``target`` atomically: yields a new temporary file next to it; once the block
-    ends, flushes, fsyncs, renames it to ``target`` and fsyncs the directory. On any error
-    (SIGTERM raised as an exception included) the temporary file is removed and ``target``
-    is untouched."""
-    fd, tmp = create_temporary(target, mode)
+    ends, flushes it and finishes it (:func:`finish_file`: fsync, rename to ``target``, fsync
+    the directory). On any error before the rename (SIGTERM raised as an exception included)
+    the temporary file is removed and ``target`` is untouched."""
+    fd, tmp = _create_temporary(os.fspath(target), mode)
     try:
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(fd, "wb", closefd=False) as out:
             yield out
             out.flush()
-            sync_file(out.fileno(), sync=sync)
-        rename(tmp, target)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        os.close(fd)
+        _unlink_if_there(tmp)
         raise
-    sync_path(target.parent, sync=sync)
+    try:
+        finish_file(tmp, target, fd=fd, close=True, sync=sync)  # fd is closed, whatever happens
+    except DirectoryNotSynced:
+        raise
+    except BaseException:
+        _unlink_if_there(tmp)
+        raise
 
 
-def write_file_durably(directory: Path, name: str, body: bytes, *, mode: int = 0o600,
-                       sync: bool = True) -> None:
+def write_file_durably(directory: str | os.PathLike[str], name: str, body: bytes, *,
+                       mode: int = 0o600, sync: bool = True) -> None:
     """Write ``directory/name`` through a new temporary file: fsync, rename, fsync the
-    directory. Raises OSError."""
-    with durable_file(directory / name, mode, sync=sync) as out:
+    directory (none of the fsyncs with ``sync`` off). Raises OSError."""
+    with durable_file(os.path.join(directory, name), mode, sync=sync) as out:
         out.write(body)
 
 

@@ -129,10 +129,11 @@ def island_names(files: Iterable[SegmentFile], resume: SegmentFile | None, segme
     files = sorted(files, reverse=True)
     if resume is None:
         return []
-    names = {f.segno: f.wal_name(segment_size) for f in files}  # the lowest timeline's
+    lowest = {f.segno: f for f in files}  # each segment's file of the lowest timeline
     found = []
-    for first, last, missing in older_islands(names, resume.segno):
-        tli = int(names[last][:8], 16)
-        found.append((names[first], names[last], wal_file_name(tli, last + 1, segment_size),
+    for first, last, missing in older_islands(lowest, resume.segno):
+        tli = lowest[last].timeline
+        found.append((lowest[first].wal_name(segment_size), lowest[last].wal_name(segment_size),
+                      wal_file_name(tli, last + 1, segment_size),
                       wal_file_name(tli, missing, segment_size)))
     return found

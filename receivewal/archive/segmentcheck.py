@@ -11,7 +11,8 @@ the file and the LSN. What is checked, by the WAL reader verify uses
 
 - every page header, against the segment's name (page address; timeline, as the reader's
   rules have it: no page of a later timeline than the file's, none going back), the segment
-  size (the identity's, else the size its own header states) and the block size;
+  size (the archive's, by the one rule of :mod:`receivewal.archive.sources`) and the block
+  size;
 - the system identifier in its first page header, against the archive's identity;
 - every record that lies in the segment: length, resource manager, ``xl_prev`` link, CRC-32C
   and block references; the lengths of a record that runs into the next segment, and of the
@@ -34,7 +35,6 @@ from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
 from receivewal.wal.names import at_rest_of, parse_segment_file_name
-from receivewal.wal.pageheader import archive_segment_size
 from receivewal.wal.reader import SegmentScanner
 
 
@@ -77,7 +77,8 @@ def checked_segment(data: bytes | bytearray, name: str, identity: ArchiveIdentit
     ``data`` (``partial``: a ``.partial``'s, at most a segment) from the archive whose identity
     record is ``identity`` (None when it has none: then ``system_identifier``, when given, is
     the one its segments must have, e.g. the first one a recovery read, and ``segment_size``
-    the archive's, by the one rule, else the size the segment's own header states).
+    the archive's, as :func:`~receivewal.archive.sources.decide_segment_size` decides it for
+    every reader; PostgreSQL's default when not given).
 
     Returns the :class:`CheckedSegment`; raises :class:`DamagedSegment` naming ``file``
     (default ``name``) and the LSN of the first thing wrong, ConfigurationError when ``name``
@@ -88,8 +89,7 @@ def checked_segment(data: bytes | bytearray, name: str, identity: ArchiveIdentit
         size = identity.segment_size
         system_identifier = int(identity.system_identifier)
     else:
-        size = segment_size or archive_segment_size(None, [(name, bytes(data[:64]))]) \
-            or DEFAULT_SEGMENT_SIZE
+        size = segment_size or DEFAULT_SEGMENT_SIZE
     segment = parse_segment_file_name(name, size)
     if segment is None or segment.partial or segment.compression:
         raise ConfigurationError(f"{name!r} is not a WAL segment name for {size}-byte segments")

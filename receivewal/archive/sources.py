@@ -6,21 +6,27 @@ Readers of a whole archive (verify, analyze) name files as ``BASE/<name>`` and o
 store (:meth:`~receivewal.archive.bucket.Bucket.open_object`). Everything after the open (the
 decompression, the caps, the scanner) is the same code for both. Listing is the one thing that
 differs: a directory's entries, or one ListBucket over the prefix.
+
+An archive's segment size is decided here, by one rule for every reader
+(:func:`decide_segment_size`: verify, analyze, restore from a directory or a bucket, the
+prefetch filler), from the same inputs: the identity record, else the first page headers of
+its segment files in name order.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, cast
 
-from receivewal.archive.compression import Opener, open_local
+from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_from_json
 from receivewal.archive.objectstore import is_bucket_url, parse_bucket_url
-from receivewal.errors import ArchiveError, StoreError
-from receivewal.wal.names import looks_like_segment, parse_history_file_name
+from receivewal.errors import ArchiveError, ConfigurationError, StoreError
+from receivewal.wal.names import at_rest_of, looks_like_segment, parse_history_file_name
+from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size, header_segment_size
 
 if TYPE_CHECKING:
     from receivewal.archive.bucket import Bucket
@@ -149,3 +155,39 @@ def recorded_identity(base: str, names: Iterable[str],
     except (OSError, ValueError, TypeError) as exc:
         raise ArchiveError(f'invalid archive identity file "{path}": {str(exc)[:200]}'
                            ) from exc
+
+
+def decide_segment_size(identity: ArchiveIdentity | None, base: str, names: Iterable[str],
+                        open_binary: Opener | None = None,
+                        problems: list[ArchiveError] | None = None) -> int | None:
+    """The archive's segment size, by the one rule every reader takes it by
+    (:func:`~receivewal.wal.pageheader.archive_segment_size`): its identity record's
+    (``identity``, validated), else the size most of its segment files' first page headers
+    state, a header counting only where its page address is where its file name puts it.
+    ``names`` are the archive's file names (its listing, sorted), iterated only when there is
+    no identity record, and read as :func:`segment_heads` reads them (what makes a file
+    unusable goes to ``problems``). None when nothing decides: the caller then takes
+    PostgreSQL's default (verify first says why no file could be read)."""
+    recorded = None if identity is None else identity.segment_size
+    return archive_segment_size(recorded, segment_heads(base, names, open_binary, problems))
+
+
+def segment_heads(base: str, names: Iterable[str], open_binary: Opener | None = None,
+                  problems: list[ArchiveError] | None = None) -> Iterator[tuple[str, bytes]]:
+    """(name, first bytes) of each segment-named file among ``names``, read when asked for;
+    what makes one unusable (unreadable, or without a valid header) goes to ``problems``."""
+    for name in names:
+        if not looks_like_segment(name):
+            continue
+        path = base.rstrip("/") + "/" + name
+        try:
+            head = read_wal_file(path, at_rest_of(name), SIZE_OF_LONG_PHD, open_binary)
+            header_segment_size(head)
+        except ArchiveError as exc:
+            if problems is not None:
+                problems.append(exc)
+            continue
+        except ConfigurationError as exc:
+            if problems is not None:
+                problems.append(ArchiveError(f"{path}: {exc}"))
+        yield name, head

@@ -26,7 +26,7 @@ from receivewal.archive.codecs import Compressor
 from receivewal.archive.completions import FileCompleted, FileKind
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, new_compressor
 from receivewal.archive.directory import Archive, os_error
-from receivewal.archive.durable import create_temporary, rename, sync_file, write_all
+from receivewal.archive.durable import create_temporary, finish_file, sync_file, write_all
 from receivewal.archive.files import (
     CRASH_ENV,
     PREALLOCATE_ENV,
@@ -200,24 +200,20 @@ class SegmentWriter:
                 # before that leaves only the temporary file, removed at the next start)
                 self.syncer.submit(self.position, lambda: self._promote(fd, tmp, path))
                 return fd
-            sync_file(fd, sync=self.archive.sync)
-            rename(tmp, path)
+            finish_file(tmp, path, fd=fd, sync=self.archive.sync)
         except OSError as exc:
             os.close(fd)
             tmp.unlink(missing_ok=True)
             raise os_error(exc, f'could not preallocate file "{path}"') from exc
-        self.archive.fsync_directory()
         return fd
 
     def _promote(self, fd: int, tmp: Path, path: Path) -> None:
         """The syncer's job for a new segment: make the preallocated file durable, then give it
         its ``.partial`` name and make that durable."""
         try:
-            sync_file(fd)
-            rename(tmp, path)
+            finish_file(tmp, path, fd=fd)
         except OSError as exc:
             raise os_error(exc, f'could not preallocate file "{path}"') from exc
-        self.archive.fsync_directory()
 
     def _pwrite(self, fd: int, pieces: list[memoryview], offset: int) -> None:
         size = sum(map(len, pieces))
@@ -259,14 +255,10 @@ class SegmentWriter:
         """fsync and close ``fd``, rename ``path`` to ``name``, fsync the directory, drop the
         segment's ``.partial`` files in other forms."""
         try:
-            try:
-                sync_file(fd, sync=self.archive.sync)
-            finally:
-                os.close(fd)
-            rename(path, self.archive.directory / name)
+            finish_file(path, self.archive.directory / name, fd=fd, close=True,
+                        sync=self.archive.sync)
         except OSError as exc:
             raise os_error(exc, f'could not complete segment "{name}"') from exc
-        self.archive.fsync_directory()
         self._drop_superseded_partials(name[:24])
         self.archive.completions.publish(FileCompleted(name, FileKind.SEGMENT))
 
@@ -352,10 +344,9 @@ class CompressedSegmentWriter(SegmentWriter):
         if self.position - self._segno * self.segment_size < old:
             return
         try:
-            rename(self._path, partial)
+            finish_file(self._path, partial, sync=self.archive.sync)  # fsynced by flush
         except OSError as exc:
             raise os_error(exc, f'could not replace "{partial}"') from exc
-        self.archive.fsync_directory()
         self._path, self._old = partial, None
 
     def _pwrite(self, fd: int, pieces: list[memoryview], offset: int) -> None:

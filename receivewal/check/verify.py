@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.segmentbuffer import read_segment
 from receivewal.archive.sources import (
     ArchiveSource,
+    decide_segment_size,
     list_source,
     read_capped,
     recorded_identity,
@@ -35,20 +36,14 @@ from receivewal.check.crosscheck import (
     follower_files,
     plan_scans,
 )
-from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.errors import ArchiveError
 from receivewal.wal import accel
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
 from receivewal.wal.names import (
     SegmentFile,
-    at_rest_of,
     looks_like_segment,
     parse_history_file_name,
     parse_segment_file_name,
-)
-from receivewal.wal.pageheader import (
-    SIZE_OF_LONG_PHD,
-    archive_segment_size,
-    header_segment_size,
 )
 from receivewal.wal.reader import (
     RmgrTotals,
@@ -149,17 +144,15 @@ def misnamed(names: Iterable[str], segment_size: int) -> list[WalProblem]:
 
 def detect_segment_size(base: str, names: Iterable[str], open_binary: Opener | None,
                         identity: ArchiveIdentity | None) -> int:
-    """The archive's segment size by the one rule, :func:`~receivewal.wal.pageheader.
-    archive_segment_size` (restore's too): its identity record's (``identity``, as
+    """The archive's segment size by the one rule, :func:`~receivewal.archive.sources.
+    decide_segment_size` (restore's too): its identity record's (``identity``, as
     :func:`~receivewal.archive.sources.recorded_identity` read it), else the size most
     segment-named files' long headers state (a header whose page address is not where its
     file name puts the segment decides nothing: its scan reports it). When nothing decides and
     a file could not be read or had no valid header, ArchiveError says so; else PostgreSQL's
     default."""
-    names = list(names)
     problems: list[ArchiveError] = []
-    size = archive_segment_size(None if identity is None else identity.segment_size,
-                                _segment_heads(base, names, open_binary, problems))
+    size = decide_segment_size(identity, base, names, open_binary, problems)
     if size is not None:
         return size
     if problems:
@@ -167,33 +160,9 @@ def detect_segment_size(base: str, names: Iterable[str], open_binary: Opener | N
     return DEFAULT_SEGMENT_SIZE
 
 
-def _segment_heads(base: str, names: list[str], open_binary: Opener | None,
-                   problems: list[ArchiveError]) -> Iterator[tuple[str, bytes]]:
-    """(name, first bytes) of each segment-named file, read when asked for; what makes one
-    unusable goes to ``problems``."""
-    for name in names:
-        if not looks_like_segment(name):
-            continue
-        path = base.rstrip("/") + "/" + name
-        try:
-            head = read_wal_file(path, guess_compression(name), SIZE_OF_LONG_PHD, open_binary)
-            header_segment_size(head)
-        except ArchiveError as exc:
-            problems.append(exc)
-            continue
-        except ConfigurationError as exc:
-            problems.append(ArchiveError(f"{path}: {exc}"))
-        yield name, head
-
-
 def system_identifier_of(identity: ArchiveIdentity | None) -> int | None:
     """The system identifier an identity record names (None: no record)."""
     return None if identity is None else int(identity.system_identifier)
-
-
-def guess_compression(name: str) -> str:
-    """The compression a segment-like file name says, before the segment size is known."""
-    return at_rest_of(name)
 
 
 def verify_archive(archive: Path | str, *, jobs: int | None = None,

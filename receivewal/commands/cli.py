@@ -1,8 +1,9 @@
 """Entry point of the ``receivewal`` console script (and ``python -m receivewal``).
 
 A ``restore`` call is PostgreSQL's restore_command, run once per WAL file during recovery, and
-recovery waits for each: :mod:`receivewal.commands.restore_call` reads its usual command line
-itself and runs it without importing click (or structlog, or psycopg). A plain ``verify``
+recovery waits for each: :mod:`receivewal.commands.restore_options` reads its usual command
+line without importing click (or structlog, or psycopg) and :mod:`receivewal.restore.call`
+runs it. A plain ``verify``
 command line is read and run the same way by :mod:`receivewal.commands.verify_call` (its start-up
 is most of a small archive's check). Everything else, and any restore or verify command line
 those do not take (``--help``, an unknown option, a usage error), goes to the click group in
@@ -22,11 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``receivewal`` console script."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["restore"]:
-        from receivewal.commands import restore_call  # noqa: PLC0415 - the lean path
+        from receivewal.commands import restore_options  # noqa: PLC0415 - the lean path
 
-        call = restore_call.parse(args[1:])
+        call = restore_options.parse(args[1:])
         if call is not None:
-            return restore_call.run(call)
+            from receivewal.restore.call import run  # noqa: PLC0415
+
+            return run(call)
     elif args[:1] == ["verify"]:
         from receivewal.commands import verify_call  # noqa: PLC0415 - the lean path
 

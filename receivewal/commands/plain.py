@@ -1,4 +1,4 @@
-"""A plain value class for the lean command paths (``restore_call``, ``verify_call``).
+"""A plain value class for the lean command paths (``verify_call``).
 
 Their command-line objects compare and print by their ``__slots__``, as a frozen dataclass
 would, without importing ``dataclasses`` (with ``inspect`` behind it, ~10 ms of a call's

@@ -1,10 +1,12 @@
 """``receivewal restore %f %p``: a restore_command that reads the archive (the click command).
 
 A call as PostgreSQL makes it never reaches this module: :mod:`receivewal.commands.cli` hands
-it to :mod:`receivewal.commands.restore_call` before click is imported, and that module holds
-the behaviour (exit statuses, the bucket, the prefetch spool). This command owns the options'
-help and every command line the lean path does not take: a usage error exits 126, never 1
-(which would tell PostgreSQL the file is absent and end recovery early).
+it to :func:`receivewal.commands.restore_options.parse` before click is imported, and
+:mod:`receivewal.restore.call` holds the behaviour (exit statuses, the bucket, the prefetch
+spool). This command is built from the same declaration of the options
+(:data:`~receivewal.commands.restore_options.OPTIONS`): it owns their help and every command
+line the lean path does not take, and a usage error exits 126, never 1 (which would tell
+PostgreSQL the file is absent and end recovery early).
 
 With ``--partial`` the ``.partial`` of the asked segment that holds the longest valid WAL is
 served when no complete file exists, padded with zeros to the segment size as PostgreSQL
@@ -14,9 +16,20 @@ different WAL where both hold some are damage (126), naming both files.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
-from receivewal.commands.restore_call import DAMAGED, Call, run
+from receivewal.commands.restore_options import (
+    ARGUMENTS,
+    COUNT,
+    DIRECTORY,
+    FLAG,
+    OPTIONS,
+    RestoreOption,
+)
+from receivewal.restore.call import DAMAGED, Call, run
 
 
 class _RestoreCommand(click.Command):
@@ -30,27 +43,33 @@ class _RestoreCommand(click.Command):
             raise click.exceptions.Exit(DAMAGED) from exc
 
 
+def _click_option(option: RestoreOption) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """The click option of a declared one."""
+    kinds: dict[str, dict[str, Any]] = {
+        DIRECTORY: {"type": click.Path(file_okay=False)},
+        FLAG: {"is_flag": True},
+        COUNT: {"type": click.IntRange(0, option.maximum), "default": None},
+    }
+    return click.option(*option.names, envvar=option.env, required=option.required,
+                        metavar=option.metavar, help=option.help, **kinds[option.kind])
+
+
+def declared(command: Callable[..., int]) -> Callable[..., int]:
+    """``command`` with restore's arguments and options, in their declared order."""
+    for option in reversed(OPTIONS):
+        command = _click_option(option)(command)
+    for argument in reversed(ARGUMENTS):
+        command = click.argument(argument)(command)
+    return command
+
+
 @click.command("restore", cls=_RestoreCommand)
-@click.argument("wal_name")
-@click.argument("target")
-@click.option("-D", "--directory", type=click.Path(file_okay=False),
-              envvar="RECEIVEWAL_DIRECTORY", required=True,
-              help="The archive: a directory (receivewal stream's -D) or s3://BUCKET/PREFIX "
-              "(env RECEIVEWAL_DIRECTORY).")
-@click.option("--partial", is_flag=True,
-              help="Serve the .partial holding the longest valid WAL of a segment that has "
-              "no complete file (recovery to the last byte received).")
-@click.option("--prefetch", type=click.IntRange(0, 64), envvar="RECEIVEWAL_PREFETCH",
-              default=None, metavar="N",
-              help="Fetch the next N segments into pg_wal/.receivewal/prefetch in the "
-              "background, so that later calls are a rename (default 8; env "
-              "RECEIVEWAL_PREFETCH).")
-def restore_command(wal_name: str, target: str, directory: str, partial: bool,
-                    prefetch: int | None) -> int:
+@declared
+def restore_command(**params: Any) -> int:
     """restore_command helper: copy WAL_NAME (%f) from the archive to TARGET (%p).
 
     Decompresses .gz, .lz4 and .zst files. Exits 1 only when the archive lacks the file, 126
     when the archive's file is damaged, the store cannot be reached, or anything else is wrong
     (PostgreSQL then stops recovery rather than end it early).
     """
-    return run(Call(wal_name, target, directory, partial, prefetch))
+    return run(Call(**params))

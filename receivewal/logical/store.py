@@ -272,18 +272,19 @@ class ChangeLogStore:
         assert self._fd is not None
         assert self._partial is not None
         self._flush_pending()
-        durable.sync_file(self._fd, sync=self.settings.sync)
-        os.close(self._fd)
-        self._fd = None
-        partial, self._partial = self._partial, None
+        fd, partial = self._fd, self._partial
         final = partial.with_name(partial.name.removesuffix(PARTIAL)
                                   + COMPRESSED[self.settings.compression])
         if self.settings.compression:
+            durable.sync_file(fd, sync=self.settings.sync)
+            os.close(fd)
+            self._fd, self._partial = None, None
             self._compress(partial, final)
             partial.unlink()
+            durable.sync_path(self.directory, sync=self.settings.sync)
         else:
-            durable.rename(partial, final)
-        durable.sync_path(self.directory, sync=self.settings.sync)
+            self._fd, self._partial = None, None  # finish_file closes fd, whatever happens
+            durable.finish_file(partial, final, fd=fd, close=True, sync=self.settings.sync)
         self._dirty = self._new_file = False
         self.durable_through = self.written_through
 

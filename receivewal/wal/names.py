@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from receivewal.wal.leannames import AT_REST_SUFFIXES, segments_per_xlogid
 from receivewal.wal.lsn import segment_start
 from receivewal.wal.timeline import is_timeline_id
 
@@ -38,7 +39,7 @@ class AtRest(StrEnum):
         return _SUFFIXES[self]
 
 
-_SUFFIXES = {AtRest.PLAIN: "", AtRest.GZIP: ".gz", AtRest.LZ4: ".lz4", AtRest.ZSTD: ".zst"}
+_SUFFIXES = dict(zip(AtRest, AT_REST_SUFFIXES, strict=True))
 _BY_SUFFIX = {fmt.suffix: fmt for fmt in AtRest}
 #: method -> suffix, for callers that index by the method name
 COMPRESSION_SUFFIXES = {fmt.value: fmt.suffix for fmt in AtRest}
@@ -65,11 +66,6 @@ def at_rest_of(name: str) -> AtRest:
     stem = name.removesuffix(PARTIAL_SUFFIX)
     dot = stem.rfind(".")
     return _BY_SUFFIX.get(stem[dot:], AtRest.PLAIN) if dot >= 0 else AtRest.PLAIN
-
-
-def segments_per_xlogid(segment_size: int) -> int:
-    """How many segments share one "log" number in a file name."""
-    return 0x100000000 // segment_size
 
 
 @dataclass(frozen=True, order=True)

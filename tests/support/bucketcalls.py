@@ -13,7 +13,7 @@ from pathlib import Path
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.objectstore import RetryPolicy
-from receivewal.archive.spool import Spool
+from receivewal.restore.filler import Spool
 from support.seaweed import SeaweedS3
 from support.walgen import SEGMENT, SYSID
 

@@ -1,12 +1,6 @@
-"""``receivewal restore %f %p`` as PostgreSQL runs it: the lean path, without click.
-
-PostgreSQL runs the restore_command once per WAL file and waits for each, so a call imports
-only what restoring needs: no click, structlog or psycopg, and a codec only for a compressed
-file. :func:`parse` reads the command line PostgreSQL's configuration gives (``-D DIR``,
-``--directory[=]DIR``, ``--partial``, ``--prefetch[=]N``, the two names, and the
-``RECEIVEWAL_DIRECTORY``/``RECEIVEWAL_PREFETCH`` variables); anything else (``--help``, an
-unknown option, a missing argument) is left to the click command in
-:mod:`receivewal.commands.restore`, which owns the options' help and usage errors.
+"""One ``receivewal restore %f %p`` call, as PostgreSQL runs it: :func:`run` takes the
+:class:`Call` (read from the command line by :mod:`receivewal.commands.restore_options`) and
+returns the exit status.
 
 Exit status is what recovery understands: 0 when the file was restored, 1 only when the archive
 definitely does not have it (every form missing; for a bucket, "no such key"), 126 for anything
@@ -15,17 +9,17 @@ bad ``%f``/``%p``, the unforeseen): PostgreSQL stops recovery on a status above 
 ending it early. On SIGTERM the temporary file is removed and the helper dies of the signal.
 
 On object storage a call is bounded: each request has a few seconds to connect and to read
-(:data:`~receivewal.archive.bucketrestore.RESTORE_PATIENCE`), and the whole call
+(:data:`~receivewal.restore.remote.RESTORE_PATIENCE`), and the whole call
 :func:`restore_timeout` seconds (``RECEIVEWAL_RESTORE_TIMEOUT``, default 180), waits for the
-prefetch filler included; after :data:`~receivewal.archive.prefetched.NOTICE_AFTER` seconds
+prefetch filler included; after :data:`~receivewal.restore.served.NOTICE_AFTER` seconds
 (or half the bound) it says on stderr what it waits for (PostgreSQL's log shows it), and at
 the bound it exits 126.
 
 With ``--prefetch N`` (default 8, for a bucket and a local directory alike), the N segments after
 the one asked for are kept in a spool next to ``%p`` by a detached filler, one per recovery
-(:mod:`receivewal.commands.prefetch`), and a later call finds its file there: a rename. A call
-served from the spool imports only ``os``-level modules (:mod:`receivewal.archive.prefetched`):
-it costs little more than the interpreter's start.
+(:mod:`receivewal.restore.launch`), and a later call finds its file there: a rename
+(:mod:`receivewal.restore.served`). What a call may import is the package's rule
+(:mod:`receivewal.restore`): this module is on the lean path.
 """
 
 from __future__ import annotations
@@ -34,9 +28,9 @@ import os
 import sys
 import time
 
-from receivewal.archive import prefetched
-from receivewal.commands.plain import Plain
 from receivewal.errors import ReceivewalError
+from receivewal.restore import served
+from receivewal.wal.leannames import is_segment_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,7 +42,7 @@ PREFETCH = 8  # the default: a local archive's files are decoded (and fsynced) a
 RESTORE_TIMEOUT = 180.0  # seconds a call on object storage may take in all, by default
 
 
-class Call(Plain):
+class Call:
     """One restore_command call (a plain class: ``dataclasses`` costs each call ~15 ms)."""
 
     __slots__ = ("deadline", "directory", "partial", "prefetch", "target", "wal_name")
@@ -69,54 +63,21 @@ class Call(Plain):
         """How many segments to prefetch after this one."""
         return PREFETCH if self.prefetch is None else self.prefetch
 
+    @property
+    def from_bucket(self) -> bool:
+        """Whether the archive is in object storage."""
+        return is_bucket_url(self.directory)
+
+    @property
+    def source(self) -> str:
+        """Where the archive is, for the prefetch spool (:func:`source_id`)."""
+        return source_id(self.directory)
+
 
 def is_bucket_url(text: str) -> bool:
     """Whether the archive is object storage: :func:`receivewal.archive.objectstore.is_bucket_url`,
     without importing that module (a test holds the two equal)."""
     return text.startswith("s3://")
-
-
-def parse(args: list[str]) -> Call | None:
-    """The call ``args`` (after ``restore``) asks for, or None for click to handle."""
-    directory = os.environ.get("RECEIVEWAL_DIRECTORY")
-    prefetch_text = os.environ.get("RECEIVEWAL_PREFETCH")
-    partial, names = False, []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in {"-D", "--directory", "--prefetch"}:
-            if i + 1 >= len(args):
-                return None
-            if arg == "--prefetch":
-                prefetch_text = args[i + 1]
-            else:
-                directory = args[i + 1]
-            i += 2
-            continue
-        if arg.startswith("--directory="):
-            directory = arg.partition("=")[2]
-        elif arg.startswith("--prefetch="):
-            prefetch_text = arg.partition("=")[2]
-        elif arg.startswith("-D") and len(arg) > 2:
-            directory = arg[2:]
-        elif arg == "--partial":
-            partial = True
-        elif arg.startswith("-"):
-            return None
-        else:
-            names.append(arg)
-        i += 1
-    prefetch = _count(prefetch_text)
-    if directory is None or len(names) != 2 or prefetch == -1:
-        return None
-    return Call(names[0], names[1], directory, partial, prefetch)
-
-
-def _count(text: str | None) -> int | None:
-    """A prefetch count (None when not given, -1 when invalid: click then says why)."""
-    if text is None:
-        return None
-    return int(text) if text.isascii() and text.isdigit() and int(text) <= 64 else -1
 
 
 class _Terminated(BaseException):
@@ -140,20 +101,20 @@ def run(call: Call) -> int:
         return _say("error: the archive directory (-D) is empty", DAMAGED)
     if is_bucket_url(call.directory):
         call.deadline = time.monotonic() + restore_timeout()
-    spooled = call.window > 0 and bool(call.target) and prefetched.is_segment_name(
-        call.wal_name)
-    served = spooled and _take_spooled(call)
-    if not served and _askable(call):
-        outcome = _ask_filler(call)
+    spooled = call.window > 0 and bool(call.target) and is_segment_name(call.wal_name)
+    waiting = _waiting(call)
+    taken = spooled and served.take_spooled(call, waiting)
+    if not taken and served.askable(call):
+        outcome = served.ask_filler(call, waiting)
         if outcome == "absent":
             return _say(f'"{call.wal_name}" is not in the archive "{call.directory}" (no such '
                         "key in any of its forms)", NOT_FOUND)
-        served = outcome == "spooled"
-    if served:
+        taken = outcome == "spooled"
+    if taken:
         _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
     elif call.target and not call.partial and _surely_absent(call):
         if call.window > 0:
-            _start_filler(call)  # at a recovery's start, for the first segment
+            served.start_filler(call)  # at a recovery's start, for the first segment
         return _say(f'"{call.wal_name}" is not in the archive "{call.directory}"', NOT_FOUND)
     else:
         status = _restore_guarded(call)
@@ -162,109 +123,19 @@ def run(call: Call) -> int:
     if spooled:
         # prefetching only saves later calls time: this call has succeeded whatever happens
         try:  # noqa: SIM105 - contextlib would cost each call its import
-            _keep_prefetching(call, recorded=served)
+            served.keep_prefetching(call, recorded=taken)
         except (OSError, ReceivewalError):
             pass
     return 0
 
 
-def _take_spooled(call: Call) -> bool:
-    """Serve the file from the prefetch spool (waiting for the filler when it is fetching
-    it); whether it was there. The filler is told which file was asked for first, so that it
-    keeps that file until it is taken."""
-    source = source_id(call.directory)
-    directory = prefetched.spool_dir(call.target, source)
-    root = prefetched.spool_root(call.target)
-    name = call.wal_name
-    if not prefetched.usable(directory) or not (
-            os.path.exists(os.path.join(directory, name))
-            or prefetched.wait_for(directory, root, name, call.left(),
-                                   lambda: _say_waiting(call, filler=True), _notice_after())):
-        return False
-    try:
-        prefetched.record_wanted(directory, name)
-    except OSError:
-        return False
-    return prefetched.take(directory, name, call.target, source)
-
-
-def _askable(call: Call) -> bool:
-    """Whether to ask the filler at work for a file not spooled: from a bucket (where a call
-    of its own would import boto3 and make a client), a segment or history file."""
-    return (call.window > 0 and bool(call.target) and not call.partial
-            and is_bucket_url(call.directory)
-            and (prefetched.is_segment_name(call.wal_name)
-                 or prefetched.is_history_name(call.wal_name)))
-
-
-def _ask_filler(call: Call) -> str | None:
-    """The filler's answer for the file (``"spooled"``: taken to ``%p``; ``"absent"``), or
-    None when there is no filler or it could not tell: the call restores it itself."""
-    source = source_id(call.directory)
-    directory = prefetched.spool_dir(call.target, source)
-    root = prefetched.spool_root(call.target)
-    if not prefetched.busy(root) and not _start_filler(call):
-        return None
-    if not prefetched.usable(directory):
-        return None
-    try:
-        outcome = prefetched.ask(directory, root, call.wal_name, call.left(),
-                                 lambda: _say_waiting(call, filler=True), _notice_after())
-        if outcome != "spooled":
-            return outcome
-        if prefetched.is_segment_name(call.wal_name):
-            prefetched.record_wanted(directory, call.wal_name)
-    except OSError:
-        return None
-    return "spooled" if prefetched.take(directory, call.wal_name, call.target, source) \
-        else None
-
-
-def _start_filler(call: Call) -> bool:
-    """From a recovery's first call (a history file's, ``%p`` in pg_wal), start the filler:
-    it fetches the recovery's first segment, and the calls after it ask it (from a bucket,
-    none of them imports boto3 or makes a client). Whether a filler is at work now."""
-    if (not prefetched.is_history_name(call.wal_name)
-            or os.path.basename(os.path.dirname(os.path.abspath(call.target))) != "pg_wal"):
-        return False
-    if prefetched.busy(prefetched.spool_root(call.target)):
-        return True
-    from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery
-
-    from receivewal.commands.prefetch import start_filler  # noqa: PLC0415
-
-    try:
-        start_filler(call.directory, source_id(call.directory), Path(call.target),
-                     call.window)
-    except (OSError, ReceivewalError):
-        return False
-    return prefetched.busy(prefetched.spool_root(call.target))
-
-
 def _surely_absent(call: Call) -> bool:
-    """Whether a local archive plainly lacks the file (see :mod:`receivewal.archive.absence`)."""
-    if is_bucket_url(call.directory):
+    """Whether a local archive plainly lacks the file (see :mod:`receivewal.restore.absence`)."""
+    if call.from_bucket:
         return False
-    from receivewal.archive.absence import surely_absent  # noqa: PLC0415 - os-level only
+    from receivewal.restore.absence import surely_absent  # noqa: PLC0415 - os-level only
 
     return surely_absent(call.directory, call.wal_name)
-
-
-def _keep_prefetching(call: Call, *, recorded: bool) -> None:
-    """Tell the filler which file this call asked for (unless ``recorded`` already); start
-    one when none runs."""
-    if not recorded:
-        directory = prefetched.spool_dir(call.target, source_id(call.directory))
-        prefetched.make_spool_dir(directory)  # OSError for a planted symbolic link
-        prefetched.record_wanted(directory, call.wal_name)
-    if prefetched.busy(prefetched.spool_root(call.target)):
-        return
-    from pathlib import Path  # noqa: PLC0415 - the filler's start, once per recovery
-
-    from receivewal.commands.prefetch import start_prefetch  # noqa: PLC0415
-
-    start_prefetch(call.directory, source_id(call.directory), call.wal_name,
-                   Path(call.target), call.window)
 
 
 def _restore_guarded(call: Call) -> int:
@@ -281,7 +152,7 @@ def _restore_guarded(call: Call) -> int:
     try:
         # Imported here, so that a broken installation (a codec or boto3 that fails to load)
         # is exit 126 as well, not a traceback and exit 1.
-        from receivewal.archive.restore import NotInArchive  # noqa: PLC0415
+        from receivewal.restore.writing import NotInArchive  # noqa: PLC0415
 
         source = _restore(call)
     except _Terminated:
@@ -337,7 +208,12 @@ def _watch(call: Call) -> bool:
 def _notice_after() -> float:
     """Seconds of waiting after which a call says what it waits for: NOTICE_AFTER, or half
     the call's bound when that is shorter."""
-    return min(prefetched.NOTICE_AFTER, restore_timeout() / 2)
+    return min(served.NOTICE_AFTER, restore_timeout() / 2)
+
+
+def _waiting(call: Call) -> served.Notice:
+    """What a call waiting for the filler says, and after how long."""
+    return served.Notice(lambda: _say_waiting(call, filler=True), _notice_after())
 
 
 def _endpoint() -> str:
@@ -370,10 +246,10 @@ def _restore(call: Call) -> str:
 
         raise ConfigurationError("the target file name (%p) is empty")
     if is_bucket_url(call.directory):
-        from receivewal.archive.bucketrestore import BucketSource  # noqa: PLC0415
+        from receivewal.restore.remote import BucketSource  # noqa: PLC0415
 
         return _quoted(BucketSource(call.directory).restore(call.wal_name, target))
-    from receivewal.archive.restore import restore_file  # noqa: PLC0415
+    from receivewal.restore.local import restore_file  # noqa: PLC0415
 
     path = restore_file(Path(call.directory), call.wal_name, call.target, partial=call.partial)
     return _quoted(path.name)

@@ -1,36 +1,29 @@
-"""Restoring one file from the archive for PostgreSQL's ``restore_command`` (``%f`` to ``%p``).
-
-The archive may hold the segment plain or compressed (any :class:`~receivewal.wal.names.AtRest`
-format); it is decoded whole, checked (:func:`~receivewal.archive.segmentcheck.checked_segment`:
-page headers against its name and the archive's identity, the CRC of every record), written to
-a new temporary file next to ``%p``, fsynced, renamed into place and the directory fsynced
-(:mod:`receivewal.archive.durable`, never through a planted symlink): recovery never sees half
-a file, nor a byte the check has not passed.
+"""Restoring one file from a local archive directory for PostgreSQL's ``restore_command``
+(``%f`` to ``%p``): which of the directory's files serves the name (:func:`candidates`), the
+archive's segment size, and the next segment's first bytes for the check of the record that
+runs into it; the file is then written by :func:`~receivewal.restore.writing.write_restored`.
 
 Nothing the archive holds can make recovery end early by mistake: only a file the archive does
-not have is :class:`NotInArchive`. A file that is there but cannot be trusted (undecodable,
-larger than a segment, WAL that fails the check, a symlink, a FIFO, a socket or a device) or an
-archive whose identity file cannot be trusted raises the project's
-:class:`~receivewal.errors.ArchiveError` naming the file. Decoding is bounded by the segment
-size, so memory and the temporary file stay bounded whatever the file holds.
+not have is :class:`~receivewal.restore.writing.NotInArchive`. A file that is there but cannot
+be trusted (undecodable, larger than a segment, WAL that fails the check, a symlink, a FIFO, a
+socket or a device) or an archive whose identity file cannot be trusted raises the project's
+:class:`~receivewal.errors.ArchiveError` naming the file.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
-from receivewal.archive.compression import CorruptFile, decompress_chunks, read_wal_file
+from receivewal.archive.compression import read_wal_file
 from receivewal.archive.directory import Archive
-from receivewal.archive.durable import durable_file
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import open_regular
-from receivewal.archive.segmentbuffer import decode_segment
-from receivewal.archive.segmentcheck import CheckedSegment, Following, checked_segment
-from receivewal.errors import ArchiveError, ConfigurationError, ReceivewalError
+from receivewal.archive.segmentcheck import Following
+from receivewal.archive.sources import decide_segment_size
+from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.restore.writing import Candidate, NotInArchive, write_restored
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
 from receivewal.wal.names import (
     PARTIAL_SUFFIX,
@@ -40,21 +33,6 @@ from receivewal.wal.names import (
     parse_segment_file_name,
     wal_file_name,
 )
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size
-
-
-class NotInArchive(ReceivewalError):  # noqa: N818 - names the outcome, as recovery sees it
-    """The archive has no file of that name (recovery may end there)."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """An archive file that can serve the asked name."""
-
-    path: Path
-    fmt: AtRest
-    partial: bool
-    segment: bool  # a WAL segment (else a history or backup history file, served as it is)
 
 
 def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
@@ -82,7 +60,7 @@ def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> lis
         return partials
     from receivewal.archive.partials import rank_partials  # noqa: PLC0415 - the WAL reader
     # only where two .partial forms compete, not on every restore_command call
-    size = segment_size(directory, partials[0])
+    size = archive_segment_size(directory, Archive(directory).read_identity())
     forms = []
     for c in partials:
         parsed = parse_segment_file_name(c.path.name, size)
@@ -101,10 +79,13 @@ def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> lis
 
 
 def restore_file(directory: Path, name: str, target: str, *, partial: bool = False,
-                 system_identifier: int | None = None) -> Path:
+                 system_identifier: int | None = None, segment_size: int | None = None,
+                 ) -> Path:
     """Restore ``name`` from the archive in ``directory`` to ``target``; return the source.
     An archive without an identity file holds a segment to ``system_identifier`` when given
-    (the one the segments a caller read before had).
+    (the one the segments a caller read before had). ``segment_size`` is the archive's, when
+    the caller has decided it by :func:`archive_segment_size` (the prefetch filler records
+    it): else it is decided here.
 
     Raises NotInArchive when no form of the file exists, ConfigurationError for a bad name or
     target, ArchiveError (CorruptFile for a file that cannot be decoded, DamagedSegment for
@@ -124,43 +105,12 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
         except OSError as exc:
             raise ArchiveError(f'cannot open "{candidate.path}": {exc.strerror}') from exc
         with source:
-            size = _segment_size(identity, candidate)
+            size = segment_size or archive_segment_size(directory, identity)
             write_restored(source, candidate, size, Path(target), str(candidate.path),
                            identity=identity, system_identifier=system_identifier,
                            following=_following(directory, candidate, size))
         return candidate.path
     raise NotInArchive(f'"{name}" is not in the archive "{directory}"')
-
-
-def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Path,
-                   what: str, *, identity: ArchiveIdentity | None,
-                   system_identifier: int | None = None,
-                   following: Following | None = None) -> CheckedSegment | None:
-    """Decode ``source`` (the file ``candidate`` names, ``what`` in messages) and write it to
-    ``target`` atomically. A segment is decoded whole (at most ``size`` bytes) and handed out
-    only once :func:`~receivewal.archive.segmentcheck.checked_segment` has passed it against
-    the archive's ``identity`` (``following``: the next segment's first bytes, to check the
-    record that runs into it); a ``.partial`` is padded with zeros to ``size``. The check is
-    returned. Any other file (a history file) is copied as it is, at most ``size`` bytes."""
-    if not candidate.segment:
-        chunks = decompress_chunks(source, candidate.fmt, cap=size)
-        try:
-            with durable_file(target) as out:
-                for chunk in chunks:
-                    out.write(chunk)
-        except CorruptFile as exc:
-            raise CorruptFile(f'"{what}" {exc}') from exc
-        return None
-    try:
-        data = decode_segment(source, candidate.fmt, size, partial=candidate.partial)
-    except CorruptFile as exc:
-        raise CorruptFile(f'"{what}" {exc}') from exc
-    checked = checked_segment(data, candidate.path.name[:24], identity,
-                              partial=candidate.partial, file=what, segment_size=size,
-                              system_identifier=system_identifier, following=following)
-    with durable_file(target) as out:
-        _write_padded(out, checked.data, size)
-    return checked
 
 
 def _following(directory: Path, candidate: Candidate, size: int) -> Following | None:
@@ -186,27 +136,16 @@ def _following(directory: Path, candidate: Candidate, size: int) -> Following | 
     return read
 
 
-def segment_size(directory: Path, candidate: Candidate) -> int:
-    """The archive's segment size by the one rule, :func:`~receivewal.wal.pageheader.
-    archive_segment_size` (verify's too): its identity file's (validated), else the size the
-    file's own first page header states when its page address is where its name puts it,
-    else PostgreSQL's default (the checks then judge the file)."""
-    return _segment_size(Archive(directory).read_identity(), candidate)
+def archive_segment_size(directory: Path, identity: ArchiveIdentity | None) -> int:
+    """The segment size of the archive in ``directory`` by the one rule,
+    :func:`~receivewal.archive.sources.decide_segment_size` (verify's, a bucket's and the
+    filler's too), from the same inputs: its identity file's (``identity``, validated), else
+    the size most of its segment files' first page headers state (the directory is listed
+    then), else PostgreSQL's default (the checks then judge the file)."""
+    return decide_segment_size(identity, str(directory), _listed(directory)) \
+        or DEFAULT_SEGMENT_SIZE
 
 
-def _segment_size(identity: ArchiveIdentity | None, candidate: Candidate) -> int:
-    recorded = None if identity is None else identity.segment_size
-    return archive_segment_size(recorded, _head(candidate)) or DEFAULT_SEGMENT_SIZE
-
-
-def _head(candidate: Candidate) -> Iterator[tuple[str, bytes]]:
-    """The candidate's name and first bytes, read when asked for (a segment's only)."""
-    if candidate.segment:
-        yield candidate.path.name, read_wal_file(str(candidate.path), candidate.fmt,
-                                                 SIZE_OF_LONG_PHD)
-
-
-def _write_padded(out: BinaryIO, data: bytes | bytearray, size: int) -> None:
-    """Write a checked segment's bytes, then zeros up to ``size`` (a .partial's padding)."""
-    out.write(data)
-    out.truncate(size)  # zeros past the received WAL of a .partial
+def _listed(directory: Path) -> Iterator[str]:
+    """The directory's file names in order, listed when first asked for."""
+    yield from sorted(os.listdir(directory))

@@ -6,25 +6,21 @@ at the start, the segment after the last one at the end (and a standby, every fe
 Only the plain case is answered here: a segment or history file name none of whose forms
 exists in an existing directory. Anything else (a form exists, even as a dangling symlink, a
 ``--partial`` call, another kind of name, no directory) goes the full way
-(:func:`receivewal.archive.restore.restore_file`), which makes the same decision with every check.
+(:func:`receivewal.restore.local.restore_file`), which makes the same decision with every check.
 """
 
 from __future__ import annotations
 
 import os
 
-from receivewal.archive.prefetched import is_history_name, is_segment_name
-
-#: The at-rest suffixes of a segment, :class:`receivewal.wal.names.AtRest`'s in its order
-#: (spelled here so that the check imports nothing; a test holds the two equal).
-SUFFIXES = ("", ".gz", ".lz4", ".zst")
+from receivewal.wal.leannames import AT_REST_SUFFIXES, is_history_name, is_segment_name
 
 
 def surely_absent(directory: str, name: str) -> bool:
     """Whether the local archive ``directory`` (an existing directory) has no form of the
     segment or history file ``name``; False whenever that is not plainly so."""
     if is_segment_name(name):
-        forms = [name + suffix for suffix in SUFFIXES]
+        forms = [name + suffix for suffix in AT_REST_SUFFIXES]
     elif is_history_name(name):
         forms = [name]
     else:

@@ -1,11 +1,12 @@
-"""The prefetch spool: segments fetched ahead of PostgreSQL's recovery, so that most
-restore_command calls are a rename.
+"""The prefetch filler: the detached process that keeps segments fetched ahead of PostgreSQL's
+recovery in the spool, so that most restore_command calls are a rename.
 
-It lives next to ``%p``, in ``pg_wal/.receivewal/prefetch`` (as WAL-G's ``pg_wal/.wal-g/prefetch``:
-on the same file system as ``%p``, so serving a file is a rename; PostgreSQL ignores the
-directory). Each archive gets a subdirectory named by a digest of where it is (its resolved
-path, or its URL and endpoint), so a file fetched from one archive is never served for another;
-a WAL file name carries its timeline, so neither is one of another timeline.
+The spool lives next to ``%p``, in ``pg_wal/.receivewal/prefetch`` (as WAL-G's
+``pg_wal/.wal-g/prefetch``: on the same file system as ``%p``, so serving a file is a rename;
+PostgreSQL ignores the directory). Each archive gets a subdirectory named by a digest of where
+it is (its resolved path, or its URL and endpoint), so a file fetched from one archive is never
+served for another; a WAL file name carries its timeline, so neither is one of another
+timeline (:mod:`receivewal.restore.spoolfiles`).
 
 One filler per recovery holds the spool's lock (``flock``: released by the kernel when a filler
 is killed) and follows the calls (:meth:`Spool.follow`): each call records the segment it asked
@@ -14,11 +15,12 @@ for, and the filler keeps the window of segments after it spooled, until recover
 for :data:`IDLE_LIMIT` seconds; then it empties its spool and exits. It removes what a killed
 filler left (everything: a new filler starts from an empty spool) and every file outside its
 window (other archives' subdirectories too), so the spool never holds more than the window's
-files. Files are fetched through restore's one path (:func:`~receivewal.archive.restore.
+files. Files are fetched through restore's one path (:func:`~receivewal.restore.local.
 restore_file`, which checks every segment before it writes it), as restore writes ``%p`` (a new
-temporary file, fsync, rename); the filler records the exact source and the system identifier
-(``.source``) and a spooled file is validated again when it is served, only while its filler
-lives (:mod:`receivewal.archive.prefetched`): never a stale, torn or foreign file. The spool's
+temporary file, fsync, rename); the filler records the exact source, the system identifier
+and the segment size (``.source``) and a spooled file is validated again when it is served,
+only while its filler lives (:mod:`receivewal.restore.served`): never a stale, torn or foreign
+file. The spool's
 directories are opened without following a symbolic link (``O_NOFOLLOW``): nothing is pruned
 through a link planted in pg_wal.
 """
@@ -34,12 +36,14 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from receivewal.archive import durable, prefetched
+from receivewal.archive import durable
+from receivewal.restore import spoolfiles
+from receivewal.wal.leannames import is_segment_name
 from receivewal.wal.names import parse_segment_file_name, wal_file_name
 
-SPOOL_DIR = Path(prefetched.SPOOL_DIR)
-LOCK_FILE = prefetched.LOCK_FILE
-WINDOW_FILE = prefetched.WINDOW_FILE
+SPOOL_DIR = Path(spoolfiles.SPOOL_DIR)
+LOCK_FILE = spoolfiles.LOCK_FILE
+WINDOW_FILE = spoolfiles.WINDOW_FILE
 IDLE_LIMIT = 60.0  # seconds without a call after which a filler exits (RECEIVEWAL_PREFETCH_IDLE)
 _IDLE_POLL = 0.02  # seconds between looks at what the calls asked for, when all is spooled
 _RETRY = 1.0  # seconds before a segment the archive lacked is asked for again
@@ -88,8 +92,8 @@ class Spool:
     def __init__(self, target: Path, source: str) -> None:
         self.target = target
         self.source = source
-        self.root = Path(prefetched.spool_root(str(target)))
-        self.dir = Path(prefetched.spool_dir(str(target), source))
+        self.root = Path(spoolfiles.spool_root(str(target)))
+        self.dir = Path(spoolfiles.spool_dir(str(target), source))
         self.stale_question: tuple[str, str] | None = None  # asked of an earlier filler
         self.signal_file: Path | None = None  # the recovery's, when the spool was claimed
 
@@ -100,13 +104,13 @@ class Spool:
 
     def busy(self) -> bool:
         """Whether a filler holds the spool's lock right now."""
-        return prefetched.busy(str(self.root))
+        return spoolfiles.busy(str(self.root))
 
     def claim(self, names: list[str]) -> int | None:
         """Take the spool's lock for a filler of ``names`` (None when another filler holds it):
         remove what is outside the window and record the window. The returned descriptor
         holds the lock, across a fork too, until :meth:`follow` closes it."""
-        prefetched.make_spool_dir(str(self.dir))  # OSError for a planted symbolic link
+        spoolfiles.make_spool_dir(str(self.dir))  # OSError for a planted symbolic link
         root = self._open_root()
         try:
             fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -115,10 +119,10 @@ class Spool:
             os.close(root)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self.stale_question = prefetched.question(str(self.dir))
+            self.stale_question = spoolfiles.question(str(self.dir))
             self.signal_file = self.recovery_signal()
             self._prune([])  # nothing a killed filler spooled is kept, nor its record
-            (self.dir / prefetched.SOURCE_FILE).unlink(missing_ok=True)
+            (self.dir / spoolfiles.SOURCE_FILE).unlink(missing_ok=True)
             self._write_window(names)
         except BaseException:
             os.close(fd)
@@ -133,7 +137,7 @@ class Spool:
         each with ``fetch(name, path)`` (which writes ``path`` atomically and returns False
         when the archive lacks the file, None when it cannot be fetched now: the window stops
         before it, and it is asked for again after a pause), and answer the calls' questions
-        (:func:`~receivewal.archive.prefetched.ask`), until recovery has ended (then it
+        (:func:`~receivewal.restore.served.ask`), until recovery has ended (then it
         answers questions only, for :data:`GRACE` seconds: PostgreSQL asks for the parent
         timeline's history file after it removed the signal file) or no call came for
         :func:`idle_limit` seconds; then empty the spool and release ``lock`` (from
@@ -158,8 +162,8 @@ class Spool:
                 if stamp != seen:  # a call came (a new name, or the same asked again)
                     seen, last_call = stamp, now
                     if not ended:
-                        self._move(window, prefetched.wanted(str(self.dir)))
-                asked = prefetched.question(str(self.dir))
+                        self._move(window, spoolfiles.wanted(str(self.dir)))
+                asked = spoolfiles.question(str(self.dir))
                 if asked is not None and asked != answered:
                     answered, last_call = asked, time.monotonic()
                     size = self._answer(*asked, fetch)
@@ -233,12 +237,12 @@ class Spool:
         path = self.dir / name
         if path.exists():
             return None
-        if prefetched.is_segment_name(name):
+        if is_segment_name(name):
             fetched, size = self._fetch_sized(name, fetch)
         else:
             fetched, size = fetch(name, path), 0
         if not fetched:
-            prefetched.answer(str(self.dir), name, token,
+            spoolfiles.answer(str(self.dir), name, token,
                               "failed" if fetched is None else "absent")
         return size or None
 
@@ -252,7 +256,8 @@ class Spool:
         if not fetched:
             return fetched, 0
         size = into.stat().st_size
-        durable.rename(into, self.dir / name)  # fetch synced the file; a call fsyncs pg_wal
+        durable.finish_file(into, self.dir / name, sync=False)  # fetch synced the file; a
+        # call fsyncs pg_wal when it takes it
         return fetched, size
 
     def _window_from(self, latest: str, count: int, segment_size: int) -> list[str]:
@@ -264,7 +269,7 @@ class Spool:
 
     def _wanted_stamp(self) -> tuple[int, int] | None:
         try:
-            info = (self.dir / prefetched.WANTED_FILE).stat()
+            info = (self.dir / spoolfiles.WANTED_FILE).stat()
         except OSError:
             return None
         return info.st_ino, info.st_mtime_ns
@@ -281,7 +286,7 @@ class Spool:
         for line in text.splitlines():
             if line.startswith("START WAL LOCATION:"):
                 name = line.rpartition("(file ")[2].rstrip(")").strip()
-                return name if prefetched.is_segment_name(name) else None
+                return name if is_segment_name(name) else None
         return None
 
     def recovery_signal(self) -> Path | None:
@@ -297,20 +302,20 @@ class Spool:
         """Whether the server is still recovering (a signal file is still there)."""
         return signal_file is None or any((signal_file.parent / s).exists() for s in _SIGNALS)
 
-    def record_source(self, system_identifier: str) -> None:
-        """Record the archive's system identifier ("-" while not known) and this spool's
-        exact source: a call serves nothing the record does not match."""
-        prefetched.record_source(str(self.dir), system_identifier, self.source)
+    def record_source(self, system_identifier: str, segment_size: str) -> None:
+        """Record the archive's system identifier and segment size ("-" while not known) and
+        this spool's exact source: a call serves nothing the record does not match."""
+        spoolfiles.record_source(str(self.dir), system_identifier, segment_size, self.source)
 
     def _write_window(self, names: list[str]) -> None:
-        prefetched.write_window(str(self.dir), names)
+        spoolfiles.write_window(str(self.dir), names)
 
     def _open_root(self) -> int:
         """A descriptor of the spool's root, reached from pg_wal (which may be a link, as
         ``initdb -X`` makes it) without following a symbolic link below it."""
         fd = os.open(self.root.parent.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            for part in prefetched.SPOOL_PARTS:
+            for part in spoolfiles.SPOOL_PARTS:
                 below = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = below
@@ -336,9 +341,9 @@ class Spool:
             for entry in os.scandir(root):
                 if entry.name not in (LOCK_FILE, self.dir.name):
                     _remove(root, entry)
-            _clear(root, self.dir.name, {*keep, prefetched.WANTED_FILE, WINDOW_FILE,
-                                         prefetched.ASK_FILE, prefetched.ANSWER_FILE,
-                                         prefetched.SOURCE_FILE})
+            _clear(root, self.dir.name, {*keep, spoolfiles.WANTED_FILE, WINDOW_FILE,
+                                         spoolfiles.ASK_FILE, spoolfiles.ANSWER_FILE,
+                                         spoolfiles.SOURCE_FILE})
         finally:
             os.close(root)
 

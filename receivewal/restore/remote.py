@@ -5,7 +5,7 @@ fetched by its exact key: no listing, which lags on some stores and needs s3:Lis
 object is read into a bounded buffer (in memory up to 64 MiB, beyond that an unnamed file next
 to ``%p``), then decoded, checked against the prefix's identity object (read once per
 source) and written to ``%p`` exactly as a local file is
-(:func:`receivewal.archive.restore.write_restored`).
+(:func:`receivewal.restore.local.write_restored`).
 
 A source that restores many segments (the prefetch filler's, one per recovery) asks first for
 the form that served the last segment: an archive keeps one form, and every form asked for
@@ -28,8 +28,9 @@ from receivewal.archive.bucket import Bucket
 from receivewal.archive.durable import spooled_buffer
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.objectstore import Patience, RetryPolicy
-from receivewal.archive.restore import Candidate, NotInArchive, write_restored
+from receivewal.archive.sources import decide_segment_size
 from receivewal.errors import ArchiveError, ConfigurationError, ObjectNotFound
+from receivewal.restore.writing import Candidate, NotInArchive, write_restored
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_name
 
@@ -69,6 +70,15 @@ class BucketSource:
             self._identity = identity
         return self._identity
 
+    def segment_size(self) -> int:
+        """The archive's segment size by the one rule,
+        :func:`~receivewal.archive.sources.decide_segment_size` (verify's, a directory's and
+        the filler's too): the identity object's, which a prefix restored from must have (its
+        files are then never listed)."""
+        size = decide_segment_size(self.identity(), str(self.bucket.url), ())
+        assert size is not None  # the identity decides
+        return size
+
     def forms(self, name: str) -> list[Candidate]:
         """The objects that can serve ``name``, in the order they are asked for: plain, then
         compressed, but the form that served the last segment first."""
@@ -82,7 +92,7 @@ class BucketSource:
         Raises NotInArchive when the store has no form of it, the store's errors after the
         retries, ConfigurationError for a bad name, ArchiveError naming a damaged object.
         """
-        identity = self.identity()
+        identity, size = self.identity(), self.segment_size()
         for candidate in self.forms(name):
             key = candidate.path.name
             with spooled_buffer(target.parent, _IN_MEMORY) as buf:
@@ -91,7 +101,6 @@ class BucketSource:
                 except ObjectNotFound:
                     continue
                 url = self.bucket.url.url(key)
-                size = identity.segment_size
                 buf.seek(0)
                 write_restored(buf, candidate, size, target, url,  # type: ignore[arg-type]
                                identity=identity)

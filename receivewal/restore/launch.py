@@ -1,11 +1,12 @@
-"""Prefetching for restore_command: one filler per recovery keeps the segments after the one
-PostgreSQL last asked for in the spool (:mod:`receivewal.archive.spool`) while it replays.
+"""Starting the prefetch filler, and what it fetches with: one filler per recovery keeps the
+segments after the one PostgreSQL last asked for in the spool
+(:mod:`receivewal.restore.filler`) while it replays.
 
 The filler is forked from the first call that finds none at work (which has imported what
 restoring needs already: the object store's client is made once per recovery, not per call),
 leaves its session and process group, and closes the call's output, so PostgreSQL (which
 waits for the call, not for the filler) goes on at once. It follows the calls until recovery
-ends or no call comes for a while (:meth:`~receivewal.archive.spool.Spool.follow`). Its
+ends or no call comes for a while (:meth:`~receivewal.restore.filler.Spool.follow`). Its
 failures are its own: a file it cannot fetch is left to the call that asks for it, which
 reports it as any call does. Nothing here can change a call's exit status.
 """
@@ -17,8 +18,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from receivewal.archive.spool import Spool, following_names
 from receivewal.errors import ReceivewalError
+from receivewal.restore.filler import Spool, following_names
 
 
 def start_prefetch(directory: str, source: str, name: str, target: Path, count: int) -> None:
@@ -66,7 +67,7 @@ def _start(directory: str, spool: Spool, names: list[str], count: int,
         if os.fork():
             os._exit(0)
         _detach()
-        spool.follow(lock, _fetcher(directory, spool), count, size,
+        spool.follow(lock, fetcher(directory, spool), count, size,
                      first=names[0] if size is None and names else None)
     except BaseException:  # noqa: BLE001, S110 - the child's failure is never the call's
         pass
@@ -82,7 +83,7 @@ def _detach() -> None:
     os.close(null)
 
 
-def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]:
+def fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]:
     """``fetch(name, path)`` for the spool: True when restored to ``path``, False when the
     archive does not have it, None when it cannot be fetched now (the call will say why).
 
@@ -90,41 +91,57 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
     archive's identity: read here once for the recovery (from a bucket, the identity object;
     when it cannot be read, nothing is fetched and each call restores, and reports, itself).
     Without an identity record the first segment fetched sets the system identifier the
-    others must have. The spool records it, and the source, before anything is spooled."""
+    others must have. The archive's segment size is decided by the one rule (verify's and
+    restore's), before each fetch while no identity record decides it. The spool records both,
+    and the source, before anything is spooled."""
     from receivewal.archive.directory import Archive  # noqa: PLC0415 - in the filler
     from receivewal.archive.identity import ArchiveIdentity  # noqa: PLC0415
     from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415
-    from receivewal.archive.restore import NotInArchive, restore_file  # noqa: PLC0415
+    from receivewal.restore.local import archive_segment_size, restore_file  # noqa: PLC0415
+    from receivewal.restore.writing import NotInArchive  # noqa: PLC0415
     from receivewal.wal.pageheader import (  # noqa: PLC0415
         SIZE_OF_LONG_PHD,
         parse_long_header,
     )
 
-    restore: Callable[[str, Path, int | None], object]
+    restore: Callable[[str, Path, int | None, int], object]
+    decide: Callable[[], int]
     identity: ArchiveIdentity | None
     try:
         if is_bucket_url(directory):
-            from receivewal.archive.bucketrestore import BucketSource  # noqa: PLC0415
+            from receivewal.restore.remote import BucketSource  # noqa: PLC0415
 
             bucket = BucketSource(directory)
             identity = bucket.identity()
+            decide = bucket.segment_size
 
-            def restore(name: str, path: Path, sysid: int | None) -> object:
+            def restore(name: str, path: Path, sysid: int | None, size: int) -> object:
                 return bucket.restore(name, path)
         else:
-            identity = Archive(Path(directory)).read_identity()
+            local = Path(directory)
+            identity = Archive(local).read_identity()
 
-            def restore(name: str, path: Path, sysid: int | None) -> object:
-                return restore_file(Path(directory), name, str(path), system_identifier=sysid)
+            def decide() -> int:
+                return archive_segment_size(local, identity)
+
+            def restore(name: str, path: Path, sysid: int | None, size: int) -> object:
+                return restore_file(local, name, str(path), system_identifier=sysid,
+                                    segment_size=size)
+        size = decide() if identity is not None else None
     except (ReceivewalError, OSError):
         return lambda name, path: None
     pinned = None if identity is None else int(identity.system_identifier)
-    spool.record_source("-" if pinned is None else str(pinned))
+    spool.record_source(_or_dash(pinned), _or_dash(size))
 
     def fetch(name: str, path: Path) -> bool | None:
-        nonlocal pinned
+        nonlocal pinned, size
         try:
-            restore(name, path, pinned)
+            decided = size if identity is not None else decide()
+            if decided != size:
+                size = decided
+                spool.record_source(_or_dash(pinned), str(size))
+            assert size is not None
+            restore(name, path, pinned, size)
         except NotInArchive:
             return False
         except (ReceivewalError, OSError):
@@ -137,7 +154,12 @@ def _fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]
                 header = None
             if header is not None:
                 pinned = header.system_identifier
-                spool.record_source(str(pinned))
+                spool.record_source(str(pinned), str(size))
         return True
 
     return fetch
+
+
+def _or_dash(value: int | None) -> str:
+    """A record's field: the number, or "-" while it is not known."""
+    return "-" if value is None else str(value)

@@ -1,0 +1,54 @@
+"""WAL file names read by their characters: the rules a restore call needs on its lean path
+(see :mod:`receivewal.restore`), with no import beyond :mod:`receivewal.wal.lsn`.
+:mod:`receivewal.wal.names`, the full parser (regular expressions, dataclasses), builds on them.
+
+A segment is named ``TTTTTTTTXXXXXXXXYYYYYYYY``: its timeline (never 0), then its number split
+into a "log" part and a "seg" part, each eight upper-case hex digits, as PostgreSQL names the
+files in ``pg_wal``; a timeline's history file is ``TTTTTTTT.history``. An archive keeps a
+segment plain or compressed, its name then carrying one of :data:`AT_REST_SUFFIXES`.
+"""
+
+from __future__ import annotations
+
+from receivewal.wal.lsn import join_lsn
+
+#: The at-rest suffixes of a segment, in the order of :class:`receivewal.wal.names.AtRest`
+#: (plain, gzip, lz4, zstd), which takes its suffixes from here.
+AT_REST_SUFFIXES = ("", ".gz", ".lz4", ".zst")
+SEGMENT_NAME_LENGTH = 24
+HISTORY_SUFFIX = ".history"
+_HEX = frozenset("0123456789ABCDEF")
+_NO_TIMELINE = "00000000"
+
+
+def segments_per_xlogid(segment_size: int) -> int:
+    """How many segments share one "log" number in a file name."""
+    return 0x1_0000_0000 // segment_size
+
+
+def is_segment_name(name: str) -> bool:
+    """Whether ``name`` is a WAL segment's name (24 upper-case hex digits, a timeline that is
+    not 0), whatever the segment size (see :func:`segment_start` for a given one)."""
+    return (len(name) == SEGMENT_NAME_LENGTH and _HEX.issuperset(name)
+            and name[:8] != _NO_TIMELINE)
+
+
+def is_history_name(name: str) -> bool:
+    """Whether ``name`` is a timeline history file's name (``TTTTTTTT.history``)."""
+    return (len(name) == 8 + len(HISTORY_SUFFIX) and name.endswith(HISTORY_SUFFIX)
+            and _HEX.issuperset(name[:8]) and name[:8] != _NO_TIMELINE)
+
+
+def name_timeline(name: str) -> int:
+    """The timeline a segment or history file name states (its first eight digits)."""
+    return int(name[:8], 16)
+
+
+def segment_start(name: str, segment_size: int) -> int | None:
+    """The LSN at which the segment named ``name`` (:func:`is_segment_name`) starts when
+    segments are ``segment_size`` bytes; None when no segment of that size has the name (its
+    "seg" part is out of range)."""
+    log, seg = int(name[8:16], 16), int(name[16:SEGMENT_NAME_LENGTH], 16)
+    if seg >= segments_per_xlogid(segment_size):
+        return None
+    return join_lsn(log, seg * segment_size)

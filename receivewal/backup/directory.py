@@ -24,8 +24,7 @@ from receivewal.archive.codecs import Compressor
 from receivewal.archive.compression import CompressSpec, new_compressor
 from receivewal.archive.durable import (
     create_temporary,
-    rename,
-    sync_file,
+    finish_file,
     sync_path,
     write_all,
     write_file_durably,
@@ -136,12 +135,9 @@ class BackupDirectory:
         if current.compressor is not None:
             self._write(current.compressor.finish())
         final = self.path / current.name
+        fd, current.fd = current.fd, -1
         try:
-            sync_file(current.fd, sync=self.sync)
-            os.close(current.fd)
-            current.fd = -1
-            rename(current.tmp, final)
-            sync_path(self.path, sync=self.sync)
+            finish_file(current.tmp, final, fd=fd, close=True, sync=self.sync)
         except OSError as exc:
             raise _os_error("write file", final, exc) from exc
         self._open = None

@@ -301,7 +301,7 @@ def test_a_partial_file_without_a_complete_run_goes(tmp_path: Path) -> None:
 
 
 WRITER = """
-import pickle, sys
+import pickle, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from support.changelog import consume, open_store
@@ -310,6 +310,7 @@ store = open_store(Path(sys.argv[1]), file_size=2000, compression="zstd")
 consumer = consume(store, [])
 print("ready", flush=True)
 for number, (lsn, payload) in enumerate(messages):
+    time.sleep(0.001)  # a slot's pace: a whole run (skipping what is written) outlasts a kill
     consumer.receive(lsn, payload)
     if number % 5 == 0:
         consumer.flush()

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from receivewal.wal.accel import crc32c_function
 from receivewal.wal.lsn import format_lsn
+from receivewal.wal.nativescan import crc32c_function
 from receivewal.wal.pageheader import (
     SHORT_HEADER,
     SIZE_OF_LONG_PHD,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from receivewal.wal import accel
+from receivewal.wal import nativescan
 from receivewal.wal.pageheader import (
     LONG_FIELDS,
     SHORT_HEADER,
@@ -96,9 +96,9 @@ def check_pages(buf: bytes | bytearray, *, data_len: int, start_lsn: int, segmen
                          f"segment holds {data_len} bytes, expected {segment_size}"))
     n = min(readable_pages(data_len, partial), segment_size // XLOG_BLCKSZ)
     zeros = zero_tail_start(buf, n * XLOG_BLCKSZ)
-    if accel.native is not None and first_page == 0:  # the leading pages with nothing to say
+    if nativescan.native is not None and first_page == 0:  # the leading pages with nothing to say
         first_page, pmap.system_identifier, pmap.page_tlis, pmap.flags, pmap.rems = (
-            accel.native.check_pages(buf, min(n, zeros // XLOG_BLCKSZ), start_lsn, timeline,
+            nativescan.native.check_pages(buf, min(n, zeros // XLOG_BLCKSZ), start_lsn, timeline,
                                      segment_size))
         pmap.page_ok = [True] * first_page
     prev_tli = pmap.page_tlis[-1][1] if pmap.page_tlis else 0

@@ -12,8 +12,8 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from receivewal.wal.accel import crc32c_function
 from receivewal.wal.lsn import format_lsn
+from receivewal.wal.nativescan import crc32c_function
 from receivewal.wal.pageheader import XLOG_BLCKSZ
 from receivewal.wal.pages import maxalign
 from receivewal.wal.rmgr import RM_XACT_ID, rmgr_id_is_valid

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -192,3 +193,13 @@ def test_the_session_writes_through_the_segment_sink_interface() -> None:
     assert "SegmentWriter" not in session
     assert not [path for path in sorted(PACKAGE.rglob("*.py")) if "on_completed" in
                 path.read_text()]
+
+
+def test_the_layer_map_names_every_subpackage() -> None:
+    """receivewal/__init__.py's layer map lists each subpackage of the package, so that a
+    new room cannot be added without a line saying where it stands."""
+    import receivewal  # noqa: PLC0415 - its docstring is what is read
+
+    listed = set(re.findall(r"^ {4}(\w+)/ ", receivewal.__doc__ or "", re.MULTILINE))
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders - listed == set()

@@ -362,7 +362,8 @@ class PgReceivewalMessages:
 
 
 def run() -> NoReturn:
-    """``python -m receivewal.dropin``."""
+    """The ``pg_receivewal-streampack`` console script (also ``python -m
+    receivewal.commands.pg_receivewal``)."""
     sys.exit(main())
 
 

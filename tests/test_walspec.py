@@ -114,6 +114,24 @@ def test_records_are_judged_in_wal_records_only() -> None:
     assert places(r"(RecordHeader|Struct)\(\"<IIQBBxxI\"\)") == {"wal/records.py"}
 
 
+def test_pages_and_block_headers_are_walked_in_wal_only() -> None:
+    """Where a record's bytes lie on the pages (a page header between its pieces) and how
+    its block headers decode are known in wal/ only: check/ (walclock, crosscheck) asks
+    wal/pages, wal/records and wal/crossing."""
+    assert {path for path in places(r"SIZE_OF_SHORT_PHD") if not path.startswith("wal/")} \
+        == set()
+    assert places(r"BKPBLOCK_HAS_IMAGE") == {"wal/records.py"}
+
+
+def test_file_names_are_read_in_wal_names_only() -> None:
+    """A WAL file name's timeline and segment number are read by wal/names.py's parsers,
+    not by slicing the name's hex digits elsewhere."""
+    sliced = places(r"\[:8\], 16\)|\[8:16\], 16\)")
+    # restore's lean prefetch path still slices (issue 26 section 1 moves it into restore/
+    # onto wal/names); nobody else may
+    assert sliced <= {"archive/prefetched.py"}
+
+
 def c_defines() -> dict[str, int]:
     """The integer #defines of the C scanner."""
     text = (PACKAGE / "wal" / "_scan.c").read_text()

@@ -129,10 +129,12 @@ def island_names(files: Iterable[SegmentFile], resume: SegmentFile | None, segme
     files = sorted(files, reverse=True)
     if resume is None:
         return []
-    names = {f.segno: f.wal_name(segment_size) for f in files}  # the lowest timeline's
+    by_segno = {f.segno: f for f in files}  # the lowest timeline's
     found = []
-    for first, last, missing in older_islands(names, resume.segno):
-        tli = int(names[last][:8], 16)
-        found.append((names[first], names[last], wal_file_name(tli, last + 1, segment_size),
+    for first, last, missing in older_islands(by_segno, resume.segno):
+        tli = by_segno[last].timeline
+        found.append((by_segno[first].wal_name(segment_size),
+                      by_segno[last].wal_name(segment_size),
+                      wal_file_name(tli, last + 1, segment_size),
                       wal_file_name(tli, missing, segment_size)))
     return found

@@ -75,6 +75,23 @@ def zero_tail_start(buf: bytes | bytearray, size: int) -> int:
     return off
 
 
+def record_bytes(data: bytes | bytearray, off: int, length: int) -> bytes | None:
+    """The ``length`` bytes of the record at ``off`` in a segment's ``data``, without the page
+    headers it runs over (the continuation headers are not checked: the scan judged them);
+    None when the data ends first."""
+    parts, need = [], length
+    while need:
+        if off >= len(data):
+            return None
+        if not off % XLOG_BLCKSZ:
+            off += SIZE_OF_LONG_PHD if off == 0 else SIZE_OF_SHORT_PHD
+        take = min(need, XLOG_BLCKSZ - off % XLOG_BLCKSZ, len(data) - off)
+        parts.append(data[off:off + take])
+        off += take
+        need -= take
+    return b"".join(parts)
+
+
 def readable_pages(data_len: int, partial: bool) -> int:
     """Pages whose header lies within ``data_len`` bytes: a .partial's last page may be cut."""
     pages = data_len // XLOG_BLCKSZ

@@ -37,6 +37,7 @@ from receivewal.wal.records import (
     RmgrTotals,
     SegmentScan,
     WalProblem,
+    block_references,
     fpi_bytes_of,
     group_totals,
     judge_record,
@@ -213,7 +214,7 @@ class SegmentScanner:
                         bid == 255 and bflags + 26 == tot_len):
                     fpi = 0
                 else:
-                    fpi = fpi_bytes_of(buf, pos + 24, rec_end)
+                    fpi = block_references(buf, pos + 24, rec_end)[0]
                     if fpi < 0:
                         break
                 lsn = start + pos

@@ -14,7 +14,7 @@ directory) and builds two archives of completed segments:
 
 On each, in one run: ``pg_waldump --stats`` (CPU time of the child, best of 3), then
 ``verify_archive`` with one worker (CPU time of this process: read + decompress + parse) on
-the compiled scanner and on the pure-Python one (``receivewal.wal.accel``), and with a pool of
+the compiled scanner and on the pure-Python one (``receivewal.wal.nativescan``), and with a pool of
 all cores (wall time). The ratios are verify's MB/s per core over pg_waldump's.
 
 The same table has restore's check of a segment before it serves it
@@ -44,7 +44,7 @@ from pathlib import Path
 from support.servers import PgServer, make_shared_dir, pg_bin
 
 from receivewal.check.verify import rmgr_totals, verify_archive
-from receivewal.wal import accel
+from receivewal.wal import nativescan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,8 +121,8 @@ def time_waldump(archive: Path, names: list[str]) -> tuple[float, int]:
 def time_verify(archive: Path, jobs: int, native: bool, wall: bool = False) -> float:
     """Best seconds of verify_archive on one scanner path: CPU time of this process with one
     worker (unless ``wall``), wall time with a pool."""
-    saved = accel.native
-    accel.native = accel.load_native() if native else None
+    saved = nativescan.native
+    nativescan.native = nativescan.load_native() if native else None
     clock = time.process_time if jobs == 1 and not wall else time.perf_counter
     best = float("inf")
     try:
@@ -131,7 +131,7 @@ def time_verify(archive: Path, jobs: int, native: bool, wall: bool = False) -> f
             verify_archive(archive, jobs=jobs)
             best = min(best, clock() - began)
     finally:
-        accel.native = saved
+        nativescan.native = saved
     return best
 
 
@@ -189,8 +189,8 @@ def time_restore_check(archive: Path, names: list[str], native: bool) -> float:
     into memory first, each the best of REPEATS), on the C or the pure-Python scanner."""
     from receivewal.archive.segmentcheck import checked_segment  # noqa: PLC0415
 
-    saved = accel.native
-    accel.native = accel.load_native() if native else None
+    saved = nativescan.native
+    nativescan.native = nativescan.load_native() if native else None
     try:
         total = 0.0
         for name in names:
@@ -202,7 +202,7 @@ def time_restore_check(archive: Path, names: list[str], native: bool) -> float:
                 best = min(best, time.process_time() - began)
             total += best
     finally:
-        accel.native = saved
+        nativescan.native = saved
     return total
 
 
@@ -217,17 +217,17 @@ def bench_archive(label: str, archive: Path) -> None:
           f"({mb * 1e6 / max(records, 1):.0f} bytes per record; pg_waldump counted "
           f"{wd_records}), recoverable={report.recoverable}")
     rows = [("pg_waldump --stats (CPU)", wd_cpu)]
-    if accel.load_native() is not None:
+    if nativescan.load_native() is not None:
         rows.append(("verify -j 1, C scanner (CPU)", time_verify(archive, 1, native=True)))
     rows.append(("verify -j 1, pure Python (CPU)", time_verify(archive, 1, native=False)))
     checks = []
-    if accel.load_native() is not None:
+    if nativescan.load_native() is not None:
         checks.append(("restore's check, C scanner (CPU)",
                        time_restore_check(archive, names, native=True)))
     checks.append(("restore's check, pure Python (CPU)",
                    time_restore_check(archive, names, native=False)))
     rows += checks
-    if accel.load_native() is not None:
+    if nativescan.load_native() is not None:
         rows.append(("verify -j 1, C scanner (wall)",
                      time_verify(archive, 1, native=True, wall=True)))
         rows.append((f"verify -j {os.cpu_count()}, C scanner (wall)",
@@ -251,7 +251,7 @@ def main() -> None:
                         help="only time the whole command against pg_waldump --stats")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each whole command")
     args = parser.parse_args()
-    print(f"scanner: {accel.scanner_path()}; {os.cpu_count()} cores")
+    print(f"scanner: {nativescan.scanner_path()}; {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
         if args.archive is not None:
             archives = [("archive", args.archive)]

@@ -1,18 +1,26 @@
 """receivewal: a crash-safe physical WAL archiver for PostgreSQL that speaks pg_streampack.
 
 The subpackages follow the path of a WAL byte, top to bottom; a layer imports only the layers
-below it:
+below it (docs/architecture.md has the module map):
 
-    commands/     click: parse options, build settings, hand over
-    daemon/       supervisor (signals, reconnects, exit codes) and session (the COPY loop)
+    commands/     the command line: options declared once, parsed (click, or by hand on the
+                  lean restore and verify paths and in the pg_receivewal drop-in), handed over
+    daemon/       supervisor (signals, reconnects, exit codes), session (the COPY loop), the
+                  events and what the daemon tells the outside (state, metrics, systemd)
     replication/  libpq connection (non-blocking; waiting on socket + stop signal), replication
                   commands, CopyData codecs, pg_streampack codec and its negotiation
-    archive/      segment files on disk: layout, writers, compression at rest, durability
-    wal/          LSNs, file names, timelines, the WAL page and record reader
+    archive/      segment files on disk and in a bucket: layout, writers, compression at rest,
+                  durability (the one home of fsync and rename), uploads
+    wal/          LSNs, file names, timelines, the WAL page and record reader (pure)
 
-Beside that path: ``check/`` reads archives back (verify, analyze), ``restore/`` serves them to
-PostgreSQL's recovery (restore_command and its prefetch spool), and ``relay/`` compresses a
-plain server's stream for receivers over a slow link.
+Beside that path, each over the layers it reads:
+
+    check/        reads archives back (verify, analyze)
+    restore/      serves the archive to PostgreSQL's recovery: restore_command's helper and
+                  its prefetch spool
+    backup/       base backups over the replication protocol, recovery from them, retention
+    logical/      logical change streams kept as a change log (decode, assemble, write)
+    relay/        compresses a plain server's stream for receivers over a slow link
 """
 
 __version__ = "0.1.0"

@@ -18,6 +18,16 @@ class ConfigurationError(ReceivewalError):
     """Bad options or settings: retrying with the same input cannot help."""
 
 
+class CommandLineError(ConfigurationError):
+    """Options that do not go together, or one that is missing: the command line cannot run
+    as given. ``words`` says it as pg_receivewal does (the drop-in prints them, with its
+    "Try --help" hint); the message adds the option to give, where there is one."""
+
+    def __init__(self, words: str, option: str = "") -> None:
+        super().__init__(f"{words} ({option})" if option else words)
+        self.words = words
+
+
 class ConnectionLost(ReceivewalError):  # noqa: N818 - a state, as the brief names it
     """The server went away or could not be reached; a later attempt may succeed."""
 

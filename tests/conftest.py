@@ -17,7 +17,7 @@ from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import PG_BIN, PgServer, make_shared_dir
 from support.sparkarchives import TwoArchives, build_two_server_archives
 
-from receivewal.wal.accel import load_native
+from receivewal.wal.nativescan import load_native
 
 DATA = Path(__file__).parent / "data"
 OWN_TEMPLATES = pytest.StashKey[Path]()

@@ -3,7 +3,10 @@ the options that the quoted commands use exist."""
 
 from __future__ import annotations
 
+import ast
+import itertools
 import re
+import shlex
 import subprocess
 import sys
 from functools import cache
@@ -14,6 +17,11 @@ README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 COMMANDS = ("stream", "status", "restore", "verify", "analyze", "relay")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+#: The rounds' notebook quotes its commands as they were run that day (some with tools of the
+#: development machine); the commands to run today are on docs/benchmarks.md.
+HISTORY = ROOT / "docs" / "benchmarks-history.md"
+BENCH_COMMAND = re.compile(r"(?:^|\s)(\S*python\S*) bench/(\w+)\.py\b([^#]*)")
+SCRIPT = re.compile(r"(?<![\w/.-])(?:\./|bash )?(scripts/[\w-]+(?:\.sh)?)")
 
 
 def anchor(heading: str) -> str:
@@ -101,3 +109,57 @@ def test_options_of_quoted_commands_exist() -> None:
                         unknown.append(f"{page.relative_to(ROOT)}: receivewal {command} {option}")
     assert quoted > 20
     assert unknown == []
+
+
+@cache
+def bench_help(name: str) -> str:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--help"],
+                          capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+@cache
+def bench_modes(name: str) -> tuple[str, ...]:
+    """The MODES a benchmark script declares (read from its source: () when it has none)."""
+    tree = ast.parse((ROOT / "bench" / f"{name}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["MODES"]:
+            modes = ast.literal_eval(node.value)
+            assert isinstance(modes, tuple)
+            return modes
+    return ()
+
+
+def test_quoted_benchmark_commands_run_as_written() -> None:
+    """Every benchmark command the README and docs quote (the rounds' notebook aside) runs as
+    written from a clean clone once scripts/setup.sh has made .venv: .venv/bin/python runs a
+    script of bench/, every --option given is one its --help lists, every --modes value one
+    of its modes."""
+    wrong, quoted = [], 0
+    for page in [README, *PAGES]:
+        if page == HISTORY:
+            continue
+        for line in code_lines(page):
+            for python, name, rest in BENCH_COMMAND.findall(line):
+                quoted += 1
+                where = f"{page.relative_to(ROOT)}: bench/{name}.py"
+                if python != ".venv/bin/python" or not (ROOT / "bench" / f"{name}.py").exists():
+                    wrong.append(f"{where}: run by {python}")
+                    continue
+                words = shlex.split(rest)
+                for option in (w.split("=")[0] for w in words if w.startswith("--")):
+                    if option not in bench_help(name):
+                        wrong.append(f"{where} {option}")
+                for flag, value in itertools.pairwise(words):
+                    if flag == "--modes":
+                        wrong.extend(f"{where}: mode {mode!r}" for mode in value.split(",")
+                                     if mode not in bench_modes(name))
+    assert quoted >= 10
+    assert wrong == []
+
+
+def test_quoted_scripts_exist() -> None:
+    """Every scripts/ command the README and docs quote is a file of scripts/."""
+    quoted = {name for page in [README, *PAGES] for line in code_lines(page)
+              for name in SCRIPT.findall(line)}
+    assert "scripts/setup.sh" in quoted
+    assert sorted(name for name in quoted if not (ROOT / name).is_file()) == []

@@ -15,8 +15,8 @@ from support.dropin import PG_RECEIVEWAL, install_dropin
 from support.servers import PgServer
 from support.streams import wait_for
 
+from receivewal.commands.options import StreamOptions, build_settings
 from receivewal.commands.pg_receivewal import parse_args
-from receivewal.commands.stream import build_settings
 
 
 @pytest.fixture
@@ -110,24 +110,29 @@ def test_version_satisfies_barmans_parser(dropin: Path) -> None:
     assert str(info["major_version"]) == "15"
 
 
+def options(args: list[str]) -> StreamOptions:
+    """The options the drop-in reads from ``args``."""
+    return parse_args(args)[0]
+
+
 def test_options_become_the_settings_receivewal_stream_builds(tmp_path: Path) -> None:
     """Long and short spellings, abbreviations and -Z map onto Settings; streampack is asked
     for by default and RECEIVEWAL_COMPRESSION=none turns it off."""
-    short = build_settings(parse_args(["-D", str(tmp_path), "-d", "host=h", "-p", "5433",
-                                       "-U", "u", "-S", "slot1", "-s", "3", "-E", "1/2",
-                                       "-n", "-v", "-v", "-w", "-Z", "lz4:5", "--synchronous"]))
-    long = build_settings(parse_args([f"--dir={tmp_path}", "--dbname=host=h", "--port=5433",
-                                      "--user", "u", "--slot=slot1", "--status-int=3",
-                                      "--endpos=0x1/0x2", "--no-loop", "--verb", "--verbose",
-                                      "--no-password", "--compress=lz4:level=5",
-                                      "--synchronous"]))
+    short = build_settings(options(["-D", str(tmp_path), "-d", "host=h", "-p", "5433",
+                                    "-U", "u", "-S", "slot1", "-s", "3", "-E", "1/2",
+                                    "-n", "-v", "-v", "-w", "-Z", "lz4:5", "--synchronous"]))
+    long = build_settings(options([f"--dir={tmp_path}", "--dbname=host=h", "--port=5433",
+                                   "--user", "u", "--slot=slot1", "--status-int=3",
+                                   "--endpos=0x1/0x2", "--no-loop", "--verb", "--verbose",
+                                   "--no-password", "--compress=lz4:level=5",
+                                   "--synchronous"]))
     assert short == long
     assert short.slot == "slot1"
     assert short.status_interval == 3.0
     assert short.endpos == (1 << 32) | 2
     assert short.no_loop
     assert short.synchronous
-    assert parse_args(["-D", str(tmp_path), "-v", "--verb"]).verbose == 2
+    assert options(["-D", str(tmp_path), "-v", "--verb"]).verbose == 2
     assert short.at_rest.method == "lz4"
     assert short.at_rest.level == 5
     assert short.compression == ("zstd", "lz4")
@@ -135,12 +140,12 @@ def test_options_become_the_settings_receivewal_stream_builds(tmp_path: Path) ->
     assert short.reconnect_delay == short.reconnect_delay_max == 5.0
     os.environ["RECEIVEWAL_COMPRESSION"] = "none"
     try:
-        plain = build_settings(parse_args(["-D", str(tmp_path)]))
+        plain = build_settings(options(["-D", str(tmp_path)]))
     finally:
         del os.environ["RECEIVEWAL_COMPRESSION"]
     assert plain.compression == ()
     assert "pg_streampack" not in plain.conninfo
-    assert build_settings(parse_args(["-D", str(tmp_path), "-E", "0/0"])).endpos is None
+    assert build_settings(options(["-D", str(tmp_path), "-E", "0/0"])).endpos is None
 
 
 def progress_lines(stderr: str) -> list[str]:

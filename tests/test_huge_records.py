@@ -34,7 +34,7 @@ from support.sparkarchives import (
 from support.waldump import parse_record_lsns, parse_stats, waldump_output
 
 from receivewal.check.verify import rmgr_totals, verify_archive
-from receivewal.wal import accel
+from receivewal.wal import nativescan
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import wal_file_name
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, SIZE_OF_SHORT_PHD, XLOG_BLCKSZ
@@ -204,12 +204,12 @@ def test_a_segment_missing_inside_the_huge_record_is_named(huge: HugeArchive,
 def test_both_scanner_paths_scan_the_huge_archive_the_same(
         huge: HugeArchive, monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled and the pure-Python scanner give equal scans of every segment."""
-    native = accel.native or accel.load_native()
+    native = nativescan.native or nativescan.load_native()
     if native is None:
         pytest.skip("the C extension receivewal.wal._scan is not built here")
 
     def scans_on(path: ModuleType | None) -> tuple[SegmentScan, ...]:
-        monkeypatch.setattr(accel, "native", path)
+        monkeypatch.setattr(nativescan, "native", path)
         report, _ = verify_archive(huge.path, jobs=1, collect_lsns=True)
         return report.scans
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,6 +76,35 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """``start`` and every module it imports, directly or through others (lazily too)."""
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    return seen
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The first name of every module ``path`` imports anywhere (``click`` for
+    ``from click.testing import ...``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def module_path(module: str) -> Path:
+    """The source file of one of the package's modules."""
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def test_the_import_graph_is_read_from_the_source() -> None:
@@ -242,3 +272,23 @@ def test_restore_is_a_room_beside_the_daemon() -> None:
     users = sorted(m for m, targets in graph.items() if not m.startswith("receivewal.restore")
                    and any(t.startswith("receivewal.restore") for t in targets))
     assert [m for m in users if not m.startswith("receivewal.commands.")] == []
+
+
+def test_the_layer_map_names_every_subpackage() -> None:
+    """receivewal/__init__.py's layer map lists each subpackage of the package, so that a
+    new room cannot be added without a line saying where it stands."""
+    import receivewal  # noqa: PLC0415 - its docstring is what is read
+
+    listed = set(re.findall(r"^ {4}(\w+)/ ", receivewal.__doc__ or "", re.MULTILINE))
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders - listed == set()
+
+
+def test_the_dropin_does_not_import_click() -> None:
+    """pg_receivewal-streampack reads pg_receivewal's command line as getopt_long does, from
+    the declarations in commands/options.py: neither it nor any module it imports (lazily
+    too) imports click, which is ``receivewal``'s own command line."""
+    graph = import_graph()
+    clicking = sorted(module for module in reachable(graph, "receivewal.commands.pg_receivewal")
+                      if "click" in top_level_imports(module_path(module)))
+    assert clicking == []

@@ -18,9 +18,15 @@ from pathlib import Path
 import pytest
 
 from receivewal.commands.cli import cli
-from receivewal.commands.options import OptionSpec, StreamOptions, declared_options, options_from
+from receivewal.commands.options import (
+    OptionSpec,
+    StreamOptions,
+    build_settings,
+    declared_options,
+    options_from,
+)
 from receivewal.commands.pg_receivewal import HELP, parse_args
-from receivewal.commands.stream import build_settings, stream_command
+from receivewal.commands.stream import stream_command
 from receivewal.daemon.settings import Settings
 
 OPTIONS = {f.name: (spec, kind, f.default) for f, spec, kind in declared_options()}
@@ -130,10 +136,10 @@ def test_dropin_takes_each_pg_receivewal_option_to_its_settings_field(
     """The drop-in accepts pg_receivewal's options (short, long, --long=value) and each reaches
     the same Settings field as in ``receivewal stream``."""
     spec = OPTIONS[name][0]
-    plain = parse_args(base_argv(tmp_path, spec))
+    plain, _ = parse_args(base_argv(tmp_path, spec))
     with terminal_stderr():
         for argv in spellings(name, tmp_path, dropin=True):
-            check_reached(name, plain, parse_args(base_argv(tmp_path, spec) + argv))
+            check_reached(name, plain, parse_args(base_argv(tmp_path, spec) + argv)[0])
 
 
 @pytest.mark.parametrize("name", WITH_ENV)
@@ -159,3 +165,10 @@ def test_dropin_help_lists_the_declared_pg_receivewal_options() -> None:
     declared = {(OPTIONS[name][0].short or "", OPTIONS[name][0].long) for name in DROPIN}
     assert {(short, long) for short, long in listed} == declared | {("-V", "--version"),
                                                                       ("-?", "--help")}
+
+
+def test_every_settings_field_is_made_from_the_declarations() -> None:
+    """build_settings maps no field by hand: each field of Settings is the one some declared
+    option names (the connection string the one several make together)."""
+    assert {spec.setting for spec, _, _ in OPTIONS.values()} - {None} == \
+        {f.name for f in fields(Settings)}

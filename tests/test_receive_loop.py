@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from receivewal.archive.layout import take_range
-from receivewal.replication.accel import loaded_libpq
+from receivewal.replication.nativerecv import loaded_libpq
 
 BUNDLED = "/venv/lib/python3.11/site-packages/psycopg_binary.libs/libpq-e9b5c9ac.so.5.18"
 SYSTEM = "/usr/lib/x86_64-linux-gnu/libpq.so.5.15"

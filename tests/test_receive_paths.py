@@ -15,7 +15,6 @@ from support.servers import PgServer
 from support.stopflag import Stop
 from support.tcpproxy import TcpProxy
 
-from receivewal.replication.accel import MAPS, loaded_libpq
 from receivewal.replication.connection import ReplicationConnection, build_conninfo
 from receivewal.replication.link import COPY_DONE, WalRun
 from receivewal.replication.messages import (
@@ -24,9 +23,10 @@ from receivewal.replication.messages import (
     parse_copy_data,
     postgres_time,
 )
-from receivewal.wal.accel import load_native
+from receivewal.replication.nativerecv import MAPS, loaded_libpq
 from receivewal.wal.lsn import format_lsn, parse_lsn
 from receivewal.wal.names import wal_file_name
+from receivewal.wal.nativescan import load_native
 
 pytestmark = pytest.mark.server
 

@@ -8,8 +8,8 @@ import pytest
 
 from receivewal.errors import ConfigurationError
 from receivewal.relay.backend import BackendStream
+from receivewal.relay.config import client_tls_mode, is_allowed, is_loopback_host, parse_allow
 from receivewal.relay.protocol import strip_channel_binding
-from receivewal.relay.settings import client_tls_mode, is_allowed, is_loopback_host, parse_allow
 
 # -- the pure parts --------------------------------------------------------------------------
 

@@ -25,8 +25,8 @@ from test_relay import running_relay
 from receivewal.errors import ConfigurationError
 from receivewal.relay.admission import LogThrottle
 from receivewal.relay.backend import BackendStream
+from receivewal.relay.config import ClientAccess, build_relay_settings
 from receivewal.relay.protocol import MAX_STARTUP_PACKET, SSL_REQUEST, build_startup_packet
-from receivewal.relay.settings import ClientAccess, build_relay_settings
 from receivewal.replication.messages import build_xlogdata
 from receivewal.replication.streampack import StreampackDecoder, StreampackEncoder, is_compressed
 

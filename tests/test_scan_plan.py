@@ -12,13 +12,9 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from receivewal.check.crosscheck import (
-    FollowerRun,
-    follower_files,
-    followers_needed,
-    plan_scans,
-)
+from receivewal.check.crosscheck import FollowerRun, follower_files, plan_scans
 from receivewal.check.verify import BYTES_PER_WORKER, worker_count
+from receivewal.wal.crossing import followers_needed
 from receivewal.wal.names import SegmentFile
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, SIZE_OF_SHORT_PHD, XLOG_BLCKSZ
 from receivewal.wal.records import MAX_RECORD_LENGTH

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.scanner import scan_segment
 
-from receivewal.wal import accel
+from receivewal.wal import nativescan
 from receivewal.wal.reader import SegmentScan
 
 DATA = Path(__file__).parent / "data" / "wal"
@@ -36,7 +36,7 @@ SEGMENTS = {n: zstandard.ZstdDecompressor().decompress((DATA / f"{n}.zst").read_
 @pytest.fixture(scope="module")
 def native() -> ModuleType:
     """The compiled module (skipped only where it is not built: no compiler at install)."""
-    module = accel.native or accel.load_native()
+    module = nativescan.native or nativescan.load_native()
     if module is None:
         pytest.skip("the C extension receivewal.wal._scan is not built here")
     return module
@@ -44,13 +44,13 @@ def native() -> ModuleType:
 
 def scan_on(path: ModuleType | None, data: bytes, name: str, nxt: bytes | None,
             partial: bool) -> SegmentScan:
-    """Scan with ``accel.native`` set to ``path`` (None: pure Python)."""
-    saved = accel.native
-    accel.native = path
+    """Scan with ``nativescan.native`` set to ``path`` (None: pure Python)."""
+    saved = nativescan.native
+    nativescan.native = path
     try:
         return scan_segment(data, name, SEG, nxt, partial=partial, collect=True)
     finally:
-        accel.native = saved
+        nativescan.native = saved
 
 
 def both(native: ModuleType, data: bytes, name: str = NAMES[0], nxt: bytes | None = None,

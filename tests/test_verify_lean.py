@@ -23,7 +23,7 @@ from test_verify_truth import NAMES, fixture_bytes, write_pair
 
 from receivewal.commands import verify_call
 from receivewal.commands.verify import verify_command
-from receivewal.wal import accel
+from receivewal.wal import nativescan
 
 CLICK_PATH = ("import sys\n"
               "from receivewal.commands.group import main\n"
@@ -155,7 +155,7 @@ def test_verify_imports_no_click_structlog_psycopg_boto3(archives: dict[str, Pat
     scanner, not the crc32c package either (the extension computes every CRC)."""
     status, modules = loaded_by("verify", "-j", "1", str(archives[archive]))
     assert status == (0 if archive != "damaged" else 1)
-    heavy = {*HEAVY, "crc32c"} if accel.load_native() is not None else set(HEAVY)
+    heavy = {*HEAVY, "crc32c"} if nativescan.load_native() is not None else set(HEAVY)
     assert sorted(m for m in modules if m.split(".")[0] in heavy) == []
 
 

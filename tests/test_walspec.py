@@ -45,11 +45,10 @@ def test_the_timeline_and_system_identifier_limits_are_defined_once() -> None:
 
 def test_file_names_are_read_in_wal_only() -> None:
     """A WAL file name's parts (timeline, log and seg digits) are read, and its digits
-    spelled, only in wal/ (leannames for the lean path, names for the rest): restore's spool
-    and the archive's layout call them (issue 26: they read names by hand). check/charts.py
-    is another item of issue 26."""
+    spelled, only in wal/ (leannames for the lean path, names for the rest): restore's spool,
+    the archive's layout and check/charts call them (issue 26: they read names by hand)."""
     by_hand = r"\[(:8|8:16|16:|16:24)\], 16\)|0123456789ABCDEF"
-    assert {p for p in places(by_hand) if not p.startswith("wal/")} - {"check/charts.py"} == set()
+    assert {p for p in places(by_hand) if not p.startswith("wal/")} == set()
     assert places(r"0x1_?0000_?0000\b") == {"wal/leannames.py"}
 
 
@@ -122,6 +121,15 @@ def test_records_are_judged_in_wal_records_only() -> None:
                   r"|data checksum\"|invalid block references") == {"wal/records.py"}
     assert places(r"rmid (<=|>=|<|>) \d") == set()
     assert places(r"(RecordHeader|Struct)\(\"<IIQBBxxI\"\)") == {"wal/records.py"}
+
+
+def test_pages_and_block_headers_are_walked_in_wal_only() -> None:
+    """Where a record's bytes lie on the pages (a page header between its pieces) and how
+    its block headers decode are known in wal/ only: check/ (walclock, crosscheck) asks
+    wal/pages, wal/records and wal/crossing."""
+    assert {path for path in places(r"SIZE_OF_SHORT_PHD") if not path.startswith("wal/")} \
+        == set()
+    assert places(r"BKPBLOCK_HAS_IMAGE") == {"wal/records.py"}
 
 
 def c_defines() -> dict[str, int]:

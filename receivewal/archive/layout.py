@@ -129,11 +129,12 @@ def island_names(files: Iterable[SegmentFile], resume: SegmentFile | None, segme
     files = sorted(files, reverse=True)
     if resume is None:
         return []
-    lowest = {f.segno: f for f in files}  # each segment's file of the lowest timeline
+    by_segno = {f.segno: f for f in files}  # the lowest timeline's
     found = []
-    for first, last, missing in older_islands(lowest, resume.segno):
-        tli = lowest[last].timeline
-        found.append((lowest[first].wal_name(segment_size), lowest[last].wal_name(segment_size),
+    for first, last, missing in older_islands(by_segno, resume.segno):
+        tli = by_segno[last].timeline
+        found.append((by_segno[first].wal_name(segment_size),
+                      by_segno[last].wal_name(segment_size),
                       wal_file_name(tli, last + 1, segment_size),
                       wal_file_name(tli, missing, segment_size)))
     return found

@@ -16,6 +16,7 @@ from typing import Any
 from receivewal.check.crosscheck import ArchiveReport
 from receivewal.check.sizes import size_unit
 from receivewal.check.walclock import WalClock, wal_per_bucket
+from receivewal.wal.names import parse_segment_file_name
 
 #: Bucket widths for WAL over time (seconds, label), the finest that gives at most MAX_BUCKETS.
 BUCKETS = ((1, "second"), (10, "10 seconds"), (60, "minute"), (600, "10 minutes"),
@@ -136,8 +137,9 @@ def segment_map(path: Path, archives: list[str], placement: list[dict[str, Any]]
             if pts:
                 ax.scatter(*zip(*pts, strict=True), s=16, c=colour, marker="s", label=label)
         size = reports[archive].segment_size
-        missing = [(p.lsn // size, int(p.file[:8], 16)) for p in reports[archive].problems
-                   if p.kind == "missing_segment"]
+        missing = [(seg.segno, seg.timeline) for p in reports[archive].problems
+                   if p.kind == "missing_segment"
+                   and (seg := parse_segment_file_name(p.file, size)) is not None]
         if missing:
             ax.scatter(*zip(*missing, strict=True), s=50, c="tab:red", marker="x",
                        label="missing")

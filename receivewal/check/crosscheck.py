@@ -20,11 +20,11 @@ from typing import NamedTuple
 
 from receivewal.check.gaps import missing_segments, older_island_problems
 from receivewal.errors import ArchiveError
+from receivewal.wal.crossing import followers_needed
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, SIZE_OF_SHORT_PHD, XLOG_BLCKSZ
+from receivewal.wal.pageheader import XLOG_BLCKSZ
 from receivewal.wal.reader import SegmentScan, WalProblem
-from receivewal.wal.records import MAX_RECORD_LENGTH
 from receivewal.wal.timeline import TimelineSwitch, parse_history
 
 
@@ -56,13 +56,6 @@ def follower_files(runs: Iterable[FollowerRun], segment_size: int
         for n in range(segno, segno + length):
             seg = SegmentFile(n, tli, compression, partial)
             yield seg.file_name(segment_size), seg
-
-
-def followers_needed(segment_size: int) -> int:
-    """How many segments after its own the longest record recovery reads can run into."""
-    usable = (segment_size - segment_size // XLOG_BLCKSZ * SIZE_OF_SHORT_PHD
-              - (SIZE_OF_LONG_PHD - SIZE_OF_SHORT_PHD))
-    return MAX_RECORD_LENGTH // usable + 1
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from receivewal.check.crosscheck import (
     plan_scans,
 )
 from receivewal.errors import ArchiveError
-from receivewal.wal import accel
+from receivewal.wal import nativescan
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
 from receivewal.wal.names import (
     SegmentFile,
@@ -283,7 +283,7 @@ def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, A
     by_file = {r.task.file: r for r in results}
     return {
         "recoverable": report.recoverable,
-        "scanner": accel.scanner_path(),
+        "scanner": nativescan.scanner_path(),
         "segment_size": report.segment_size,
         "system_identifier": report.system_identifier,
         "recovery": None if rec is None else {
@@ -315,7 +315,7 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
     lines = [f"archive {directory}: {len(scans)} segments of {report.segment_size >> 20} MiB "
              f"on timeline(s) {', '.join(map(str, timelines)) or '-'}, system identifier "
              f"{report.system_identifier}",
-             f"scanner: {accel.scanner_path()}"]
+             f"scanner: {nativescan.scanner_path()}"]
     for tli in timelines:
         own = [s for s in scans if s.timeline == tli]
         lines.append(f"  timeline {tli}: {own[0].file} .. {own[-1].file} ({len(own)} files)")

@@ -23,72 +23,19 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, SIZE_OF_SHORT_PHD, XLOG_BLCKSZ
 from receivewal.wal.reader import SegmentScan
-from receivewal.wal.records import RECORD_HEADER
+from receivewal.wal.records import main_data_of
 from receivewal.wal.rmgr import RM_XACT_ID, RM_XLOG_ID
 
 POSTGRES_EPOCH = 946_684_800  # 2000-01-01 00:00:00 UTC in Unix seconds
 HOUR = 3600
 
 _I64 = struct.Struct("<q").unpack_from
-_U16 = struct.Struct("<H").unpack_from
-_U32 = struct.Struct("<I").unpack_from
 _XACT_TIMED = {0x00, 0x20, 0x30, 0x40}  # COMMIT, ABORT, COMMIT_PREPARED, ABORT_PREPARED
 _CHECKPOINTS = {0x00, 0x10}  # XLOG_CHECKPOINT_SHUTDOWN, XLOG_CHECKPOINT_ONLINE
 _XLOG_USEC = {0x70, 0x90}  # XLOG_RESTORE_POINT (rp_time), XLOG_END_OF_RECOVERY (end_time)
 _CHECKPOINT_TIME_OFFSET = 64  # CheckPoint.time after redo, TLIs, xids, oids, multis
-_MAX_BLOCK_ID = 32
-_HEADER_SIZES = {255: 2, 254: 5, 253: 3, 252: 5}  # short/long main data, origin, toplevel xid
-
-
-def _record_bytes(data: bytes, off: int, tot_len: int) -> bytes | None:
-    """The ``tot_len`` bytes of the record at ``off``, without the page headers it spans;
-    None when it runs past the data."""
-    parts, need = [], tot_len
-    while need:
-        if off >= len(data):
-            return None
-        if not off % XLOG_BLCKSZ:
-            off += SIZE_OF_LONG_PHD if off == 0 else SIZE_OF_SHORT_PHD
-        take = min(need, XLOG_BLCKSZ - off % XLOG_BLCKSZ, len(data) - off)
-        parts.append(data[off:off + take])
-        off += take
-        need -= take
-    return b"".join(parts)
-
-
-def main_data(rec: bytes) -> bytes | None:
-    """A record's main data (the last bytes of the record, after its block data), found by
-    walking the block headers as DecodeXLogRecord does; None when they do not parse."""
-    pos, end, block_data, main_len = 24, len(rec), 0, 0
-    try:
-        while pos < end:
-            block_id = rec[pos]
-            if block_id == 255:
-                main_len = rec[pos + 1]
-            elif block_id == 254:
-                main_len = _U32(rec, pos + 1)[0]
-            if block_id in _HEADER_SIZES:
-                pos += _HEADER_SIZES[block_id]
-                if block_id >= 254:
-                    break  # the main data header comes last
-                continue
-            if block_id > _MAX_BLOCK_ID:
-                return None
-            fork_flags, length = rec[pos + 1], _U16(rec, pos + 2)[0]
-            block_data += length
-            pos += 4
-            if fork_flags & 0x10:  # BKPBLOCK_HAS_IMAGE
-                bimg_len, bimg_info = _U16(rec, pos)[0], rec[pos + 4]
-                block_data += bimg_len
-                pos += 5 + (2 if bimg_info & 0x01 and bimg_info & 0x1C else 0)
-            pos += 4 + (0 if fork_flags & 0x80 else 12)  # block number, RelFileNode
-    except (IndexError, struct.error):
-        return None
-    if pos + block_data + main_len != end:
-        return None
-    return rec[end - main_len:]
+_TIMED_RMGRS = frozenset((RM_XLOG_ID, RM_XACT_ID))
 
 
 def record_time(rmid: int, info: int, main: bytes) -> float | None:
@@ -107,23 +54,8 @@ def time_marks(data: bytes, start_lsn: int,
     """(LSN, Unix seconds) of the timestamped records among ``record_lsns`` (records that start
     in ``data``, a segment beginning at ``start_lsn``); records cut off by the end are skipped."""
     marks = []
-    size = len(data)
-    for lsn in record_lsns:
-        off = lsn - start_lsn
-        if not 0 <= off < size:
-            continue
-        if off % XLOG_BLCKSZ <= XLOG_BLCKSZ - 24 and off + 24 <= size \
-                and data[off + 17] > RM_XACT_ID:  # xl_rmid, when the header is on one page
-            continue  # the common case, decided without building the header
-        head = _record_bytes(data, off, 24)
-        if head is None:
-            continue
-        tot_len, _xid, _prev, info, rmid, _crc = RECORD_HEADER.unpack(head)
-        if rmid not in (RM_XACT_ID, RM_XLOG_ID):
-            continue
-        rec = _record_bytes(data, off, tot_len)
-        main = main_data(rec) if rec is not None else None
-        when = record_time(rmid, info, main) if main is not None else None
+    for lsn, rmid, info, main in main_data_of(data, start_lsn, record_lsns, _TIMED_RMGRS):
+        when = record_time(rmid, info, main)
         if when is not None:
             marks.append((lsn, when))
     return marks

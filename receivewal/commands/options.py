@@ -1,27 +1,54 @@
-"""The options of ``receivewal stream`` and the pg_receivewal drop-in, each declared once.
+"""The options of ``receivewal stream`` and the pg_receivewal drop-in, each declared once, and
+the Settings they make.
 
 One field of :class:`StreamOptions` per option: the field's name is the option's destination,
 its annotation the type of the parsed value, its default the default (Settings' own where the
 value reaches Settings unchanged), and :func:`option` states the rest: spellings, help, the
-``RECEIVEWAL_*`` environment variable, the :class:`Settings` field it reaches and its place in
-pg_receivewal's command line. ``stream``'s click options and the drop-in's getopt tables are
-built from these fields, and the tests walk them. Adding an option is one field here plus the
-line of ``build_settings`` that turns it into its Settings field.
+``RECEIVEWAL_*`` environment variable, the :class:`Settings` field it reaches (and how, when
+not as it is) and its place in pg_receivewal's command line. ``stream``'s click options and
+the drop-in's getopt tables are built from these fields, :func:`build_settings` turns the
+parsed values into Settings from them, and the tests walk them. Adding an option is one field
+here (and its Settings field).
 
 No click here: ``stream`` builds the click options, the drop-in its getopt tables.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import getpass
+import operator
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
+from receivewal.addresses import parse_address
+from receivewal.archive.compression import parse_compress_option
 from receivewal.daemon.settings import CONFIRM_AFTER, Settings
+from receivewal.errors import ConfigurationError
+from receivewal.replication.connection import build_conninfo, conninfo_options
+from receivewal.replication.negotiation import parse_compression_list, with_streampack_option
 
 T = TypeVar("T")
+CONNECTION = "conninfo"  # the Settings field several options make together (with_connection)
+
+
+class Lsn(int):
+    """An LSN the command line gave, parsed (a type of its own for the parsers: an ``int``
+    option is a count)."""
+
+
+def _checked_address(text: str | None) -> str | None:
+    """--metrics-address as given, once it parses: a bad address fails before connecting."""
+    if text:
+        parse_address(text)
+    return text
+
+
+def _none_if_empty(text: str | None) -> str | None:
+    return text or None
 
 
 @dataclass(frozen=True)
@@ -38,6 +65,7 @@ class OptionSpec:
     example: str  # a text value it accepts, for the tests built from this table
     goes_with: tuple[str, ...]  # argv words it is refused without, e.g. ("--create-slot",)
     pg_receivewal: int  # its place in pg_receivewal 15's long_options[]; 0: not a pg option
+    to_setting: Callable[[Any], object] | None  # the value as its Settings field's; None: as is
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -54,11 +82,13 @@ class OptionSpec:
 def option(default: T, long: str, short: str = "", *, help: str, setting: str | None,
            env: bool = True, show_default: bool = False,
            choices: tuple[str, ...] = (), example: str = "", goes_with: tuple[str, ...] = (),
-           pg_receivewal: int = 0) -> T:
+           pg_receivewal: int = 0, to_setting: Callable[[Any], object] | None = None) -> T:
     """A :class:`StreamOptions` field: its default, and its :class:`OptionSpec` as metadata
-    (``setting`` is always stated: the tests check that the option reaches it)."""
+    (``setting`` is always stated: the tests check that the option reaches it;
+    ``to_setting`` turns the value into the field's, raising ConfigurationError for a value
+    that does not parse)."""
     spec = OptionSpec(long, short, help, env, setting, show_default, choices, example, goes_with,
-                      pg_receivewal)
+                      pg_receivewal, to_setting)
     return field(default=default, metadata={"option": spec})
 
 
@@ -67,30 +97,30 @@ class StreamOptions:
     """The stream command line as parsed (by click in ``stream``, by getopt in the drop-in), in
     the order of ``receivewal stream --help``.
 
-    Values are as typed (LSNs, compression lists and -Z still text); ``build_settings`` turns
-    them into :class:`Settings`.
+    Values are as the command line gave them, an LSN parsed (each command line has its own
+    rule for one); :func:`build_settings` turns them into :class:`Settings`.
     """
 
     directory: Path | None = option(
         None, "--directory", "-D", setting="directory", pg_receivewal=1,
         help="Receive WAL files into this directory (it must exist).")
     dbname: str | None = option(
-        None, "--dbname", "-d", setting="conninfo", example="application_name=probe",
+        None, "--dbname", "-d", setting=CONNECTION, example="application_name=probe",
         pg_receivewal=2, help="Connection string or URI.")
     host: str | None = option(
-        None, "--host", "-h", setting="conninfo", example="db1.example", pg_receivewal=4,
+        None, "--host", "-h", setting=CONNECTION, example="db1.example", pg_receivewal=4,
         help="Database server host or socket dir.")
     port: str | None = option(
-        None, "--port", "-p", setting="conninfo", example="5433", pg_receivewal=5,
+        None, "--port", "-p", setting=CONNECTION, example="5433", pg_receivewal=5,
         help="Database server port.")
     username: str | None = option(
-        None, "--username", "-U", setting="conninfo", example="probe", pg_receivewal=6,
+        None, "--username", "-U", setting=CONNECTION, example="probe", pg_receivewal=6,
         help="Connect as this user.")
     no_password: bool = option(
         False, "--no-password", "-w", setting=None, pg_receivewal=8,  # the prompt
         help="Never prompt for a password.")
     force_password: bool = option(
-        False, "--password", "-W", env=False, setting="conninfo", pg_receivewal=9,
+        False, "--password", "-W", env=False, setting=CONNECTION, pg_receivewal=9,
         help="Prompt for a password before connecting.")
     slot: str | None = option(
         None, "--slot", "-S", setting="slot", example="probe_slot", pg_receivewal=11,
@@ -118,9 +148,10 @@ class StreamOptions:
         False, "--synchronous", setting="synchronous", pg_receivewal=17,
         help="Flush WAL to disk and report it after every batch received.")
     no_sync: bool = option(
-        not Settings.sync, "--no-sync", setting="sync", pg_receivewal=18,
+        not Settings.sync, "--no-sync", setting="sync", to_setting=operator.not_,
+        pg_receivewal=18,
         help="Do not fsync (testing only: a crash can lose or corrupt WAL).")
-    endpos: str | None = option(
+    endpos: Lsn | None = option(
         None, "--endpos", "-E", setting="endpos", example="0/3000000", pg_receivewal=3,
         help="Exit 0 once WAL up to this LSN is received.")
     no_loop: bool = option(
@@ -134,14 +165,14 @@ class StreamOptions:
         0, "--verbose", "-v", env=False, setting=None, pg_receivewal=12,  # the logging
         help="More log output (debug events).")
     compress: str = option(
-        "none", "--compress", "-Z", setting="at_rest", show_default=True, example="lz4",
-        pg_receivewal=13,
+        "none", "--compress", "-Z", setting="at_rest", to_setting=parse_compress_option,
+        show_default=True, example="lz4", pg_receivewal=13,
         help="Compress segment files at rest: METHOD[:LEVEL] with METHOD gzip (.gz), "
         "lz4 (.lz4), zstd (.zst) or none; a bare number is a gzip level, as in "
         "pg_receivewal.")
     compression: str = option(
         ",".join(Settings.compression), "--compression", setting="compression",
-        show_default=True, example="lz4",
+        to_setting=parse_compression_list, show_default=True, example="lz4",
         help="pg_streampack algorithms to request, in order of preference, or none.")
     hot_standby_feedback: bool = option(
         Settings.hot_standby_feedback, "--hot-standby-feedback/--no-hot-standby-feedback",
@@ -161,7 +192,7 @@ class StreamOptions:
         help="Longest pause between reconnect attempts, in seconds.")
     metrics_address: str | None = option(
         Settings.metrics_address, "--metrics-address", setting="metrics_address",
-        example="127.0.0.1:9187",
+        to_setting=_checked_address, example="127.0.0.1:9187",
         help="Serve Prometheus metrics on HOST:PORT.")
     log_format: str = option(
         "auto", "--log-format", setting=None, choices=("auto", "json", "console"),
@@ -172,7 +203,8 @@ class StreamOptions:
         "server WAL end, MB/s, compression ratio, ETA. Never with JSON logs or off a "
         "terminal.")
     upload_to: str | None = option(
-        Settings.upload_to, "--upload-to", setting="upload_to", example="s3://example-wal/db1",
+        Settings.upload_to, "--upload-to", setting="upload_to", to_setting=_none_if_empty,
+        example="s3://example-wal/db1",
         help="Upload each completed segment and history file, as it sits on disk (-Z), to "
         "PREFIX/<file name> in object storage (s3://BUCKET/PREFIX; endpoint and credentials "
         "from boto3's standard AWS_* chain). Nothing local is deleted.")
@@ -222,3 +254,53 @@ def options_from(values: Mapping[str, object], base: StreamOptions | None = None
             raise TypeError(f"option {name}: {value!r} is not a {kind}")
         checked[name] = value
     return replace(base or StreamOptions(), **checked)
+
+
+def json_logs(opts: StreamOptions) -> bool:
+    """--log-format, with auto meaning JSON unless stderr is a terminal."""
+    return opts.log_format == "json" or (opts.log_format == "auto" and not sys.stderr.isatty())
+
+
+def build_settings(opts: StreamOptions) -> Settings:
+    """Turn parsed options into validated Settings (raises ConfigurationError): the values,
+    the first that does not parse refused; the connection string; :meth:`Settings.validate`.
+    """
+    values, refused = setting_values(opts)
+    if refused is not None:
+        raise refused
+    return with_connection(Settings(conninfo="", **values), opts).validate()
+
+
+def setting_values(opts: StreamOptions) -> tuple[dict[str, Any], ConfigurationError | None]:
+    """Each option's value as the Settings field its declaration names (through its
+    ``to_setting``), the connection string aside (:func:`with_connection`); and the first
+    value, in declaration order, that does not parse (its field then keeps Settings'
+    default, so that the drop-in can judge the combination first, as pg_receivewal does)."""
+    values: dict[str, Any] = {}  # Settings' fields, each from its option's declared type
+    refused: ConfigurationError | None = None
+    for fld, spec, _ in declared_options():
+        if spec.setting is None or spec.setting == CONNECTION:
+            continue
+        value = getattr(opts, fld.name)
+        if spec.to_setting is not None:
+            try:
+                value = spec.to_setting(value)
+            except ConfigurationError as exc:
+                refused = refused or exc
+                continue
+        values[spec.setting] = value
+    values["progress"] = values["progress"] and sys.stderr.isatty() and not json_logs(opts)
+    return values, refused
+
+
+def with_connection(settings: Settings, opts: StreamOptions) -> Settings:
+    """``settings`` with the connection string the options make: -d, -h, -p, -U, the
+    password -W prompts for, and pg_streampack's option asking for ``settings.compression``.
+    Raises ConfigurationError for a connection string libpq refuses."""
+    password = None
+    if opts.force_password and not opts.no_password:
+        password = getpass.getpass("Password: ")
+    base = build_conninfo(opts.dbname, host=opts.host, port=opts.port, user=opts.username,
+                          password=password)
+    options = with_streampack_option(conninfo_options(base), settings.compression)
+    return replace(settings, conninfo=build_conninfo(base, options=options) if options else base)

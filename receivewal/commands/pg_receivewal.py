@@ -25,9 +25,15 @@ from typing import Any, NoReturn
 import structlog
 
 from receivewal import __version__
-from receivewal.archive.compression import parse_compress_option
-from receivewal.commands.options import StreamOptions, declared_options, options_from, takes_value
-from receivewal.commands.stream import build_settings
+from receivewal.commands.options import (
+    Lsn,
+    StreamOptions,
+    declared_options,
+    options_from,
+    setting_values,
+    takes_value,
+    with_connection,
+)
 from receivewal.daemon.events import (
     Disconnected,
     DiskFull,
@@ -42,8 +48,9 @@ from receivewal.daemon.events import (
     TimelineSwitched,
 )
 from receivewal.daemon.proctitle import scrub_passwords
+from receivewal.daemon.settings import Settings
 from receivewal.daemon.supervisor import Supervisor, prompt_password
-from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.errors import CommandLineError, ReceivewalError
 from receivewal.wal.lsn import format_lsn, scan_lsn
 
 PROGNAME = "pg_receivewal"
@@ -121,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(VERSION_LINE + "\n")
         return 0
     try:
-        opts = parse_args(args)
+        opts, directory = parse_args(args)
+        settings = check_args(opts, directory)
     except getopt.GetoptError as exc:
         sys.stderr.write(f"{sys.argv[0]}: {getopt_message(exc)}\n")
         _hint()
@@ -135,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     messages = configure_messages(opts.verbose)
     os.environ.setdefault("PGAPPNAME", PROGNAME)  # libpq's fallback_application_name, in effect
     try:
-        settings = build_settings(opts)
+        settings = with_connection(settings, opts).validate()
     except ReceivewalError as exc:
         _error(str(exc).removeprefix("invalid connection string: "))  # libpq's words only
         return 1
@@ -144,11 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     return Supervisor(settings, prompt=prompt, listeners=(messages.on_event,)).run()
 
 
-def parse_args(args: list[str]) -> StreamOptions:
-    """pg_receivewal's options as ``receivewal stream``'s options.
+def parse_args(args: list[str]) -> tuple[StreamOptions, str | None]:
+    """pg_receivewal's options as ``receivewal stream``'s options, and -D as typed (for the
+    messages).
 
     Raises getopt.GetoptError for what getopt_long refuses and UsageError (with PostgreSQL's
-    message) for what pg_receivewal's checks refuse, in pg_receivewal's order.
+    message) for a value pg_receivewal refuses as it reads it, or an argument too many.
     """
     parsed, rest = getopt.gnu_getopt(args, SHORT_OPTIONS, LONG_OPTIONS)
     values: dict[str, object] = {}  # field -> its value, the last given
@@ -163,21 +172,21 @@ def parse_args(args: list[str]) -> StreamOptions:
         if name == "directory":
             directory = value
         values[name] = _value(name, value, values.get(name))
+    if rest:
+        raise UsageError(f'too many command-line arguments (first is "{rest[0]}")')
     opts = options_from(values, base=StreamOptions(
         compression=os.environ.get("RECEIVEWAL_COMPRESSION", StreamOptions.compression),
         reconnect_delay=float(RECONNECT_SLEEP_TIME),
         reconnect_delay_max=float(RECONNECT_SLEEP_TIME),
     ))
-    check_args(opts, rest, directory)
-    return opts
+    return opts, directory
 
 
 def _value(name: str, text: str, previous: object) -> object:
     """One option's value as its field's type, checked as pg_receivewal checks it."""
     kind = _KINDS[name]
-    if name == "endpos":
-        endpos = parse_endpos(text)
-        return format_lsn(endpos) if endpos else None  # 0/0: no end position
+    if kind is Lsn:  # sscanf's rule; 0/0 is no end position
+        return Lsn(parse_endpos(text)) or None
     if kind is int:  # -v counts
         return (previous if isinstance(previous, int) else 0) + 1
     if kind is bool:
@@ -187,32 +196,29 @@ def _value(name: str, text: str, previous: object) -> object:
     return Path(text) if kind is Path else text
 
 
-def check_args(opts: StreamOptions, rest: list[str], directory: str | None) -> None:
-    """pg_receivewal's checks after getopt, in its order (UsageError with its messages).
+def check_args(opts: StreamOptions, directory: str | None) -> Settings:
+    """pg_receivewal's checks before it connects, in its order: the combination
+    (Settings.check_combination, with pg_receivewal's words and hint), -Z, the directory (its
+    opendir()). UsageError for what they refuse; else the Settings of the options, to be
+    completed with the connection string and validated (:func:`with_connection`).
 
     ``directory`` is -D as typed, for the messages.
     """
-    if rest:
-        raise UsageError(f'too many command-line arguments (first is "{rest[0]}")')
-    if opts.drop_slot and opts.create_slot:
-        raise UsageError("cannot use --create-slot together with --drop-slot")
-    if opts.slot is None and (opts.drop_slot or opts.create_slot):
-        which = "--drop-slot" if opts.drop_slot else "--create-slot"
-        raise UsageError(f"{which} needs a slot to be specified using --slot")
-    if opts.synchronous and opts.no_sync:
-        raise UsageError("cannot use --synchronous together with --no-sync")
-    if directory is None and not (opts.drop_slot or opts.create_slot):
-        raise UsageError("no target directory specified")
+    values, refused = setting_values(opts)
+    settings = Settings(conninfo="", **values)
     try:
-        parse_compress_option(opts.compress)
-    except ConfigurationError as exc:
-        raise UsageError(str(exc), hint=False) from exc
+        settings.check_combination()
+    except CommandLineError as exc:
+        raise UsageError(exc.words) from exc
+    if refused is not None:
+        raise UsageError(str(refused), hint=False)
     if not (opts.drop_slot or opts.create_slot):
         try:  # opendir() in pg_receivewal; the daemon lists the directory itself, once
             os.close(os.open(directory or "", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         except OSError as exc:
             raise UsageError(f'could not open directory "{directory}": '
                              f"{exc.strerror}", hint=False) from exc
+    return settings
 
 
 _C_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]*)[ \t\n\v\f\r]*")
@@ -362,7 +368,8 @@ class PgReceivewalMessages:
 
 
 def run() -> NoReturn:
-    """``python -m receivewal.dropin``."""
+    """The ``pg_receivewal-streampack`` console script (also ``python -m
+    receivewal.commands.pg_receivewal``)."""
     sys.exit(main())
 
 

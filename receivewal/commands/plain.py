@@ -1,11 +1,20 @@
-"""A plain value class for the lean command paths (``verify_call``).
+"""What the lean command paths (``restore_options``, ``verify_call``) share: a plain value class,
+and options declared once for both a hand parser and a click command.
 
 Their command-line objects compare and print by their ``__slots__``, as a frozen dataclass
 would, without importing ``dataclasses`` (with ``inspect`` behind it, ~10 ms of a call's
-start-up).
+start-up). A lean command declares its options as :class:`Option` rows: :func:`read_options`
+reads the usual command lines from them without click, and the command's click twin builds
+its options (help, types, usage errors) from the same rows.
 """
 
 from __future__ import annotations
+
+TYPE_CHECKING = False  # typing itself costs the call a few ms
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+FLAG = "flag"  # the kind of an option that takes no value
 
 
 class Plain:
@@ -22,3 +31,74 @@ class Plain:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
         return f"{type(self).__name__}({fields})"
+
+
+class Option(Plain):
+    """One option of a lean command, declared once.
+
+    ``dest`` names its value; ``names`` are its spellings (a two-letter one also takes its
+    value attached, ``-j4``, a long one as ``--jobs=4``); ``kind`` is :data:`FLAG` or the
+    command's word for what its value is (the hand parser reads the value by it, the click
+    command types it by it); ``metavar`` and ``help`` are for ``--help``; ``env`` is the
+    variable that gives the value when the command line does not (empty: unset, as click
+    has it), ``required`` whether a value must come from one or the other, ``maximum`` the
+    largest a counted value may be.
+    """
+
+    __slots__ = ("dest", "env", "help", "kind", "maximum", "metavar", "names", "required")
+
+    def __init__(self, dest: str, names: tuple[str, ...], kind: str, *, help: str,
+                 metavar: str = "", env: str | None = None, required: bool = False,
+                 maximum: int = 0) -> None:
+        self.dest, self.names, self.kind = dest, names, kind
+        self.metavar, self.help = metavar, help
+        self.env, self.required, self.maximum = env, required, maximum
+
+
+def read_options(args: Sequence[str], options: Sequence[Option],
+                 readers: Mapping[str, Callable[[str], object]],
+                 environ: Mapping[str, str] | None = None,
+                 ) -> tuple[dict[str, object], list[str]] | None:
+    """The values (by ``dest``; a flag False when not given, another option absent unless
+    its ``env`` variable in ``environ`` gives it) and the arguments of the command line
+    ``args``, in any order, the last of a repeated option winning; None for a command line to
+    leave to click: an unknown option, a value missing or starting with ``-`` (click may read
+    it otherwise), a required option given nowhere, or a value that ``readers[kind]`` refuses
+    by returning None (click says why)."""
+    by_name = {name: option for option in options for name in option.names}
+    values: dict[str, object] = {o.dest: False for o in options if o.kind == FLAG}
+    texts: dict[str, str] = {o.dest: environ[o.env] for o in options
+                             if environ is not None and o.env and environ.get(o.env)}
+    arguments = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        option = by_name.get(arg)
+        name, _, inline = arg.partition("=")
+        attached = by_name.get(arg[:2]) if len(arg) > 2 else None
+        if option is not None and option.kind == FLAG:
+            values[option.dest] = True
+        elif option is not None:
+            if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                return None  # click says what is missing (or reads the value its own way)
+            texts[option.dest] = args[i + 1]
+            i += 1
+        elif name.startswith("--") and inline and not inline.startswith("-") \
+                and (option := by_name.get(name)) is not None and option.kind != FLAG:
+            texts[option.dest] = inline
+        elif attached is not None and attached.kind != FLAG:
+            texts[attached.dest] = arg[2:]
+        elif arg.startswith("-") or not arg:
+            return None
+        else:
+            arguments.append(arg)
+        i += 1
+    if any(o.required and o.dest not in texts for o in options):
+        return None
+    kinds = {o.dest: o.kind for o in options}
+    for dest, text in texts.items():
+        value = readers[kinds[dest]](text)
+        if value is None:
+            return None
+        values[dest] = value
+    return values, arguments

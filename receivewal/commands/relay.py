@@ -9,9 +9,8 @@ import click
 from receivewal.addresses import Address, format_address, parse_address
 from receivewal.errors import ConfigurationError
 from receivewal.logs import configure_logging
-from receivewal.relay.server import Relay
-from receivewal.relay.session import relay_log
-from receivewal.relay.settings import (
+from receivewal.relay.client import relay_log
+from receivewal.relay.config import (
     CLIENT_TLS_MODES,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_STARTUP_TIMEOUT,
@@ -19,6 +18,7 @@ from receivewal.relay.settings import (
     ClientAccess,
     build_relay_settings,
 )
+from receivewal.relay.server import Relay
 
 PEM = click.Path(exists=True, dir_okay=False)
 

@@ -21,14 +21,8 @@ from typing import Any
 
 import click
 
-from receivewal.commands.restore_options import (
-    ARGUMENTS,
-    COUNT,
-    DIRECTORY,
-    FLAG,
-    OPTIONS,
-    RestoreOption,
-)
+from receivewal.commands.plain import FLAG, Option
+from receivewal.commands.restore_options import ARGUMENTS, COUNT, DIRECTORY, OPTIONS
 from receivewal.restore.call import DAMAGED, Call, run
 
 
@@ -43,7 +37,7 @@ class _RestoreCommand(click.Command):
             raise click.exceptions.Exit(DAMAGED) from exc
 
 
-def _click_option(option: RestoreOption) -> Callable[[Callable[..., int]], Callable[..., int]]:
+def _click_option(option: Option) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """The click option of a declared one."""
     kinds: dict[str, dict[str, Any]] = {
         DIRECTORY: {"type": click.Path(file_okay=False)},
@@ -51,7 +45,7 @@ def _click_option(option: RestoreOption) -> Callable[[Callable[..., int]], Calla
         COUNT: {"type": click.IntRange(0, option.maximum), "default": None},
     }
     return click.option(*option.names, envvar=option.env, required=option.required,
-                        metavar=option.metavar, help=option.help, **kinds[option.kind])
+                        metavar=option.metavar or None, help=option.help, **kinds[option.kind])
 
 
 def declared(command: Callable[..., int]) -> Callable[..., int]:

@@ -11,10 +11,14 @@ options' help and the usage errors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
 from receivewal.commands.output import deliver
-from receivewal.commands.verify_call import start_lsn, verify_text
+from receivewal.commands.plain import FLAG
+from receivewal.commands.verify_call import COUNT, LSN, OPTIONS, start_lsn, verify_text
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 
 EXIT_CODES = """\b
@@ -40,17 +44,27 @@ def _lsn_or_nothing(ctx: click.Context, param: click.Parameter, value: str | Non
     return value
 
 
+#: How click reads a value of each kind verify_call.OPTIONS declares.
+_CLICK_KINDS: dict[str, dict[str, Any]] = {
+    FLAG: {"is_flag": True},
+    COUNT: {"type": click.IntRange(min=1), "default": None},
+    LSN: {"default": None, "callback": _lsn_or_nothing},
+}
+
+
+def declared_click_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Decorate ``command`` with verify's options as :data:`verify_call.OPTIONS` declares
+    them, in their order."""
+    for option in reversed(OPTIONS):
+        command = click.option(*option.names, option.dest, help=option.help,
+                               metavar=option.metavar or None,
+                               **_CLICK_KINDS[option.kind])(command)
+    return command
+
+
 @click.command("verify", epilog=EXIT_CODES)
 @click.argument("archive", metavar="DIR-OR-S3-URL", callback=named_archive)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="At most this many worker processes (default: one per CPU); one per GiB "
-                   "of segments, so a small archive is scanned in this process.")
-@click.option("--start", "start", default=None, metavar="LSN", callback=_lsn_or_nothing,
-              help="Check the WAL range recovery reaches from this LSN (default: the first "
-                   "segment's start).")
-@click.option("--compressibility", is_flag=True,
-              help="Also measure each segment's size after zstd level 1 and lz4.")
+@declared_click_options
 def verify_command(archive: str, as_json: bool, jobs: int | None, start: str | None,
                    compressibility: bool) -> None:
     """Check every page, record and CRC of a WAL archive (a directory, or s3://BUCKET/PREFIX

@@ -2,11 +2,13 @@
 
 pg_waldump reads two segments in ~12 ms; click and the command group alone cost a Python
 ``verify`` ~20-25 ms of start-up, so a plain verify command line is read here and run without
-them (nor structlog or psycopg). :func:`parse` takes ``ARCHIVE``, ``--json``, ``-j N`` (also
-``-jN``, ``--jobs N``, ``--jobs=N``), ``--start LSN`` (``--start=LSN``) and
-``--compressibility``, in any order; anything else (``--help``, an unknown option, a missing
-or extra argument, a value click would reject or might read otherwise) is left to the click
-command in :mod:`receivewal.commands.verify`, which owns the options' help and usage errors.
+them (nor structlog or psycopg). verify's options are declared once, in :data:`OPTIONS`:
+:func:`parse` reads ``ARCHIVE``, ``--json``, ``-j N`` (also ``-jN``, ``--jobs N``,
+``--jobs=N``), ``--start LSN`` (``--start=LSN``) and ``--compressibility`` from them, in any
+order, and the click command in :mod:`receivewal.commands.verify` is built from them. Anything
+:func:`parse` does not take (``--help``, an unknown option, a missing or extra argument, a
+value click would reject or might read otherwise) is left to that command, which owns the
+help and the usage errors.
 
 Both paths print the same bytes and exit with the same status: :func:`verify_text` is the
 command's work for both, and :func:`run` writes it and reports errors as the click group does
@@ -20,14 +22,27 @@ from __future__ import annotations
 
 import sys
 
-from receivewal.commands.plain import Plain
+from receivewal.commands.plain import FLAG, Option, Plain, read_options
 
 TYPE_CHECKING = False  # typing itself costs the call a few ms
 if TYPE_CHECKING:
     from typing import TextIO
 
-_FLAGS = {"--json": "as_json", "--compressibility": "compressibility"}
-_VALUED = {"-j": "jobs", "--jobs": "jobs", "--start": "start"}
+COUNT = "count"  # a worker count: a whole number from 1 (click.IntRange(min=1))
+LSN = "lsn"  # an LSN as text, or empty: no start (start_lsn reads it)
+
+#: verify's options, in the order of its --help; the click command is built from them.
+OPTIONS = (
+    Option("as_json", ("--json",), FLAG, help="Print the report as JSON."),
+    Option("jobs", ("-j", "--jobs"), COUNT,
+           help="At most this many worker processes (default: one per CPU); one per GiB of "
+           "segments, so a small archive is scanned in this process."),
+    Option("start", ("--start",), LSN, metavar="LSN",
+           help="Check the WAL range recovery reaches from this LSN (default: the first "
+           "segment's start)."),
+    Option("compressibility", ("--compressibility",), FLAG,
+           help="Also measure each segment's size after zstd level 1 and lz4."),
+)
 
 
 class Call(Plain):
@@ -43,51 +58,27 @@ class Call(Plain):
 
 def parse(args: list[str]) -> Call | None:
     """The call ``args`` (after ``verify``) asks for, or None for click to handle."""
-    values: dict[str, str] = {}
-    flags = {"as_json": False, "compressibility": False}
-    archives = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        name, _, inline = arg.partition("=")
-        if arg in _FLAGS:
-            flags[_FLAGS[arg]] = True
-        elif arg in _VALUED:
-            if i + 1 >= len(args) or args[i + 1].startswith("-"):
-                return None  # click says what is missing (or reads the value its own way)
-            values[_VALUED[arg]] = args[i + 1]
-            i += 1
-        elif name in {"--jobs", "--start"} and inline and not inline.startswith("-"):
-            values[_VALUED[name]] = inline
-        elif arg.startswith("-j") and len(arg) > 2:
-            values["jobs"] = arg[2:]
-        elif arg.startswith("-") or not arg:
-            return None
-        else:
-            archives.append(arg)
-        i += 1
-    jobs, start = values.get("jobs"), values.get("start")
-    if len(archives) != 1 or (jobs is not None and not _is_count(jobs)) \
-            or (start is not None and not _is_lsn(start)):
+    read = read_options(args, OPTIONS, {COUNT: _count, LSN: _lsn})
+    if read is None or len(read[1]) != 1:
         return None
-    return Call(archives[0], as_json=flags["as_json"], jobs=None if jobs is None else int(jobs),
-                start=start, compressibility=flags["compressibility"])
+    values, (archive,) = read
+    return Call(archive, **values)  # type: ignore[arg-type]  # typed by OPTIONS' kinds
 
 
-def _is_count(text: str) -> bool:
-    """Whether ``text`` is a worker count (ASCII digits, at least 1): click says why not."""
-    return text.isascii() and text.isdigit() and int(text) >= 1
+def _count(text: str) -> int | None:
+    """A worker count (ASCII digits, at least 1), or None: click says why not."""
+    return int(text) if text.isascii() and text.isdigit() and int(text) >= 1 else None
 
 
-def _is_lsn(text: str) -> bool:
-    """Whether ``text`` is an LSN (or empty: no start): click says why not."""
+def _lsn(text: str) -> str | None:
+    """``text`` when it is an LSN (or empty: no start), else None: click says why not."""
     from receivewal.errors import ConfigurationError  # noqa: PLC0415
 
     try:
         start_lsn(text)
     except ConfigurationError:
-        return False
-    return True
+        return None
+    return text
 
 
 def start_lsn(start: str | None) -> int | None:

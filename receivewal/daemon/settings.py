@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
-from receivewal.errors import ConfigurationError
+from receivewal.errors import CommandLineError, ConfigurationError
 
 SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
 CONFIRM_AFTER = ("disk", "upload")
@@ -53,24 +53,16 @@ class Settings:
         return self.slot is not None or self.synchronous
 
     def validate(self) -> Settings:
-        """Raise ConfigurationError for combinations pg_receivewal refuses (and a few more)."""
-        if self.create_slot and self.drop_slot:
-            raise ConfigurationError("cannot use --create-slot together with --drop-slot")
-        if (self.create_slot or self.drop_slot or self.create_slot_if_missing) and not self.slot:
-            what = "--create-slot" if self.create_slot else \
-                "--drop-slot" if self.drop_slot else "--create-slot-if-missing"
-            raise ConfigurationError(f"{what} needs a slot to be specified using --slot")
+        """Raise ConfigurationError for what cannot run: combinations pg_receivewal refuses,
+        in its words (CommandLineError), and a few more. The one validation of ``receivewal
+        stream`` and the pg_receivewal drop-in."""
+        self._check_slot_action()
         if self.slot is not None and not SLOT_NAME_RE.match(self.slot):
             raise ConfigurationError(
                 f'replication slot name "{self.slot}" is invalid: use at most 63 lower case '
                 "letters, numbers and underscores"
             )
-        if self.reserve_wal and not (self.create_slot or self.create_slot_if_missing):
-            raise ConfigurationError("--reserve-wal goes with --create-slot")
-        if self.synchronous and not self.sync:
-            raise ConfigurationError("cannot use --synchronous together with --no-sync")
-        if self.directory is None and not (self.create_slot or self.drop_slot):
-            raise ConfigurationError("no target directory specified (-D/--directory)")
+        self._check_pairs()
         if self.status_interval < 0:
             raise ConfigurationError(f"invalid status interval: {self.status_interval}")
         if self.receive_timeout < 0:
@@ -79,6 +71,29 @@ class Settings:
             raise ConfigurationError("invalid reconnect delay")
         self._validate_uploads()
         return self
+
+    def check_combination(self) -> None:
+        """Raise CommandLineError for options that do not go together, or one that is
+        missing: :meth:`validate`'s checks that pg_receivewal makes too, in its order (the
+        drop-in makes them before it parses a value, as pg_receivewal does)."""
+        self._check_slot_action()
+        self._check_pairs()
+
+    def _check_slot_action(self) -> None:
+        if self.create_slot and self.drop_slot:
+            raise CommandLineError("cannot use --create-slot together with --drop-slot")
+        if (self.create_slot or self.drop_slot or self.create_slot_if_missing) and not self.slot:
+            what = "--create-slot" if self.create_slot else \
+                "--drop-slot" if self.drop_slot else "--create-slot-if-missing"
+            raise CommandLineError(f"{what} needs a slot to be specified using --slot")
+
+    def _check_pairs(self) -> None:
+        if self.reserve_wal and not (self.create_slot or self.create_slot_if_missing):
+            raise CommandLineError("--reserve-wal goes with --create-slot")
+        if self.synchronous and not self.sync:
+            raise CommandLineError("cannot use --synchronous together with --no-sync")
+        if self.directory is None and not (self.create_slot or self.drop_slot):
+            raise CommandLineError("no target directory specified", "-D/--directory")
 
     def _validate_uploads(self) -> None:
         """The options of --upload-to."""

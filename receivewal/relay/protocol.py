@@ -3,7 +3,7 @@
 Startup packets (parse, decide what goes upstream, build), the FATAL ErrorResponse the relay
 sends itself and the Authentication filter. The upstream's byte stream, reframed and
 compressed, is :mod:`receivewal.relay.backend`; the sockets are in
-:mod:`receivewal.relay.server`, :mod:`~receivewal.relay.session` and
+:mod:`receivewal.relay.server`, :mod:`~receivewal.relay.client` and
 :mod:`~receivewal.relay.pump`.
 """
 

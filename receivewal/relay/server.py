@@ -44,8 +44,8 @@ Non-replication connections (no ``replication`` startup parameter) are passed th
 One asyncio event loop serves all connections. Protocol decisions (startup packet parsing, the
 choice of algorithm, reframing and compressing the upstream's messages) are pure code in
 :mod:`receivewal.relay.protocol`, the settings and access rules in
-:mod:`receivewal.relay.settings`; the socket work is confined to :class:`Relay` (here:
-accepting and admitting) and :mod:`receivewal.relay.session` (one client).
+:mod:`receivewal.relay.config`; the socket work is confined to :class:`Relay` (here:
+accepting and admitting) and :mod:`receivewal.relay.client` (one client).
 """
 
 
@@ -60,8 +60,7 @@ from typing import Any
 
 from receivewal.allocator import keep_freed_buffers
 from receivewal.relay.admission import LogThrottle, RelayStats
-from receivewal.relay.protocol import CANCEL_REQUEST, build_error_response
-from receivewal.relay.session import (
+from receivewal.relay.client import (
     Client,
     ClientGone,
     RelaySession,
@@ -70,12 +69,13 @@ from receivewal.relay.session import (
     refuse,
     relay_log,
 )
-from receivewal.relay.settings import (
+from receivewal.relay.config import (
     RelaySettings,
     client_ssl_context,
     is_allowed,
     upstream_ssl_context,
 )
+from receivewal.relay.protocol import CANCEL_REQUEST, build_error_response
 
 LINGER = 2.0  # seconds a refused outsider's bytes are discarded before the close
 ACCEPT_BACKOFF = 0.5  # seconds without accepting after accept() failed (out of descriptors)

@@ -9,7 +9,7 @@
  *       resolves PQgetCopyData, PQconsumeInput and PQfreemem in the libpq that is ALREADY
  *       loaded from libpq_path (dlopen with RTLD_NOLOAD): the one psycopg uses, so that the
  *       PGconn* psycopg hands out is read by the same code that made it (the caller,
- *       replication/accel.py, also has glibc keep freed buffers: receivewal/allocator.py).
+ *       replication/nativerecv.py, also has glibc keep freed buffers: receivewal/allocator.py).
  *   read(pgconn_ptr, max_bytes, max_messages, until)
  *       -> (wal_start, wal_end, payloads, wire, other)
  *       reads plain XLogData messages whose WAL follows on from the previous one's until

@@ -19,7 +19,6 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from receivewal.errors import ConfigurationError, ConnectionLost, ServerError, WalRemovedError
-from receivewal.replication.accel import receive_loop
 from receivewal.replication.link import (
     COPY_DONE,
     CopyData,
@@ -29,6 +28,7 @@ from receivewal.replication.link import (
     Row,
     WalRun,
 )
+from receivewal.replication.nativerecv import receive_loop
 from receivewal.replication.waiting import (
     BOTH,
     READ,

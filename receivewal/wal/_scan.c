@@ -154,7 +154,7 @@ u64(const uint8_t *p)
 }
 
 /* Full-page-image bytes of the block headers rec[off:end], or -1 when malformed: the same
- * decoding as fpi_bytes_of() in receivewal/wal/records.py (PostgreSQL's DecodeXLogRecord). */
+ * decoding as block_references() in receivewal/wal/records.py (PostgreSQL's DecodeXLogRecord). */
 static int64_t
 fpi_bytes_of(const uint8_t *rec, int64_t off, int64_t end)
 {

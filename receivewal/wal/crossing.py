@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from receivewal.wal.accel import crc32c_function
 from receivewal.wal.lsn import format_lsn
+from receivewal.wal.nativescan import crc32c_function
 from receivewal.wal.pageheader import (
     SHORT_HEADER,
     SIZE_OF_LONG_PHD,
@@ -27,7 +27,7 @@ from receivewal.wal.pageheader import (
     page_identity_problem,
 )
 from receivewal.wal.pages import Finding, PageMap
-from receivewal.wal.records import SIZE_OF_XLOG_RECORD
+from receivewal.wal.records import MAX_RECORD_LENGTH, SIZE_OF_XLOG_RECORD
 
 _PAGE_MASK = XLOG_BLCKSZ - 1
 
@@ -113,6 +113,13 @@ def tail_problem(pages: PageMap, start_lsn: int) -> Finding | None:
         if not pages.flags[p] & XLP_FIRST_IS_CONTRECORD or pages.rems[p] != need:
             return ("bad_page_header", start_lsn + p * XLOG_BLCKSZ,
                     f"invalid contrecord length {pages.rems[p]}, expected {need}")
+
+
+def followers_needed(segment_size: int) -> int:
+    """How many segments after its own the longest record recovery reads can run into."""
+    usable = (segment_size - segment_size // XLOG_BLCKSZ * SIZE_OF_SHORT_PHD
+              - (SIZE_OF_LONG_PHD - SIZE_OF_SHORT_PHD))
+    return MAX_RECORD_LENGTH // usable + 1
 
 
 def bytes_needed(pend: Pending, segment_size: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from receivewal.wal import accel
+from receivewal.wal import nativescan
 from receivewal.wal.pageheader import (
     LONG_FIELDS,
     SHORT_HEADER,
@@ -75,6 +75,23 @@ def zero_tail_start(buf: bytes | bytearray, size: int) -> int:
     return off
 
 
+def record_bytes(data: bytes | bytearray, off: int, length: int) -> bytes | None:
+    """The ``length`` bytes of the record at ``off`` in a segment's ``data``, without the page
+    headers it runs over (the continuation headers are not checked: the scan judged them);
+    None when the data ends first."""
+    parts, need = [], length
+    while need:
+        if off >= len(data):
+            return None
+        if not off % XLOG_BLCKSZ:
+            off += SIZE_OF_LONG_PHD if off == 0 else SIZE_OF_SHORT_PHD
+        take = min(need, XLOG_BLCKSZ - off % XLOG_BLCKSZ, len(data) - off)
+        parts.append(data[off:off + take])
+        off += take
+        need -= take
+    return b"".join(parts)
+
+
 def readable_pages(data_len: int, partial: bool) -> int:
     """Pages whose header lies within ``data_len`` bytes: a .partial's last page may be cut."""
     pages = data_len // XLOG_BLCKSZ
@@ -96,9 +113,9 @@ def check_pages(buf: bytes | bytearray, *, data_len: int, start_lsn: int, segmen
                          f"segment holds {data_len} bytes, expected {segment_size}"))
     n = min(readable_pages(data_len, partial), segment_size // XLOG_BLCKSZ)
     zeros = zero_tail_start(buf, n * XLOG_BLCKSZ)
-    if accel.native is not None and first_page == 0:  # the leading pages with nothing to say
+    if nativescan.native is not None and first_page == 0:  # the leading pages with nothing to say
         first_page, pmap.system_identifier, pmap.page_tlis, pmap.flags, pmap.rems = (
-            accel.native.check_pages(buf, min(n, zeros // XLOG_BLCKSZ), start_lsn, timeline,
+            nativescan.native.check_pages(buf, min(n, zeros // XLOG_BLCKSZ), start_lsn, timeline,
                                      segment_size))
         pmap.page_ok = [True] * first_page
     prev_tli = pmap.page_tlis[-1][1] if pmap.page_tlis else 0

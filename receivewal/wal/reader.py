@@ -14,17 +14,17 @@ Records are counted in the segment where they start. Nothing here opens a file.
 The hot loop has two implementations with the same results: the compiled one in
 ``receivewal/wal/_scan.c`` walks every record it can accept without a finding, and stops where
 something needs a closer look; the Python loop below goes on from there (and does all of the
-work when the extension is absent, see :mod:`receivewal.wal.accel`).
+work when the extension is absent, see :mod:`receivewal.wal.nativescan`).
 """
 
 from __future__ import annotations
 
 import struct
 
-from receivewal.wal import accel
-from receivewal.wal.accel import crc32c_function
+from receivewal.wal import nativescan
 from receivewal.wal.crossing import Pending, bytes_needed, continue_pending, gather, tail_problem
 from receivewal.wal.lsn import format_lsn
+from receivewal.wal.nativescan import crc32c_function
 from receivewal.wal.pageheader import (
     SIZE_OF_SHORT_PHD,
     XLOG_BLCKSZ,
@@ -37,6 +37,7 @@ from receivewal.wal.records import (
     RmgrTotals,
     SegmentScan,
     WalProblem,
+    block_references,
     fpi_bytes_of,
     group_totals,
     judge_record,
@@ -166,8 +167,8 @@ class SegmentScanner:
         prev: int | None = None
         last = self.last_record_lsn
         first = True
-        if accel.native is not None:  # the compiled loop takes every record it accepts
-            pos, prev, last, first_lsn, first_prev, switched = accel.native.walk(
+        if nativescan.native is not None:  # the compiled loop takes every record it accepts
+            pos, prev, last, first_lsn, first_prev, switched = nativescan.native.walk(
                 buf, pos, end_data, bytes(page_ok), start, False, 0, self.data_len,
                 self.partial, counts, rec_bytes, fpi_bytes, lsns)
             if first_lsn is not None:
@@ -213,7 +214,7 @@ class SegmentScanner:
                         bid == 255 and bflags + 26 == tot_len):
                     fpi = 0
                 else:
-                    fpi = fpi_bytes_of(buf, pos + 24, rec_end)
+                    fpi = block_references(buf, pos + 24, rec_end)[0]
                     if fpi < 0:
                         break
                 lsn = start + pos

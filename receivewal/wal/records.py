@@ -1,26 +1,27 @@
 """Records of one WAL segment (pure): what the scan finds, and the block-header decoding.
 
 The result types of a segment scan (:class:`SegmentScan`, :class:`WalProblem`,
-:class:`RmgrTotals`) and :func:`fpi_bytes_of`, which decodes a record's block references as
-PostgreSQL 15's DecodeXLogRecord does to count full-page-image bytes the way
-``pg_waldump --stats`` counts them.
+:class:`RmgrTotals`) and :func:`block_references`, which decodes a record's block references
+as PostgreSQL 15's DecodeXLogRecord does: the full-page-image bytes the way
+``pg_waldump --stats`` counts them (:func:`fpi_bytes_of`), and where the main data lies
+(:func:`main_data_of`, for what reads a record's contents).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from receivewal.wal.accel import crc32c_function
 from receivewal.wal.lsn import format_lsn
+from receivewal.wal.nativescan import crc32c_function
 from receivewal.wal.pageheader import XLOG_BLCKSZ
-from receivewal.wal.pages import maxalign
+from receivewal.wal.pages import maxalign, record_bytes
 from receivewal.wal.rmgr import RM_XACT_ID, rmgr_id_is_valid
 
 __all__ = ["MAX_RECORD_LENGTH", "RECORD_HEADER", "RmgrTotals", "SegmentScan", "WalProblem",
-           "fpi_bytes_of", "group_totals", "judge_record", "maxalign", "record_length_problem",
-           "record_type"]
+           "block_references", "fpi_bytes_of", "group_totals", "judge_record", "main_data_of",
+           "maxalign", "record_length_problem", "record_type"]
 
 SIZE_OF_XLOG_RECORD = 24
 # The longest record PostgreSQL 15's recovery reads: its xlogreader (allocate_recordbuf)
@@ -30,6 +31,7 @@ SIZE_OF_XLOG_RECORD = 24
 MAX_RECORD_LENGTH = 0x3FFFDFFF
 #: xl_tot_len, xl_xid, xl_prev, xl_info, xl_rmid, (2 bytes padding), xl_crc
 RECORD_HEADER = struct.Struct("<IIQBBxxI")
+_RMID_AT = struct.calcsize("<IIQB")  # xl_rmid's offset in the header
 _U32 = struct.Struct("<I").unpack_from
 _IMAGE = struct.Struct("<HHB").unpack_from  # bimg_len, hole_offset, bimg_info
 _BKPIMAGE_HAS_HOLE = 0x01
@@ -141,11 +143,49 @@ class SegmentScan:
         return sum(t.fpi_bytes for t in self.rmgr.values())
 
 
-def fpi_bytes_of(rec: bytes | bytearray | memoryview, off: int, end: int) -> int:  # noqa: PLR0912, PLR0915 - one loop, as DecodeXLogRecord
-    """Full-page-image bytes of a record whose block headers are ``rec[off:end]``.
+def fpi_bytes_of(rec: bytes | bytearray | memoryview, off: int, end: int) -> int:
+    """Full-page-image bytes of a record whose block headers are ``rec[off:end]``; -1 when
+    they are malformed (see :func:`block_references`)."""
+    return block_references(rec, off, end)[0]
 
-    Decodes the block references like PostgreSQL's DecodeXLogRecord and returns -1 when they
-    are malformed (out-of-order block ids, lengths that do not add up to ``xl_tot_len``).
+
+def main_data_of(data: bytes | bytearray, start_lsn: int, record_lsns: Iterable[int],
+                 rmids: Collection[int]) -> Iterator[tuple[int, int, int, bytes]]:
+    """``(LSN, xl_rmid, xl_info, main data)`` of each record at ``record_lsns`` (records that
+    start in ``data``, a segment's bytes from ``start_lsn``) whose resource manager is one of
+    ``rmids``: its bytes gathered across the page headers, its block headers decoded as
+    DecodeXLogRecord decodes them. A record that the end of ``data`` cuts off, or whose block
+    headers do not parse, is skipped."""
+    size = len(data)
+    for lsn in record_lsns:
+        off = lsn - start_lsn
+        if not 0 <= off < size:
+            continue
+        if off % XLOG_BLCKSZ <= XLOG_BLCKSZ - SIZE_OF_XLOG_RECORD \
+                and off + SIZE_OF_XLOG_RECORD <= size and data[off + _RMID_AT] not in rmids:
+            continue  # the common case, decided without gathering the header
+        head = record_bytes(data, off, SIZE_OF_XLOG_RECORD)
+        if head is None:
+            continue
+        tot_len, _xid, _prev, info, rmid, _crc = RECORD_HEADER.unpack(head)
+        if rmid not in rmids:
+            continue
+        rec = record_bytes(data, off, tot_len)
+        if rec is None:
+            continue
+        fpi, main_len = block_references(rec, SIZE_OF_XLOG_RECORD, tot_len)
+        if fpi >= 0:
+            yield lsn, rmid, info, rec[tot_len - main_len:]
+
+
+def block_references(rec: bytes | bytearray | memoryview, off: int, end: int,  # noqa: PLR0912, PLR0915 - one loop, as DecodeXLogRecord
+                     ) -> tuple[int, int]:
+    """``(full-page-image bytes, main data length)`` of a record whose block headers are
+    ``rec[off:end]`` (its main data is its last bytes).
+
+    Decodes the block references like PostgreSQL's DecodeXLogRecord and returns ``(-1, 0)``
+    when they are malformed (out-of-order block ids, lengths that do not add up to
+    ``xl_tot_len``).
 
     A documented hot loop (over 60 lines on purpose): the pure-Python scanner runs it for every
     record that carries block references, and splitting it into calls costs measurably per
@@ -154,17 +194,20 @@ def fpi_bytes_of(rec: bytes | bytearray | memoryview, off: int, end: int) -> int
     remaining = end - off
     datatotal = 0
     fpi = 0
+    main_len = 0
     max_block = -1
     have_rel = False
     try:
         while remaining > datatotal:
             bid = rec[off]
             if bid == 255:  # XLR_BLOCK_ID_DATA_SHORT
-                datatotal += rec[off + 1]
+                main_len = rec[off + 1]
+                datatotal += main_len
                 remaining -= 2
                 break
             if bid == 254:  # XLR_BLOCK_ID_DATA_LONG
-                datatotal += _U32(rec, off + 1)[0]
+                main_len = _U32(rec, off + 1)[0]
+                datatotal += main_len
                 remaining -= 5
                 break
             if bid == 253:  # XLR_BLOCK_ID_ORIGIN
@@ -176,14 +219,14 @@ def fpi_bytes_of(rec: bytes | bytearray | memoryview, off: int, end: int) -> int
                 remaining -= 5
                 continue
             if bid > 32 or bid <= max_block:
-                return -1
+                return -1, 0
             max_block = bid
             fork_flags = rec[off + 1]
             data_len = rec[off + 2] | rec[off + 3] << 8
             off += 4
             remaining -= 4
             if (fork_flags & 0x20 == 0) != (data_len == 0):  # BKPBLOCK_HAS_DATA
-                return -1
+                return -1, 0
             datatotal += data_len
             if fork_flags & 0x10:  # BKPBLOCK_HAS_IMAGE
                 bimg_len, _hole, bimg_info = _IMAGE(rec, off)
@@ -193,12 +236,12 @@ def fpi_bytes_of(rec: bytes | bytearray | memoryview, off: int, end: int) -> int
                     off += 2
                     remaining -= 2
                 if bimg_len == 0 or bimg_len > XLOG_BLCKSZ:
-                    return -1
+                    return -1, 0
                 datatotal += bimg_len
                 fpi += bimg_len
             if fork_flags & 0x80:  # BKPBLOCK_SAME_REL
                 if not have_rel:
-                    return -1
+                    return -1, 0
             else:
                 have_rel = True
                 off += 12
@@ -206,8 +249,8 @@ def fpi_bytes_of(rec: bytes | bytearray | memoryview, off: int, end: int) -> int
             off += 4
             remaining -= 4
     except (IndexError, struct.error):
-        return -1
-    return fpi if remaining == datatotal else -1
+        return -1, 0
+    return (fpi, main_len) if remaining == datatotal else (-1, 0)
 
 
 def group_totals(counts: Sequence[int], rec_bytes: Sequence[int], fpi_bytes: Sequence[int],

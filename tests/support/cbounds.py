@@ -16,7 +16,7 @@ from types import ModuleType
 
 import zstandard
 
-from receivewal.wal import accel
+from receivewal.wal import nativescan
 from receivewal.wal.pageheader import XLOG_BLCKSZ
 from receivewal.wal.pages import check_pages
 from support.guarded import guarded
@@ -41,7 +41,7 @@ def walk(native: ModuleType, buf: memoryview, pos: int, *, end_data: int, page_o
 
 def main(path: str) -> None:
     """Run every case; print ``ok N``."""
-    native = accel.load_native()
+    native = nativescan.load_native()
     assert native is not None, "the C extension is not built"
     name = Path(path).name.removesuffix(".zst")
     data = zstandard.ZstdDecompressor().decompress(Path(path).read_bytes(), max_output_size=SEG)

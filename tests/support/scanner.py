@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from receivewal.wal import accel
+from receivewal.wal import nativescan
 from receivewal.wal.names import parse_segment_file_name
 from receivewal.wal.reader import SegmentScan, SegmentScanner
 
@@ -21,13 +21,13 @@ def scanner_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     """``"c"`` or ``"python"``: the scanner path this test runs on (also in forked workers,
     and in child processes through RECEIVEWAL_PURE_PYTHON)."""
     if request.param == "c":
-        native = accel.native or accel.load_native()
+        native = nativescan.native or nativescan.load_native()
         if native is None:
             pytest.skip("the C extension receivewal.wal._scan is not built here")
-        monkeypatch.setattr(accel, "native", native)
+        monkeypatch.setattr(nativescan, "native", native)
         monkeypatch.delenv("RECEIVEWAL_PURE_PYTHON", raising=False)
     else:
-        monkeypatch.setattr(accel, "native", None)
+        monkeypatch.setattr(nativescan, "native", None)
         monkeypatch.setenv("RECEIVEWAL_PURE_PYTHON", "1")
     return str(request.param)
 

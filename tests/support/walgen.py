@@ -15,7 +15,7 @@ import functools
 import random
 import struct
 
-from receivewal.wal.accel import crc32c_function
+from receivewal.wal.nativescan import crc32c_function
 from receivewal.wal.pageheader import (
     LONG_FIELDS,
     SHORT_HEADER,

@@ -25,6 +25,7 @@ from typing import Any
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.logs import get_logger
 from receivewal.relay.backend import BackendStream
+from receivewal.relay.config import RelaySettings
 from receivewal.relay.protocol import (
     CANCEL_REQUEST,
     GSSENC_REQUEST,
@@ -36,7 +37,6 @@ from receivewal.relay.protocol import (
     unsupported_protocol,
 )
 from receivewal.relay.pump import UpstreamPump
-from receivewal.relay.settings import RelaySettings
 from receivewal.replication.streampack import StreampackEncoder
 
 RECV_SIZE = 256 * 1024

@@ -3,7 +3,7 @@
 The C extension is optional: ``pip install`` builds it where a compiler is present, and the
 pure-Python scanner in :mod:`receivewal.wal.reader` gives the same results without it.
 ``RECEIVEWAL_PURE_PYTHON=1`` forces the pure-Python path (the tests run both), for the
-scanner and for the receive loop (:mod:`receivewal.replication.accel`) alike.
+scanner and for the receive loop (:mod:`receivewal.replication.nativerecv`) alike.
 """
 
 from __future__ import annotations

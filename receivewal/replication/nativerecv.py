@@ -1,6 +1,6 @@
 """Which receive loop runs: the compiled one (``receivewal.replication._recv``) or pure Python.
 
-The C extension is optional, as the scanner's is (:mod:`receivewal.wal.accel`, whose
+The C extension is optional, as the scanner's is (:mod:`receivewal.wal.nativescan`, whose
 ``RECEIVEWAL_PURE_PYTHON=1`` forces the pure-Python path here too). It calls libpq's
 PQgetCopyData on the PGconn psycopg made, so it must call the very libpq psycopg loaded
 (psycopg's binary build brings its own): the one libpq mapped into this process, found in
@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from receivewal.allocator import keep_freed_buffers
-from receivewal.wal.accel import load_native, pure_python_forced
+from receivewal.wal.nativescan import load_native, pure_python_forced
 
 MAPS = Path("/proc/self/maps")
 

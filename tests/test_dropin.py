@@ -86,6 +86,22 @@ def test_connection_failure_is_reported_as_pg_receivewal_does(dropin: Path, args
     assert theirs.stderr.split("\n")[0] in ours.stderr
 
 
+def test_a_forced_password_prompt_at_the_end_of_input_is_an_empty_password(
+        dropin: Path, tmp_path: Path) -> None:
+    """-W with standard input at its end and no terminal (a script, a unit): pg_receivewal's
+    prompt reads an empty password and goes on to connect; so does the drop-in, and its one
+    error line is pg_receivewal's (before: a getpass traceback, exit 1)."""
+    args = own_directory(["-D", "/tmp", "-W", "-d", "host=/nonexistent"], tmp_path)
+    done = [subprocess.run([str(p), *args], capture_output=True, text=True, timeout=120,
+                           check=False, stdin=subprocess.DEVNULL, start_new_session=True)
+            for p in (PG_RECEIVEWAL, dropin)]
+    theirs, ours = done
+    assert ours.returncode == theirs.returncode == 1
+    assert "Traceback" not in ours.stderr
+    error = next(line for line in theirs.stderr.splitlines() if "error:" in line)
+    assert error.split("error: ", 1)[1] in ours.stderr
+
+
 def test_help_and_version_only_as_first_argument(dropin: Path) -> None:
     """-?/--help and -V/--version act as pg_receivewal's do (first argument only)."""
     for flag in ("-?", "--help"):

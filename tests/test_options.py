@@ -5,7 +5,6 @@ is covered here without a new test. No server: the command lines are parsed, not
 
 from __future__ import annotations
 
-import getpass
 import os
 import pty
 import re
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from receivewal.commands import options
 from receivewal.commands.cli import cli
 from receivewal.commands.options import (
     OptionSpec,
@@ -40,7 +40,7 @@ def world(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """No RECEIVEWAL_* variable set, and -W's prompt answered."""
     for name in [name for name in os.environ if name.startswith("RECEIVEWAL_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setattr(getpass, "getpass", lambda prompt="": PROMPT_ANSWER)
+    monkeypatch.setattr(options, "read_password", lambda: PROMPT_ANSWER)
     return monkeypatch
 
 

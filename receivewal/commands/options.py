@@ -293,13 +293,32 @@ def setting_values(opts: StreamOptions) -> tuple[dict[str, Any], ConfigurationEr
     return values, refused
 
 
+def read_password() -> str:
+    """-W's prompt, as pg_receivewal's: on the terminal; without one, on standard error and
+    read from standard input; at the end of the input, an empty password (the server then
+    says it needs one)."""
+    try:
+        with open("/dev/tty", "rb"):
+            pass
+    except OSError:
+        sys.stderr.write("Password: ")
+        sys.stderr.flush()
+        line = sys.stdin.readline()
+        sys.stderr.write("\n")
+        return line.removesuffix("\n")
+    try:
+        return getpass.getpass("Password: ")
+    except EOFError:
+        return ""
+
+
 def with_connection(settings: Settings, opts: StreamOptions) -> Settings:
     """``settings`` with the connection string the options make: -d, -h, -p, -U, the
     password -W prompts for, and pg_streampack's option asking for ``settings.compression``.
     Raises ConfigurationError for a connection string libpq refuses."""
     password = None
     if opts.force_password and not opts.no_password:
-        password = getpass.getpass("Password: ")
+        password = read_password()
     base = build_conninfo(opts.dbname, host=opts.host, port=opts.port, user=opts.username,
                           password=password)
     options = with_streampack_option(conninfo_options(base), settings.compression)

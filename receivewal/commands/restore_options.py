@@ -1,7 +1,8 @@
 """``receivewal restore``'s command line, declared once, and read without click for a call.
 
-Each option of ``restore`` is one :class:`~receivewal.commands.plain.Option` in :data:`OPTIONS` (its spellings,
-kind, ``RECEIVEWAL_*`` variable and help), and its two names are :data:`ARGUMENTS`. Two
+Each option of ``restore`` is one :class:`~receivewal.commands.plain.Option` in
+:data:`OPTIONS` (its spellings, kind, ``RECEIVEWAL_*`` variable and help), and its two names
+are :data:`ARGUMENTS`. Two
 readers are built from them: :func:`parse`, which reads the command line PostgreSQL's
 restore_command gives without importing click (a call's start-up is recovery's time: see
 :mod:`receivewal.restore`), and the click command of :mod:`receivewal.commands.restore`, which

@@ -40,14 +40,16 @@ def test_completed_segments_come_out_as_events_once_in_place(
     archive.completions.subscribe(second.append)
     sink: SegmentSink = open_segment_sink(archive, SEG, 1, 0, compress)
     try:
-        completed = sink.write(0, b"x" * (2 * SEG + 100))
+        sink.write(0, b"x" * (2 * SEG + 100))
         assert sink.flush(wait=True) == sink.position == 2 * SEG + 100
+        completed = sink.completed()
     finally:
         sink.close()
     suffix = ".gz" if compress.method else ""
     expected = [FileCompleted(FIRST + suffix, FileKind.SEGMENT),
                 FileCompleted(SECOND + suffix, FileKind.SEGMENT)]
-    assert completed == [e.name for e in expected]
+    assert completed == [(e.name, end) for e, end in zip(expected, [SEG, 2 * SEG],
+                                                           strict=True)]
     assert first == second == expected
 
 

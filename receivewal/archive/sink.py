@@ -7,6 +7,8 @@ The receive loop (:mod:`receivewal.daemon.session`) only knows this interface:
   first byte arrives (a ``.partial``);
 * write at an LSN: :meth:`SegmentSink.write`, which refuses a gap or an overlap before touching
   anything, and completes each segment whose last byte it writes;
+* completed: :meth:`SegmentSink.completed` names the segments made durable under their final
+  names since it was last asked (in the background, with a syncer);
 * flush: :meth:`SegmentSink.flush` makes everything written durable and returns the flushed
   LSN (the one holder of that position, which the status update reports);
 * complete: a segment complete and durable under its final name comes out as a
@@ -50,9 +52,13 @@ class SegmentSink(Protocol):
     def flushed(self) -> int:
         """The LSN up to which every byte is durable."""
 
-    def write(self, lsn: int, data: bytes | memoryview | list[memoryview]) -> list[str]:
+    def write(self, lsn: int, data: bytes | memoryview | list[memoryview]) -> None:
         """Write WAL at ``lsn`` (which must be :attr:`position`), one buffer or pieces that
-        follow on; the names of the segments this write completed."""
+        follow on; a segment whose last byte it writes is completed."""
+
+    def completed(self) -> list[tuple[str, int]]:
+        """The segments complete and durable under their final names since the last call, each
+        with the LSN it ends at, in order."""
 
     def flush(self, wait: bool = False) -> int:
         """Make what is written durable (``wait``: also what is being completed in the

@@ -233,7 +233,7 @@ class Session:
                 f"ahead: {exc}", sqlstate=exc.sqlstate,
             ) from exc
         finally:
-            writer.close()
+            self._close(writer)
 
     def _copy_loop(self, writer: SegmentSink) -> TimelineEnd | str:
         """receivelog.c's HandleCopyStream, the hot loop. Take what has arrived; when nothing
@@ -246,6 +246,7 @@ class Session:
         wait = 0.0  # how long the next read may wait for a message: after one, not at all
         while True:
             if self.stop.requested:
+                self._settle(writer)
                 self.events(ev.StopNoticed(writer.position))
                 self._finish(writer)
                 return "stopped"
@@ -300,13 +301,22 @@ class Session:
         endpos = self.settings.endpos
         if endpos is None or writer.position < endpos:
             return False
-        self._tick(writer)
+        self._settle(writer)
         self.events(ev.EndposReached(writer.position, endpos, writer.timeline))
         self._finish(writer)
         return True
 
+    def _settle(self, writer: SegmentSink) -> None:
+        """Before saying it stops: wait for the segments being completed (a bounded time after
+        a stop signal) and say which are done, as pg_receivewal's "finished segment" lines all
+        come before it stops."""
+        writer.flush(wait=True)
+        self._tick(writer)
+
     def _tick(self, writer: SegmentSink) -> None:
-        """Report what arrived since the last tick, then the tick (the monitor's periodic work)."""
+        """Report the segments completed and what arrived since the last tick, then the tick
+        (the monitor's periodic work)."""
+        self._report_completed(writer)
         if self.pending_wire:
             self.events(ev.Received(writer.position, self.pending_wire, self.pending_wal,
                                     self.server_wal_end))
@@ -346,17 +356,24 @@ class Session:
                           writer: SegmentSink) -> None:
         if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
             self._report_compression()
-        completed = writer.write(xlog.wal_start, xlog.payload)
+        writer.write(xlog.wal_start, xlog.payload)
         self.pending_wire += wire
         self.pending_wal += xlog.end - xlog.wal_start
         self.server_wal_end = xlog.wal_end
-        for index, name in enumerate(completed, 1 - len(completed)):  # the last ends nearest
-            end = round_down_to_segment(writer.position, writer.segment_size) \
-                + index * writer.segment_size
-            self.events(ev.SegmentCompleted(name, writer.timeline, writer.position, end))
+        if self._report_completed(writer):
             self._tick(writer)
-            self.events(ev.Flushed(writer.flushed))
+
+    def _report_completed(self, writer: SegmentSink) -> bool:
+        """Say which segments are complete and durable under their final names since the last
+        call (as pg_receivewal says "finished segment" after the file's close), and the flushed
+        position they moved; whether there was any."""
+        completed = writer.completed()
+        for name, end in completed:
+            self.events(ev.SegmentCompleted(name, writer.timeline, writer.position, end))
             self.log.debug("compression_stats", **self.decoder.stats().as_dict())
+        if completed:
+            self.events(ev.Flushed(writer.flushed))
+        return bool(completed)
 
     def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentSink) -> None:
         self.events(ev.Keepalive(keepalive.wal_end))
@@ -394,9 +411,16 @@ class Session:
             if result.status not in (ResultStatus.COMMAND_OK, ResultStatus.TUPLES_OK):
                 break
 
+    def _close(self, writer: SegmentSink) -> None:
+        """Close ``writer`` and say which segments that completed."""
+        try:
+            writer.close()
+        finally:
+            self._report_completed(writer)
+
     def _end_of_copy(self, writer: SegmentSink) -> TimelineEnd:
         """The server ended the copy: a timeline switch, or a shutdown."""
-        writer.close()
+        self._close(writer)
         next_tli, next_start = read_timeline_end(self.conn, writer.timeline, writer.position)
         assert self.info is not None
         return TimelineEnd(next_tli, round_down_to_segment(next_start, self.info.segment_size))

@@ -20,7 +20,6 @@ import stat
 import struct
 from pathlib import Path
 
-from receivewal.archive.completions import Completions, FileCompleted, FileKind
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
 from receivewal.archive.durable import (
     is_temporary,
@@ -68,9 +67,6 @@ class Archive:
         self.sync = sync
         self.file_mode = file_mode
         self._lock_fd: int | None = None
-        # each segment or history file once it is complete and durable (the uploader follows
-        # them), delivered on the thread that made the file durable
-        self.completions = Completions()
 
     # -- checks ------------------------------------------------------------------------------
     def check_exists(self) -> None:
@@ -309,9 +305,8 @@ class Archive:
             raise os_error(exc, f'could not write file "{self.directory / name}"') from exc
 
     def write_history(self, name: str, body: bytes) -> None:
-        """Write the timeline history file ``name`` durably, then tell the subscribers."""
+        """Write the timeline history file ``name`` durably."""
         self.write_file_durably(name, body)
-        self.completions.publish(FileCompleted(name, FileKind.HISTORY))
 
 
 def _first_bytes(path: Path, parsed: SegmentFile, count: int) -> bytes:

@@ -11,9 +11,6 @@ The receive loop (:mod:`receivewal.daemon.session`) only knows this interface:
   names since it was last asked (in the background, with a syncer);
 * flush: :meth:`SegmentSink.flush` makes everything written durable and returns the flushed
   LSN (the one holder of that position, which the status update reports);
-* complete: a segment complete and durable under its final name comes out as a
-  :class:`~receivewal.archive.completions.FileCompleted` event to the archive's subscribers
-  (``Archive.completions``), as does a history file (``Archive.write_history``);
 * close: :meth:`SegmentSink.close` leaves the open segment as ``.partial``, durable.
 
 After a stop signal (``stopping``), the sink waits for the disk a bounded time only: flush then

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from receivewal.archive.codecs import Compressor
-from receivewal.archive.completions import FileCompleted, FileKind
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, new_compressor
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.durable import create_temporary, rename, sync_file, write_all
@@ -291,7 +290,6 @@ class SegmentWriter:
             raise os_error(exc, f'could not complete segment "{name}"') from exc
         self.archive.fsync_directory()
         self._drop_superseded_partials(name[:24])
-        self.archive.completions.publish(FileCompleted(name, FileKind.SEGMENT))
 
     def _drop_superseded_partials(self, wal: str) -> None:
         """Remove ``.partial`` files of the segment just completed, in any form (another -Z

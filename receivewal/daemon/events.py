@@ -1,11 +1,14 @@
 """What a streaming session and its supervisor report, as typed events in one stream.
 
-The session and the supervisor state each fact once, as a frozen dataclass handed to an
-:class:`EventStream`; the consumers subscribe to that stream: :class:`EventLog` (each event's
-structlog line: its ``name``, ``level`` and :meth:`Event.log_fields`), the monitor (each
-event's :meth:`Event.tell` calls the matching :class:`SessionMonitor` method, which feeds the
-state file, the metrics, systemd and the progress line) and the pg_receivewal drop-in's
-messages. The LSNs travel as numbers: no consumer reads one back from a log line.
+The session, the supervisor and the uploader state each fact once, as a frozen dataclass
+handed to an :class:`EventStream`; the consumers subscribe to that stream: :class:`EventLog`
+(each event's structlog line: its ``name``, ``level`` and :meth:`Event.log_fields`), the
+monitor (each event's :meth:`Event.tell` calls the matching :class:`SessionMonitor` method,
+which feeds the state file, the metrics, systemd and the progress line), the uploader (the
+files completed, :class:`SegmentCompleted` and :class:`HistoryFileWritten`) and the
+pg_receivewal drop-in's messages. The LSNs travel as numbers: no consumer reads one back from
+a log line. The stream is the main thread's: another thread (the uploader's) hands its events
+over with :meth:`EventStream.post`.
 
 The flushed position has one holder, the segment writer: a :class:`Flushed` event carries its
 value, and the monitor keeps what the last one said.
@@ -13,10 +16,12 @@ value, and the monitor keeps what the last one said.
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
+from receivewal.daemon.state import UploadStatus
 from receivewal.wal.lsn import format_lsn
 
 
@@ -42,6 +47,7 @@ class SessionMonitor(Protocol):
     def tick(self, now: float) -> None: ...
     def error(self, kind: str, message: str) -> None: ...
     def disconnected(self, message: str) -> None: ...
+    def uploads_changed(self, status: UploadStatus) -> None: ...
     def reconnecting(self, delay: float) -> None: ...
     def waiting_for_server(self, message: str) -> None: ...
     def stopping(self) -> None: ...
@@ -66,20 +72,44 @@ class Event:
 
 
 #: Something that takes the events: a subscriber, or the stream itself.
-EventSink = Callable[[Event], None]
+Listener = Callable[[Event], None]
 
 
 class EventStream:
-    """Hands every event to each subscriber, in the order they subscribed."""
+    """Hands every event to each subscriber, in the order they subscribed, on the thread that
+    states the events (the main thread); events posted (:meth:`post`) from another thread are
+    handed over first, before the next event stated."""
 
-    def __init__(self, *subscribers: EventSink) -> None:
+    def __init__(self, *subscribers: Listener) -> None:
         self._subscribers = list(subscribers)
+        self._posted: queue.SimpleQueue[Event] = queue.SimpleQueue()
 
-    def subscribe(self, subscriber: EventSink) -> None:
-        """Hand ``subscriber`` every event from now on."""
-        self._subscribers.append(subscriber)
+    def subscribe(self, subscriber: Listener, *, before: Listener | None = None,
+                  ) -> Callable[[], None]:
+        """Hand ``subscriber`` every event from now on: after the others, or just before
+        ``before``; returns the call that unsubscribes it (main thread only)."""
+        at = self._subscribers.index(before) if before in self._subscribers \
+            else len(self._subscribers)
+        self._subscribers.insert(at, subscriber)
+
+        def unsubscribe() -> None:
+            if subscriber in self._subscribers:
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def post(self, event: Event) -> None:
+        """State ``event`` from another thread: it is handed to the subscribers on the
+        stream's thread, before the next event stated there (the periodic :class:`Tick`
+        comes at least once a second)."""
+        self._posted.put(event)
 
     def __call__(self, event: Event) -> None:
+        while not self._posted.empty():
+            self._deliver(self._posted.get())
+        self._deliver(event)
+
+    def _deliver(self, event: Event) -> None:
         for subscriber in self._subscribers:
             subscriber(event)
 
@@ -227,6 +257,16 @@ class SegmentCompleted(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryFileWritten(Event):
+    """The history file ``file`` of ``timeline``, fetched from the server, is durable in the
+    archive."""
+
+    name = "history_file_written"
+    file: str
+    timeline: int
+
+
+@dataclass(frozen=True, slots=True)
 class TimelineSwitched(Event):
     """Streaming continues on ``timeline`` at ``start_lsn``."""
 
@@ -367,6 +407,16 @@ class WaitingForServer(Event):
 
     def tell(self, monitor: SessionMonitor) -> None:
         monitor.waiting_for_server(self.error)
+
+
+@dataclass(frozen=True, slots=True)
+class UploadsChanged(Event):
+    """The uploads' backlog, progress or errors changed (stated on the uploader's thread)."""
+
+    status: UploadStatus
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.uploads_changed(self.status)
 
 
 @dataclass(frozen=True, slots=True)

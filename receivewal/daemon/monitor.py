@@ -28,19 +28,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from receivewal.daemon.events import Event
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.progress import ProgressLine, Sample
-from receivewal.daemon.state import LastError, State, previous_flush, write_state
+from receivewal.daemon.state import LastError, State, UploadStatus, previous_flush, write_state
 from receivewal.logs import get_logger
 from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
-
-if TYPE_CHECKING:  # the uploader's modules are loaded only with --upload-to
-    from receivewal.daemon.uploader import UploadStatus
 
 log = get_logger(component="monitor")
 
@@ -56,8 +52,7 @@ class Monitor:
     segments; a compressed one is rewritten from its start): then "flushed" does not go back
     below what this or, per the state file, the last run flushed on the same timeline.
     ``progress``: keep a progress line on stderr while streaming, if stderr is a terminal (the
-    caller makes sure the logs there are not JSON). ``uploads`` gives the uploader's status
-    (--upload-to), for the state file and the metrics.
+    caller makes sure the logs there are not JSON).
     Use :meth:`null` for a monitor with no side channel at all.
     """
 
@@ -72,7 +67,6 @@ class Monitor:
         state_interval: float = 5.0,
         keeps_partials: bool = True,
         progress: bool = False,
-        uploads: Callable[[], UploadStatus] | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         self.directory = directory
@@ -105,7 +99,7 @@ class Monitor:
         self._write_failure: str | None = None
 
         self._progress = ProgressLine.for_terminal() if progress else None
-        self._uploads = uploads
+        self._uploads: UploadStatus | None = None  # what the last UploadsChanged said
         self.metrics = Metrics(clock)
         self.metrics_address: Address | None = None
         if metrics_address is not None:
@@ -273,6 +267,11 @@ class Monitor:
         self._status(f"Reconnecting in {delay:.1f}s{reason}")
         self._write_now()
 
+    def uploads_changed(self, status: UploadStatus) -> None:
+        """The uploads' status changed (--upload-to), for the state file and the metrics."""
+        self._uploads = status
+        self.metrics.set_uploads(status)
+
     def waiting_for_server(self, message: str) -> None:
         """The first connection failed (``message``); the supervisor keeps trying."""
         self._state = replace(self._state, phase="waiting")
@@ -302,8 +301,6 @@ class Monitor:
             self._last_ping = now
         if self._state.phase == "streaming":
             self._status(self._streaming_status())
-        if self._uploads is not None:
-            self.metrics.set_uploads(self._uploads())
         if self._progress is not None:
             self._show_progress(now)
         if self.directory is not None and (
@@ -338,7 +335,7 @@ class Monitor:
 
     def snapshot(self) -> State:
         """The state as it would be written now."""
-        uploads = {} if self._uploads is None else self._uploads().state_fields()
+        uploads = {} if self._uploads is None else self._uploads.state_fields()
         return replace(
             self._state,
             **uploads,

@@ -76,7 +76,7 @@ class Session:
     """Streams from one open connection until stopped, at endpos, or on an error."""
 
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
-                 events: ev.EventSink, stop: StopFlag, log: FilteringBoundLogger,
+                 events: ev.Listener, stop: StopFlag, log: FilteringBoundLogger,
                  clock: Callable[[], float] = time.monotonic,
                  uploads: Uploader | None = None, listing: Listing | None = None) -> None:
         self.conn = conn
@@ -189,7 +189,7 @@ class Session:
             raise ArchiveError(f'history file "{path}" is not text: {exc}') from exc
         name, content = timeline_history(self.conn, timeline)
         self.archive.write_history(name, content.encode())
-        self.log.info("history_file_written", file=name, timeline=timeline)
+        self.events(ev.HistoryFileWritten(name, timeline))
         return content
 
     # -- streaming ---------------------------------------------------------------------------

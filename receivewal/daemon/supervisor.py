@@ -32,10 +32,10 @@ from receivewal.daemon.events import (
     DiskFull,
     ErrorCounted,
     EventLog,
-    EventSink,
     EventStream,
     Failed,
     GapDetected,
+    Listener,
     Reconnecting,
     Stopping,
     Tick,
@@ -134,12 +134,12 @@ def prompt_password() -> str | None:
 class Supervisor:
     """Runs sessions until told to stop, reconnecting after failures.
 
-    What the sessions and the supervisor report goes into one :class:`EventStream`: its
-    consumers are the log, then the monitor (once made), then ``listeners`` (the drop-in's
-    pg_receivewal messages)."""
+    What the sessions, the supervisor and the uploader report goes into one
+    :class:`EventStream`: its consumers are the log, then the monitor (once made), then
+    ``listeners`` (the drop-in's pg_receivewal messages)."""
 
     def __init__(self, settings: Settings, prompt: Callable[[], str | None] | None =
-                 prompt_password, listeners: tuple[EventSink, ...] = ()) -> None:
+                 prompt_password, listeners: tuple[Listener, ...] = ()) -> None:
         self.settings = settings
         self.log = get_logger()
         self.prompt = prompt
@@ -197,13 +197,12 @@ class Supervisor:
             uploads = self._uploader(archive)
             monitor = Monitor(self.settings.directory, self.settings.metrics_address,
                               keeps_partials=not self.settings.at_rest.method,
-                              progress=self.settings.progress, file_mode=archive.file_mode,
-                              uploads=uploads.status if uploads else None)
+                              progress=self.settings.progress, file_mode=archive.file_mode)
         except ReceivewalError as exc:
             self.events(Failed(str(exc)))
             return 1
         # the monitor before the listeners, so that the drop-in's line follows the log's
-        self.events = EventStream(EventLog(self.log), monitor, *self.listeners)
+        self.events.subscribe(monitor, before=self.listeners[0] if self.listeners else None)
         self.stop.install()
         try:
             code = self._loop(archive, uploads)
@@ -231,7 +230,8 @@ class Supervisor:
         )
 
         bucket = Bucket.connect(self.settings.upload_to, ONE_TRY, upload_patience(os.environ))
-        return Uploader(archive, bucket, self.log, retry_policy(os.environ), environ=os.environ)
+        return Uploader(archive, bucket, self.log, retry_policy(os.environ), self.events,
+                        environ=os.environ)
 
     def _finish_uploads(self, uploads: Uploader, code: int) -> int:
         """An exit no signal asked for (--endpos, --no-loop): wait for the completed files to

@@ -12,7 +12,10 @@ from receivewal.commands.pg_receivewal import PgReceivewalMessages
 from receivewal.daemon.events import (
     ArchiveWarning,
     CompressionKnown,
+    CompressionStats,
+    CompressionSummary,
     Connected,
+    Connecting,
     EndposReached,
     Event,
     FileModeChosen,
@@ -21,7 +24,9 @@ from receivewal.daemon.events import (
     Keepalive,
     Received,
     SegmentCompleted,
+    SegmentFileRejected,
     SlotState,
+    Stopped,
     Stopping,
     StreamingStarted,
     Tick,
@@ -36,7 +41,8 @@ from receivewal.wal.names import is_wal_file_name, parse_segment_file_name
 
 PACKAGE = Path(__file__).parent.parent / "receivewal"
 SEGMENT = 16 * 1024 * 1024
-PROGRESS = (Tick, Received, Written, Keepalive, Flushed, FlushReported)  # as often as they come
+PROGRESS = (Tick, Received, Written, Keepalive, Flushed, FlushReported,  # as often as they come
+            CompressionStats)
 
 
 @pytest.mark.server
@@ -54,11 +60,11 @@ def test_a_listener_gets_the_sessions_facts_in_order(pg: PgServer, archive_dir: 
 
     facts = [event for event in seen if not isinstance(event, PROGRESS)]
     kinds = [type(event) for event in facts]
-    assert kinds[:6] == [FileModeChosen, ArchiveWarning, SlotState, Connected,
+    assert kinds[:7] == [Connecting, FileModeChosen, ArchiveWarning, SlotState, Connected,
                          StreamingStarted, CompressionKnown]
-    assert kinds[-2:] == [EndposReached, Stopping]
-    completed = [event for event in facts[6:-2] if isinstance(event, SegmentCompleted)]
-    assert len(completed) == len(facts) - 8
+    assert kinds[-4:] == [EndposReached, Stopped, CompressionSummary, Stopping]
+    completed = [event for event in facts[7:-4] if isinstance(event, SegmentCompleted)]
+    assert len(completed) == len(facts) - 11
     files = sorted(n for n in (p.name for p in archive_dir.iterdir()) if is_wal_file_name(n))
     assert [event.segment for event in completed] == files
     assert len(files) >= 2
@@ -69,7 +75,7 @@ def test_a_listener_gets_the_sessions_facts_in_order(pg: PgServer, archive_dir: 
 
     received = [event.end_lsn for event in seen if isinstance(event, Received)]
     assert received == sorted(received)
-    end = facts[-2]
+    end = facts[-4]
     assert isinstance(end, EndposReached)
     assert end.lsn == received[-1] >= endpos
     flushed = [event.lsn for event in seen if isinstance(event, Flushed)]
@@ -86,7 +92,8 @@ def test_a_listener_gets_the_sessions_facts_in_order(pg: PgServer, archive_dir: 
 
 def test_the_dropin_words_a_completed_segment_from_the_event_not_the_log() -> None:
     """"finished segment at" is the segment's end as the event carries it (the writer may
-    already be past it); the log line of the same fact prints nothing."""
+    already be past it); the drop-in's log renderer knows no event by name: a log line of
+    the same fact would be worded by its level alone (and the drop-in logs no typed event)."""
     messages = PgReceivewalMessages(1)
     event = SegmentCompleted("000000010000000000000002", 1, lsn=parse_lsn("0/3000040"),
                              end_lsn=parse_lsn("0/3000000"))
@@ -94,6 +101,32 @@ def test_the_dropin_words_a_completed_segment_from_the_event_not_the_log() -> No
     assert messages.message("info", {"event": "segment_completed", **event.log_fields()}) \
         is None
     assert PgReceivewalMessages(0).event_line(event) is None  # progress only with -v
+    rejected = SegmentFileRejected("000000010000000000000003", "has 8192 bytes, should be 0 "
+                                   "or 16777216")
+    assert PgReceivewalMessages(0).event_line(rejected) == \
+        'warning: segment file "000000010000000000000003" has 8192 bytes, should be 0 or ' \
+        '16777216, skipping'
+    assert messages.message("warning", {"event": "segment_file_rejected",
+                                        **rejected.log_fields()}) == \
+        "warning: segment_file_rejected: file=000000010000000000000003 reason=has 8192 " \
+        "bytes, should be 0 or 16777216"
+
+
+def test_the_dropin_reads_events_only() -> None:
+    """The drop-in's words come from typed events: its module names no log event (no string
+    equal to a typed event's log name), and it runs the supervisor without the event log."""
+    typed = {kind.name for kind in Event.__subclasses__() if kind.name is not None}
+    source = PACKAGE / "commands" / "pg_receivewal.py"
+    named = [node.value for node in ast.walk(ast.parse(source.read_text()))
+             if isinstance(node, ast.Constant) and node.value in typed]
+    assert named == []
+    runs = [node for _, node in calls(source) if isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Call)
+            and getattr(node.func.value.func, "id", None) == "Supervisor"]
+    assert len(runs) == 1
+    keywords = {kw.arg: kw.value for kw in runs[0].func.value.keywords}  # type: ignore[attr-defined]
+    assert isinstance(keywords["log_events"], ast.Constant)
+    assert keywords["log_events"].value is False
 
 
 def calls(path: Path) -> list[tuple[str, ast.Call]]:

@@ -19,7 +19,6 @@ from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
 from receivewal.errors import ProtocolError, StreampackError
-from receivewal.logs import get_logger
 from receivewal.replication.commands import ServerInfo
 from receivewal.replication.link import (
     COPY_DONE,
@@ -101,7 +100,7 @@ def make_session(tmp_path: Path, script: Sequence[bytes | WalRun], **settings: A
     link: ReplicationLink = conn
     session = Session(link, settings=Settings(directory=tmp_path, conninfo="",
                                               status_interval=0, **settings),
-                      archive=archive, events=Monitor.null(), stop=stop, log=get_logger())
+                      archive=archive, events=Monitor.null(), stop=stop)
     session.info = ServerInfo("1", 1, START, SEG, 0o600, 150000)
     return session, conn
 

@@ -43,6 +43,7 @@ from receivewal.archive.files import CRASH_ENV, PREALLOCATE_ENV, preallocate
 from receivewal.archive.layout import older_islands
 from receivewal.archive.writer import open_segment_writer
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
+from receivewal.daemon.events import SegmentFileRejected
 from receivewal.daemon.state import State, write_state
 from receivewal.errors import ArchiveError
 
@@ -147,12 +148,13 @@ def test_resume_point_needs_content_proof_and_resumes_in_the_newest_run(tmp_path
     newest, rejected = archive.resume_point(SEGMENT, 7)
     assert newest is not None
     assert newest.segno == 2
-    assert "000000010000000000000009: invalid magic number" in rejected[0]
-    assert "page address 0/3000000, expected 0/4000000" in rejected[1]
-    assert "invalid magic number" in rejected[2]
+    assert rejected[0].file == "000000010000000000000009"
+    assert "invalid magic number" in rejected[0].reason
+    assert "page address 0/3000000, expected 0/4000000" in rejected[1].reason
+    assert "invalid magic number" in rejected[2].reason
     newest, rejected = archive.resume_point(SEGMENT, 8)  # another system's archive
     assert newest is None
-    assert "system identifier 7, expected 8" in rejected[-1]
+    assert "system identifier 7, expected 8" in rejected[-1].reason
 
 
 # -- 3. writing never follows a symlink -----------------------------------------------------------
@@ -318,8 +320,7 @@ def test_killed_during_preallocation_restart_works(pg: PgServer, archive_dir: Pa
 
 def test_dropin_says_which_segment_file_it_passed_over() -> None:
     """The drop-in prints a rejected file as pg_receivewal words its warnings."""
-    line = PgReceivewalMessages(0).message("warning", {
-        "event": "segment_file_rejected", "file": "000000010000000000000011",
-        "reason": "invalid magic number 1234, expected D110"})
+    line = PgReceivewalMessages(0).event_line(SegmentFileRejected(
+        "000000010000000000000011", "invalid magic number 1234, expected D110"))
     assert line == ('warning: segment file "000000010000000000000011" invalid magic number '
                     "1234, expected D110, skipping")

@@ -18,6 +18,7 @@ import os
 import socket
 import stat
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
@@ -57,6 +58,14 @@ def os_error(exc: OSError, what: str) -> ArchiveError:
         return ArchiveError(f"{what}: it is a symbolic link, which receivewal never follows "
                             "when writing")
     return ArchiveError(f"{what}: {exc.strerror or exc}")
+
+
+@dataclass(frozen=True)
+class RejectedFile:
+    """A segment file passed over as the resume point: its name, and why."""
+
+    file: str
+    reason: str
 
 
 class Archive:
@@ -202,7 +211,7 @@ class Archive:
 
     def resume_point(self, segment_size: int, system_identifier: int | None = None,
                      files: list[SegmentFile] | None = None,
-                     ) -> tuple[SegmentFile | None, list[str]]:
+                     ) -> tuple[SegmentFile | None, list[RejectedFile]]:
         """The newest segment file whose content proves it, and the files passed over.
 
         Candidates are checked newest first, so only the files that matter are opened: the
@@ -213,14 +222,14 @@ class Archive:
         :func:`~receivewal.archive.layout.older_islands` names such islands. ``files`` are
         the segment files of a listing already taken (else the directory is listed).
         """
-        rejected: list[str] = []
+        rejected: list[RejectedFile] = []
         if files is None:
             files = self.segment_names(segment_size)
         for parsed in sorted(files, key=resume_order, reverse=True):
             reason = self._content_problem(parsed, segment_size, system_identifier)
             if reason is None:
                 return parsed, rejected
-            rejected.append(f"{parsed.file_name(segment_size)}: {reason}")
+            rejected.append(RejectedFile(parsed.file_name(segment_size), reason))
         return None, rejected
 
     def _content_problem(self, parsed: SegmentFile, segment_size: int,

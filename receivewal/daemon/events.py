@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
 from receivewal.daemon.state import UploadStatus
+from receivewal.replication.streampack import StreampackStats
 from receivewal.wal.lsn import format_lsn
 
 
@@ -155,6 +156,47 @@ class ArchiveWarning(Event):
 
     def tell(self, monitor: SessionMonitor) -> None:
         monitor.archive_warning(self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFileRejected(Event):
+    """Start-up passed ``file`` over as the resume point: its content does not prove it."""
+
+    name, level = "segment_file_rejected", "warning"
+    file: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class OlderIsland(Event):
+    """Segments ``first`` .. ``last`` lie before a hole (``missing_from`` .. ``missing_to``):
+    streaming never resumes there."""
+
+    name, level = "older_island", "warning"
+    first: str
+    last: str
+    missing_from: str
+    missing_to: str
+    reason: str = "before a hole: streaming resumes after the newest run"
+
+
+@dataclass(frozen=True, slots=True)
+class PartialFileSettled(Event):
+    """Start-up left one ``.partial`` per segment: what it did to ``file``."""
+
+    name, level = "partial_file_settled", "warning"
+    file: str
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCreated(Event):
+    """--create-slot-if-missing created the replication slot the server lacked."""
+
+    name, level = "replication_slot_created", "warning"
+    slot: str
+    server: str
+    reason: str = "missing on this server (--create-slot-if-missing)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +338,38 @@ class CompressionKnown(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CompressionStats(Event):
+    """The pg_streampack decoder's counts so far (with each completed segment)."""
+
+    name, level = "compression_stats", "debug"
+    stats: StreampackStats
+
+    def log_fields(self) -> dict[str, Any]:
+        return self.stats.as_dict()
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionSummary(Event):
+    """The pg_streampack decoder's counts for a whole connection: the receiver's side of the
+    module's shutdown statistics."""
+
+    name = "compression_summary"
+    stats: StreampackStats
+
+    def log_fields(self) -> dict[str, Any]:  # the algorithm spelled as stream_compression does
+        return {**self.stats.as_dict(), "algorithm": self.stats.algorithm or "none"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSilent(Event):
+    """Nothing came from the server for ``seconds`` (half the receive timeout): a status
+    update asks for a reply."""
+
+    name = "server_silent"
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class EndposReached(Event):
     """Everything up to --endpos is received; the writer is at ``lsn``."""
 
@@ -324,6 +398,57 @@ class Tick(Event):
 
 
 # -- the supervisor's facts ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Connecting(Event):
+    """A replication connection is being opened with ``conninfo`` (no password in it)."""
+
+    name, level = "connecting", "debug"
+    conninfo: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCreating(Event):
+    """--create-slot: the replication slot ``slot`` is created."""
+
+    name = "creating_replication_slot"
+    slot: str
+    reserve_wal: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SlotExisted(Event):
+    """--create-slot --if-not-exists: the slot was there already."""
+
+    name = "replication_slot_exists"
+    slot: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotDropping(Event):
+    """--drop-slot: the replication slot ``slot`` is dropped."""
+
+    name = "dropping_replication_slot"
+    slot: str
+
+
+@dataclass(frozen=True, slots=True)
+class TemporaryFileRemoved(Event):
+    """The lock holder removed ``file``, a temporary file a crashed writer left behind."""
+
+    name = "temporary_file_removed"
+    file: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped(Event):
+    """The daemon stops without an error: ``reason`` (``stopped``, ``endpos``, ``signal``),
+    after ``signal`` (None: none came)."""
+
+    name = "stopped"
+    reason: str
+    signal: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class Failed(Event):
     """The daemon gives up with ``error`` (exit code 1); ``kind`` as errors are counted."""

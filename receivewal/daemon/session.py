@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from structlog.typing import FilteringBoundLogger
-
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.layout import StartPoint, choose_start, island_names
@@ -76,8 +74,7 @@ class Session:
     """Streams from one open connection until stopped, at endpos, or on an error."""
 
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
-                 events: ev.Listener, stop: StopFlag, log: FilteringBoundLogger,
-                 clock: Callable[[], float] = time.monotonic,
+                 events: ev.Listener, stop: StopFlag, clock: Callable[[], float] = time.monotonic,
                  uploads: Uploader | None = None, listing: Listing | None = None) -> None:
         self.conn = conn
         self.listing = listing  # the start-up's listing of the archive (the lock took it)
@@ -86,7 +83,6 @@ class Session:
         self.archive = archive
         self.events = events  # every fact the session reports goes there
         self.stop = stop
-        self.log = log
         self.clock = clock
         self.decoder = StreampackDecoder(settings.compression)
         self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
@@ -123,15 +119,13 @@ class Session:
                                                     info.timeline), files)
         newest, rejected = self.archive.resume_point(info.segment_size,
                                                      int(info.system_identifier), files)
-        for reason in rejected:
-            name, _, why = reason.partition(": ")
-            self.log.warning("segment_file_rejected", file=name, reason=why)
+        for passed_over in rejected:
+            self.events(ev.SegmentFileRejected(passed_over.file, passed_over.reason))
         self._report_islands(files, newest, info.segment_size)
         newest = restart_point(newest, files)
-        for line in settle_partials(self.archive, info.segment_size, files,
-                                    self.settings.at_rest, newest):
-            name, _, what = line.partition(": ")
-            self.log.warning("partial_file_settled", file=name, action=what)
+        for settled in settle_partials(self.archive, info.segment_size, files,
+                                       self.settings.at_rest, newest):
+            self.events(ev.PartialFileSettled(settled.file, settled.action))
         slot_restart = None
         # as pg_receivewal: the slot's position only matters when the archive has none
         if self.settings.slot and info.version >= 150000 \
@@ -153,13 +147,11 @@ class Session:
 
     def _report_islands(self, files: list[SegmentFile], newest: SegmentFile | None,
                         segment_size: int) -> None:
-        """Log each island of older segments before a hole (never resumed from) and put them
+        """Say each island of older segments before a hole (never resumed from), and put them
         in the state file, for ``status``."""
         texts = []
         for first, last, hole_from, hole_to in island_names(files, newest, segment_size):
-            self.log.warning("older_island", first=first, last=last, missing_from=hole_from,
-                             missing_to=hole_to, reason="before a hole: streaming resumes "
-                             "after the newest run")
+            self.events(ev.OlderIsland(first, last, hole_from, hole_to))
             texts.append(f"older island {first} .. {last} before a hole ({hole_from} .. "
                          f"{hole_to} missing), not resumed from")
         self.events(ev.ArchiveWarning("; ".join(texts) or None))
@@ -172,8 +164,7 @@ class Session:
             if not self.settings.create_slot_if_missing or slot_exists(self.conn, slot):
                 raise
         create_slot(self.conn, slot, reserve_wal=True, if_not_exists=True)
-        self.log.warning("replication_slot_created", slot=slot, server=self.conn.describe(),
-                         reason="missing on this server (--create-slot-if-missing)")
+        self.events(ev.SlotCreated(slot, self.conn.describe()))
         return read_slot(self.conn, slot)
 
     def _fetch_history(self, timeline: int) -> str:
@@ -331,12 +322,12 @@ class Session:
         self.events(ev.CompressionKnown(self.decoder.algorithm,
                                         ",".join(self.settings.compression)))
 
-    def log_compression_summary(self) -> None:
-        """The receiver-side counterpart of the module's shutdown statistics."""
+    def close(self) -> None:
+        """The connection ends: say the receiver-side counterpart of the module's shutdown
+        statistics."""
         stats = self.decoder.stats()
-        if stats.frames:  # the algorithm spelled as stream_compression spells it
-            self.log.info("compression_summary",
-                          **{**stats.as_dict(), "algorithm": stats.algorithm or "none"})
+        if stats.frames:
+            self.events(ev.CompressionSummary(stats))
 
     def _check_liveness(self, writer: SegmentSink, now: float) -> None:
         """Like wal_receiver_timeout: ping at half the timeout, give up at the full one."""
@@ -348,7 +339,7 @@ class Session:
             raise ConnectionLost(f"terminating connection: no message from the server for "
                                  f"{silent:.1f} seconds (receive timeout {timeout:g}s)")
         if silent >= timeout / 2 and not self.pinged:
-            self.log.info("server_silent", seconds=round(silent, 1))
+            self.events(ev.ServerSilent(round(silent, 1)))
             self.send_status(writer, reply_requested=True)
             self.pinged = True
 
@@ -370,7 +361,7 @@ class Session:
         completed = writer.completed()
         for name, end in completed:
             self.events(ev.SegmentCompleted(name, writer.timeline, writer.position, end))
-            self.log.debug("compression_stats", **self.decoder.stats().as_dict())
+            self.events(ev.CompressionStats(self.decoder.stats()))
         if completed:
             self.events(ev.Flushed(writer.flushed))
         return bool(completed)

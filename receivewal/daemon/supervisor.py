@@ -28,6 +28,7 @@ from receivewal.allocator import skip_final_collection
 from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
 from receivewal.archive.listing import Listing
 from receivewal.daemon.events import (
+    Connecting,
     Disconnected,
     DiskFull,
     ErrorCounted,
@@ -37,7 +38,12 @@ from receivewal.daemon.events import (
     GapDetected,
     Listener,
     Reconnecting,
+    SlotCreating,
+    SlotDropping,
+    SlotExisted,
+    Stopped,
     Stopping,
+    TemporaryFileRemoved,
     Tick,
     WaitingForServer,
 )
@@ -135,22 +141,25 @@ class Supervisor:
     """Runs sessions until told to stop, reconnecting after failures.
 
     What the sessions, the supervisor and the uploader report goes into one
-    :class:`EventStream`: its consumers are the log, then the monitor (once made), then
-    ``listeners`` (the drop-in's pg_receivewal messages)."""
+    :class:`EventStream`: its consumers are the log (unless ``log_events`` is false: the
+    drop-in words every event itself), then the monitor (once made), then ``listeners`` (the
+    drop-in's pg_receivewal messages)."""
 
     def __init__(self, settings: Settings, prompt: Callable[[], str | None] | None =
-                 prompt_password, listeners: tuple[Listener, ...] = ()) -> None:
+                 prompt_password, listeners: tuple[Listener, ...] = (), *,
+                 log_events: bool = True) -> None:
         self.settings = settings
         self.log = get_logger()
         self.prompt = prompt
         self.stop = StopSignal()
         self.listeners = listeners
-        self.events = EventStream(EventLog(self.log), *listeners)
+        logged = (EventLog(self.log),) if log_events else ()
+        self.events = EventStream(*logged, *listeners)
         self._listing: Listing | None = None  # the lock's listing, for the first session
 
     def connect(self) -> ReplicationConnection:
         """Open a replication connection (the password never reaches a log line)."""
-        self.log.debug("connecting", conninfo=redacted(self.settings.conninfo))
+        self.events(Connecting(redacted(self.settings.conninfo)))
         return ReplicationConnection.open(self.settings.conninfo, self.prompt, stop=self.stop,
                                           timeout=self.settings.receive_timeout)
 
@@ -161,15 +170,14 @@ class Supervisor:
         conn = self.connect()
         try:
             if self.settings.drop_slot:
-                self.log.info("dropping_replication_slot", slot=slot)
+                self.events(SlotDropping(slot))
                 drop_slot(conn, slot)
             else:
-                self.log.info("creating_replication_slot", slot=slot,
-                              reserve_wal=self.settings.reserve_wal)
+                self.events(SlotCreating(slot, self.settings.reserve_wal))
                 created = create_slot(conn, slot, reserve_wal=self.settings.reserve_wal,
                                       if_not_exists=self.settings.if_not_exists)
                 if not created:
-                    self.log.info("replication_slot_exists", slot=slot)
+                    self.events(SlotExisted(slot))
         finally:
             conn.close()
         return 0
@@ -188,7 +196,7 @@ class Supervisor:
         try:
             self._listing = archive.lock()  # one writer per archive, before touching anything
             for name in self._listing.removed:
-                self.log.info("temporary_file_removed", file=name)
+                self.events(TemporaryFileRemoved(name))
             archive.check_usable()
         except ReceivewalError as exc:
             self.events(Failed(str(exc)))
@@ -274,8 +282,8 @@ class Supervisor:
             else:
                 connected_once = True
                 session = Session(conn, settings=self.settings, archive=archive,
-                                  events=self.events, stop=self.stop, log=self.log,
-                                  uploads=uploads, listing=self._listing)
+                                  events=self.events, stop=self.stop, uploads=uploads,
+                                  listing=self._listing)
                 self._listing = None  # later sessions list the archive as it is then
                 try:
                     with descriptors_retryable():
@@ -285,10 +293,10 @@ class Supervisor:
                 except ReceivewalError as exc:
                     error = exc
                 else:
-                    self.log.info("stopped", reason=outcome, signal=self.stop.signal_name)
+                    self.events(Stopped(outcome, self.stop.signal_name))
                     return 0
                 finally:
-                    session.log_compression_summary()
+                    session.close()
                     conn.close()
             if self.stop.requested:
                 return self._stopped(error)
@@ -317,7 +325,7 @@ class Supervisor:
         if isinstance(error, ArchiveNotDurable):
             self.events(Failed(str(error), error_kind(error)))
             return 1
-        self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
+        self.events(Stopped("signal", self.stop.signal_name))
         return 0
 
     # -- --wait-for-server: the first connection is retried (as a service), not fatal ------

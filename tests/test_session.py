@@ -20,6 +20,7 @@ from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
 from receivewal.errors import ProtocolError, StreampackError
 from receivewal.replication.commands import ServerInfo
+from receivewal.replication.copystream import CopyStream
 from receivewal.replication.link import (
     COPY_DONE,
     CopyData,
@@ -29,7 +30,8 @@ from receivewal.replication.link import (
     ResultStatus,
     WalRun,
 )
-from receivewal.replication.messages import build_xlogdata
+from receivewal.replication.messages import PrimaryKeepalive, build_xlogdata
+from receivewal.replication.streampack import StreampackEncoder
 
 SEG = 1 << 20
 START = 3 * SEG
@@ -209,7 +211,7 @@ def test_run_of_the_compiled_loop_is_written_across_a_segment_boundary(tmp_path:
     assert (tmp_path / "000000010000000000000004.partial").read_bytes()[:250] == \
         b"b" * 200 + b"c" * 50
     assert status_updates(conn)[0][0] == START + SEG + 200
-    stats = session.decoder.stats()
+    stats = session.stream.stats()
     assert (stats.frames, stats.wal_bytes) == (4, SEG + 250)
 
 
@@ -225,3 +227,32 @@ def test_one_message_completing_two_segments_reports_each_with_its_end(tmp_path:
         ("000000010000000000000003", START + SEG, START + 2 * SEG + 100),
         ("000000010000000000000004", START + 2 * SEG, START + 2 * SEG + 100),
     ]
+
+
+def test_the_copy_stream_hands_over_one_kind_of_data() -> None:
+    """What the session reads is a run, a keepalive or the end: a plain XLogData payload and a
+    pg_streampack frame come out as runs of one message (restored, the wire bytes counted as
+    they came), the compiled loop's run as it is; the decoder counts the run's frames too."""
+    plain = build_xlogdata(START, START + 100, 0, b"p" * 100)
+    encoder = StreampackEncoder("zstd")
+    packed = bytes(encoder.encode(build_xlogdata(START + 100, START + 400, 0, b"z" * 300)))
+    run = WalRun(START + 400, START + 600, [memoryview(b"a" * 50), memoryview(b"b" * 150)],
+                 wire=200 + 2 * 25)
+    stop = Stop()
+    link = ScriptedConnection([plain, packed, run, keepalive(reply=True)], stop)
+    stream = CopyStream(link, ("zstd",))
+    got = [stream.read(0.0) for _ in range(4)]
+    assert [type(message) for message in got] == [WalRun, WalRun, WalRun, PrimaryKeepalive]
+    first, second, third, _ = got
+    assert isinstance(first, WalRun)
+    assert isinstance(second, WalRun)
+    assert (first.wal_start, first.wal_end, [bytes(p) for p in first.payload], first.wire) == \
+        (START, START + 100, [b"p" * 100], len(plain))
+    assert (second.wal_start, [bytes(p) for p in second.payload], second.wire) == \
+        (START + 100, [b"z" * 300], len(packed))
+    assert third is run
+    assert stream.algorithm == "zstd"
+    assert stream.read(0.0) is None  # nothing more: the scripted server stops us
+    link.end_copy()
+    assert stream.read(0.0) is COPY_DONE
+    assert (stream.stats().frames, stream.stats().compressed_frames) == (4, 1)

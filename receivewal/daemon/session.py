@@ -40,16 +40,9 @@ from receivewal.replication.commands import (
     slot_exists,
     timeline_history,
 )
-from receivewal.replication.link import COPY_DONE, ReplicationLink, ResultStatus, WalRun
-from receivewal.replication.messages import (
-    PrimaryKeepalive,
-    XLogData,
-    build_hot_standby_feedback,
-    build_standby_status_update,
-    parse_copy_data,
-    postgres_time,
-)
-from receivewal.replication.streampack import StreampackDecoder
+from receivewal.replication.copystream import CopyStream
+from receivewal.replication.link import CopyDone, ReplicationLink, WalRun
+from receivewal.replication.messages import PrimaryKeepalive
 from receivewal.replication.waiting import StopFlag
 from receivewal.wal.lsn import format_lsn, round_down_to_segment
 from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
@@ -84,8 +77,7 @@ class Session:
         self.events = events  # every fact the session reports goes there
         self.stop = stop
         self.clock = clock
-        self.decoder = StreampackDecoder(settings.compression)
-        self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
+        self.stream = CopyStream(conn, settings.compression)  # its decoder lives as long
         self.info: ServerInfo | None = None
         self.writer: SegmentSink | None = None
         self.last_received = clock()
@@ -203,7 +195,7 @@ class Session:
                                                  lsn, self.settings.at_rest,
                                                  stopping=self._stopping)
         try:
-            self.conn.start_copy_both(
+            self.stream.start(
                 f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"
             )
             self.last_received, self.pinged = self.clock(), False
@@ -241,30 +233,28 @@ class Session:
                 self.events(ev.StopNoticed(writer.position))
                 self._finish(writer)
                 return "stopped"
-            message = self.conn.read_batch(wait, self.settings.endpos)
+            message = self.stream.read(wait, self.settings.endpos)
             now = self.clock()
-            if message is None:
-                if self.stop.requested:  # the signal ended the wait
+            match message:
+                case None:
+                    if self.stop.requested:  # the signal ended the wait
+                        continue
+                    if self._at_endpos(writer):  # e.g. started exactly at --endpos
+                        return "endpos"
+                    next_status = self._idle(writer, now, next_status)
+                    next_tick = now + TICK_SECONDS
+                    wait = (min(TICK_SECONDS, max(0.0, next_status - now)) if interval > 0
+                            else TICK_SECONDS)
                     continue
-                if self._at_endpos(writer):  # e.g. started exactly at --endpos
-                    return "endpos"
-                next_status = self._idle(writer, now, next_status)
-                next_tick = now + TICK_SECONDS
-                wait = (min(TICK_SECONDS, max(0.0, next_status - now)) if interval > 0
-                        else TICK_SECONDS)
-                continue
-            if message is COPY_DONE:
-                self._tick(writer)
-                return self._end_of_copy(writer)
+                case WalRun():
+                    self._process_xlogdata(message, writer)
+                case PrimaryKeepalive():
+                    self._process_keepalive(message, writer)
+                case CopyDone.COPY_DONE:
+                    self._tick(writer)
+                    return self._end_of_copy(writer)
             wait = 0.0
             self.last_received, self.pinged = now, False
-            if isinstance(message, WalRun):  # plain XLogData frames, from the compiled loop
-                self.decoder.count_plain(len(message.payload), message.wire)
-                self._process_xlogdata(message, message.wire, writer)
-            elif isinstance(received := parse_copy_data(message, self._read_xlogdata), XLogData):
-                self._process_xlogdata(received, len(message), writer)
-            else:
-                self._process_keepalive(received, writer)
             if self._at_endpos(writer):
                 return "endpos"
             if interval > 0 and now >= next_status:
@@ -318,14 +308,14 @@ class Session:
     def _report_compression(self) -> None:
         """Say which stream we got: pg_streampack with an algorithm, or plain."""
         self.first_frame = False
-        self.reported_algorithm = self.decoder.algorithm
-        self.events(ev.CompressionKnown(self.decoder.algorithm,
+        self.reported_algorithm = self.stream.algorithm
+        self.events(ev.CompressionKnown(self.stream.algorithm,
                                         ",".join(self.settings.compression)))
 
     def close(self) -> None:
         """The connection ends: say the receiver-side counterpart of the module's shutdown
         statistics."""
-        stats = self.decoder.stats()
+        stats = self.stream.stats()
         if stats.frames:
             self.events(ev.CompressionSummary(stats))
 
@@ -343,14 +333,13 @@ class Session:
             self.send_status(writer, reply_requested=True)
             self.pinged = True
 
-    def _process_xlogdata(self, xlog: XLogData | WalRun, wire: int,
-                          writer: SegmentSink) -> None:
-        if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
+    def _process_xlogdata(self, run: WalRun, writer: SegmentSink) -> None:
+        if self.stream.algorithm != self.reported_algorithm or self.first_frame:
             self._report_compression()
-        writer.write(xlog.wal_start, xlog.payload)
-        self.pending_wire += wire
-        self.pending_wal += xlog.end - xlog.wal_start
-        self.server_wal_end = xlog.wal_end
+        writer.write(run.wal_start, run.payload)
+        self.pending_wire += run.wire
+        self.pending_wal += run.end - run.wal_start
+        self.server_wal_end = run.wal_end
         if self._report_completed(writer):
             self._tick(writer)
 
@@ -361,7 +350,7 @@ class Session:
         completed = writer.completed()
         for name, end in completed:
             self.events(ev.SegmentCompleted(name, writer.timeline, writer.position, end))
-            self.events(ev.CompressionStats(self.decoder.stats()))
+            self.events(ev.CompressionStats(self.stream.stats()))
         if completed:
             self.events(ev.Flushed(writer.flushed))
         return bool(completed)
@@ -379,11 +368,8 @@ class Session:
             self.events(ev.Flushed(flush))
             if self.uploads is not None and self.settings.confirm_after == "upload":
                 flush = self.uploads.confirmable(flush)  # the slot keeps what is not uploaded
-        now = postgres_time(time.time())
-        self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
-                                                       reply_requested))
-        if self.settings.hot_standby_feedback:
-            self.conn.send_copy(build_hot_standby_feedback(now))
+        self.stream.send_status(writer.position, flush, reply_requested=reply_requested,
+                                feedback=self.settings.hot_standby_feedback)
         self.events(ev.FlushReported(writer.position, flush))
 
     def _finish(self, writer: SegmentSink) -> None:
@@ -391,16 +377,7 @@ class Session:
         self._tick(writer)  # Received: the monitor's counters get the last batch too
         writer.flush(wait=True)
         self.send_status(writer)
-        self.conn.end_copy()
-        deadline = self.clock() + STOP_DRAIN_SECONDS
-        while self.clock() < deadline:
-            if self.conn.read_copy(max(0.0, deadline - self.clock())) is COPY_DONE:
-                break
-        else:
-            raise ConnectionLost("server did not end the stream after we stopped")
-        while (result := self.conn.next_result()) is not None:
-            if result.status not in (ResultStatus.COMMAND_OK, ResultStatus.TUPLES_OK):
-                break
+        self.stream.end(STOP_DRAIN_SECONDS, self.clock)
 
     def _close(self, writer: SegmentSink) -> None:
         """Close ``writer`` and say which segments that completed."""

@@ -43,9 +43,12 @@ from receivewal.archive.files import CRASH_ENV, PREALLOCATE_ENV, preallocate
 from receivewal.archive.layout import older_islands
 from receivewal.archive.writer import open_segment_writer
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
-from receivewal.daemon.events import SegmentFileRejected
+from receivewal.daemon.events import ArchiveWarning, OlderIsland, SegmentFileRejected
+from receivewal.daemon.startpoint import read_archive
 from receivewal.daemon.state import State, write_state
 from receivewal.errors import ArchiveError
+from receivewal.replication.commands import ServerInfo
+from receivewal.wal.names import SegmentFile
 
 SEGMENT = 16 << 20
 KILLED = -9
@@ -155,6 +158,33 @@ def test_resume_point_needs_content_proof_and_resumes_in_the_newest_run(tmp_path
     newest, rejected = archive.resume_point(SEGMENT, 8)  # another system's archive
     assert newest is None
     assert "system identifier 7, expected 8" in rejected[-1].reason
+
+
+def test_start_up_findings_are_typed_and_stated_as_events(tmp_path: Path) -> None:
+    """What start-up reads in the archive comes back typed: the resume point, the files passed
+    over with their reasons, the older islands, where to restream from (the oldest of two
+    consecutive .partial files); and as the events that state them, in that order."""
+    for segno in (1, 2, 5, 6):
+        (tmp_path / f"00000001000000000000000{segno}").write_bytes(proven_segment(segno))
+    (tmp_path / "000000010000000000000007.partial").write_bytes(proven_segment(7))
+    (tmp_path / "000000010000000000000008.partial").write_bytes(bytes(SEGMENT))
+    (tmp_path / "000000010000000000000009").write_bytes(os.urandom(SEGMENT))
+    archive = Archive(tmp_path)
+    info = ServerInfo("7", 1, 10 * SEGMENT, SEGMENT, 0o600, 150000)
+    found = read_archive(archive, archive.segment_names(SEGMENT), info)
+    assert found.newest == SegmentFile(8, 1, partial=True)
+    assert found.restart == SegmentFile(7, 1, partial=True)
+    assert [(r.file, "invalid magic number" in r.reason) for r in found.rejected] == \
+        [("000000010000000000000009", True)]
+    assert found.islands == [("000000010000000000000001", "000000010000000000000002",
+                              "000000010000000000000003", "000000010000000000000004")]
+    events = found.events()
+    assert [type(event) for event in events] == [SegmentFileRejected, OlderIsland,
+                                                 ArchiveWarning]
+    assert events[1] == OlderIsland(*found.islands[0])
+    assert events[2] == ArchiveWarning(
+        "older island 000000010000000000000001 .. 000000010000000000000002 before a hole "
+        "(000000010000000000000003 .. 000000010000000000000004 missing), not resumed from")
 
 
 # -- 3. writing never follows a symlink -----------------------------------------------------------

@@ -1,8 +1,8 @@
-"""One replication connection: identify the server, choose the start, stream, follow timelines.
+"""One replication connection: find the start, stream, follow timelines.
 
-The flow per connection is IDENTIFY_SYSTEM, SHOW wal_segment_size and data_directory_mode,
-READ_REPLICATION_SLOT, then for each timeline TIMELINE_HISTORY (when missing) and
-START_REPLICATION PHYSICAL followed by the COPY BOTH loop. When a timeline ends the server
+Per connection: where to start (:mod:`receivewal.daemon.startpoint`: IDENTIFY_SYSTEM, what the
+archive holds, the slot, the history), then for each timeline TIMELINE_HISTORY (when missing)
+and START_REPLICATION PHYSICAL followed by the COPY BOTH loop. When a timeline ends the server
 says which one comes next, and streaming goes on on the same connection. The commands are
 :mod:`receivewal.replication.commands`; the COPY loop (:meth:`Session._copy_loop`) follows
 receivelog.c's HandleCopyStream.
@@ -15,38 +15,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from receivewal.archive.directory import Archive, os_error
-from receivewal.archive.identity import ArchiveIdentity
-from receivewal.archive.layout import StartPoint, choose_start, island_names
+from receivewal.archive.directory import Archive
+from receivewal.archive.layout import StartPoint
 from receivewal.archive.listing import Listing
-from receivewal.archive.partials import settle_partials
-from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.sink import SegmentSink, open_segment_sink
-from receivewal.archive.syncer import restart_point
 from receivewal.daemon import events as ev
 from receivewal.daemon.settings import Settings
-from receivewal.errors import (
-    ArchiveError,
-    ConnectionLost,
-    ServerError,
-    WalRemovedError,
-)
-from receivewal.replication.commands import (
-    ServerInfo,
-    create_slot,
-    identify_server,
-    read_slot,
-    read_timeline_end,
-    slot_exists,
-    timeline_history,
-)
+from receivewal.daemon.startpoint import fetch_history, find_start
+from receivewal.errors import ConnectionLost, WalRemovedError
+from receivewal.replication.commands import ServerInfo, read_timeline_end
 from receivewal.replication.copystream import CopyStream
 from receivewal.replication.link import CopyDone, ReplicationLink, WalRun
 from receivewal.replication.messages import PrimaryKeepalive
 from receivewal.replication.waiting import StopFlag
 from receivewal.wal.lsn import format_lsn, round_down_to_segment
-from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
-from receivewal.wal.timeline import check_follows, parse_history
+from receivewal.wal.names import wal_file_name
 
 if TYPE_CHECKING:  # loaded only with --upload-to
     from receivewal.daemon.uploader import Uploader
@@ -95,85 +78,15 @@ class Session:
 
     # -- setup -------------------------------------------------------------------------------
     def prepare(self) -> StartPoint:
-        """Identify the server, check the archive is this server's, and choose the start.
+        """Find where to start (:func:`~receivewal.daemon.startpoint.find_start`).
 
         The archive directory is listed once per connection: the first uses the listing the
         lock took at start-up."""
-        info = self.info = identify_server(self.conn)
         listing, self.listing = self.listing or self.archive.listing(), None
-        files = listing.segments(info.segment_size)
-        # before the uploader's thread starts: it writes the upload record
-        self.events(ev.FileModeChosen(self.archive.adopt_file_mode(info.file_mode)))
-        if self.uploads is not None:  # another cluster's prefix: refused before any write
-            self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                               info.timeline), listing, self._stopping)
-        self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                                    info.timeline), files)
-        newest, rejected = self.archive.resume_point(info.segment_size,
-                                                     int(info.system_identifier), files)
-        for passed_over in rejected:
-            self.events(ev.SegmentFileRejected(passed_over.file, passed_over.reason))
-        self._report_islands(files, newest, info.segment_size)
-        newest = restart_point(newest, files)
-        for settled in settle_partials(self.archive, info.segment_size, files,
-                                       self.settings.at_rest, newest):
-            self.events(ev.PartialFileSettled(settled.file, settled.action))
-        slot_restart = None
-        # as pg_receivewal: the slot's position only matters when the archive has none
-        if self.settings.slot and info.version >= 150000 \
-                and (newest is None or self.settings.create_slot_if_missing):
-            slot_restart = self._read_or_create_slot(self.settings.slot)
-            self.events(ev.SlotState(self.settings.slot,
-                                     slot_restart[0] if slot_restart else None))
-        start = choose_start(newest, slot_restart, (info.xlogpos, info.timeline),
-                             info.segment_size)
-        if start.timeline > info.timeline:
-            raise ArchiveError(f"starting timeline {start.timeline} is not present in the "
-                               f"server (the server is on timeline {info.timeline})")
-        if start.timeline < info.timeline:
-            history = parse_history(self._fetch_history(info.timeline), info.timeline)
-            check_follows(start.timeline, start.lsn, history, info.timeline)
-        if self.uploads is not None:
-            self.uploads.streaming_from(start.lsn)
-        return start
-
-    def _report_islands(self, files: list[SegmentFile], newest: SegmentFile | None,
-                        segment_size: int) -> None:
-        """Say each island of older segments before a hole (never resumed from), and put them
-        in the state file, for ``status``."""
-        texts = []
-        for first, last, hole_from, hole_to in island_names(files, newest, segment_size):
-            self.events(ev.OlderIsland(first, last, hole_from, hole_to))
-            texts.append(f"older island {first} .. {last} before a hole ({hole_from} .. "
-                         f"{hole_to} missing), not resumed from")
-        self.events(ev.ArchiveWarning("; ".join(texts) or None))
-
-    def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
-        """READ_REPLICATION_SLOT; with --create-slot-if-missing, create a missing slot."""
-        try:
-            return read_slot(self.conn, slot)
-        except ServerError:
-            if not self.settings.create_slot_if_missing or slot_exists(self.conn, slot):
-                raise
-        create_slot(self.conn, slot, reserve_wal=True, if_not_exists=True)
-        self.events(ev.SlotCreated(slot, self.conn.describe()))
-        return read_slot(self.conn, slot)
-
-    def _fetch_history(self, timeline: int) -> str:
-        """The history file of ``timeline``: from the archive, else from the server (stored)."""
-        path = self.archive.directory / history_file_name(timeline)
-        try:
-            return read_small_file(path, HISTORY_FILE_CAP).decode()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:  # out of descriptors stays retryable
-            raise os_error(exc, f'cannot read history file "{path}"') from exc
-        except UnicodeDecodeError as exc:
-            raise ArchiveError(f'history file "{path}" is not text: {exc}') from exc
-        name, content = timeline_history(self.conn, timeline)
-        self.archive.write_history(name, content.encode())
-        self.events(ev.HistoryFileWritten(name, timeline))
-        return content
+        start = find_start(self.conn, self.archive, listing, self.settings,
+                           events=self.events, stopping=self._stopping, uploads=self.uploads)
+        self.info = start.info
+        return start.point
 
     # -- streaming ---------------------------------------------------------------------------
     def run(self, start: StartPoint) -> str:
@@ -181,7 +94,7 @@ class Session:
         timeline, lsn = start.timeline, start.lsn
         while True:
             if timeline > 1:
-                self._fetch_history(timeline)
+                fetch_history(self.conn, self.archive, timeline, self.events)
             outcome = self._stream_timeline(timeline, lsn)
             if isinstance(outcome, str):
                 return outcome

@@ -11,7 +11,7 @@ import pytest
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
 from receivewal.archive.directory import Archive
-from receivewal.archive.sink import SegmentSink, open_segment_sink
+from receivewal.archive.writer import open_segment_writer
 from receivewal.daemon.events import Event, EventStream, HistoryFileWritten, Tick
 
 SEG = 1 << 20
@@ -23,11 +23,11 @@ FIRST, SECOND = "000000010000000000000000", "000000010000000000000001"
 ])
 def test_completed_segments_are_named_once_in_place(
         tmp_path: Path, sync: bool, compress: CompressSpec) -> None:
-    """Each segment the sink completes is named once, in order, with the LSN it ends at, and
+    """Each segment the writer completes is named once, in order, with the LSN it ends at, and
     only once it is under its final name (from the background syncer too); the open one is
     not."""
     archive = Archive(tmp_path, sync=sync)
-    sink: SegmentSink = open_segment_sink(archive, SEG, 1, 0, compress)
+    sink = open_segment_writer(archive, SEG, 1, 0, compress)
     suffix = ".gz" if compress.method else ""
     seen: list[tuple[str, int]] = []
     try:

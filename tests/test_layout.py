@@ -182,13 +182,17 @@ def test_durability_calls_are_in_the_durable_module_only() -> None:
     assert elsewhere == []
 
 
-def test_the_session_writes_through_the_segment_sink_interface() -> None:
-    """The receive loop knows the SegmentSink Protocol, not the directory's writer classes, and
-    no daemon module hooks into the archive's completions other than by subscribing."""
+def test_the_copy_loop_knows_only_its_consumer() -> None:
+    """The COPY loop drives the StreamConsumer interface and nothing else: it imports nothing
+    of the archive, nor the physical session, its start-up or its feed (a logical change log
+    is another consumer); the session writes through ArchiveFeed, not the writer's classes;
+    and no module hooks into completed files other than through the event stream."""
     graph = import_graph()
-    assert "receivewal.archive.sink" in graph["receivewal.daemon.session"]
+    loop = graph["receivewal.daemon.copyloop"]
+    assert [name for name in loop if name.startswith("receivewal.archive")] == []
+    assert loop & {"receivewal.daemon.session", "receivewal.daemon.startpoint",
+                   "receivewal.daemon.archivefeed"} == set()
+    assert "receivewal.daemon.archivefeed" in graph["receivewal.daemon.session"]
     assert "receivewal.archive.writer" not in graph["receivewal.daemon.session"]
-    session = (PACKAGE / "daemon" / "session.py").read_text()
-    assert "SegmentWriter" not in session
     assert not [path for path in sorted(PACKAGE.rglob("*.py")) if "on_completed" in
                 path.read_text()]

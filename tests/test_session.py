@@ -18,6 +18,7 @@ from receivewal.daemon.events import Event, SegmentCompleted
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
+from receivewal.daemon.startpoint import Start
 from receivewal.errors import ProtocolError, StreampackError
 from receivewal.replication.commands import ServerInfo
 from receivewal.replication.copystream import CopyStream
@@ -103,7 +104,8 @@ def make_session(tmp_path: Path, script: Sequence[bytes | WalRun], **settings: A
     session = Session(link, settings=Settings(directory=tmp_path, conninfo="",
                                               status_interval=0, **settings),
                       archive=archive, events=Monitor.null(), stop=stop)
-    session.info = ServerInfo("1", 1, START, SEG, 0o600, 150000)
+    session.start = Start(ServerInfo("1", 1, START, SEG, 0o600, 150000),
+                          StartPoint(START, 1, "server"))
     return session, conn
 
 
@@ -120,8 +122,8 @@ def test_flush_is_reported_only_after_fsync(tmp_path: Path,
 
     def recording_fsync(fd: int) -> None:
         real_fsync(fd)
-        if session_ref and session_ref[0].writer is not None:
-            fsynced.append(session_ref[0].writer.position)
+        if session_ref and session_ref[0].feed is not None:
+            fsynced.append(session_ref[0].feed.position)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     script = [build_xlogdata(START, 0, 0, b"a" * 1000), keepalive(reply=False),
@@ -129,7 +131,7 @@ def test_flush_is_reported_only_after_fsync(tmp_path: Path,
               build_xlogdata(START + 4000, 0, 0, b"c" * 500)]
     session, conn = make_session(tmp_path, script, slot="s")
     session_ref.append(session)
-    assert session.run(StartPoint(START, 1, "archive")) == "stopped"
+    assert session.run() == "stopped"
     updates = status_updates(conn)
     assert updates, "no status update sent"
     for write, flush, apply in updates:
@@ -147,7 +149,7 @@ def test_without_slot_flush_is_zero_and_feedback_follows_status(tmp_path: Path) 
     """No slot: flush = 0 (Invalid); every r is followed by an all-zero h."""
     session, conn = make_session(tmp_path, [build_xlogdata(START, 0, 0, b"x" * 10),
                                             keepalive(reply=True)])
-    session.run(StartPoint(START, 1, "server"))
+    session.run()
     assert status_updates(conn)[0] == (START + 10, 0, 0)
     kinds = [m[:1] for m in conn.sent]
     assert kinds == [b"r", b"h"] * (len(kinds) // 2)
@@ -158,7 +160,7 @@ def test_without_slot_flush_is_zero_and_feedback_follows_status(tmp_path: Path) 
 def test_feedback_off_sends_no_h(tmp_path: Path) -> None:
     """--no-hot-standby-feedback: only r messages."""
     session, conn = make_session(tmp_path, [keepalive(reply=True)], hot_standby_feedback=False)
-    session.run(StartPoint(START, 1, "server"))
+    session.run()
     assert {m[:1] for m in conn.sent} == {b"r"}
 
 
@@ -168,7 +170,7 @@ def test_gap_is_refused_before_anything_is_written(tmp_path: Path) -> None:
                                          build_xlogdata(START + 200, 0, 0, b"b" * 100)])
     with pytest.raises(ProtocolError, match=r"gap: received data at 0/3000C8 but the archive "
                                             r"continues at 0/300064"):
-        session.run(StartPoint(START, 1, "server"))
+        session.run()
     data = (tmp_path / "000000010000000000000003.partial").read_bytes()
     assert data[:100] == b"a" * 100
     assert data[100:400] == bytes(300)
@@ -180,7 +182,7 @@ def test_compressed_frame_without_request_is_refused(tmp_path: Path) -> None:
     frame[17] |= 0x80
     session, _ = make_session(tmp_path, [bytes(frame)], compression=())
     with pytest.raises(StreampackError, match="0/300000"):
-        session.run(StartPoint(START, 1, "server"))
+        session.run()
 
 
 def test_payload_crossing_a_segment_completes_the_first(tmp_path: Path) -> None:
@@ -188,7 +190,7 @@ def test_payload_crossing_a_segment_completes_the_first(tmp_path: Path) -> None:
     start = START + SEG - 100
     first = build_xlogdata(START, 0, 0, b"p" * (SEG - 100))
     session, _ = make_session(tmp_path, [first, build_xlogdata(start, 0, 0, b"q" * 300)])
-    session.run(StartPoint(START, 1, "server"))
+    session.run()
     done = (tmp_path / "000000010000000000000003").read_bytes()
     assert done == b"p" * (SEG - 100) + b"q" * 100
     nxt = (tmp_path / "000000010000000000000004.partial").read_bytes()
@@ -205,13 +207,13 @@ def test_run_of_the_compiled_loop_is_written_across_a_segment_boundary(tmp_path:
                                     keepalive(reply=True),
                                     build_xlogdata(START + SEG + 200, 0, 0, b"c" * 50)]
     session, conn = make_session(tmp_path, script, slot="s")
-    assert session.run(StartPoint(START, 1, "server")) == "stopped"
+    assert session.run() == "stopped"
     done = (tmp_path / "000000010000000000000003").read_bytes()
     assert done == b"p" * (SEG - 300) + b"a" * 200 + b"b" * 100
     assert (tmp_path / "000000010000000000000004.partial").read_bytes()[:250] == \
         b"b" * 200 + b"c" * 50
     assert status_updates(conn)[0][0] == START + SEG + 200
-    stats = session.stream.stats()
+    stats = session.loop.stream.stats()
     assert (stats.frames, stats.wal_bytes) == (4, SEG + 250)
 
 
@@ -221,7 +223,7 @@ def test_one_message_completing_two_segments_reports_each_with_its_end(tmp_path:
     session, _ = make_session(tmp_path, [build_xlogdata(START, 0, 0, b"m" * (2 * SEG + 100))])
     seen: list[Event] = []
     session.events = seen.append
-    session.run(StartPoint(START, 1, "server"))
+    session.run()
     completed = [event for event in seen if isinstance(event, SegmentCompleted)]
     assert [(event.segment, event.end_lsn, event.lsn) for event in completed] == [
         ("000000010000000000000003", START + SEG, START + 2 * SEG + 100),

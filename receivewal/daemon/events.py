@@ -25,6 +25,8 @@ from receivewal.daemon.state import UploadStatus
 from receivewal.replication.streampack import StreampackStats
 from receivewal.wal.lsn import format_lsn
 
+TICK_SECONDS = 0.25  # how often the stream pulses (Tick: watchdog, state file, STATUS)
+
 
 class SessionMonitor(Protocol):
     """What the events tell the monitor: :class:`Monitor` is the one implementation."""

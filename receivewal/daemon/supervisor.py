@@ -28,6 +28,7 @@ from receivewal.allocator import skip_final_collection
 from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
 from receivewal.archive.listing import Listing
 from receivewal.daemon.events import (
+    TICK_SECONDS,
     Connecting,
     Disconnected,
     DiskFull,
@@ -48,7 +49,7 @@ from receivewal.daemon.events import (
     WaitingForServer,
 )
 from receivewal.daemon.monitor import Monitor
-from receivewal.daemon.session import TICK_SECONDS, Session
+from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
 from receivewal.errors import (
     ArchiveNotDurable,
@@ -287,9 +288,9 @@ class Supervisor:
                 self._listing = None  # later sessions list the archive as it is then
                 try:
                     with descriptors_retryable():
-                        start = session.prepare()
+                        session.prepare()
                         streamed = True
-                        outcome = session.run(start)
+                        outcome = session.run()
                 except ReceivewalError as exc:
                     error = exc
                 else:

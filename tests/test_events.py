@@ -35,6 +35,7 @@ from receivewal.daemon.events import (
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.state import read_state
 from receivewal.daemon.supervisor import Supervisor
+from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.replication.connection import build_conninfo
 from receivewal.wal.lsn import parse_lsn
 from receivewal.wal.names import is_wal_file_name, parse_segment_file_name
@@ -56,7 +57,8 @@ def test_a_listener_gets_the_sessions_facts_in_order(pg: PgServer, archive_dir: 
     seen: list[Event] = []
     settings = Settings(directory=archive_dir, conninfo=build_conninfo(pg.dsn), slot="s",
                         endpos=endpos, no_loop=True)
-    assert Supervisor(settings, prompt=None, listeners=(seen.append,)).run() == 0
+    assert Supervisor(settings, WalReceiver(settings), prompt=None,
+                      listeners=(seen.append,)).run() == 0
 
     facts = [event for event in seen if not isinstance(event, PROGRESS)]
     kinds = [type(event) for event in facts]

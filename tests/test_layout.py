@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from receivewal.daemon.supervisor import StopSignal
+from receivewal.daemon.signals import StopSignal
 from receivewal.replication import connection
 
 PACKAGE = Path(__file__).parent.parent / "receivewal"
@@ -196,3 +196,20 @@ def test_the_copy_loop_knows_only_its_consumer() -> None:
     assert "receivewal.archive.writer" not in graph["receivewal.daemon.session"]
     assert not [path for path in sorted(PACKAGE.rglob("*.py")) if "on_completed" in
                 path.read_text()]
+
+
+PHYSICAL = {"receivewal.daemon.session", "receivewal.daemon.startpoint",
+            "receivewal.daemon.archivefeed", "receivewal.daemon.walreceiver",
+            "receivewal.daemon.uploader"}
+
+
+@pytest.mark.parametrize("module", ["receivewal.daemon.supervisor", "receivewal.daemon.copyloop",
+                                    "receivewal.daemon.monitor", "receivewal.daemon.metrics",
+                                    "receivewal.daemon.events", "receivewal.daemon.signals"])
+def test_what_a_logical_receiver_reuses_knows_no_archive(module: str) -> None:
+    """The supervisor runs a Receiver, the COPY loop drives a StreamConsumer, the monitor and
+    the metrics take events: none imports the archive, nor the WAL archive's session, start-up,
+    feed, receiver or uploader (a logical change log plugs in beside them)."""
+    imported = import_graph()[module]
+    assert [name for name in imported if name.startswith("receivewal.archive")] == []
+    assert imported & PHYSICAL == set()

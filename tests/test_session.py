@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.scripted import ScriptedConnection, status_updates
 from support.stopflag import Stop
 
 from receivewal.archive.directory import Archive
@@ -24,11 +24,7 @@ from receivewal.replication.commands import ServerInfo
 from receivewal.replication.copystream import CopyStream
 from receivewal.replication.link import (
     COPY_DONE,
-    CopyData,
-    CopyDone,
     ReplicationLink,
-    Result,
-    ResultStatus,
     WalRun,
 )
 from receivewal.replication.messages import PrimaryKeepalive, build_xlogdata
@@ -37,58 +33,6 @@ from receivewal.replication.streampack import StreampackEncoder
 SEG = 1 << 20
 START = 3 * SEG
 
-
-
-class ScriptedConnection:
-    """Plays CopyData payloads from a script and records what the session sends.
-
-    It implements the same ReplicationLink protocol as the real connection (mypy checks it
-    where the session is made)."""
-
-    server_version = 150000
-
-    def __init__(self, script: Sequence[bytes | WalRun], stop: Stop) -> None:
-        self.script = list(script)
-        self.stop = stop
-        self.sent: list[bytes] = []
-        self.sock_a, self.sock_b = socket.socketpair()
-        self.ended = False
-        self.results: Iterator[Result | None] = iter([Result(ResultStatus.COMMAND_OK, []), None])
-
-    def describe(self) -> str:
-        return "scripted"
-
-    def query(self, sql: str) -> list[tuple[str | None, ...]]:
-        raise AssertionError(f"unexpected command {sql}")
-
-    def start_copy_both(self, sql: str) -> None:
-        self.started = sql
-
-    receive_path = "python"
-
-    def read_copy(self, timeout: float) -> CopyData | CopyDone | None:
-        message = self.read_batch(timeout)
-        assert not isinstance(message, WalRun), "a run after the copy loop ended"
-        return message
-
-    def read_batch(self, timeout: float, until: int | None = None
-                   ) -> WalRun | CopyData | CopyDone | None:
-        if self.ended:
-            return COPY_DONE
-        if self.script:
-            return self.script.pop(0)
-        self.stop.requested = True
-        self.stop.w.send(b"x")  # wake the selector as a signal would
-        return None
-
-    def send_copy(self, data: bytes) -> None:
-        self.sent.append(bytes(data))
-
-    def end_copy(self) -> None:
-        self.ended = True
-
-    def next_result(self) -> Result | None:
-        return next(self.results)
 
 
 def keepalive(reply: bool) -> bytes:
@@ -107,10 +51,6 @@ def make_session(tmp_path: Path, script: Sequence[bytes | WalRun], **settings: A
     session.start = Start(ServerInfo("1", 1, START, SEG, 0o600, 150000),
                           StartPoint(START, 1, "server"))
     return session, conn
-
-
-def status_updates(conn: ScriptedConnection) -> list[tuple[int, int, int]]:
-    return [struct.unpack(">cQQQqB", m)[1:4] for m in conn.sent if m[:1] == b"r"]
 
 
 def test_flush_is_reported_only_after_fsync(tmp_path: Path,

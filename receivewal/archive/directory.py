@@ -39,12 +39,16 @@ from receivewal.archive.layout import resume_order
 from receivewal.archive.listing import Listing
 from receivewal.archive.lock import LOCK_FILE, lock_directory
 from receivewal.archive.reading import open_regular, read_small_file
-from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError
+from receivewal.errors import (
+    OUT_OF_DESCRIPTORS,
+    ArchiveError,
+    DescriptorLimitError,
+    DiskFullError,
+)
 from receivewal.wal.names import SegmentFile
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
-OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 def os_error(exc: OSError, what: str) -> ArchiveError:

@@ -48,6 +48,7 @@ from receivewal.daemon.events import (
 )
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.supervisor import Supervisor, prompt_password
+from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import format_lsn, scan_lsn
 
@@ -146,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     scrub_passwords()  # parsed: ps need not show a password for the daemon's whole life
     prompt = None if opts.no_password else prompt_password
-    return Supervisor(settings, prompt=prompt, listeners=(messages.on_event,),
-                      log_events=False).run()
+    return Supervisor(settings, WalReceiver(settings), prompt=prompt,
+                      listeners=(messages.on_event,), log_events=False).run()
 
 
 def parse_args(args: list[str]) -> StreamOptions:

@@ -22,6 +22,7 @@ from receivewal.commands.options import StreamOptions, declared_options, options
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.supervisor import Supervisor, prompt_password
+from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import ReceivewalError
 from receivewal.logs import configure_logging
 from receivewal.replication.connection import build_conninfo, conninfo_options
@@ -63,7 +64,7 @@ def stream_command(**opts: Any) -> int:
         raise click.UsageError(str(exc)) from exc
     scrub_passwords()  # parsed: ps need not show a password for the daemon's whole life
     prompt = None if options.no_password else prompt_password
-    return Supervisor(settings, prompt=prompt).run()
+    return Supervisor(settings, WalReceiver(settings), prompt=prompt).run()
 
 
 def _json_logs(opts: StreamOptions) -> bool:

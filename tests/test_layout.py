@@ -213,3 +213,47 @@ def test_what_a_logical_receiver_reuses_knows_no_archive(module: str) -> None:
     imported = import_graph()[module]
     assert [name for name in imported if name.startswith("receivewal.archive")] == []
     assert imported & PHYSICAL == set()
+
+
+FLUSHED_NAMES = {"flushed", "_flushed", "durable", "_durable"}
+FLUSHED_READERS = {"receivewal.daemon.monitor", "receivewal.daemon.metrics"}
+
+
+def flushed_assignments(path: Path) -> list[tuple[str, ast.expr]]:
+    """Every assignment in ``path`` to an attribute named like the flushed position, with the
+    value assigned."""
+    found: list[tuple[str, ast.expr]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        found.extend((target.attr, value) for target in targets
+                     if isinstance(target, ast.Attribute) and target.attr in FLUSHED_NAMES
+                     and value is not None)
+    return found
+
+
+def test_the_flushed_position_has_one_holder() -> None:
+    """Only the segment writer moves the flushed position (the syncer's worker records what
+    it finished, the writer takes it); the monitor and the metrics keep what a Flushed event
+    carries, as it is (a parameter or their initial value, never a max or a sum); only the
+    archive's feed states Flushed, from the writer; and only the WAL archive's receiver reads
+    the last run's position from the state file, to hand it to the writer."""
+    assert flushed_assignments(PACKAGE / "archive" / "writer.py")  # the check sees them
+    moved = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name == "receivewal.archive.writer":
+            continue
+        for attr, value in flushed_assignments(path):
+            if name not in FLUSHED_READERS or not isinstance(value, ast.Name | ast.Constant):
+                moved.append(f"{name}: {attr} = {ast.unparse(value)}")
+    assert moved == []
+    stating = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
+               if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Flushed"
+                      for node in ast.walk(ast.parse(path.read_text(), str(path))))]
+    assert stating == ["receivewal.daemon.archivefeed"]
+    reading = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
+               if "previous_flush(" in path.read_text()
+               and module_name(path) != "receivewal.daemon.state"]
+    assert reading == ["receivewal.daemon.walreceiver"]

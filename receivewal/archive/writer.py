@@ -51,17 +51,24 @@ class SegmentWriter:
     ``position``: anything else is a gap or an overlap and raises before touching the disk.
     A segment counts as completed once it is durable under its final name (:meth:`completed`),
     as pg_receivewal's "finished segment" comes after the file's close.
+
+    ``kept`` is the LSN up to which the last run made this timeline's WAL durable: a plain
+    ``.partial`` keeps its bytes while it is restreamed (the same bytes are written over
+    them), so :attr:`durable`, the WAL durable in the archive, does not go back below it while
+    ``flushed``, what this writer made durable and a status update reports, starts again at
+    the start. A compressed ``.partial`` is rewritten from its first byte: it keeps nothing.
     """
 
     suffix = ""  # compression suffix of the files written
 
     def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int, *,
-                 stopping: Callable[[], bool] | None = None) -> None:
+                 kept: int = 0, stopping: Callable[[], bool] | None = None) -> None:
         self.archive = archive
         self.segment_size = segment_size
         self.timeline = timeline
         self.position = start_lsn
         self._flushed = start_lsn
+        self._kept = kept
         self._completed: list[tuple[str, int]] = []  # durable, not yet taken by completed()
         self._fd: int | None = None
         self._segno: int | None = None
@@ -77,6 +84,12 @@ class SegmentWriter:
     def flushed(self) -> int:
         """The LSN up to which every byte written is durable: what may be reported flushed."""
         return self._flushed
+
+    @property
+    def durable(self) -> int:
+        """The LSN up to which this timeline's WAL is durable in the archive: :attr:`flushed`,
+        or what the plain ``.partial`` restreamed kept from the last run (``kept``)."""
+        return max(self._flushed, self._kept)
 
     @property
     def open_segment_name(self) -> str | None:
@@ -403,11 +416,14 @@ class CompressedSegmentWriter(SegmentWriter):
 
 
 def open_segment_writer(archive: Archive, segment_size: int, timeline: int, start_lsn: int,
-                        compress: CompressSpec = NO_COMPRESSION, *,
+                        compress: CompressSpec = NO_COMPRESSION, *, kept: int = 0,
                         stopping: Callable[[], bool] | None = None) -> SegmentWriter:
     """A writer for plain segments, or for compressed ones when ``compress`` names a method;
-    ``stopping`` (whether a stop signal came) bounds its waits for the disk after one."""
-    if compress.method:
+    ``kept``: the LSN up to which the last run made this timeline's WAL durable (a plain
+    ``.partial`` keeps it); ``stopping`` (whether a stop signal came) bounds its waits for the
+    disk after one."""
+    if compress.method:  # a compressed .partial is rewritten from its start: nothing kept
         return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress,
                                        stopping=stopping)
-    return SegmentWriter(archive, segment_size, timeline, start_lsn, stopping=stopping)
+    return SegmentWriter(archive, segment_size, timeline, start_lsn, kept=kept,
+                         stopping=stopping)

@@ -31,18 +31,19 @@ class ArchiveFeed:
         self.writer = writer
         self.events = events
         self.confirm = confirm
-        self._stated: int | None = None  # the position the last Flushed stated
+        self._stated: int | None = None  # the durable position the last Flushed stated
 
     @classmethod
     def open(cls, archive: Archive, segment_size: int, timeline: int, start_lsn: int, *,
-             compress: CompressSpec, events: Listener,
+             compress: CompressSpec, events: Listener, kept: int = 0,
              stopping: Callable[[], bool] | None = None,
              confirm: Callable[[int], int] | None = None) -> ArchiveFeed:
         """A feed of ``timeline`` from ``start_lsn`` into ``archive``, in the at-rest form
-        ``compress`` says; ``stopping`` says whether a stop signal came (the disk's waits are
-        bounded after one)."""
+        ``compress`` says; ``kept``: the LSN up to which the last run made this timeline's
+        WAL durable (a plain ``.partial`` restreamed keeps it); ``stopping`` says whether a
+        stop signal came (the disk's waits are bounded after one)."""
         writer = open_segment_writer(archive, segment_size, timeline, start_lsn, compress,
-                                     stopping=stopping)
+                                     kept=kept, stopping=stopping)
         return cls(writer, events, confirm)
 
     @property
@@ -54,6 +55,11 @@ class ArchiveFeed:
     def timeline(self) -> int:
         """The timeline fed."""
         return self.writer.timeline
+
+    @property
+    def durable(self) -> int:
+        """The LSN up to which this timeline's WAL is durable in the archive."""
+        return self.writer.durable
 
     def receive(self, run: WalRun) -> None:
         """Write the run's WAL (a gap or an overlap raises before anything is written)."""
@@ -71,7 +77,7 @@ class ArchiveFeed:
 
     def report(self) -> bool:
         """State the segments completed and durable since the last call, and the flushed
-        position they moved; whether there was any."""
+        (durable) position they moved; whether there was any."""
         completed = self.writer.completed()
         for name, end in completed:
             self.events(SegmentCompleted(name, self.writer.timeline, self.writer.position, end))
@@ -87,8 +93,9 @@ class ArchiveFeed:
             self.report()
 
     def _state_flushed(self) -> None:
-        """State the flushed position when it moved since the last time."""
-        flushed = self.writer.flushed
-        if flushed != self._stated:
-            self._stated = flushed
-            self.events(Flushed(flushed))
+        """State the WAL durable in the archive (the writer's) when it moved since the last
+        time."""
+        durable = self.writer.durable
+        if durable != self._stated:
+            self._stated = durable
+            self.events(Flushed(durable))

@@ -33,7 +33,7 @@ from receivewal.daemon.events import Event
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.progress import ProgressLine, Sample
-from receivewal.daemon.state import LastError, State, UploadStatus, previous_flush, write_state
+from receivewal.daemon.state import LastError, State, UploadStatus, write_state
 from receivewal.logs import get_logger
 from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
@@ -48,9 +48,6 @@ class Monitor:
     ``file_mode`` is the state file's mode. ``clock`` gives the time in seconds (the same clock
     the caller passes to :meth:`tick`). ``environ`` is where NOTIFY_SOCKET, WATCHDOG_USEC and
     WATCHDOG_PID are read from (default: the process environment; ``{}`` turns systemd off).
-    ``keeps_partials`` says that a restreamed ``.partial`` keeps the bytes already in it (plain
-    segments; a compressed one is rewritten from its start): then "flushed" does not go back
-    below what this or, per the state file, the last run flushed on the same timeline.
     ``progress``: keep a progress line on stderr while streaming, if stderr is a terminal (the
     caller makes sure the logs there are not JSON).
     Use :meth:`null` for a monitor with no side channel at all.
@@ -65,7 +62,6 @@ class Monitor:
         *,
         environ: Mapping[str, str] | None = None,
         state_interval: float = 5.0,
-        keeps_partials: bool = True,
         progress: bool = False,
     ) -> None:
         env = os.environ if environ is None else environ
@@ -79,14 +75,11 @@ class Monitor:
         # Values that change per message are kept apart and merged in snapshot().
         self._received: int | None = None
         self._written: int | None = None
-        self._flushed: tuple[int | None, int] | None = None  # (timeline, lsn): the last Flushed
+        self._flushed: int | None = None  # what the last Flushed event said
         self._server_wal_end: int | None = None
         self._last_contact: float | None = None
         self._wire_bytes = 0  # since start
         self._wal_bytes = 0
-        self._keeps_partials = keeps_partials
-        # (timeline, lsn) the last run flushed, still durable in a .partial that keeps its bytes
-        self._last_run = previous_flush(directory) if keeps_partials and directory else None
         self._conn_wire_bytes = 0  # on the current connection (the same batches)
         self._conn_wal_bytes = 0
 
@@ -178,15 +171,9 @@ class Monitor:
         self.metrics.set_written(lsn)
 
     def flushed(self, lsn: int) -> None:
-        """WAL up to ``lsn`` is fsynced in the archive: the writer's position, which starts
-        again at a segment's start when a .partial is restreamed; a plain one keeps the bytes
-        flushed before (by the last run, or this one on this timeline): no going back."""
-        timeline = self._state.timeline
-        if self._keeps_partials and timeline is not None:
-            for kept in (self._last_run, self._flushed):
-                if kept is not None and kept[0] == timeline:
-                    lsn = max(lsn, kept[1])
-        self._flushed = (timeline, lsn)
+        """WAL up to ``lsn`` is durable in the archive, as its one holder (the segment writer)
+        says: kept as it is said."""
+        self._flushed = lsn
         self.metrics.set_flushed(lsn)
 
     def flush_reported(self, lsn: int) -> None:
@@ -342,7 +329,7 @@ class Monitor:
             updated_at=self._clock(),
             received_lsn=self._received,
             written_lsn=self._written,
-            flushed_lsn=None if self._flushed is None else self._flushed[1],
+            flushed_lsn=self._flushed,
             server_wal_end=self._server_wal_end,
             last_contact=self._last_contact,
             wire_bytes=self._wire_bytes,
@@ -369,7 +356,7 @@ class Monitor:
             self.metrics.set_server_wal_end(lsn)
 
     def _streaming_status(self) -> str:
-        flushed = "nothing yet" if self._flushed is None else format_lsn(self._flushed[1])
+        flushed = "nothing yet" if self._flushed is None else format_lsn(self._flushed)
         return f"Streaming timeline {self._state.timeline}, flushed {flushed}"
 
     def _status(self, status: str) -> None:

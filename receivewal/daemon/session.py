@@ -47,7 +47,8 @@ class Session:
 
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
                  events: ev.Listener, stop: StopFlag, clock: Callable[[], float] = time.monotonic,
-                 uploads: Uploader | None = None, listing: Listing | None = None) -> None:
+                 uploads: Uploader | None = None, listing: Listing | None = None,
+                 previous: tuple[int, int] | None = None) -> None:
         self.conn = conn
         self.listing = listing  # the start-up's listing of the archive (the lock took it)
         self.uploads = uploads
@@ -58,8 +59,18 @@ class Session:
         self.loop = CopyLoop(conn, settings, events, stop, clock)
         self.start: Start | None = None
         self.feed: ArchiveFeed | None = None  # the timeline streamed now
+        self.previous = previous  # (timeline, LSN): the WAL durable when the last one ended
         self.announced = False  # Connected said (after the first START, so that
         # the state file's fsynced write does not delay START_REPLICATION)
+
+    @property
+    def durable(self) -> tuple[int, int] | None:
+        """(timeline, LSN) up to which the archive's WAL is durable, as the session's writer
+        says (before it has one: as the last session or run did): what the next session's
+        writer keeps."""
+        if self.feed is None:
+            return self.previous
+        return self.feed.timeline, self.feed.durable
 
     def _stopping(self) -> bool:
         """Whether a stop signal came (what the uploads and the disk's waits give up on)."""
@@ -98,9 +109,11 @@ class Session:
         confirm = self.uploads.confirmable if self.uploads is not None \
             and self.settings.confirm_after == "upload" else None  # the slot keeps what is
         # not uploaded
+        kept = self.previous[1] if self.previous and self.previous[0] == timeline else 0
         self.feed = feed = ArchiveFeed.open(self.archive, info.segment_size, timeline, lsn,
                                             compress=self.settings.at_rest, events=self.events,
-                                            stopping=self._stopping, confirm=confirm)
+                                            kept=kept, stopping=self._stopping,
+                                            confirm=confirm)
         slot = f"SLOT {self.settings.slot} " if self.settings.slot else ""
         try:
             self.loop.start(f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} "

@@ -165,7 +165,6 @@ class Supervisor:
         try:
             receiver.open(self.events)
             monitor = Monitor(self.settings.directory, self.settings.metrics_address,
-                              keeps_partials=not self.settings.at_rest.method,
                               progress=self.settings.progress, file_mode=receiver.file_mode)
         except ReceivewalError as exc:
             self.events(Failed(str(exc)))

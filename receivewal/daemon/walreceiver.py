@@ -32,6 +32,7 @@ from receivewal.daemon.events import (
 from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.signals import StopSignal
+from receivewal.daemon.state import previous_flush
 from receivewal.replication.commands import create_slot, drop_slot
 from receivewal.replication.link import ReplicationLink
 from receivewal.replication.waiting import StopFlag
@@ -48,6 +49,10 @@ class WalReceiver:
         self.archive: Archive | None = None  # once open
         self.uploads: Uploader | None = None
         self._listing: Listing | None = None  # the lock's, for the first session
+        self._last: Session | None = None
+        # (timeline, LSN) up to which the WAL was durable when the last session ended: the
+        # state file's (the last run's) for the first session
+        self._previous: tuple[int, int] | None = None
 
     @property
     def file_mode(self) -> int:
@@ -76,15 +81,22 @@ class WalReceiver:
         for name in self._listing.removed:
             events(TemporaryFileRemoved(name))
         archive.check_usable()
+        if not self.settings.at_rest.method:  # a plain .partial keeps what it held
+            self._previous = previous_flush(archive.directory)
         events.subscribe(self._waited)
         self.uploads = self._uploader(archive, events)
 
     def session(self, conn: ReplicationLink, events: Listener, stop: StopFlag) -> Session:
-        """The work of one connection (the first one uses the lock's listing)."""
+        """The work of one connection (the first one uses the lock's listing); it takes over
+        where the last one left the WAL durable."""
         assert self.archive is not None
         listing, self._listing = self._listing, None  # later sessions list the archive anew
-        return Session(conn, settings=self.settings, archive=self.archive, events=events,
-                       stop=stop, uploads=self.uploads, listing=listing)
+        if self._last is not None:
+            self._previous = self._last.durable
+        self._last = Session(conn, settings=self.settings, archive=self.archive, events=events,
+                             stop=stop, uploads=self.uploads, listing=listing,
+                             previous=self._previous)
+        return self._last
 
     def drain(self, stop: StopSignal, tick: Callable[[], None]) -> str | None:
         """Before an exit no stop signal asked for (--endpos, --no-loop): wait for the

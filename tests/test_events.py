@@ -10,29 +10,29 @@ from support.servers import PgServer
 
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
 from receivewal.daemon.events import (
-    ArchiveWarning,
     CompressionKnown,
     CompressionStats,
     CompressionSummary,
     Connected,
-    Connecting,
     EndposReached,
     Event,
-    FileModeChosen,
     Flushed,
     FlushReported,
     Keepalive,
     Received,
     SegmentCompleted,
-    SegmentFileRejected,
-    SlotState,
-    Stopped,
-    Stopping,
     StreamingStarted,
     Tick,
     Written,
 )
+from receivewal.daemon.lifecycle import Connecting, Stopped, Stopping
 from receivewal.daemon.settings import Settings
+from receivewal.daemon.startpoint import (
+    ArchiveWarning,
+    FileModeChosen,
+    SegmentFileRejected,
+    SlotState,
+)
 from receivewal.daemon.state import read_state
 from receivewal.daemon.supervisor import Supervisor
 from receivewal.daemon.walreceiver import WalReceiver
@@ -158,7 +158,8 @@ def test_no_module_logs_a_typed_events_line_itself() -> None:
     """Each typed event's log line is written by the stream's log consumer alone: no module
     calls ``log.info("segment_completed", ...)`` (or any other typed event's name)."""
     typed = {kind.name for kind in Event.__subclasses__() if kind.name is not None}
-    assert {"segment_completed", "streaming_started", "failed", "reconnecting"} <= typed
+    assert {"segment_completed", "streaming_started", "failed", "reconnecting",
+            "segment_file_rejected", "stopped", "compression_summary"} <= typed
     direct = [
         f"{path.relative_to(PACKAGE)}: {node.args[0].value}"
         for path in sorted(PACKAGE.rglob("*.py")) for _, node in calls(path)

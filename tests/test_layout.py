@@ -205,7 +205,8 @@ PHYSICAL = {"receivewal.daemon.session", "receivewal.daemon.startpoint",
 
 @pytest.mark.parametrize("module", ["receivewal.daemon.supervisor", "receivewal.daemon.copyloop",
                                     "receivewal.daemon.monitor", "receivewal.daemon.metrics",
-                                    "receivewal.daemon.events", "receivewal.daemon.signals"])
+                                    "receivewal.daemon.events", "receivewal.daemon.lifecycle",
+                                    "receivewal.daemon.signals"])
 def test_what_a_logical_receiver_reuses_knows_no_archive(module: str) -> None:
     """The supervisor runs a Receiver, the COPY loop drives a StreamConsumer, the monitor and
     the metrics take events: none imports the archive, nor the WAL archive's session, start-up,

@@ -43,8 +43,12 @@ from receivewal.archive.files import CRASH_ENV, PREALLOCATE_ENV, preallocate
 from receivewal.archive.layout import older_islands
 from receivewal.archive.writer import open_segment_writer
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
-from receivewal.daemon.events import ArchiveWarning, OlderIsland, SegmentFileRejected
-from receivewal.daemon.startpoint import read_archive
+from receivewal.daemon.startpoint import (
+    ArchiveWarning,
+    OlderIsland,
+    SegmentFileRejected,
+    read_archive,
+)
 from receivewal.daemon.state import State, write_state
 from receivewal.errors import ArchiveError
 from receivewal.replication.commands import ServerInfo

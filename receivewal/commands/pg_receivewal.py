@@ -29,24 +29,26 @@ from receivewal.archive.compression import parse_compress_option
 from receivewal.commands.options import StreamOptions, declared_options, options_from, takes_value
 from receivewal.commands.stream import build_settings
 from receivewal.daemon.events import (
-    Disconnected,
-    DiskFull,
     EndposReached,
     Event,
-    Failed,
-    GapDetected,
-    Reconnecting,
     SegmentCompleted,
-    SegmentFileRejected,
-    SlotCreating,
-    SlotDropping,
-    SlotExisted,
     StopNoticed,
-    Stopped,
     StreamingStarted,
     TimelineSwitched,
 )
+from receivewal.daemon.lifecycle import (
+    Disconnected,
+    DiskFull,
+    Failed,
+    GapDetected,
+    Reconnecting,
+    SlotCreating,
+    SlotDropping,
+    SlotExisted,
+    Stopped,
+)
 from receivewal.daemon.proctitle import scrub_passwords
+from receivewal.daemon.startpoint import SegmentFileRejected
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import ConfigurationError, ReceivewalError

@@ -1,12 +1,16 @@
 """What a streaming session and its supervisor report, as typed events in one stream.
 
 The session, the supervisor and the uploader state each fact once, as a frozen dataclass
-handed to an :class:`EventStream`; the consumers subscribe to that stream: :class:`EventLog`
-(each event's structlog line: its ``name``, ``level`` and :meth:`Event.log_fields`), the
-monitor (each event's :meth:`Event.tell` calls the matching :class:`SessionMonitor` method,
-which feeds the state file, the metrics, systemd and the progress line), the uploader (the
-files completed, :class:`SegmentCompleted` and :class:`HistoryFileWritten`) and the
-pg_receivewal drop-in's messages. The LSNs travel as numbers: no consumer reads one back from
+(an :class:`Event`) handed to an :class:`EventStream`. This module holds the stream and the
+facts of streaming (the COPY loop's, the session's, the archive feed's); the start-up's
+findings are in :mod:`receivewal.daemon.startpoint`, the daemon's life (connections, slot
+commands, failures, reconnects, the uploads, stopping) in :mod:`receivewal.daemon.lifecycle`.
+The consumers subscribe to the stream: :class:`EventLog` (each event's structlog line: its
+``name``, ``level`` and :meth:`Event.log_fields`), the monitor (each event's
+:meth:`Event.tell` calls the matching :class:`SessionMonitor` method, which feeds the state
+file, the metrics, systemd and the progress line), the uploader (the files completed,
+:class:`SegmentCompleted` and :class:`HistoryFileWritten`) and the pg_receivewal drop-in's
+messages. The LSNs travel as numbers: no consumer reads one back from
 a log line. The stream is the main thread's: another thread (the uploader's) hands its events
 over with :meth:`EventStream.post`.
 
@@ -128,79 +132,7 @@ class EventLog:
             getattr(self.log, event.level)(event.name, **event.log_fields())
 
 
-# -- the session's facts ------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class FileModeChosen(Event):
-    """The archive's files (and the state file) get ``file_mode``, the server's group access."""
-
-    file_mode: int
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.file_mode = self.file_mode
-
-
-@dataclass(frozen=True, slots=True)
-class SlotState(Event):
-    """The replication slot's restart_lsn as the server reports it (None: unknown)."""
-
-    slot: str | None
-    restart_lsn: int | None
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.slot_state(self.slot, self.restart_lsn)
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveWarning(Event):
-    """What is wrong with the archive that streaming goes on despite (None: nothing)."""
-
-    text: str | None
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.archive_warning(self.text)
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentFileRejected(Event):
-    """Start-up passed ``file`` over as the resume point: its content does not prove it."""
-
-    name, level = "segment_file_rejected", "warning"
-    file: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class OlderIsland(Event):
-    """Segments ``first`` .. ``last`` lie before a hole (``missing_from`` .. ``missing_to``):
-    streaming never resumes there."""
-
-    name, level = "older_island", "warning"
-    first: str
-    last: str
-    missing_from: str
-    missing_to: str
-    reason: str = "before a hole: streaming resumes after the newest run"
-
-
-@dataclass(frozen=True, slots=True)
-class PartialFileSettled(Event):
-    """Start-up left one ``.partial`` per segment: what it did to ``file``."""
-
-    name, level = "partial_file_settled", "warning"
-    file: str
-    action: str
-
-
-@dataclass(frozen=True, slots=True)
-class SlotCreated(Event):
-    """--create-slot-if-missing created the replication slot the server lacked."""
-
-    name, level = "replication_slot_created", "warning"
-    slot: str
-    server: str
-    reason: str = "missing on this server (--create-slot-if-missing)"
-
-
+# -- the facts of streaming --------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Connected(Event):
     """Connected to ``server`` (no password in it) and identified it."""
@@ -397,158 +329,3 @@ class Tick(Event):
 
     def tell(self, monitor: SessionMonitor) -> None:
         monitor.tick(self.now)
-
-
-# -- the supervisor's facts ---------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Connecting(Event):
-    """A replication connection is being opened with ``conninfo`` (no password in it)."""
-
-    name, level = "connecting", "debug"
-    conninfo: str
-
-
-@dataclass(frozen=True, slots=True)
-class SlotCreating(Event):
-    """--create-slot: the replication slot ``slot`` is created."""
-
-    name = "creating_replication_slot"
-    slot: str
-    reserve_wal: bool
-
-
-@dataclass(frozen=True, slots=True)
-class SlotExisted(Event):
-    """--create-slot --if-not-exists: the slot was there already."""
-
-    name = "replication_slot_exists"
-    slot: str
-
-
-@dataclass(frozen=True, slots=True)
-class SlotDropping(Event):
-    """--drop-slot: the replication slot ``slot`` is dropped."""
-
-    name = "dropping_replication_slot"
-    slot: str
-
-
-@dataclass(frozen=True, slots=True)
-class TemporaryFileRemoved(Event):
-    """The lock holder removed ``file``, a temporary file a crashed writer left behind."""
-
-    name = "temporary_file_removed"
-    file: str
-
-
-@dataclass(frozen=True, slots=True)
-class Stopped(Event):
-    """The daemon stops without an error: ``reason`` (``stopped``, ``endpos``, ``signal``),
-    after ``signal`` (None: none came)."""
-
-    name = "stopped"
-    reason: str
-    signal: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Failed(Event):
-    """The daemon gives up with ``error`` (exit code 1); ``kind`` as errors are counted."""
-
-    name, level = "failed", "error"
-    error: str
-    kind: str | None = None
-
-    def log_fields(self) -> dict[str, Any]:
-        return {"error": self.error} if self.kind is None else \
-            {"error": self.error, "kind": self.kind}
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorCounted(Event):
-    """A session ended with an error of ``kind`` (exception class name, ``disk_full``,
-    ``gap``...): the state file and the metrics count it."""
-
-    kind: str
-    message: str
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.error(self.kind, self.message)
-
-
-@dataclass(frozen=True, slots=True)
-class GapDetected(Event):
-    """The server no longer has the WAL the archive needs next."""
-
-    name, level = "gap_detected", "error"
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class DiskFull(Event):
-    """The archive's file system is full."""
-
-    name, level = "disk_full", "error"
-    error: str
-    directory: str
-
-
-@dataclass(frozen=True, slots=True)
-class Disconnected(Event):
-    """The connection is gone because of ``error`` (of ``kind``)."""
-
-    name, level = "disconnected", "warning"
-    error: str
-    kind: str
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.disconnected(self.error)
-
-
-@dataclass(frozen=True, slots=True)
-class Reconnecting(Event):
-    """The supervisor connects again in ``delay`` seconds (try number ``attempt``)."""
-
-    name = "reconnecting"
-    delay: float
-    attempt: int
-
-    def log_fields(self) -> dict[str, Any]:
-        return {"delay": round(self.delay, 2), "attempt": self.attempt}
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.reconnecting(self.delay)
-
-
-@dataclass(frozen=True, slots=True)
-class WaitingForServer(Event):
-    """The first connection failed with ``error``; try ``attempt`` again in ``delay`` s."""
-
-    name, level = "waiting_for_server", "warning"
-    error: str
-    attempt: int
-    delay: float
-
-    def log_fields(self) -> dict[str, Any]:
-        return {"error": self.error, "attempt": self.attempt, "delay": round(self.delay, 2)}
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.waiting_for_server(self.error)
-
-
-@dataclass(frozen=True, slots=True)
-class UploadsChanged(Event):
-    """The uploads' backlog, progress or errors changed (stated on the uploader's thread)."""
-
-    status: UploadStatus
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.uploads_changed(self.status)
-
-
-@dataclass(frozen=True, slots=True)
-class Stopping(Event):
-    """The daemon shuts down (a signal, --endpos or a fatal error)."""
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.stopping()

@@ -7,9 +7,8 @@ newest segment file whose content proves it, the files passed over, the islands 
 segments before a hole, where to restream from), leaves one ``.partial`` per segment, reads
 (or creates) the slot when the archive has nothing, chooses the start as pg_receivewal does,
 and checks that the start's timeline leads to the server's. What it finds it states as typed
-events on the way (:class:`~receivewal.daemon.events.SegmentFileRejected`,
-:class:`~receivewal.daemon.events.OlderIsland`,
-:class:`~receivewal.daemon.events.PartialFileSettled`...); what it returns is a :class:`Start`.
+events on the way, defined here (:class:`SegmentFileRejected`, :class:`OlderIsland`,
+:class:`PartialFileSettled`...); what it returns is a :class:`Start`.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.syncer import restart_point
 from receivewal.daemon import events as ev
+from receivewal.daemon.events import Event, SessionMonitor
 from receivewal.daemon.settings import Settings
 from receivewal.errors import ArchiveError, ServerError
 from receivewal.replication.commands import (
@@ -44,6 +44,79 @@ if TYPE_CHECKING:  # loaded only with --upload-to
     from receivewal.daemon.uploader import Uploader
 
 
+# -- the findings, as the events that state them ---------------------------------------------
+@dataclass(frozen=True, slots=True)
+class FileModeChosen(Event):
+    """The archive's files (and the state file) get ``file_mode``, the server's group access."""
+
+    file_mode: int
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.file_mode = self.file_mode
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState(Event):
+    """The replication slot's restart_lsn as the server reports it (None: unknown)."""
+
+    slot: str | None
+    restart_lsn: int | None
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.slot_state(self.slot, self.restart_lsn)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveWarning(Event):
+    """What is wrong with the archive that streaming goes on despite (None: nothing)."""
+
+    text: str | None
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.archive_warning(self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFileRejected(Event):
+    """Start-up passed ``file`` over as the resume point: its content does not prove it."""
+
+    name, level = "segment_file_rejected", "warning"
+    file: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class OlderIsland(Event):
+    """Segments ``first`` .. ``last`` lie before a hole (``missing_from`` .. ``missing_to``):
+    streaming never resumes there."""
+
+    name, level = "older_island", "warning"
+    first: str
+    last: str
+    missing_from: str
+    missing_to: str
+    reason: str = "before a hole: streaming resumes after the newest run"
+
+
+@dataclass(frozen=True, slots=True)
+class PartialFileSettled(Event):
+    """Start-up left one ``.partial`` per segment: what it did to ``file``."""
+
+    name, level = "partial_file_settled", "warning"
+    file: str
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCreated(Event):
+    """--create-slot-if-missing created the replication slot the server lacked."""
+
+    name, level = "replication_slot_created", "warning"
+    slot: str
+    server: str
+    reason: str = "missing on this server (--create-slot-if-missing)"
+
+
 @dataclass(frozen=True)
 class ArchiveFindings:
     """What the archive directory holds, as start-up reads it (nothing written)."""
@@ -54,11 +127,11 @@ class ArchiveFindings:
     islands: list[tuple[str, str, str, str]]  # older runs before a hole: first, last, hole
     restart: SegmentFile | None  # where streaming restarts: the oldest of a run of .partial
 
-    def events(self) -> list[ev.Event]:
+    def events(self) -> list[Event]:
         """The findings as the events that state them."""
-        found: list[ev.Event] = [ev.SegmentFileRejected(r.file, r.reason) for r in self.rejected]
-        found += [ev.OlderIsland(*island) for island in self.islands]
-        found.append(ev.ArchiveWarning("; ".join(
+        found: list[Event] = [SegmentFileRejected(r.file, r.reason) for r in self.rejected]
+        found += [OlderIsland(*island) for island in self.islands]
+        found.append(ArchiveWarning("; ".join(
             f"older island {first} .. {last} before a hole ({hole_from} .. {hole_to} missing), "
             "not resumed from" for first, last, hole_from, hole_to in self.islands) or None))
         return found
@@ -91,7 +164,7 @@ def find_start(conn: ReplicationLink, archive: Archive, listing: Listing, settin
     info = identify_server(conn)
     identity = ArchiveIdentity(info.system_identifier, info.segment_size, info.timeline)
     # before the uploader's thread starts: it writes the upload record
-    events(ev.FileModeChosen(archive.adopt_file_mode(info.file_mode)))
+    events(FileModeChosen(archive.adopt_file_mode(info.file_mode)))
     if uploads is not None:  # another cluster's prefix: refused before any write
         uploads.begin(identity, listing, stopping)
     files = listing.segments(info.segment_size)
@@ -101,13 +174,13 @@ def find_start(conn: ReplicationLink, archive: Archive, listing: Listing, settin
         events(event)
     for settled in settle_partials(archive, info.segment_size, found.files, settings.at_rest,
                                    found.restart):
-        events(ev.PartialFileSettled(settled.file, settled.action))
+        events(PartialFileSettled(settled.file, settled.action))
     slot_restart = None
     # as pg_receivewal: the slot's position only matters when the archive has none
     if settings.slot and info.version >= 150000 \
             and (found.restart is None or settings.create_slot_if_missing):
         slot_restart = _read_or_create_slot(conn, settings, events)
-        events(ev.SlotState(settings.slot, slot_restart[0] if slot_restart else None))
+        events(SlotState(settings.slot, slot_restart[0] if slot_restart else None))
     point = choose_start(found.restart, slot_restart, (info.xlogpos, info.timeline),
                          info.segment_size)
     if point.timeline > info.timeline:
@@ -152,5 +225,5 @@ def _read_or_create_slot(conn: ReplicationLink, settings: Settings,
         if not settings.create_slot_if_missing or slot_exists(conn, slot):
             raise
     create_slot(conn, slot, reserve_wal=True, if_not_exists=True)
-    events(ev.SlotCreated(slot, conn.describe()))
+    events(SlotCreated(slot, conn.describe()))
     return read_slot(conn, slot)

@@ -21,20 +21,17 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from receivewal.allocator import skip_final_collection
-from receivewal.daemon.events import (
+from receivewal.daemon.events import EventLog, EventStream, Listener, Tick
+from receivewal.daemon.lifecycle import (
     Connecting,
     Disconnected,
     DiskFull,
     ErrorCounted,
-    EventLog,
-    EventStream,
     Failed,
     GapDetected,
-    Listener,
     Reconnecting,
     Stopped,
     Stopping,
-    Tick,
     WaitingForServer,
 )
 from receivewal.daemon.monitor import Monitor

@@ -65,13 +65,8 @@ from receivewal.archive.uploads import (
     segment_end,
     write_upload_record,
 )
-from receivewal.daemon.events import (
-    Event,
-    EventStream,
-    HistoryFileWritten,
-    SegmentCompleted,
-    UploadsChanged,
-)
+from receivewal.daemon.events import Event, EventStream, HistoryFileWritten, SegmentCompleted
+from receivewal.daemon.lifecycle import UploadsChanged
 from receivewal.daemon.state import LastError, UploadStatus
 from receivewal.errors import ForeignArchive, ObjectConflict, ReceivewalError, StoreError
 from receivewal.wal.names import parse_history_file_name

@@ -18,11 +18,8 @@ from typing import TYPE_CHECKING
 
 from receivewal.archive.directory import Archive
 from receivewal.archive.listing import Listing
-from receivewal.daemon.events import (
-    TICK_SECONDS,
-    Event,
-    EventStream,
-    Listener,
+from receivewal.daemon.events import TICK_SECONDS, Event, EventStream, Listener
+from receivewal.daemon.lifecycle import (
     SlotCreating,
     SlotDropping,
     SlotExisted,

@@ -5,10 +5,13 @@ below it (docs/architecture.md has the module map):
 
     commands/     the command line: options declared once, parsed (click, or by hand on the
                   lean restore and verify paths and in the pg_receivewal drop-in), handed over
-    daemon/       supervisor (signals, reconnects, exit codes), session (the COPY loop), the
-                  events and what the daemon tells the outside (state, metrics, systemd)
+    daemon/       supervisor (signals, reconnects, exit codes) running a receiver (the WAL
+                  archive's: walreceiver) and its sessions (session: startpoint, then the COPY
+                  loop, copyloop, driving a consumer, archivefeed); one event stream (events,
+                  lifecycle) and what it tells the outside (monitor, state file, metrics, systemd)
     replication/  libpq connection (non-blocking; waiting on socket + stop signal), replication
-                  commands, CopyData codecs, pg_streampack codec and its negotiation
+                  commands, the COPY stream (copystream: runs of XLogData, keepalives, the
+                  end), CopyData codecs, pg_streampack codec and its negotiation
     archive/      segment files on disk and in a bucket: layout, writers, compression at rest,
                   durability (the one home of fsync and rename), uploads
     wal/          LSNs, file names, timelines, the WAL page and record reader (pure)
@@ -19,7 +22,8 @@ Beside that path, each over the layers it reads:
     restore/      serves the archive to PostgreSQL's recovery: restore_command's helper and
                   its prefetch spool
     backup/       base backups over the replication protocol, recovery from them, retention
-    logical/      logical change streams kept as a change log (decode, assemble, write)
+    logical/      logical change streams kept as a change log (decode, assemble, write): another
+                  consumer of the daemon's COPY loop
     relay/        compresses a plain server's stream for receivers over a slow link
 """
 

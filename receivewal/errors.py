@@ -7,6 +7,12 @@ it and nothing else when it decides to retry or to exit.
 
 from __future__ import annotations
 
+import errno
+
+#: The errno values of a process or system out of file descriptors: retryable, they say
+#: nothing about the file being opened.
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
+
 
 class ReceivewalError(Exception):
     """Root of every error this package raises on purpose."""

@@ -169,7 +169,7 @@ def test_scan_recognises_every_compressed_form_and_checks_complete_files(tmp_pat
     archive = Archive(tmp_path)
     newest, rejected = archive.resume_point(SEGMENT)
     assert newest == SegmentFile(3, 1, "zstd")  # the damaged newer ones are passed over
-    assert [r.split(":")[0] for r in rejected] == [
+    assert [r.file for r in rejected] == [
         "000000010000000000000006.gz", "000000010000000000000005.zst",
         "000000010000000000000004.lz4",
     ]

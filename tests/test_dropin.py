@@ -7,6 +7,8 @@ import os
 import re
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,13 @@ from support.dropin import PG_RECEIVEWAL, install_dropin
 from support.servers import PgServer
 from support.streams import wait_for
 
+from receivewal.archive.syncer import HOLD_ENV
 from receivewal.commands.options import StreamOptions, build_settings
 from receivewal.commands.pg_receivewal import parse_args
+from receivewal.wal.lsn import parse_lsn
+from receivewal.wal.names import wal_file_name
+
+SEG = 16 << 20
 
 
 @pytest.fixture
@@ -240,3 +247,74 @@ def test_slot_actions_and_signals_as_pg_receivewal(dropin: Path, pg: PgServer,
     assert dropped.returncode == 0, dropped.stderr
     assert dropped.stderr == 'pg_receivewal: dropping replication slot "made"\n'
     assert pg.sql("SELECT count(*) FROM pg_replication_slots") == "0"
+
+
+FINISHED = re.compile(r"pg_receivewal: finished segment at (\S+) \(timeline (\d+)\)")
+
+
+class FinishedLines:
+    """Reads the drop-in's stderr as a script does, and on each "finished segment at X" line
+    looks at once for the segment that ends at X, as a script that moves it would."""
+
+    def __init__(self, proc: subprocess.Popen[str], directory: Path) -> None:
+        self.directory = directory
+        self.seen: list[tuple[str, bool]] = []  # (segment, its file was there)
+        self.lines: list[str] = []
+        assert proc.stderr is not None
+        self._stderr = proc.stderr
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._stderr:
+            found = FINISHED.match(line)
+            if found is not None:
+                end, timeline = parse_lsn(found.group(1)), int(found.group(2))
+                name = wal_file_name(timeline, end // SEG - 1, SEG)
+                self.seen.append((name, (self.directory / name).is_file()))
+            self.lines.append(line)
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+
+
+@pytest.mark.server
+def test_finished_segment_is_printed_once_the_segment_is_there(dropin: Path, pg: PgServer,
+                                                               tmp_path: Path) -> None:
+    """pg_receivewal prints "finished segment at X" after the segment's close: fsynced and
+    renamed, so a script that moves the file on that line finds it. With the disk holding
+    every fsync from some point on (the syncer held), a segment whose last byte arrived is
+    not finished yet and no line says it is; once the disk lets go, each line comes with its
+    file in place."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    hold = tmp_path / "hold"
+    pg.sql("SELECT pg_create_physical_replication_slot('held', true)")
+    proc = subprocess.Popen([str(dropin), "-D", str(archive), "-d", pg.dsn, "-S", "held", "-v",
+                             "-s", "1"], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, HOLD_ENV: str(hold)})
+    lines = FinishedLines(proc, archive)
+
+    def written() -> int:
+        return parse_lsn(pg.sql("SELECT coalesce(write_lsn, '0/0') FROM pg_stat_replication")
+                         or "0/0")
+
+    try:
+        wait_for(lambda: written() > 0, what="the drop-in's first status update")
+        hold.touch()  # from now on the disk holds every fsync
+        pg.generate_wal(1)
+        switched = parse_lsn(pg.switch_wal())
+        # the drop-in reports having written past a segment's end: that segment's last byte
+        # arrived, and its completion waits for the held disk
+        wait_for(lambda: written() >= switched, what="WAL written past a segment boundary")
+        time.sleep(1.0)
+        assert lines.seen == [], "finished segment printed before the segment is durable"
+        hold.unlink()
+        wait_for(lambda: len(lines.seen) >= 2, what="the finished segment lines")
+    finally:
+        hold.unlink(missing_ok=True)  # a held fsync would keep it from stopping
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        lines.join()
+    assert proc.returncode == 0, "".join(lines.lines)
+    assert [there for _, there in lines.seen] == [True] * len(lines.seen), lines.seen

@@ -10,33 +10,40 @@ from support.servers import PgServer
 
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
 from receivewal.daemon.events import (
-    ArchiveWarning,
     CompressionKnown,
+    CompressionStats,
+    CompressionSummary,
     Connected,
     EndposReached,
     Event,
-    FileModeChosen,
     Flushed,
     FlushReported,
     Keepalive,
     Received,
     SegmentCompleted,
-    SlotState,
-    Stopping,
     StreamingStarted,
     Tick,
     Written,
 )
+from receivewal.daemon.lifecycle import Connecting, Stopped, Stopping
 from receivewal.daemon.settings import Settings
+from receivewal.daemon.startpoint import (
+    ArchiveWarning,
+    FileModeChosen,
+    SegmentFileRejected,
+    SlotState,
+)
 from receivewal.daemon.state import read_state
 from receivewal.daemon.supervisor import Supervisor
+from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.replication.connection import build_conninfo
 from receivewal.wal.lsn import parse_lsn
 from receivewal.wal.names import is_wal_file_name, parse_segment_file_name
 
 PACKAGE = Path(__file__).parent.parent / "receivewal"
 SEGMENT = 16 * 1024 * 1024
-PROGRESS = (Tick, Received, Written, Keepalive, Flushed, FlushReported)  # as often as they come
+PROGRESS = (Tick, Received, Written, Keepalive, Flushed, FlushReported,  # as often as they come
+            CompressionStats)
 
 
 @pytest.mark.server
@@ -50,15 +57,16 @@ def test_a_listener_gets_the_sessions_facts_in_order(pg: PgServer, archive_dir: 
     seen: list[Event] = []
     settings = Settings(directory=archive_dir, conninfo=build_conninfo(pg.dsn), slot="s",
                         endpos=endpos, no_loop=True)
-    assert Supervisor(settings, prompt=None, listeners=(seen.append,)).run() == 0
+    assert Supervisor(settings, WalReceiver(settings), prompt=None,
+                      listeners=(seen.append,)).run() == 0
 
     facts = [event for event in seen if not isinstance(event, PROGRESS)]
     kinds = [type(event) for event in facts]
-    assert kinds[:6] == [FileModeChosen, ArchiveWarning, SlotState, Connected,
+    assert kinds[:7] == [Connecting, FileModeChosen, ArchiveWarning, SlotState, Connected,
                          StreamingStarted, CompressionKnown]
-    assert kinds[-2:] == [EndposReached, Stopping]
-    completed = [event for event in facts[6:-2] if isinstance(event, SegmentCompleted)]
-    assert len(completed) == len(facts) - 8
+    assert kinds[-4:] == [EndposReached, Stopped, CompressionSummary, Stopping]
+    completed = [event for event in facts[7:-4] if isinstance(event, SegmentCompleted)]
+    assert len(completed) == len(facts) - 11
     files = sorted(n for n in (p.name for p in archive_dir.iterdir()) if is_wal_file_name(n))
     assert [event.segment for event in completed] == files
     assert len(files) >= 2
@@ -69,7 +77,7 @@ def test_a_listener_gets_the_sessions_facts_in_order(pg: PgServer, archive_dir: 
 
     received = [event.end_lsn for event in seen if isinstance(event, Received)]
     assert received == sorted(received)
-    end = facts[-2]
+    end = facts[-4]
     assert isinstance(end, EndposReached)
     assert end.lsn == received[-1] >= endpos
     flushed = [event.lsn for event in seen if isinstance(event, Flushed)]
@@ -86,7 +94,8 @@ def test_a_listener_gets_the_sessions_facts_in_order(pg: PgServer, archive_dir: 
 
 def test_the_dropin_words_a_completed_segment_from_the_event_not_the_log() -> None:
     """"finished segment at" is the segment's end as the event carries it (the writer may
-    already be past it); the log line of the same fact prints nothing."""
+    already be past it); the drop-in's log renderer knows no event by name: a log line of
+    the same fact would be worded by its level alone (and the drop-in logs no typed event)."""
     messages = PgReceivewalMessages(1)
     event = SegmentCompleted("000000010000000000000002", 1, lsn=parse_lsn("0/3000040"),
                              end_lsn=parse_lsn("0/3000000"))
@@ -94,6 +103,32 @@ def test_the_dropin_words_a_completed_segment_from_the_event_not_the_log() -> No
     assert messages.message("info", {"event": "segment_completed", **event.log_fields()}) \
         is None
     assert PgReceivewalMessages(0).event_line(event) is None  # progress only with -v
+    rejected = SegmentFileRejected("000000010000000000000003", "has 8192 bytes, should be 0 "
+                                   "or 16777216")
+    assert PgReceivewalMessages(0).event_line(rejected) == \
+        'warning: segment file "000000010000000000000003" has 8192 bytes, should be 0 or ' \
+        '16777216, skipping'
+    assert messages.message("warning", {"event": "segment_file_rejected",
+                                        **rejected.log_fields()}) == \
+        "warning: segment_file_rejected: file=000000010000000000000003 reason=has 8192 " \
+        "bytes, should be 0 or 16777216"
+
+
+def test_the_dropin_reads_events_only() -> None:
+    """The drop-in's words come from typed events: its module names no log event (no string
+    equal to a typed event's log name), and it runs the supervisor without the event log."""
+    typed = {kind.name for kind in Event.__subclasses__() if kind.name is not None}
+    source = PACKAGE / "commands" / "pg_receivewal.py"
+    named = [node.value for node in ast.walk(ast.parse(source.read_text()))
+             if isinstance(node, ast.Constant) and node.value in typed]
+    assert named == []
+    runs = [node for _, node in calls(source) if isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Call)
+            and getattr(node.func.value.func, "id", None) == "Supervisor"]
+    assert len(runs) == 1
+    keywords = {kw.arg: kw.value for kw in runs[0].func.value.keywords}  # type: ignore[attr-defined]
+    assert isinstance(keywords["log_events"], ast.Constant)
+    assert keywords["log_events"].value is False
 
 
 def calls(path: Path) -> list[tuple[str, ast.Call]]:
@@ -123,7 +158,8 @@ def test_no_module_logs_a_typed_events_line_itself() -> None:
     """Each typed event's log line is written by the stream's log consumer alone: no module
     calls ``log.info("segment_completed", ...)`` (or any other typed event's name)."""
     typed = {kind.name for kind in Event.__subclasses__() if kind.name is not None}
-    assert {"segment_completed", "streaming_started", "failed", "reconnecting"} <= typed
+    assert {"segment_completed", "streaming_started", "failed", "reconnecting",
+            "segment_file_rejected", "stopped", "compression_summary"} <= typed
     direct = [
         f"{path.relative_to(PACKAGE)}: {node.args[0].value}"
         for path in sorted(PACKAGE.rglob("*.py")) for _, node in calls(path)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from receivewal.daemon.supervisor import StopSignal
+from receivewal.daemon.signals import StopSignal
 from receivewal.replication import connection
 
 PACKAGE = Path(__file__).parent.parent / "receivewal"
@@ -212,14 +212,18 @@ def test_durability_calls_are_in_the_durable_module_only() -> None:
     assert elsewhere == []
 
 
-def test_the_session_writes_through_the_segment_sink_interface() -> None:
-    """The receive loop knows the SegmentSink Protocol, not the directory's writer classes, and
-    no daemon module hooks into the archive's completions other than by subscribing."""
+def test_the_copy_loop_knows_only_its_consumer() -> None:
+    """The COPY loop drives the StreamConsumer interface and nothing else: it imports nothing
+    of the archive, nor the physical session, its start-up or its feed (a logical change log
+    is another consumer); the session writes through ArchiveFeed, not the writer's classes;
+    and no module hooks into completed files other than through the event stream."""
     graph = import_graph()
-    assert "receivewal.archive.sink" in graph["receivewal.daemon.session"]
+    loop = graph["receivewal.daemon.copyloop"]
+    assert [name for name in loop if name.startswith("receivewal.archive")] == []
+    assert loop & {"receivewal.daemon.session", "receivewal.daemon.startpoint",
+                   "receivewal.daemon.archivefeed"} == set()
+    assert "receivewal.daemon.archivefeed" in graph["receivewal.daemon.session"]
     assert "receivewal.archive.writer" not in graph["receivewal.daemon.session"]
-    session = (PACKAGE / "daemon" / "session.py").read_text()
-    assert "SegmentWriter" not in session
     assert not [path for path in sorted(PACKAGE.rglob("*.py")) if "on_completed" in
                 path.read_text()]
 
@@ -292,3 +296,65 @@ def test_the_dropin_does_not_import_click() -> None:
     clicking = sorted(module for module in reachable(graph, "receivewal.commands.pg_receivewal")
                       if "click" in top_level_imports(module_path(module)))
     assert clicking == []
+
+
+PHYSICAL = {"receivewal.daemon.session", "receivewal.daemon.startpoint",
+            "receivewal.daemon.archivefeed", "receivewal.daemon.walreceiver",
+            "receivewal.daemon.uploader"}
+
+
+@pytest.mark.parametrize("module", ["receivewal.daemon.supervisor", "receivewal.daemon.copyloop",
+                                    "receivewal.daemon.monitor", "receivewal.daemon.metrics",
+                                    "receivewal.daemon.events", "receivewal.daemon.lifecycle",
+                                    "receivewal.daemon.signals"])
+def test_what_a_logical_receiver_reuses_knows_no_archive(module: str) -> None:
+    """The supervisor runs a Receiver, the COPY loop drives a StreamConsumer, the monitor and
+    the metrics take events: none imports the archive, nor the WAL archive's session, start-up,
+    feed, receiver or uploader (a logical change log plugs in beside them)."""
+    imported = import_graph()[module]
+    assert [name for name in imported if name.startswith("receivewal.archive")] == []
+    assert imported & PHYSICAL == set()
+
+
+FLUSHED_NAMES = {"flushed", "_flushed", "durable", "_durable"}
+FLUSHED_READERS = {"receivewal.daemon.monitor", "receivewal.daemon.metrics"}
+
+
+def flushed_assignments(path: Path) -> list[tuple[str, ast.expr]]:
+    """Every assignment in ``path`` to an attribute named like the flushed position, with the
+    value assigned."""
+    found: list[tuple[str, ast.expr]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        found.extend((target.attr, value) for target in targets
+                     if isinstance(target, ast.Attribute) and target.attr in FLUSHED_NAMES
+                     and value is not None)
+    return found
+
+
+def test_the_flushed_position_has_one_holder() -> None:
+    """Only the segment writer moves the flushed position (the syncer's worker records what
+    it finished, the writer takes it); the monitor and the metrics keep what a Flushed event
+    carries, as it is (a parameter or their initial value, never a max or a sum); only the
+    archive's feed states Flushed, from the writer; and only the WAL archive's receiver reads
+    the last run's position from the state file, to hand it to the writer."""
+    assert flushed_assignments(PACKAGE / "archive" / "writer.py")  # the check sees them
+    moved = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name == "receivewal.archive.writer":
+            continue
+        for attr, value in flushed_assignments(path):
+            if name not in FLUSHED_READERS or not isinstance(value, ast.Name | ast.Constant):
+                moved.append(f"{name}: {attr} = {ast.unparse(value)}")
+    assert moved == []
+    stating = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
+               if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Flushed"
+                      for node in ast.walk(ast.parse(path.read_text(), str(path))))]
+    assert stating == ["receivewal.daemon.archivefeed"]
+    reading = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
+               if "previous_flush(" in path.read_text()
+               and module_name(path) != "receivewal.daemon.state"]
+    assert reading == ["receivewal.daemon.walreceiver"]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.scripted import ScriptedConnection, status_updates
 from support.stopflag import Stop
 
 from receivewal.archive.directory import Archive
@@ -18,75 +18,21 @@ from receivewal.daemon.events import Event, SegmentCompleted
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
+from receivewal.daemon.startpoint import Start
 from receivewal.errors import ProtocolError, StreampackError
-from receivewal.logs import get_logger
 from receivewal.replication.commands import ServerInfo
+from receivewal.replication.copystream import CopyStream
 from receivewal.replication.link import (
     COPY_DONE,
-    CopyData,
-    CopyDone,
     ReplicationLink,
-    Result,
-    ResultStatus,
     WalRun,
 )
-from receivewal.replication.messages import build_xlogdata
+from receivewal.replication.messages import PrimaryKeepalive, build_xlogdata
+from receivewal.replication.streampack import StreampackEncoder
 
 SEG = 1 << 20
 START = 3 * SEG
 
-
-
-class ScriptedConnection:
-    """Plays CopyData payloads from a script and records what the session sends.
-
-    It implements the same ReplicationLink protocol as the real connection (mypy checks it
-    where the session is made)."""
-
-    server_version = 150000
-
-    def __init__(self, script: Sequence[bytes | WalRun], stop: Stop) -> None:
-        self.script = list(script)
-        self.stop = stop
-        self.sent: list[bytes] = []
-        self.sock_a, self.sock_b = socket.socketpair()
-        self.ended = False
-        self.results: Iterator[Result | None] = iter([Result(ResultStatus.COMMAND_OK, []), None])
-
-    def describe(self) -> str:
-        return "scripted"
-
-    def query(self, sql: str) -> list[tuple[str | None, ...]]:
-        raise AssertionError(f"unexpected command {sql}")
-
-    def start_copy_both(self, sql: str) -> None:
-        self.started = sql
-
-    receive_path = "python"
-
-    def read_copy(self, timeout: float) -> CopyData | CopyDone | None:
-        message = self.read_batch(timeout)
-        assert not isinstance(message, WalRun), "a run after the copy loop ended"
-        return message
-
-    def read_batch(self, timeout: float, until: int | None = None
-                   ) -> WalRun | CopyData | CopyDone | None:
-        if self.ended:
-            return COPY_DONE
-        if self.script:
-            return self.script.pop(0)
-        self.stop.requested = True
-        self.stop.w.send(b"x")  # wake the selector as a signal would
-        return None
-
-    def send_copy(self, data: bytes) -> None:
-        self.sent.append(bytes(data))
-
-    def end_copy(self) -> None:
-        self.ended = True
-
-    def next_result(self) -> Result | None:
-        return next(self.results)
 
 
 def keepalive(reply: bool) -> bytes:
@@ -101,13 +47,10 @@ def make_session(tmp_path: Path, script: Sequence[bytes | WalRun], **settings: A
     link: ReplicationLink = conn
     session = Session(link, settings=Settings(directory=tmp_path, conninfo="",
                                               status_interval=0, **settings),
-                      archive=archive, events=Monitor.null(), stop=stop, log=get_logger())
-    session.info = ServerInfo("1", 1, START, SEG, 0o600, 150000)
+                      archive=archive, events=Monitor.null(), stop=stop)
+    session.start = Start(ServerInfo("1", 1, START, SEG, 0o600, 150000),
+                          StartPoint(START, 1, "server"))
     return session, conn
-
-
-def status_updates(conn: ScriptedConnection) -> list[tuple[int, int, int]]:
-    return [struct.unpack(">cQQQqB", m)[1:4] for m in conn.sent if m[:1] == b"r"]
 
 
 def test_flush_is_reported_only_after_fsync(tmp_path: Path,
@@ -119,8 +62,8 @@ def test_flush_is_reported_only_after_fsync(tmp_path: Path,
 
     def recording_fsync(fd: int) -> None:
         real_fsync(fd)
-        if session_ref and session_ref[0].writer is not None:
-            fsynced.append(session_ref[0].writer.position)
+        if session_ref and session_ref[0].feed is not None:
+            fsynced.append(session_ref[0].feed.position)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     script = [build_xlogdata(START, 0, 0, b"a" * 1000), keepalive(reply=False),
@@ -128,7 +71,7 @@ def test_flush_is_reported_only_after_fsync(tmp_path: Path,
               build_xlogdata(START + 4000, 0, 0, b"c" * 500)]
     session, conn = make_session(tmp_path, script, slot="s")
     session_ref.append(session)
-    assert session.run(StartPoint(START, 1, "archive")) == "stopped"
+    assert session.run() == "stopped"
     updates = status_updates(conn)
     assert updates, "no status update sent"
     for write, flush, apply in updates:
@@ -146,7 +89,7 @@ def test_without_slot_flush_is_zero_and_feedback_follows_status(tmp_path: Path) 
     """No slot: flush = 0 (Invalid); every r is followed by an all-zero h."""
     session, conn = make_session(tmp_path, [build_xlogdata(START, 0, 0, b"x" * 10),
                                             keepalive(reply=True)])
-    session.run(StartPoint(START, 1, "server"))
+    session.run()
     assert status_updates(conn)[0] == (START + 10, 0, 0)
     kinds = [m[:1] for m in conn.sent]
     assert kinds == [b"r", b"h"] * (len(kinds) // 2)
@@ -157,7 +100,7 @@ def test_without_slot_flush_is_zero_and_feedback_follows_status(tmp_path: Path) 
 def test_feedback_off_sends_no_h(tmp_path: Path) -> None:
     """--no-hot-standby-feedback: only r messages."""
     session, conn = make_session(tmp_path, [keepalive(reply=True)], hot_standby_feedback=False)
-    session.run(StartPoint(START, 1, "server"))
+    session.run()
     assert {m[:1] for m in conn.sent} == {b"r"}
 
 
@@ -167,7 +110,7 @@ def test_gap_is_refused_before_anything_is_written(tmp_path: Path) -> None:
                                          build_xlogdata(START + 200, 0, 0, b"b" * 100)])
     with pytest.raises(ProtocolError, match=r"gap: received data at 0/3000C8 but the archive "
                                             r"continues at 0/300064"):
-        session.run(StartPoint(START, 1, "server"))
+        session.run()
     data = (tmp_path / "000000010000000000000003.partial").read_bytes()
     assert data[:100] == b"a" * 100
     assert data[100:400] == bytes(300)
@@ -179,7 +122,7 @@ def test_compressed_frame_without_request_is_refused(tmp_path: Path) -> None:
     frame[17] |= 0x80
     session, _ = make_session(tmp_path, [bytes(frame)], compression=())
     with pytest.raises(StreampackError, match="0/300000"):
-        session.run(StartPoint(START, 1, "server"))
+        session.run()
 
 
 def test_payload_crossing_a_segment_completes_the_first(tmp_path: Path) -> None:
@@ -187,7 +130,7 @@ def test_payload_crossing_a_segment_completes_the_first(tmp_path: Path) -> None:
     start = START + SEG - 100
     first = build_xlogdata(START, 0, 0, b"p" * (SEG - 100))
     session, _ = make_session(tmp_path, [first, build_xlogdata(start, 0, 0, b"q" * 300)])
-    session.run(StartPoint(START, 1, "server"))
+    session.run()
     done = (tmp_path / "000000010000000000000003").read_bytes()
     assert done == b"p" * (SEG - 100) + b"q" * 100
     nxt = (tmp_path / "000000010000000000000004.partial").read_bytes()
@@ -204,13 +147,13 @@ def test_run_of_the_compiled_loop_is_written_across_a_segment_boundary(tmp_path:
                                     keepalive(reply=True),
                                     build_xlogdata(START + SEG + 200, 0, 0, b"c" * 50)]
     session, conn = make_session(tmp_path, script, slot="s")
-    assert session.run(StartPoint(START, 1, "server")) == "stopped"
+    assert session.run() == "stopped"
     done = (tmp_path / "000000010000000000000003").read_bytes()
     assert done == b"p" * (SEG - 300) + b"a" * 200 + b"b" * 100
     assert (tmp_path / "000000010000000000000004.partial").read_bytes()[:250] == \
         b"b" * 200 + b"c" * 50
     assert status_updates(conn)[0][0] == START + SEG + 200
-    stats = session.decoder.stats()
+    stats = session.loop.stream.stats()
     assert (stats.frames, stats.wal_bytes) == (4, SEG + 250)
 
 
@@ -220,9 +163,38 @@ def test_one_message_completing_two_segments_reports_each_with_its_end(tmp_path:
     session, _ = make_session(tmp_path, [build_xlogdata(START, 0, 0, b"m" * (2 * SEG + 100))])
     seen: list[Event] = []
     session.events = seen.append
-    session.run(StartPoint(START, 1, "server"))
+    session.run()
     completed = [event for event in seen if isinstance(event, SegmentCompleted)]
     assert [(event.segment, event.end_lsn, event.lsn) for event in completed] == [
         ("000000010000000000000003", START + SEG, START + 2 * SEG + 100),
         ("000000010000000000000004", START + 2 * SEG, START + 2 * SEG + 100),
     ]
+
+
+def test_the_copy_stream_hands_over_one_kind_of_data() -> None:
+    """What the session reads is a run, a keepalive or the end: a plain XLogData payload and a
+    pg_streampack frame come out as runs of one message (restored, the wire bytes counted as
+    they came), the compiled loop's run as it is; the decoder counts the run's frames too."""
+    plain = build_xlogdata(START, START + 100, 0, b"p" * 100)
+    encoder = StreampackEncoder("zstd")
+    packed = bytes(encoder.encode(build_xlogdata(START + 100, START + 400, 0, b"z" * 300)))
+    run = WalRun(START + 400, START + 600, [memoryview(b"a" * 50), memoryview(b"b" * 150)],
+                 wire=200 + 2 * 25)
+    stop = Stop()
+    link = ScriptedConnection([plain, packed, run, keepalive(reply=True)], stop)
+    stream = CopyStream(link, ("zstd",))
+    got = [stream.read(0.0) for _ in range(4)]
+    assert [type(message) for message in got] == [WalRun, WalRun, WalRun, PrimaryKeepalive]
+    first, second, third, _ = got
+    assert isinstance(first, WalRun)
+    assert isinstance(second, WalRun)
+    assert (first.wal_start, first.wal_end, [bytes(p) for p in first.payload], first.wire) == \
+        (START, START + 100, [b"p" * 100], len(plain))
+    assert (second.wal_start, [bytes(p) for p in second.payload], second.wire) == \
+        (START + 100, [b"z" * 300], len(packed))
+    assert third is run
+    assert stream.algorithm == "zstd"
+    assert stream.read(0.0) is None  # nothing more: the scripted server stops us
+    link.end_copy()
+    assert stream.read(0.0) is COPY_DONE
+    assert (stream.stats().frames, stream.stats().compressed_frames) == (4, 1)

@@ -52,16 +52,17 @@ def test_restart_point_keeps_a_lone_partial_and_complete_files() -> None:
 
 
 def test_syncer_runs_jobs_in_order_and_raises_a_failure_in_the_caller() -> None:
-    """The durable position is told only as jobs finish, in order; a failed job's error
-    reaches the caller and nothing submitted after it runs."""
+    """What the worker finished is told only as jobs finish, in order: the LSN every job
+    before it reached and each completed segment with its end; a failed job's error reaches
+    the caller and nothing submitted after it runs."""
     ran: list[int] = []
-    durable: list[int] = []
-    syncer = SegmentSyncer(durable.append)
+    syncer = SegmentSyncer()
     syncer.submit(200, lambda: ran.append(1), segment="a")
     syncer.submit(300, lambda: ran.append(2), segment="b")
     syncer.drain()
     assert ran == [1, 2]
-    assert durable == [200, 300]
+    assert syncer.finished() == (300, [("a", 200), ("b", 300)])
+    assert syncer.finished() == (300, [])  # each completed segment is told once
     assert not syncer.completing
 
     def fail() -> None:
@@ -72,25 +73,29 @@ def test_syncer_runs_jobs_in_order_and_raises_a_failure_in_the_caller() -> None:
     with pytest.raises(ArchiveError, match="Input/output error"):
         syncer.close()
     assert ran == [1, 2]
-    assert durable == [200, 300]
+    assert syncer.finished() == (300, [])
 
 
-def test_the_writers_flushed_position_is_the_one_holder(tmp_path: Path) -> None:
-    """The flushed position has one holder, the writer's: a completed segment made durable in
-    the background moves it as soon as that is done, with no flush() to copy it over, and
-    never past what the syncer finished."""
+def test_the_writers_flushed_position_moves_on_its_own_thread_only(tmp_path: Path) -> None:
+    """The flushed position has one holder, the writer's, moved on the caller's thread: a
+    segment completed in the background moves it once the caller takes what the syncer
+    finished (completed(), flush()), and never past that; the segment is told completed once
+    it is in place under its final name, with the LSN it ends at."""
     seg = 1 << 20
     writer = SegmentWriter(Archive(tmp_path, sync=True), seg, 1, 0)
     try:
         assert writer.syncer is not None
-        assert writer.write(0, b"x" * (seg + 100)) == ["000000010000000000000000"]
-        assert writer.flushed <= seg
+        writer.write(0, b"x" * (seg + 100))
+        assert writer.flushed == 0
         writer.syncer.drain()
-        assert writer.flushed == seg, "the background completion moved the writer's position"
+        assert writer.flushed == 0, "the syncer's worker moved the writer's position"
+        assert writer.completed() == [("000000010000000000000000", seg)]
+        assert (tmp_path / "000000010000000000000000").stat().st_size == seg
+        assert writer.flushed == seg
+        assert writer.completed() == []
         assert writer.flush(wait=True) == writer.flushed == seg + 100
     finally:
         writer.close()
-    assert (tmp_path / "000000010000000000000000").stat().st_size == seg
 
 
 @pytest.mark.server

@@ -43,8 +43,16 @@ from receivewal.archive.files import CRASH_ENV, PREALLOCATE_ENV, preallocate
 from receivewal.archive.layout import older_islands
 from receivewal.archive.writer import open_segment_writer
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
+from receivewal.daemon.startpoint import (
+    ArchiveWarning,
+    OlderIsland,
+    SegmentFileRejected,
+    read_archive,
+)
 from receivewal.daemon.state import State, write_state
 from receivewal.errors import ArchiveError
+from receivewal.replication.commands import ServerInfo
+from receivewal.wal.names import SegmentFile
 
 SEGMENT = 16 << 20
 KILLED = -9
@@ -147,12 +155,40 @@ def test_resume_point_needs_content_proof_and_resumes_in_the_newest_run(tmp_path
     newest, rejected = archive.resume_point(SEGMENT, 7)
     assert newest is not None
     assert newest.segno == 2
-    assert "000000010000000000000009: invalid magic number" in rejected[0]
-    assert "page address 0/3000000, expected 0/4000000" in rejected[1]
-    assert "invalid magic number" in rejected[2]
+    assert rejected[0].file == "000000010000000000000009"
+    assert "invalid magic number" in rejected[0].reason
+    assert "page address 0/3000000, expected 0/4000000" in rejected[1].reason
+    assert "invalid magic number" in rejected[2].reason
     newest, rejected = archive.resume_point(SEGMENT, 8)  # another system's archive
     assert newest is None
-    assert "system identifier 7, expected 8" in rejected[-1]
+    assert "system identifier 7, expected 8" in rejected[-1].reason
+
+
+def test_start_up_findings_are_typed_and_stated_as_events(tmp_path: Path) -> None:
+    """What start-up reads in the archive comes back typed: the resume point, the files passed
+    over with their reasons, the older islands, where to restream from (the oldest of two
+    consecutive .partial files); and as the events that state them, in that order."""
+    for segno in (1, 2, 5, 6):
+        (tmp_path / f"00000001000000000000000{segno}").write_bytes(proven_segment(segno))
+    (tmp_path / "000000010000000000000007.partial").write_bytes(proven_segment(7))
+    (tmp_path / "000000010000000000000008.partial").write_bytes(bytes(SEGMENT))
+    (tmp_path / "000000010000000000000009").write_bytes(os.urandom(SEGMENT))
+    archive = Archive(tmp_path)
+    info = ServerInfo("7", 1, 10 * SEGMENT, SEGMENT, 0o600, 150000)
+    found = read_archive(archive, archive.segment_names(SEGMENT), info)
+    assert found.newest == SegmentFile(8, 1, partial=True)
+    assert found.restart == SegmentFile(7, 1, partial=True)
+    assert [(r.file, "invalid magic number" in r.reason) for r in found.rejected] == \
+        [("000000010000000000000009", True)]
+    assert found.islands == [("000000010000000000000001", "000000010000000000000002",
+                              "000000010000000000000003", "000000010000000000000004")]
+    events = found.events()
+    assert [type(event) for event in events] == [SegmentFileRejected, OlderIsland,
+                                                 ArchiveWarning]
+    assert events[1] == OlderIsland(*found.islands[0])
+    assert events[2] == ArchiveWarning(
+        "older island 000000010000000000000001 .. 000000010000000000000002 before a hole "
+        "(000000010000000000000003 .. 000000010000000000000004 missing), not resumed from")
 
 
 # -- 3. writing never follows a symlink -----------------------------------------------------------
@@ -318,8 +354,7 @@ def test_killed_during_preallocation_restart_works(pg: PgServer, archive_dir: Pa
 
 def test_dropin_says_which_segment_file_it_passed_over() -> None:
     """The drop-in prints a rejected file as pg_receivewal words its warnings."""
-    line = PgReceivewalMessages(0).message("warning", {
-        "event": "segment_file_rejected", "file": "000000010000000000000011",
-        "reason": "invalid magic number 1234, expected D110"})
+    line = PgReceivewalMessages(0).event_line(SegmentFileRejected(
+        "000000010000000000000011", "invalid magic number 1234, expected D110"))
     assert line == ('warning: segment file "000000010000000000000011" invalid magic number '
                     "1234, expected D110, skipping")

@@ -21,8 +21,8 @@ from receivewal.archive.uploads import (
 from receivewal.commands.cli import cli
 from receivewal.daemon.health import CRITICAL, OK, WARNING, UploadLimits, evaluate
 from receivewal.daemon.metrics import Metrics
-from receivewal.daemon.state import LastError, State, decode_state, encode_state
-from receivewal.daemon.uploader import UploadStatus, confirmable_flush
+from receivewal.daemon.state import LastError, State, UploadStatus, decode_state, encode_state
+from receivewal.daemon.uploader import confirmable_flush
 from receivewal.errors import ArchiveError
 
 SEGMENT = 16 * 1024 * 1024

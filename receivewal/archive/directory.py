@@ -18,9 +18,9 @@ import os
 import socket
 import stat
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
-from receivewal.archive.completions import Completions, FileCompleted, FileKind
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
 from receivewal.archive.durable import (
     DirectoryNotSynced,
@@ -40,12 +40,16 @@ from receivewal.archive.layout import resume_order
 from receivewal.archive.listing import Listing
 from receivewal.archive.lock import LOCK_FILE, lock_directory
 from receivewal.archive.reading import open_regular, read_small_file
-from receivewal.errors import ArchiveError, DescriptorLimitError, DiskFullError
+from receivewal.errors import (
+    OUT_OF_DESCRIPTORS,
+    ArchiveError,
+    DescriptorLimitError,
+    DiskFullError,
+)
 from receivewal.wal.names import SegmentFile
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
-OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 def os_error(exc: OSError, what: str) -> ArchiveError:
@@ -65,6 +69,14 @@ def os_error(exc: OSError, what: str) -> ArchiveError:
     return ArchiveError(f"{what}: {exc.strerror or exc}")
 
 
+@dataclass(frozen=True)
+class RejectedFile:
+    """A segment file passed over as the resume point: its name, and why."""
+
+    file: str
+    reason: str
+
+
 class Archive:
     """An archive directory: its lock, scanning, identity, and durable writes of small files."""
 
@@ -73,9 +85,6 @@ class Archive:
         self.sync = sync
         self.file_mode = file_mode
         self._lock_fd: int | None = None
-        # each segment or history file once it is complete and durable (the uploader follows
-        # them), delivered on the thread that made the file durable
-        self.completions = Completions()
 
     # -- checks ------------------------------------------------------------------------------
     def check_exists(self) -> None:
@@ -211,7 +220,7 @@ class Archive:
 
     def resume_point(self, segment_size: int, system_identifier: int | None = None,
                      files: list[SegmentFile] | None = None,
-                     ) -> tuple[SegmentFile | None, list[str]]:
+                     ) -> tuple[SegmentFile | None, list[RejectedFile]]:
         """The newest segment file whose content proves it, and the files passed over.
 
         Candidates are checked newest first, so only the files that matter are opened: the
@@ -222,14 +231,14 @@ class Archive:
         :func:`~receivewal.archive.layout.older_islands` names such islands. ``files`` are
         the segment files of a listing already taken (else the directory is listed).
         """
-        rejected: list[str] = []
+        rejected: list[RejectedFile] = []
         if files is None:
             files = self.segment_names(segment_size)
         for parsed in sorted(files, key=resume_order, reverse=True):
             reason = self._content_problem(parsed, segment_size, system_identifier)
             if reason is None:
                 return parsed, rejected
-            rejected.append(f"{parsed.file_name(segment_size)}: {reason}")
+            rejected.append(RejectedFile(parsed.file_name(segment_size), reason))
         return None, rejected
 
     def _content_problem(self, parsed: SegmentFile, segment_size: int,
@@ -314,9 +323,8 @@ class Archive:
             raise os_error(exc, f'could not write file "{self.directory / name}"') from exc
 
     def write_history(self, name: str, body: bytes) -> None:
-        """Write the timeline history file ``name`` durably, then tell the subscribers."""
+        """Write the timeline history file ``name`` durably."""
         self.write_file_durably(name, body)
-        self.completions.publish(FileCompleted(name, FileKind.HISTORY))
 
 
 def _first_bytes(path: Path, parsed: SegmentFile, count: int) -> bytes:

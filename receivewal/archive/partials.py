@@ -46,6 +46,14 @@ class PartialFile:
 
 
 @dataclass(frozen=True)
+class SettledPartial:
+    """What start-up did to a ``.partial`` file (``file``): ``action``, in words."""
+
+    file: str
+    action: str
+
+
+@dataclass(frozen=True)
 class Conflict:
     """Two ``.partial`` files of one segment that hold different WAL at ``lsn``."""
 
@@ -129,10 +137,11 @@ def partial_groups(files: Iterable[SegmentFile]) -> dict[tuple[int, int], list[S
 
 
 def settle_partials(archive: Archive, segment_size: int, files: Sequence[SegmentFile],
-                    compress: CompressSpec, restream_from: SegmentFile | None) -> list[str]:
+                    compress: CompressSpec, restream_from: SegmentFile | None,
+                    ) -> list[SettledPartial]:
     """Leave one ``.partial`` per segment: the one with the longest valid WAL. Segments from
     ``restream_from`` on (which the writer is about to restream, in the form ``compress``
-    says) are converted durably to that form first. Returns what was done, one line each.
+    says) are converted durably to that form first. Returns what was done, file by file.
 
     Raises ArchiveError when two files of a segment disagree (an operator must decide).
     """
@@ -155,12 +164,13 @@ def settle_partials(archive: Archive, segment_size: int, files: Sequence[Segment
         keep = ranked[0]
         if restreamed and keep.segment.compression != form:
             keep = _convert(archive, keep, form, compress, segment_size)
-            done.append(f"{keep.path.name}: converted from {ranked[0].path.name}, "
-                        f"{keep.valid} bytes of WAL")
+            done.append(SettledPartial(keep.path.name, f"converted from {ranked[0].path.name}, "
+                                                       f"{keep.valid} bytes of WAL"))
         for other in ranked:
             if other.path != keep.path:
                 archive.remove_superseded(other.path)
-                done.append(f"{other.path.name}: removed, {keep.path.name} holds its WAL")
+                done.append(SettledPartial(other.path.name,
+                                           f"removed, {keep.path.name} holds its WAL"))
         archive.fsync_directory()
     return done
 

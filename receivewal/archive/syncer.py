@@ -4,9 +4,10 @@
 writer hands over: fsync a new ``.partial`` and its directory (after preallocation), and
 complete a segment (fsync, close, rename to its final name, fsync the directory). Jobs run in
 the order they were submitted, so a segment is renamed only after everything before it is
-durable. As each job finishes, ``durable`` is told the LSN up to which every submitted job has
-finished: the writer's flushed position, the one holder, moves there and never beyond (fsync
-and rename release the GIL, so the main thread keeps receiving meanwhile).
+durable. The worker only records what it finished: the LSN up to which every submitted job
+has finished, and the segments it completed; the writer takes that record on its own thread
+(:meth:`SegmentSyncer.finished`) and moves its flushed position there, never beyond (fsync and
+rename release the GIL, so the main thread keeps receiving meanwhile).
 
 A job that fails stops the worker; the error is raised in the main thread at its next call
 (:meth:`check`, :meth:`drain`). A crash while a completion is queued leaves two consecutive
@@ -75,16 +76,18 @@ _sync_file_range = _load_sync_file_range()
 class SegmentSyncer:
     """Runs the writer's fsync/rename jobs in order on one worker thread."""
 
-    def __init__(self, durable: Callable[[int], None],
-                 stopping: Callable[[], bool] | None = None) -> None:
-        self._durable = durable  # told the LSN of each finished job, in order, on the worker
+    def __init__(self, stopping: Callable[[], bool] | None = None) -> None:
         self._stopping = stopping  # whether a stop signal came (None: waits are unbounded)
         self._stop_sync = float(os.environ.get(STOP_SYNC_ENV, STOP_SYNC_SECONDS))
         self._give_up_at: float | None = None  # monotonic: set when a stop is first noticed
-        self._jobs: queue.SimpleQueue[tuple[int, bool, Job] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[int, str, Job] | None] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
         self._completions = 0
+        # what the worker finished (under _idle): every job up to this LSN, and the segments
+        # completed since the writer last took them, with the LSN each ends at
+        self._through = 0
+        self._completed: list[tuple[str, int]] = []
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._pause = os.environ.get(PAUSE_ENV)
@@ -97,8 +100,8 @@ class SegmentSyncer:
         return self._completions > 0
 
     def submit(self, lsn: int, job: Job, *, segment: str = "") -> None:
-        """Queue ``job``; once it (and everything before it) is done, ``durable`` is told
-        ``lsn``. ``segment`` names the segment a completion job completes."""
+        """Queue ``job``; once it (and everything before it) is done, :meth:`finished` says
+        ``lsn``. ``segment`` names the segment a completion job completes (ending at ``lsn``)."""
         if self._hold:
             job = _held(job, Path(self._hold))
         self._enqueue(lsn, job, segment)
@@ -114,7 +117,7 @@ class SegmentSyncer:
             self._completions += bool(segment)
         if segment and self._pause:
             job = self._paused(job, segment)
-        self._jobs.put((lsn, bool(segment), job))
+        self._jobs.put((lsn, segment, job))
 
     def write_behind(self, fd: int, offset: int, length: int) -> None:
         """Have the worker start writeback of a written range (sync_file_range(2), which does
@@ -122,6 +125,14 @@ class SegmentSyncer:
         sync_file_range does not exist. ``fd`` stays open until a later job closes it."""
         if _sync_file_range is not None:
             self._enqueue(0, lambda: _start_writeback(fd, offset, length))
+
+    def finished(self) -> tuple[int, list[tuple[str, int]]]:
+        """What the worker finished: the LSN up to which every job submitted has finished, and
+        the segments completed (fsynced and renamed) since the last call, each with the LSN
+        it ends at, in order."""
+        with self._idle:
+            completed, self._completed = self._completed, []
+            return self._through, completed
 
     def check(self) -> None:
         """Raise the error of a failed job, if any."""
@@ -172,7 +183,7 @@ class SegmentSyncer:
 
     def _work(self) -> None:
         while (item := self._jobs.get()) is not None:
-            lsn, completion, job = item
+            lsn, segment, job = item
             try:
                 job()
             except (ReceivewalError, OSError) as exc:  # raised in the main thread by check()
@@ -183,8 +194,10 @@ class SegmentSyncer:
                 raise
             with self._idle:
                 self._pending -= 1
-                self._completions -= completion
-                self._durable(lsn)
+                if segment:
+                    self._completions -= 1
+                    self._completed.append((segment, lsn))
+                self._through = max(self._through, lsn)
                 self._idle.notify_all()
 
     def _fail(self, exc: BaseException) -> None:

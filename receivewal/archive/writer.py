@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from receivewal.archive.codecs import Compressor
-from receivewal.archive.completions import FileCompleted, FileKind
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, new_compressor
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.durable import create_temporary, finish_file, sync_file, write_all
@@ -47,20 +46,30 @@ class SegmentWriter:
 
     ``position`` is the LSN the next byte must have; ``flushed`` is the LSN up to which every
     byte is fsynced (or, with ``sync`` off, written): the one holder of the flushed position,
-    moved by the syncer's worker as background completions finish, and by the main thread
-    only while no job is pending. Bytes are only ever written at ``position``: anything else
-    is a gap or an overlap and raises before touching the disk.
+    moved on the caller's thread only, by :meth:`flush`, :meth:`completed` and :meth:`close`,
+    to what the syncer's worker says it finished. Bytes are only ever written at
+    ``position``: anything else is a gap or an overlap and raises before touching the disk.
+    A segment counts as completed once it is durable under its final name (:meth:`completed`),
+    as pg_receivewal's "finished segment" comes after the file's close.
+
+    ``kept`` is the LSN up to which the last run made this timeline's WAL durable: a plain
+    ``.partial`` keeps its bytes while it is restreamed (the same bytes are written over
+    them), so :attr:`durable`, the WAL durable in the archive, does not go back below it while
+    ``flushed``, what this writer made durable and a status update reports, starts again at
+    the start. A compressed ``.partial`` is rewritten from its first byte: it keeps nothing.
     """
 
     suffix = ""  # compression suffix of the files written
 
     def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int, *,
-                 stopping: Callable[[], bool] | None = None) -> None:
+                 kept: int = 0, stopping: Callable[[], bool] | None = None) -> None:
         self.archive = archive
         self.segment_size = segment_size
         self.timeline = timeline
         self.position = start_lsn
-        self.flushed = start_lsn
+        self._flushed = start_lsn
+        self._kept = kept
+        self._completed: list[tuple[str, int]] = []  # durable, not yet taken by completed()
         self._fd: int | None = None
         self._segno: int | None = None
         self._path: Path | None = None  # the file open now (a temporary name until promoted)
@@ -68,8 +77,19 @@ class SegmentWriter:
         self._zeros = os.environ.get(PREALLOCATE_ENV) == "zeros"
         # overlapped durability (archive/syncer.py): a completed segment is fsynced and renamed
         # in the background while the next one is received
-        self.syncer = SegmentSyncer(self._durable, stopping) if archive.sync else None
+        self.syncer = SegmentSyncer(stopping) if archive.sync else None
         self._behind = 0  # offset in the open segment up to which writeback was started
+
+    @property
+    def flushed(self) -> int:
+        """The LSN up to which every byte written is durable: what may be reported flushed."""
+        return self._flushed
+
+    @property
+    def durable(self) -> int:
+        """The LSN up to which this timeline's WAL is durable in the archive: :attr:`flushed`,
+        or what the plain ``.partial`` restreamed kept from the last run (``kept``)."""
+        return max(self._flushed, self._kept)
 
     @property
     def open_segment_name(self) -> str | None:
@@ -78,20 +98,27 @@ class SegmentWriter:
             return None
         return wal_file_name(self.timeline, self._segno, self.segment_size)
 
-    def write(self, lsn: int, data: bytes | memoryview | list[memoryview]) -> list[str]:
+    def write(self, lsn: int, data: bytes | memoryview | list[memoryview]) -> None:
         """Append WAL at ``lsn``, one buffer or pieces that follow on (written with one
-        ``pwritev`` per segment); return the names of segments this write completed."""
+        ``pwritev`` per segment); a segment whose last byte it writes is completed (in the
+        background with a syncer: :meth:`completed` says when it is done)."""
         check_continuity(self.position, lsn)
         if self.syncer is not None:
             self.syncer.check()
-        completed: list[str] = []
         pieces = data if isinstance(data, list) else [memoryview(data)]
         for plan in plan_writes(lsn, sum(map(len, pieces)), self.segment_size):
             fd = self._open(plan.segno)
             self._pwrite(fd, take_range(pieces, plan.data_offset, plan.length), plan.offset)
             self.position += plan.length
             if plan.offset + plan.length == self.segment_size:
-                completed.append(self._complete())
+                self._complete()
+
+    def completed(self) -> list[tuple[str, int]]:
+        """The segments completed since the last call: fsynced, renamed to their final name
+        and the directory fsynced, each with the LSN it ends at, in order. The flushed
+        position moves to what is durable."""
+        self._catch_up()
+        completed, self._completed = self._completed, []
         return completed
 
     def flush(self, wait: bool = False) -> int:
@@ -104,18 +131,21 @@ class SegmentWriter:
         if self.syncer is not None:
             if self.syncer.completing and not wait:
                 self.syncer.check()
-                return self.flushed
-            if not self.syncer.drain():
-                return self.flushed
-        if self._fd is not None and self.flushed < self.position:
+                self._catch_up()
+                return self._flushed
+            drained = self.syncer.drain()
+            self._catch_up()
+            if not drained:
+                return self._flushed
+        if self._fd is not None and self._flushed < self.position:
             if self.archive.sync:
                 try:
                     sync_file(self._fd)
                 except OSError as exc:
                     raise os_error(exc, f'could not fsync file "{self._path}"') from exc
             self._synced()
-        self.flushed = self.position
-        return self.flushed
+        self._flushed = self.position
+        return self._flushed
 
     def close(self) -> None:
         """fsync and close the open segment, leaving it as ``.partial``; finish the syncer's
@@ -136,10 +166,11 @@ class SegmentWriter:
         finally:
             if self.syncer is not None:
                 self.syncer.close()
-        if self.flushed < self.position:
+                self._catch_up()
+        if self._flushed < self.position:
             bound = "" if self.syncer is None else f" within {self.syncer.stop_bound:g} s"
             raise ArchiveNotDurable(
-                f"stopped with the WAL from {format_lsn(self.flushed)} to "
+                f"stopped with the WAL from {format_lsn(self._flushed)} to "
                 f"{format_lsn(self.position)} on timeline {self.timeline} not durable: the "
                 f"disk did not finish its fsync{bound} of the stop signal; that WAL was never "
                 "reported as flushed, and the next start streams it again")
@@ -149,9 +180,13 @@ class SegmentWriter:
         name = wal_file_name(self.timeline, segno, self.segment_size)
         return self.archive.directory / (name + self.suffix + PARTIAL_SUFFIX)
 
-    def _durable(self, lsn: int) -> None:
-        """The syncer's worker finished every job up to ``lsn``."""
-        self.flushed = max(self.flushed, lsn)
+    def _catch_up(self) -> None:
+        """Take what the syncer's worker finished: the flushed position moves there, and the
+        segments it completed wait for :meth:`completed`."""
+        if self.syncer is not None:
+            through, completed = self.syncer.finished()
+            self._flushed = max(self._flushed, through)
+            self._completed += completed
 
     def _synced(self) -> None:
         """Called once the open file's bytes up to ``position`` are durable."""
@@ -233,7 +268,7 @@ class SegmentWriter:
                 f'to "{self._path}"',
             ) from exc
 
-    def _complete(self) -> str:
+    def _complete(self) -> None:
         """fsync, close and rename the open segment; fsync the directory. With a syncer this
         is its job, in order after everything before it, and ``flushed`` moves once it is
         done (see :meth:`flush`)."""
@@ -246,10 +281,10 @@ class SegmentWriter:
         if self.syncer is not None:
             self.syncer.submit(self.position, lambda: self._finish_file(fd, path, name),
                                segment=name)
-            return name
+            return
         self._finish_file(fd, path, name)
-        self.flushed = self.position
-        return name
+        self._flushed = self.position
+        self._completed.append((name, self.position))
 
     def _finish_file(self, fd: int, path: Path, name: str) -> None:
         """fsync and close ``fd``, rename ``path`` to ``name``, fsync the directory, drop the
@@ -260,7 +295,6 @@ class SegmentWriter:
         except OSError as exc:
             raise os_error(exc, f'could not complete segment "{name}"') from exc
         self._drop_superseded_partials(name[:24])
-        self.archive.completions.publish(FileCompleted(name, FileKind.SEGMENT))
 
     def _drop_superseded_partials(self, wal: str) -> None:
         """Remove ``.partial`` files of the segment just completed, in any form (another -Z
@@ -296,7 +330,7 @@ class CompressedSegmentWriter(SegmentWriter):
     def flush(self, wait: bool = False) -> int:
         """Flush the compressor's pending output, fsync; return the new flushed position."""
         if self._fd is not None and self._compressor is not None \
-                and self.flushed < self.position:
+                and self._flushed < self.position:
             crash_point(self._crash, "first_flush")
             self._append(self._compressor.flush())
         return super().flush(wait)
@@ -357,11 +391,11 @@ class CompressedSegmentWriter(SegmentWriter):
             self._written = True
             crash_point(self._crash, "first_write")
 
-    def _complete(self) -> str:
+    def _complete(self) -> None:
         assert self._compressor is not None
         self._append(self._compressor.finish())
         self._compressor, self._old = None, None
-        return super()._complete()
+        super()._complete()
 
     def _append(self, data: bytes) -> None:
         assert self._fd is not None
@@ -373,11 +407,14 @@ class CompressedSegmentWriter(SegmentWriter):
 
 
 def open_segment_writer(archive: Archive, segment_size: int, timeline: int, start_lsn: int,
-                        compress: CompressSpec = NO_COMPRESSION, *,
+                        compress: CompressSpec = NO_COMPRESSION, *, kept: int = 0,
                         stopping: Callable[[], bool] | None = None) -> SegmentWriter:
     """A writer for plain segments, or for compressed ones when ``compress`` names a method;
-    ``stopping`` (whether a stop signal came) bounds its waits for the disk after one."""
-    if compress.method:
+    ``kept``: the LSN up to which the last run made this timeline's WAL durable (a plain
+    ``.partial`` keeps it); ``stopping`` (whether a stop signal came) bounds its waits for the
+    disk after one."""
+    if compress.method:  # a compressed .partial is rewritten from its start: nothing kept
         return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress,
                                        stopping=stopping)
-    return SegmentWriter(archive, segment_size, timeline, start_lsn, stopping=stopping)
+    return SegmentWriter(archive, segment_size, timeline, start_lsn, kept=kept,
+                         stopping=stopping)

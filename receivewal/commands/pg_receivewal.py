@@ -35,21 +35,29 @@ from receivewal.commands.options import (
     with_connection,
 )
 from receivewal.daemon.events import (
-    Disconnected,
-    DiskFull,
     EndposReached,
     Event,
-    Failed,
-    GapDetected,
-    Reconnecting,
     SegmentCompleted,
     StopNoticed,
     StreamingStarted,
     TimelineSwitched,
 )
+from receivewal.daemon.lifecycle import (
+    Disconnected,
+    DiskFull,
+    Failed,
+    GapDetected,
+    Reconnecting,
+    SlotCreating,
+    SlotDropping,
+    SlotExisted,
+    Stopped,
+)
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.settings import Settings
+from receivewal.daemon.startpoint import SegmentFileRejected
 from receivewal.daemon.supervisor import Supervisor, prompt_password
+from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import CommandLineError, ReceivewalError
 from receivewal.wal.lsn import format_lsn, scan_lsn
 
@@ -149,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     scrub_passwords()  # parsed: ps need not show a password for the daemon's whole life
     prompt = None if opts.no_password else prompt_password
-    return Supervisor(settings, prompt=prompt, listeners=(messages.on_event,)).run()
+    return Supervisor(settings, WalReceiver(settings), prompt=prompt,
+                      listeners=(messages.on_event,), log_events=False).run()
 
 
 def parse_args(args: list[str]) -> tuple[StreamOptions, str | None]:
@@ -277,7 +286,8 @@ def _hint() -> None:
 def configure_messages(verbose: int) -> PgReceivewalMessages:
     """Print the daemon's events as pg_receivewal prints its messages, on stderr: the typed
     events through :meth:`PgReceivewalMessages.on_event` (a listener of the Supervisor's
-    event stream), every other log event through the structlog renderer."""
+    event stream, which then logs none of them), the log lines of the modules that only log
+    (the uploader, the monitor's side channels) through the structlog renderer."""
     messages = PgReceivewalMessages(verbose)
     structlog.configure(
         processors=[messages],
@@ -288,13 +298,10 @@ def configure_messages(verbose: int) -> PgReceivewalMessages:
     return messages
 
 
-#: The log events that also come as typed events: rendered from those, not from the log.
-_TYPED = frozenset(kind.name for kind in Event.__subclasses__() if kind.name is not None)
-
-
 class PgReceivewalMessages:
     """One event in, one pg_receivewal line out (or nothing): a typed event from the daemon's
-    event stream (:meth:`on_event`), or, as a structlog renderer, any other log event.
+    event stream (:meth:`on_event`), or, as a structlog renderer, a log line, worded by its
+    level alone: the facts pg_receivewal has words for all come as typed events.
 
     Without ``-v`` only errors, warnings and the reconnect notice are printed, as pg_receivewal
     does; with ``-v`` its progress lines too; with ``-vv`` every other event as key=value.
@@ -337,25 +344,24 @@ class PgReceivewalMessages:
                     f"{event.timeline})"
             case StopNoticed() if verbose:
                 return "received interrupt signal, exiting"
+            case SegmentFileRejected():
+                return f'warning: segment file "{event.file}" {event.reason}, skipping'
+            case SlotCreating() if verbose:
+                return f'creating replication slot "{event.slot}"'
+            case SlotDropping() if verbose:
+                return f'dropping replication slot "{event.slot}"'
             case StreamingStarted() | SegmentCompleted() | TimelineSwitched() | \
-                    EndposReached() | StopNoticed():
+                    EndposReached() | StopNoticed() | SlotCreating() | SlotDropping() | \
+                    Stopped() | SlotExisted():
                 return None
         if event.name is None:
             return None
         return self.other(event.level, event.name, event.log_fields())
 
     def message(self, level: str, ev: dict[str, Any]) -> str | None:
-        """pg_receivewal's words for a log event (None: not printed)."""
+        """A log line, as pg_receivewal would word an event it has no words for (None: not
+        printed)."""
         name = ev.pop("event")
-        if name in _TYPED:  # printed from the typed event
-            return None
-        if name == "segment_file_rejected":
-            return f'warning: segment file "{ev.get("file")}" {ev.get("reason")}, skipping'
-        if name in ("creating_replication_slot", "dropping_replication_slot"):
-            what = name.split("_")[0]
-            return f'{what} replication slot "{ev["slot"]}"' if self.verbose > 0 else None
-        if name in ("stopped", "replication_slot_exists"):
-            return None
         return self.other(level, name, ev)
 
     def other(self, level: str, name: str, fields: dict[str, Any]) -> str | None:

@@ -23,6 +23,7 @@ from receivewal.commands.options import (
 )
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.supervisor import Supervisor, prompt_password
+from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.logs import configure_logging
 from receivewal.wal.lsn import parse_lsn
@@ -75,4 +76,4 @@ def stream_command(**opts: Any) -> int:
         raise click.UsageError(str(exc)) from exc
     scrub_passwords()  # parsed: ps need not show a password for the daemon's whole life
     prompt = None if options.no_password else prompt_password
-    return Supervisor(settings, prompt=prompt).run()
+    return Supervisor(settings, WalReceiver(settings), prompt=prompt).run()

@@ -14,7 +14,6 @@ spinning. It is imported only when metrics are served.
 from __future__ import annotations
 
 import contextlib
-import errno
 import socket
 import sys
 import threading
@@ -24,14 +23,13 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from receivewal.addresses import Address, format_address
-from receivewal.errors import ConfigurationError
+from receivewal.errors import OUT_OF_DESCRIPTORS, ConfigurationError
 from receivewal.logs import get_logger
 
 MAX_CONNECTIONS = 8  # a scraper or two, with room for a human with curl
 IO_TIMEOUT = 5.0  # seconds a connection may take for each read or write
 REQUEST_TIMEOUT = 5.0  # seconds a connection may take in all (a scrape takes milliseconds)
 ACCEPT_PAUSE = 0.2  # seconds to wait after accept failed for lack of descriptors
-_OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE}
 
 
 class QuietHandler(WSGIRequestHandler):
@@ -83,7 +81,7 @@ class BoundedServer(ThreadingMixIn, WSGIServer):
         try:
             return super().get_request()
         except OSError as exc:
-            if exc.errno in _OUT_OF_DESCRIPTORS:
+            if exc.errno in OUT_OF_DESCRIPTORS:
                 time.sleep(ACCEPT_PAUSE)
             raise
 

@@ -1,11 +1,18 @@
 """What a streaming session and its supervisor report, as typed events in one stream.
 
-The session and the supervisor state each fact once, as a frozen dataclass handed to an
-:class:`EventStream`; the consumers subscribe to that stream: :class:`EventLog` (each event's
-structlog line: its ``name``, ``level`` and :meth:`Event.log_fields`), the monitor (each
-event's :meth:`Event.tell` calls the matching :class:`SessionMonitor` method, which feeds the
-state file, the metrics, systemd and the progress line) and the pg_receivewal drop-in's
-messages. The LSNs travel as numbers: no consumer reads one back from a log line.
+The session, the supervisor and the uploader state each fact once, as a frozen dataclass
+(an :class:`Event`) handed to an :class:`EventStream`. This module holds the stream and the
+facts of streaming (the COPY loop's, the session's, the archive feed's); the start-up's
+findings are in :mod:`receivewal.daemon.startpoint`, the daemon's life (connections, slot
+commands, failures, reconnects, the uploads, stopping) in :mod:`receivewal.daemon.lifecycle`.
+The consumers subscribe to the stream: :class:`EventLog` (each event's structlog line: its
+``name``, ``level`` and :meth:`Event.log_fields`), the monitor (each event's
+:meth:`Event.tell` calls the matching :class:`SessionMonitor` method, which feeds the state
+file, the metrics, systemd and the progress line), the uploader (the files completed,
+:class:`SegmentCompleted` and :class:`HistoryFileWritten`) and the pg_receivewal drop-in's
+messages. The LSNs travel as numbers: no consumer reads one back from
+a log line. The stream is the main thread's: another thread (the uploader's) hands its events
+over with :meth:`EventStream.post`.
 
 The flushed position has one holder, the segment writer: a :class:`Flushed` event carries its
 value, and the monitor keeps what the last one said.
@@ -13,11 +20,16 @@ value, and the monitor keeps what the last one said.
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
 
+from receivewal.daemon.state import UploadStatus
+from receivewal.replication.streampack import StreampackStats
 from receivewal.wal.lsn import format_lsn
+
+TICK_SECONDS = 0.25  # how often the stream pulses (Tick: watchdog, state file, STATUS)
 
 
 class SessionMonitor(Protocol):
@@ -42,6 +54,7 @@ class SessionMonitor(Protocol):
     def tick(self, now: float) -> None: ...
     def error(self, kind: str, message: str) -> None: ...
     def disconnected(self, message: str) -> None: ...
+    def uploads_changed(self, status: UploadStatus) -> None: ...
     def reconnecting(self, delay: float) -> None: ...
     def waiting_for_server(self, message: str) -> None: ...
     def stopping(self) -> None: ...
@@ -66,20 +79,44 @@ class Event:
 
 
 #: Something that takes the events: a subscriber, or the stream itself.
-EventSink = Callable[[Event], None]
+Listener = Callable[[Event], None]
 
 
 class EventStream:
-    """Hands every event to each subscriber, in the order they subscribed."""
+    """Hands every event to each subscriber, in the order they subscribed, on the thread that
+    states the events (the main thread); events posted (:meth:`post`) from another thread are
+    handed over first, before the next event stated."""
 
-    def __init__(self, *subscribers: EventSink) -> None:
+    def __init__(self, *subscribers: Listener) -> None:
         self._subscribers = list(subscribers)
+        self._posted: queue.SimpleQueue[Event] = queue.SimpleQueue()
 
-    def subscribe(self, subscriber: EventSink) -> None:
-        """Hand ``subscriber`` every event from now on."""
-        self._subscribers.append(subscriber)
+    def subscribe(self, subscriber: Listener, *, before: Listener | None = None,
+                  ) -> Callable[[], None]:
+        """Hand ``subscriber`` every event from now on: after the others, or just before
+        ``before``; returns the call that unsubscribes it (main thread only)."""
+        at = self._subscribers.index(before) if before in self._subscribers \
+            else len(self._subscribers)
+        self._subscribers.insert(at, subscriber)
+
+        def unsubscribe() -> None:
+            if subscriber in self._subscribers:
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def post(self, event: Event) -> None:
+        """State ``event`` from another thread: it is handed to the subscribers on the
+        stream's thread, before the next event stated there (the periodic :class:`Tick`
+        comes at least once a second)."""
+        self._posted.put(event)
 
     def __call__(self, event: Event) -> None:
+        while not self._posted.empty():
+            self._deliver(self._posted.get())
+        self._deliver(event)
+
+    def _deliver(self, event: Event) -> None:
         for subscriber in self._subscribers:
             subscriber(event)
 
@@ -95,38 +132,7 @@ class EventLog:
             getattr(self.log, event.level)(event.name, **event.log_fields())
 
 
-# -- the session's facts ------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class FileModeChosen(Event):
-    """The archive's files (and the state file) get ``file_mode``, the server's group access."""
-
-    file_mode: int
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.file_mode = self.file_mode
-
-
-@dataclass(frozen=True, slots=True)
-class SlotState(Event):
-    """The replication slot's restart_lsn as the server reports it (None: unknown)."""
-
-    slot: str | None
-    restart_lsn: int | None
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.slot_state(self.slot, self.restart_lsn)
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveWarning(Event):
-    """What is wrong with the archive that streaming goes on despite (None: nothing)."""
-
-    text: str | None
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.archive_warning(self.text)
-
-
+# -- the facts of streaming --------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Connected(Event):
     """Connected to ``server`` (no password in it) and identified it."""
@@ -227,6 +233,16 @@ class SegmentCompleted(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryFileWritten(Event):
+    """The history file ``file`` of ``timeline``, fetched from the server, is durable in the
+    archive."""
+
+    name = "history_file_written"
+    file: str
+    timeline: int
+
+
+@dataclass(frozen=True, slots=True)
 class TimelineSwitched(Event):
     """Streaming continues on ``timeline`` at ``start_lsn``."""
 
@@ -256,6 +272,38 @@ class CompressionKnown(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CompressionStats(Event):
+    """The pg_streampack decoder's counts so far (with each completed segment)."""
+
+    name, level = "compression_stats", "debug"
+    stats: StreampackStats
+
+    def log_fields(self) -> dict[str, Any]:
+        return self.stats.as_dict()
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionSummary(Event):
+    """The pg_streampack decoder's counts for a whole connection: the receiver's side of the
+    module's shutdown statistics."""
+
+    name = "compression_summary"
+    stats: StreampackStats
+
+    def log_fields(self) -> dict[str, Any]:  # the algorithm spelled as stream_compression does
+        return {**self.stats.as_dict(), "algorithm": self.stats.algorithm or "none"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSilent(Event):
+    """Nothing came from the server for ``seconds`` (half the receive timeout): a status
+    update asks for a reply."""
+
+    name = "server_silent"
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class EndposReached(Event):
     """Everything up to --endpos is received; the writer is at ``lsn``."""
 
@@ -281,97 +329,3 @@ class Tick(Event):
 
     def tell(self, monitor: SessionMonitor) -> None:
         monitor.tick(self.now)
-
-
-# -- the supervisor's facts ---------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Failed(Event):
-    """The daemon gives up with ``error`` (exit code 1); ``kind`` as errors are counted."""
-
-    name, level = "failed", "error"
-    error: str
-    kind: str | None = None
-
-    def log_fields(self) -> dict[str, Any]:
-        return {"error": self.error} if self.kind is None else \
-            {"error": self.error, "kind": self.kind}
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorCounted(Event):
-    """A session ended with an error of ``kind`` (exception class name, ``disk_full``,
-    ``gap``...): the state file and the metrics count it."""
-
-    kind: str
-    message: str
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.error(self.kind, self.message)
-
-
-@dataclass(frozen=True, slots=True)
-class GapDetected(Event):
-    """The server no longer has the WAL the archive needs next."""
-
-    name, level = "gap_detected", "error"
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class DiskFull(Event):
-    """The archive's file system is full."""
-
-    name, level = "disk_full", "error"
-    error: str
-    directory: str
-
-
-@dataclass(frozen=True, slots=True)
-class Disconnected(Event):
-    """The connection is gone because of ``error`` (of ``kind``)."""
-
-    name, level = "disconnected", "warning"
-    error: str
-    kind: str
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.disconnected(self.error)
-
-
-@dataclass(frozen=True, slots=True)
-class Reconnecting(Event):
-    """The supervisor connects again in ``delay`` seconds (try number ``attempt``)."""
-
-    name = "reconnecting"
-    delay: float
-    attempt: int
-
-    def log_fields(self) -> dict[str, Any]:
-        return {"delay": round(self.delay, 2), "attempt": self.attempt}
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.reconnecting(self.delay)
-
-
-@dataclass(frozen=True, slots=True)
-class WaitingForServer(Event):
-    """The first connection failed with ``error``; try ``attempt`` again in ``delay`` s."""
-
-    name, level = "waiting_for_server", "warning"
-    error: str
-    attempt: int
-    delay: float
-
-    def log_fields(self) -> dict[str, Any]:
-        return {"error": self.error, "attempt": self.attempt, "delay": round(self.delay, 2)}
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.waiting_for_server(self.error)
-
-
-@dataclass(frozen=True, slots=True)
-class Stopping(Event):
-    """The daemon shuts down (a signal, --endpos or a fatal error)."""
-
-    def tell(self, monitor: SessionMonitor) -> None:
-        monitor.stopping()

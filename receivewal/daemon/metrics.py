@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
     from prometheus_client.metrics_core import Metric
 
-    from receivewal.daemon.uploader import UploadStatus
+    from receivewal.daemon.state import UploadStatus
 
 PREFIX = "receivewal"
 

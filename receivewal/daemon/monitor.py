@@ -28,19 +28,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from receivewal.daemon.events import Event
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.progress import ProgressLine, Sample
-from receivewal.daemon.state import LastError, State, previous_flush, write_state
+from receivewal.daemon.state import LastError, State, UploadStatus, write_state
 from receivewal.logs import get_logger
 from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
-
-if TYPE_CHECKING:  # the uploader's modules are loaded only with --upload-to
-    from receivewal.daemon.uploader import UploadStatus
 
 log = get_logger(component="monitor")
 
@@ -52,12 +48,8 @@ class Monitor:
     ``file_mode`` is the state file's mode. ``clock`` gives the time in seconds (the same clock
     the caller passes to :meth:`tick`). ``environ`` is where NOTIFY_SOCKET, WATCHDOG_USEC and
     WATCHDOG_PID are read from (default: the process environment; ``{}`` turns systemd off).
-    ``keeps_partials`` says that a restreamed ``.partial`` keeps the bytes already in it (plain
-    segments; a compressed one is rewritten from its start): then "flushed" does not go back
-    below what this or, per the state file, the last run flushed on the same timeline.
     ``progress``: keep a progress line on stderr while streaming, if stderr is a terminal (the
-    caller makes sure the logs there are not JSON). ``uploads`` gives the uploader's status
-    (--upload-to), for the state file and the metrics.
+    caller makes sure the logs there are not JSON).
     Use :meth:`null` for a monitor with no side channel at all.
     """
 
@@ -70,9 +62,7 @@ class Monitor:
         *,
         environ: Mapping[str, str] | None = None,
         state_interval: float = 5.0,
-        keeps_partials: bool = True,
         progress: bool = False,
-        uploads: Callable[[], UploadStatus] | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         self.directory = directory
@@ -85,14 +75,11 @@ class Monitor:
         # Values that change per message are kept apart and merged in snapshot().
         self._received: int | None = None
         self._written: int | None = None
-        self._flushed: tuple[int | None, int] | None = None  # (timeline, lsn): the last Flushed
+        self._flushed: int | None = None  # what the last Flushed event said
         self._server_wal_end: int | None = None
         self._last_contact: float | None = None
         self._wire_bytes = 0  # since start
         self._wal_bytes = 0
-        self._keeps_partials = keeps_partials
-        # (timeline, lsn) the last run flushed, still durable in a .partial that keeps its bytes
-        self._last_run = previous_flush(directory) if keeps_partials and directory else None
         self._conn_wire_bytes = 0  # on the current connection (the same batches)
         self._conn_wal_bytes = 0
 
@@ -105,7 +92,7 @@ class Monitor:
         self._write_failure: str | None = None
 
         self._progress = ProgressLine.for_terminal() if progress else None
-        self._uploads = uploads
+        self._uploads: UploadStatus | None = None  # what the last UploadsChanged said
         self.metrics = Metrics(clock)
         self.metrics_address: Address | None = None
         if metrics_address is not None:
@@ -184,15 +171,9 @@ class Monitor:
         self.metrics.set_written(lsn)
 
     def flushed(self, lsn: int) -> None:
-        """WAL up to ``lsn`` is fsynced in the archive: the writer's position, which starts
-        again at a segment's start when a .partial is restreamed; a plain one keeps the bytes
-        flushed before (by the last run, or this one on this timeline): no going back."""
-        timeline = self._state.timeline
-        if self._keeps_partials and timeline is not None:
-            for kept in (self._last_run, self._flushed):
-                if kept is not None and kept[0] == timeline:
-                    lsn = max(lsn, kept[1])
-        self._flushed = (timeline, lsn)
+        """WAL up to ``lsn`` is durable in the archive, as its one holder (the segment writer)
+        says: kept as it is said."""
+        self._flushed = lsn
         self.metrics.set_flushed(lsn)
 
     def flush_reported(self, lsn: int) -> None:
@@ -273,6 +254,11 @@ class Monitor:
         self._status(f"Reconnecting in {delay:.1f}s{reason}")
         self._write_now()
 
+    def uploads_changed(self, status: UploadStatus) -> None:
+        """The uploads' status changed (--upload-to), for the state file and the metrics."""
+        self._uploads = status
+        self.metrics.set_uploads(status)
+
     def waiting_for_server(self, message: str) -> None:
         """The first connection failed (``message``); the supervisor keeps trying."""
         self._state = replace(self._state, phase="waiting")
@@ -302,8 +288,6 @@ class Monitor:
             self._last_ping = now
         if self._state.phase == "streaming":
             self._status(self._streaming_status())
-        if self._uploads is not None:
-            self.metrics.set_uploads(self._uploads())
         if self._progress is not None:
             self._show_progress(now)
         if self.directory is not None and (
@@ -338,14 +322,14 @@ class Monitor:
 
     def snapshot(self) -> State:
         """The state as it would be written now."""
-        uploads = {} if self._uploads is None else self._uploads().state_fields()
+        uploads = {} if self._uploads is None else self._uploads.state_fields()
         return replace(
             self._state,
             **uploads,
             updated_at=self._clock(),
             received_lsn=self._received,
             written_lsn=self._written,
-            flushed_lsn=None if self._flushed is None else self._flushed[1],
+            flushed_lsn=self._flushed,
             server_wal_end=self._server_wal_end,
             last_contact=self._last_contact,
             wire_bytes=self._wire_bytes,
@@ -372,7 +356,7 @@ class Monitor:
             self.metrics.set_server_wal_end(lsn)
 
     def _streaming_status(self) -> str:
-        flushed = "nothing yet" if self._flushed is None else format_lsn(self._flushed[1])
+        flushed = "nothing yet" if self._flushed is None else format_lsn(self._flushed)
         return f"Streaming timeline {self._state.timeline}, flushed {flushed}"
 
     def _status(self, status: str) -> None:

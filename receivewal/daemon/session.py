@@ -1,11 +1,11 @@
-"""One replication connection: identify the server, choose the start, stream, follow timelines.
+"""One replication connection into the WAL archive: find the start, stream, follow timelines.
 
-The flow per connection is IDENTIFY_SYSTEM, SHOW wal_segment_size and data_directory_mode,
-READ_REPLICATION_SLOT, then for each timeline TIMELINE_HISTORY (when missing) and
-START_REPLICATION PHYSICAL followed by the COPY BOTH loop. When a timeline ends the server
-says which one comes next, and streaming goes on on the same connection. The commands are
-:mod:`receivewal.replication.commands`; the COPY loop (:meth:`Session._copy_loop`) follows
-receivelog.c's HandleCopyStream.
+Per connection: where to start (:mod:`receivewal.daemon.startpoint`, pg_receivewal's
+FindStreamingStart: IDENTIFY_SYSTEM, what the archive holds, the slot, the history), then for
+each timeline TIMELINE_HISTORY (when missing) and START_REPLICATION PHYSICAL, and the COPY loop
+(:mod:`receivewal.daemon.copyloop`, receivelog.c's HandleCopyStream) feeding the archive
+(:class:`~receivewal.daemon.archivefeed.ArchiveFeed`). When a timeline ends the server says
+which one comes next, and streaming goes on on the same connection.
 """
 
 from __future__ import annotations
@@ -15,53 +15,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from structlog.typing import FilteringBoundLogger
-
-from receivewal.archive.directory import Archive, os_error
-from receivewal.archive.identity import ArchiveIdentity
-from receivewal.archive.layout import StartPoint, choose_start, island_names
+from receivewal.archive.directory import Archive
 from receivewal.archive.listing import Listing
-from receivewal.archive.partials import settle_partials
-from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
-from receivewal.archive.sink import SegmentSink, open_segment_sink
-from receivewal.archive.syncer import restart_point
 from receivewal.daemon import events as ev
+from receivewal.daemon.archivefeed import ArchiveFeed
+from receivewal.daemon.copyloop import CopyLoop
 from receivewal.daemon.settings import Settings
-from receivewal.errors import (
-    ArchiveError,
-    ConnectionLost,
-    ServerError,
-    WalRemovedError,
-)
-from receivewal.replication.commands import (
-    ServerInfo,
-    create_slot,
-    identify_server,
-    read_slot,
-    read_timeline_end,
-    slot_exists,
-    timeline_history,
-)
-from receivewal.replication.link import COPY_DONE, ReplicationLink, ResultStatus, WalRun
-from receivewal.replication.messages import (
-    PrimaryKeepalive,
-    XLogData,
-    build_hot_standby_feedback,
-    build_standby_status_update,
-    parse_copy_data,
-    postgres_time,
-)
-from receivewal.replication.streampack import StreampackDecoder
+from receivewal.daemon.startpoint import Start, fetch_history, find_start
+from receivewal.errors import WalRemovedError
+from receivewal.replication.commands import read_timeline_end
+from receivewal.replication.link import COPY_DONE, ReplicationLink
 from receivewal.replication.waiting import StopFlag
 from receivewal.wal.lsn import format_lsn, round_down_to_segment
-from receivewal.wal.names import SegmentFile, history_file_name, wal_file_name
-from receivewal.wal.timeline import check_follows, parse_history
+from receivewal.wal.names import wal_file_name
 
 if TYPE_CHECKING:  # loaded only with --upload-to
     from receivewal.daemon.uploader import Uploader
-
-STOP_DRAIN_SECONDS = 10.0
-TICK_SECONDS = 0.25  # how often the monitor gets a pulse (watchdog, state file, STATUS)
 
 
 @dataclass(frozen=True)
@@ -73,12 +42,13 @@ class TimelineEnd:
 
 
 class Session:
-    """Streams from one open connection until stopped, at endpos, or on an error."""
+    """One open connection streamed into the archive: :meth:`prepare` finds where to start,
+    :meth:`run` streams until stopped, at --endpos, or on an error, :meth:`close` ends it."""
 
     def __init__(self, conn: ReplicationLink, *, settings: Settings, archive: Archive,
-                 events: ev.EventSink, stop: StopFlag, log: FilteringBoundLogger,
-                 clock: Callable[[], float] = time.monotonic,
-                 uploads: Uploader | None = None, listing: Listing | None = None) -> None:
+                 events: ev.Listener, stop: StopFlag, clock: Callable[[], float] = time.monotonic,
+                 uploads: Uploader | None = None, listing: Listing | None = None,
+                 previous: tuple[int, int] | None = None) -> None:
         self.conn = conn
         self.listing = listing  # the start-up's listing of the archive (the lock took it)
         self.uploads = uploads
@@ -86,317 +56,88 @@ class Session:
         self.archive = archive
         self.events = events  # every fact the session reports goes there
         self.stop = stop
-        self.log = log
-        self.clock = clock
-        self.decoder = StreampackDecoder(settings.compression)
-        self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
-        self.info: ServerInfo | None = None
-        self.writer: SegmentSink | None = None
-        self.last_received = clock()
-        self.pinged = False
-        self.first_frame = True
-        self.pending_wire = self.pending_wal = 0
-        self.server_wal_end: int | None = None  # walEnd of the last XLogData, for Received
-        self.reported_algorithm: str | None = None
+        self.loop = CopyLoop(conn, settings, events, stop, clock)
+        self.start: Start | None = None
+        self.feed: ArchiveFeed | None = None  # the timeline streamed now
+        self.previous = previous  # (timeline, LSN): the WAL durable when the last one ended
         self.announced = False  # Connected said (after the first START, so that
         # the state file's fsynced write does not delay START_REPLICATION)
+
+    @property
+    def durable(self) -> tuple[int, int] | None:
+        """(timeline, LSN) up to which the archive's WAL is durable, as the session's writer
+        says (before it has one: as the last session or run did): what the next session's
+        writer keeps."""
+        if self.feed is None:
+            return self.previous
+        return self.feed.timeline, self.feed.durable
 
     def _stopping(self) -> bool:
         """Whether a stop signal came (what the uploads and the disk's waits give up on)."""
         return self.stop.requested
 
-    # -- setup -------------------------------------------------------------------------------
-    def prepare(self) -> StartPoint:
-        """Identify the server, check the archive is this server's, and choose the start.
+    def prepare(self) -> None:
+        """Find where to start (:func:`~receivewal.daemon.startpoint.find_start`).
 
         The archive directory is listed once per connection: the first uses the listing the
         lock took at start-up."""
-        info = self.info = identify_server(self.conn)
         listing, self.listing = self.listing or self.archive.listing(), None
-        files = listing.segments(info.segment_size)
-        # before the uploader's thread starts: it writes the upload record
-        self.events(ev.FileModeChosen(self.archive.adopt_file_mode(info.file_mode)))
-        if self.uploads is not None:  # another cluster's prefix: refused before any write
-            self.uploads.begin(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                               info.timeline), listing, self._stopping)
-        self.archive.adopt_identity(ArchiveIdentity(info.system_identifier, info.segment_size,
-                                                    info.timeline), files)
-        newest, rejected = self.archive.resume_point(info.segment_size,
-                                                     int(info.system_identifier), files)
-        for reason in rejected:
-            name, _, why = reason.partition(": ")
-            self.log.warning("segment_file_rejected", file=name, reason=why)
-        self._report_islands(files, newest, info.segment_size)
-        newest = restart_point(newest, files)
-        for line in settle_partials(self.archive, info.segment_size, files,
-                                    self.settings.at_rest, newest):
-            name, _, what = line.partition(": ")
-            self.log.warning("partial_file_settled", file=name, action=what)
-        slot_restart = None
-        # as pg_receivewal: the slot's position only matters when the archive has none
-        if self.settings.slot and info.version >= 150000 \
-                and (newest is None or self.settings.create_slot_if_missing):
-            slot_restart = self._read_or_create_slot(self.settings.slot)
-            self.events(ev.SlotState(self.settings.slot,
-                                     slot_restart[0] if slot_restart else None))
-        start = choose_start(newest, slot_restart, (info.xlogpos, info.timeline),
-                             info.segment_size)
-        if start.timeline > info.timeline:
-            raise ArchiveError(f"starting timeline {start.timeline} is not present in the "
-                               f"server (the server is on timeline {info.timeline})")
-        if start.timeline < info.timeline:
-            history = parse_history(self._fetch_history(info.timeline), info.timeline)
-            check_follows(start.timeline, start.lsn, history, info.timeline)
-        if self.uploads is not None:
-            self.uploads.streaming_from(start.lsn)
-        return start
+        self.start = find_start(self.conn, self.archive, listing, self.settings,
+                                events=self.events, stopping=self._stopping,
+                                uploads=self.uploads)
 
-    def _report_islands(self, files: list[SegmentFile], newest: SegmentFile | None,
-                        segment_size: int) -> None:
-        """Log each island of older segments before a hole (never resumed from) and put them
-        in the state file, for ``status``."""
-        texts = []
-        for first, last, hole_from, hole_to in island_names(files, newest, segment_size):
-            self.log.warning("older_island", first=first, last=last, missing_from=hole_from,
-                             missing_to=hole_to, reason="before a hole: streaming resumes "
-                             "after the newest run")
-            texts.append(f"older island {first} .. {last} before a hole ({hole_from} .. "
-                         f"{hole_to} missing), not resumed from")
-        self.events(ev.ArchiveWarning("; ".join(texts) or None))
-
-    def _read_or_create_slot(self, slot: str) -> tuple[int, int] | None:
-        """READ_REPLICATION_SLOT; with --create-slot-if-missing, create a missing slot."""
-        try:
-            return read_slot(self.conn, slot)
-        except ServerError:
-            if not self.settings.create_slot_if_missing or slot_exists(self.conn, slot):
-                raise
-        create_slot(self.conn, slot, reserve_wal=True, if_not_exists=True)
-        self.log.warning("replication_slot_created", slot=slot, server=self.conn.describe(),
-                         reason="missing on this server (--create-slot-if-missing)")
-        return read_slot(self.conn, slot)
-
-    def _fetch_history(self, timeline: int) -> str:
-        """The history file of ``timeline``: from the archive, else from the server (stored)."""
-        path = self.archive.directory / history_file_name(timeline)
-        try:
-            return read_small_file(path, HISTORY_FILE_CAP).decode()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:  # out of descriptors stays retryable
-            raise os_error(exc, f'cannot read history file "{path}"') from exc
-        except UnicodeDecodeError as exc:
-            raise ArchiveError(f'history file "{path}" is not text: {exc}') from exc
-        name, content = timeline_history(self.conn, timeline)
-        self.archive.write_history(name, content.encode())
-        self.log.info("history_file_written", file=name, timeline=timeline)
-        return content
-
-    # -- streaming ---------------------------------------------------------------------------
-    def run(self, start: StartPoint) -> str:
-        """Stream from ``start`` through timeline switches; return "stopped" or "endpos"."""
-        timeline, lsn = start.timeline, start.lsn
+    def run(self) -> str:
+        """Stream from the start through timeline switches; return "stopped" or "endpos"."""
+        assert self.start is not None
+        timeline, lsn = self.start.point.timeline, self.start.point.lsn
         while True:
             if timeline > 1:
-                self._fetch_history(timeline)
+                fetch_history(self.conn, self.archive, timeline, self.events)
             outcome = self._stream_timeline(timeline, lsn)
             if isinstance(outcome, str):
                 return outcome
             self.events(ev.TimelineSwitched(outcome.timeline, timeline, outcome.start))
             timeline, lsn = outcome.timeline, outcome.start
 
+    def close(self) -> None:
+        """The connection ends (the COPY loop's summary)."""
+        self.loop.close()
+
     def _stream_timeline(self, timeline: int, lsn: int) -> TimelineEnd | str:
-        assert self.info is not None
+        assert self.start is not None
+        info = self.start.info
+        confirm = self.uploads.confirmable if self.uploads is not None \
+            and self.settings.confirm_after == "upload" else None  # the slot keeps what is
+        # not uploaded
+        kept = self.previous[1] if self.previous and self.previous[0] == timeline else 0
+        self.feed = feed = ArchiveFeed.open(self.archive, info.segment_size, timeline, lsn,
+                                            compress=self.settings.at_rest, events=self.events,
+                                            kept=kept, stopping=self._stopping,
+                                            confirm=confirm)
         slot = f"SLOT {self.settings.slot} " if self.settings.slot else ""
-        self.writer = writer = open_segment_sink(self.archive, self.info.segment_size, timeline,
-                                                 lsn, self.settings.at_rest,
-                                                 stopping=self._stopping)
         try:
-            self.conn.start_copy_both(
-                f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} TIMELINE {timeline}"
-            )
-            self.last_received, self.pinged = self.clock(), False
+            self.loop.start(f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} "
+                            f"TIMELINE {timeline}")
             if not self.announced:
-                self.events(ev.Connected(self.conn.describe(), self.info.system_identifier,
-                                         self.info.timeline, self.settings.slot,
-                                         self.info.xlogpos))
+                self.events(ev.Connected(self.conn.describe(), info.system_identifier,
+                                         info.timeline, self.settings.slot, info.xlogpos))
                 self.announced = True
             self.events(ev.StreamingStarted(timeline, lsn, self.settings.slot,
                                             self.conn.receive_path))
-            return self._copy_loop(writer)
+            outcome = self.loop.run(feed, timeline)
+            if outcome is not COPY_DONE:
+                assert isinstance(outcome, str)
+                return outcome
+            feed.close()  # the server ended the copy: a timeline switch, or a shutdown
+            next_tli, next_start = read_timeline_end(self.conn, timeline, feed.position)
+            return TimelineEnd(next_tli, round_down_to_segment(next_start, info.segment_size))
         except WalRemovedError as exc:
-            segsize = self.info.segment_size
-            missing = wal_file_name(timeline, writer.position // segsize, segsize)
+            missing = wal_file_name(timeline, feed.position // info.segment_size,
+                                    info.segment_size)
             raise WalRemovedError(
-                f"the archive needs WAL from {format_lsn(writer.position)} on timeline "
+                f"the archive needs WAL from {format_lsn(feed.position)} on timeline "
                 f"{timeline} (segment {missing}), which the server has removed; not skipping "
                 f"ahead: {exc}", sqlstate=exc.sqlstate,
             ) from exc
         finally:
-            writer.close()
-
-    def _copy_loop(self, writer: SegmentSink) -> TimelineEnd | str:
-        """receivelog.c's HandleCopyStream, the hot loop. Take what has arrived; when nothing
-        has, do the periodic work (endpos, synchronous flush, liveness, status, monitor tick)
-        and let the next read wait, on the socket and the stop signal, until the next status
-        is due."""
-        interval = self.settings.status_interval
-        next_status = self.clock()  # pg_receivewal reports once right away
-        next_tick = next_status
-        wait = 0.0  # how long the next read may wait for a message: after one, not at all
-        while True:
-            if self.stop.requested:
-                self.events(ev.StopNoticed(writer.position))
-                self._finish(writer)
-                return "stopped"
-            message = self.conn.read_batch(wait, self.settings.endpos)
-            now = self.clock()
-            if message is None:
-                if self.stop.requested:  # the signal ended the wait
-                    continue
-                if self._at_endpos(writer):  # e.g. started exactly at --endpos
-                    return "endpos"
-                next_status = self._idle(writer, now, next_status)
-                next_tick = now + TICK_SECONDS
-                wait = (min(TICK_SECONDS, max(0.0, next_status - now)) if interval > 0
-                        else TICK_SECONDS)
-                continue
-            if message is COPY_DONE:
-                self._tick(writer)
-                return self._end_of_copy(writer)
-            wait = 0.0
-            self.last_received, self.pinged = now, False
-            if isinstance(message, WalRun):  # plain XLogData frames, from the compiled loop
-                self.decoder.count_plain(len(message.payload), message.wire)
-                self._process_xlogdata(message, message.wire, writer)
-            elif isinstance(received := parse_copy_data(message, self._read_xlogdata), XLogData):
-                self._process_xlogdata(received, len(message), writer)
-            else:
-                self._process_keepalive(received, writer)
-            if self._at_endpos(writer):
-                return "endpos"
-            if interval > 0 and now >= next_status:
-                self.send_status(writer)
-                next_status = now + interval
-            if now >= next_tick:  # the watchdog and state file need a pulse under load too
-                self._tick(writer)
-                next_tick = now + TICK_SECONDS
-
-    def _idle(self, writer: SegmentSink, now: float, next_status: float) -> float:
-        """The periodic work once nothing more has arrived: the synchronous flush, liveness,
-        a status update when due, the monitor's tick. Returns when the next status is due."""
-        if self.settings.synchronous and writer.flushed < writer.position:
-            self.send_status(writer)
-        self._check_liveness(writer, now)
-        interval = self.settings.status_interval
-        if interval > 0 and now >= next_status:
-            self.send_status(writer)
-            next_status = now + interval
-        self._tick(writer)
-        return next_status
-
-    def _at_endpos(self, writer: SegmentSink) -> bool:
-        """Stop (and say so) once everything up to --endpos is received."""
-        endpos = self.settings.endpos
-        if endpos is None or writer.position < endpos:
-            return False
-        self._tick(writer)
-        self.events(ev.EndposReached(writer.position, endpos, writer.timeline))
-        self._finish(writer)
-        return True
-
-    def _tick(self, writer: SegmentSink) -> None:
-        """Report what arrived since the last tick, then the tick (the monitor's periodic work)."""
-        if self.pending_wire:
-            self.events(ev.Received(writer.position, self.pending_wire, self.pending_wal,
-                                    self.server_wal_end))
-            self.events(ev.Written(writer.position))
-            self.pending_wire = self.pending_wal = 0
-        self.events(ev.Tick(time.time()))
-
-    def _report_compression(self) -> None:
-        """Say which stream we got: pg_streampack with an algorithm, or plain."""
-        self.first_frame = False
-        self.reported_algorithm = self.decoder.algorithm
-        self.events(ev.CompressionKnown(self.decoder.algorithm,
-                                        ",".join(self.settings.compression)))
-
-    def log_compression_summary(self) -> None:
-        """The receiver-side counterpart of the module's shutdown statistics."""
-        stats = self.decoder.stats()
-        if stats.frames:  # the algorithm spelled as stream_compression spells it
-            self.log.info("compression_summary",
-                          **{**stats.as_dict(), "algorithm": stats.algorithm or "none"})
-
-    def _check_liveness(self, writer: SegmentSink, now: float) -> None:
-        """Like wal_receiver_timeout: ping at half the timeout, give up at the full one."""
-        timeout = self.settings.receive_timeout
-        if timeout <= 0:
-            return
-        silent = now - self.last_received
-        if silent >= timeout:
-            raise ConnectionLost(f"terminating connection: no message from the server for "
-                                 f"{silent:.1f} seconds (receive timeout {timeout:g}s)")
-        if silent >= timeout / 2 and not self.pinged:
-            self.log.info("server_silent", seconds=round(silent, 1))
-            self.send_status(writer, reply_requested=True)
-            self.pinged = True
-
-    def _process_xlogdata(self, xlog: XLogData | WalRun, wire: int,
-                          writer: SegmentSink) -> None:
-        if self.decoder.algorithm != self.reported_algorithm or self.first_frame:
-            self._report_compression()
-        completed = writer.write(xlog.wal_start, xlog.payload)
-        self.pending_wire += wire
-        self.pending_wal += xlog.end - xlog.wal_start
-        self.server_wal_end = xlog.wal_end
-        for index, name in enumerate(completed, 1 - len(completed)):  # the last ends nearest
-            end = round_down_to_segment(writer.position, writer.segment_size) \
-                + index * writer.segment_size
-            self.events(ev.SegmentCompleted(name, writer.timeline, writer.position, end))
-            self._tick(writer)
-            self.events(ev.Flushed(writer.flushed))
-            self.log.debug("compression_stats", **self.decoder.stats().as_dict())
-
-    def _process_keepalive(self, keepalive: PrimaryKeepalive, writer: SegmentSink) -> None:
-        self.events(ev.Keepalive(keepalive.wal_end))
-        if keepalive.reply_requested:
-            self.send_status(writer)
-
-    def send_status(self, writer: SegmentSink, reply_requested: bool = False) -> None:
-        """Send ``r`` (and ``h`` unless disabled); fsync first when flush is reported."""
-        flush = 0
-        if self.settings.report_flush:
-            flush = writer.flush(wait=self.settings.synchronous)
-            self.events(ev.Flushed(flush))
-            if self.uploads is not None and self.settings.confirm_after == "upload":
-                flush = self.uploads.confirmable(flush)  # the slot keeps what is not uploaded
-        now = postgres_time(time.time())
-        self.conn.send_copy(build_standby_status_update(writer.position, flush, 0, now,
-                                                       reply_requested))
-        if self.settings.hot_standby_feedback:
-            self.conn.send_copy(build_hot_standby_feedback(now))
-        self.events(ev.FlushReported(writer.position, flush))
-
-    def _finish(self, writer: SegmentSink) -> None:
-        """Stop on our side: fsync, report, end the copy, and let the server finish."""
-        self._tick(writer)  # Received: the monitor's counters get the last batch too
-        writer.flush(wait=True)
-        self.send_status(writer)
-        self.conn.end_copy()
-        deadline = self.clock() + STOP_DRAIN_SECONDS
-        while self.clock() < deadline:
-            if self.conn.read_copy(max(0.0, deadline - self.clock())) is COPY_DONE:
-                break
-        else:
-            raise ConnectionLost("server did not end the stream after we stopped")
-        while (result := self.conn.next_result()) is not None:
-            if result.status not in (ResultStatus.COMMAND_OK, ResultStatus.TUPLES_OK):
-                break
-
-    def _end_of_copy(self, writer: SegmentSink) -> TimelineEnd:
-        """The server ended the copy: a timeline switch, or a shutdown."""
-        writer.close()
-        next_tli, next_start = read_timeline_end(self.conn, writer.timeline, writer.position)
-        assert self.info is not None
-        return TimelineEnd(next_tli, round_down_to_segment(next_start, self.info.segment_size))
+            feed.close()

@@ -46,6 +46,41 @@ class LastError:
 
 
 @dataclass(frozen=True)
+class UploadStatus:
+    """What ``status`` and the metrics show of the uploads."""
+
+    destination: str
+    pending_files: int = 0
+    pending_bytes: int = 0
+    oldest_pending: float | None = None  # completion time of the oldest pending file
+    uploaded_files: int = 0  # since the daemon started
+    uploaded_bytes: int = 0
+    last_uploaded: str | None = None
+    uploaded_end: int | None = None  # LSN: end of the last segment confirmed uploaded
+    last_error: LastError | None = None
+    failing_since: float | None = None  # None: the last try succeeded
+    # the error that stops the uploads at one object (a different object at its key, a refused
+    # request, an identity object that names another cluster or cannot be read), kept until
+    # that object goes up whatever the later tries say; and that object's URL
+    stopped: LastError | None = None
+    stopped_object: str | None = None
+
+    def state_fields(self) -> dict[str, Any]:
+        """The State fields that show this status (the state file, ``status``)."""
+        return {
+            "upload_to": self.destination,
+            "upload_pending_files": self.pending_files,
+            "upload_pending_bytes": self.pending_bytes,
+            "upload_oldest_pending": self.oldest_pending,
+            "uploaded_files": self.uploaded_files,
+            "last_uploaded": self.last_uploaded,
+            "upload_error": self.last_error,
+            "upload_failing_since": self.failing_since,
+            "upload_stopped": self.stopped,
+        }
+
+
+@dataclass(frozen=True)
 class State:
     """A snapshot of the daemon. Times are seconds since the epoch; LSNs are integers."""
 

@@ -14,37 +14,31 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import os
 import random
-import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from receivewal.allocator import skip_final_collection
-from receivewal.archive.directory import OUT_OF_DESCRIPTORS, Archive
-from receivewal.archive.listing import Listing
-from receivewal.daemon.events import (
+from receivewal.daemon.events import EventLog, EventStream, Listener, Tick
+from receivewal.daemon.lifecycle import (
+    Connecting,
     Disconnected,
     DiskFull,
     ErrorCounted,
-    EventLog,
-    EventSink,
-    EventStream,
     Failed,
     GapDetected,
     Reconnecting,
+    Stopped,
     Stopping,
-    Tick,
     WaitingForServer,
 )
 from receivewal.daemon.monitor import Monitor
-from receivewal.daemon.session import TICK_SECONDS, Session
 from receivewal.daemon.settings import Settings
+from receivewal.daemon.signals import StopSignal
 from receivewal.errors import (
+    OUT_OF_DESCRIPTORS,
     ArchiveNotDurable,
     ConnectionLost,
     DescriptorLimitError,
@@ -53,66 +47,10 @@ from receivewal.errors import (
     WalRemovedError,
 )
 from receivewal.logs import get_logger
-from receivewal.replication.commands import create_slot, drop_slot
 from receivewal.replication.connection import ReplicationConnection
-from receivewal.replication.waiting import pause
+from receivewal.replication.link import ReplicationLink
+from receivewal.replication.waiting import StopFlag
 from receivewal.secrets import redacted
-
-if TYPE_CHECKING:  # loaded only with --upload-to
-    from receivewal.daemon.uploader import Uploader
-
-
-class StopSignal:
-    """SIGINT/SIGTERM set a flag and wake any selector waiting on :meth:`fileno`."""
-
-    def __init__(self) -> None:
-        self._reader, self._writer = socket.socketpair()
-        self._reader.setblocking(False)
-        self._writer.setblocking(False)
-        self.signal_name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    @property
-    def requested(self) -> bool:
-        """True once a stop signal arrived."""
-        return self.signal_name is not None
-
-    def install(self) -> None:
-        """Handle SIGINT and SIGTERM from now on."""
-        signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
-
-    def uninstall(self) -> None:
-        """Restore the previous handlers."""
-        signal.set_wakeup_fd(-1)
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._reader.close()
-        self._writer.close()
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signal_name = signal.Signals(signum).name
-
-    def fileno(self) -> int:
-        """A descriptor that becomes readable when a signal arrives."""
-        return self._reader.fileno()
-
-    def drain(self) -> None:
-        """Empty the wake-up socket."""
-        try:
-            while self._reader.recv(4096):
-                pass
-        except BlockingIOError:
-            pass
-
-    def sleep(self, seconds: float, on_tick: Callable[[], None] | None = None) -> None:
-        """Sleep, waking early when a stop signal arrives; call ``on_tick`` 4 times a second."""
-        deadline = time.monotonic() + seconds
-        while not self.requested and (left := deadline - time.monotonic()) > 0:
-            pause(self, min(left, TICK_SECONDS))
-            if on_tick is not None:
-                on_tick()
 
 
 def backoff_delay(attempt: int, base: float, cap: float,
@@ -131,45 +69,82 @@ def prompt_password() -> str | None:
     return getpass.getpass("Password: ")
 
 
+class Session(Protocol):
+    """One connection's work, as the supervisor runs it (the WAL archive's:
+    :class:`receivewal.daemon.session.Session`)."""
+
+    def prepare(self) -> None:
+        """Everything before streaming: identify the server, find where to start. An error
+        here on the first connection ends the daemon."""
+
+    def run(self) -> str:
+        """Stream until a stop signal ("stopped") or --endpos ("endpos"); raise otherwise."""
+
+    def close(self) -> None:
+        """The connection ends (with an error too)."""
+
+
+class Receiver(Protocol):
+    """What the daemon receives into, across its connections: the supervisor opens it once,
+    runs one of its sessions per connection, and closes it. The WAL archive's is
+    :class:`receivewal.daemon.walreceiver.WalReceiver`."""
+
+    @property
+    def file_mode(self) -> int:
+        """The mode of the files it writes (the state file's too)."""
+
+    def slot_command(self, conn: ReplicationLink, events: Listener) -> None:
+        """--create-slot or --drop-slot: act on the slot (the daemon exits then)."""
+
+    def open(self, events: EventStream) -> None:
+        """Take the destination (its lock), before touching anything; what runs beside the
+        sessions (the uploads) is made. Raises ReceivewalError: the daemon exits 1."""
+
+    def session(self, conn: ReplicationLink, events: Listener, stop: StopFlag) -> Session:
+        """The work of one connection."""
+
+    def drain(self, stop: StopSignal, tick: Callable[[], None]) -> str | None:
+        """Before an exit no stop signal asked for: wait, a bounded time, for what must leave
+        (the uploads); what is left, in words (None: nothing; the exit is then 0)."""
+
+    def close(self) -> None:
+        """Stop what runs beside the sessions (before the daemon says it stops)."""
+
+    def release(self) -> None:
+        """Give the destination up (its lock), last."""
+
+
 class Supervisor:
-    """Runs sessions until told to stop, reconnecting after failures.
+    """Runs the ``receiver``'s sessions until told to stop, reconnecting after failures.
 
-    What the sessions and the supervisor report goes into one :class:`EventStream`: its
-    consumers are the log, then the monitor (once made), then ``listeners`` (the drop-in's
-    pg_receivewal messages)."""
+    What the sessions, the supervisor and the uploader report goes into one
+    :class:`EventStream`: its consumers are the log (unless ``log_events`` is false: the
+    drop-in words every event itself), then the monitor (once made), then ``listeners`` (the
+    drop-in's pg_receivewal messages)."""
 
-    def __init__(self, settings: Settings, prompt: Callable[[], str | None] | None =
-                 prompt_password, listeners: tuple[EventSink, ...] = ()) -> None:
+    def __init__(self, settings: Settings, receiver: Receiver,
+                 prompt: Callable[[], str | None] | None = prompt_password,
+                 listeners: tuple[Listener, ...] = (), *, log_events: bool = True) -> None:
         self.settings = settings
+        self.receiver = receiver
         self.log = get_logger()
         self.prompt = prompt
         self.stop = StopSignal()
         self.listeners = listeners
-        self.events = EventStream(EventLog(self.log), *listeners)
-        self._listing: Listing | None = None  # the lock's listing, for the first session
+        logged = (EventLog(self.log),) if log_events else ()
+        self.events = EventStream(*logged, *listeners)
 
     def connect(self) -> ReplicationConnection:
         """Open a replication connection (the password never reaches a log line)."""
-        self.log.debug("connecting", conninfo=redacted(self.settings.conninfo))
+        self.events(Connecting(redacted(self.settings.conninfo)))
         return ReplicationConnection.open(self.settings.conninfo, self.prompt, stop=self.stop,
                                           timeout=self.settings.receive_timeout)
 
     def slot_command(self) -> int:
         """--create-slot / --drop-slot: act and exit, as pg_receivewal does."""
-        slot = self.settings.slot
-        assert slot is not None
         conn = self.connect()
         try:
-            if self.settings.drop_slot:
-                self.log.info("dropping_replication_slot", slot=slot)
-                drop_slot(conn, slot)
-            else:
-                self.log.info("creating_replication_slot", slot=slot,
-                              reserve_wal=self.settings.reserve_wal)
-                created = create_slot(conn, slot, reserve_wal=self.settings.reserve_wal,
-                                      if_not_exists=self.settings.if_not_exists)
-                if not created:
-                    self.log.info("replication_slot_exists", slot=slot)
+            self.receiver.slot_command(conn, self.events)
         finally:
             conn.close()
         return 0
@@ -183,82 +158,33 @@ class Supervisor:
         except ReceivewalError as exc:
             self.events(Failed(str(exc)))
             return 1
-        assert self.settings.directory is not None
-        archive = Archive(self.settings.directory, sync=self.settings.sync)
+        receiver = self.receiver
         try:
-            self._listing = archive.lock()  # one writer per archive, before touching anything
-            for name in self._listing.removed:
-                self.log.info("temporary_file_removed", file=name)
-            archive.check_usable()
-        except ReceivewalError as exc:
-            self.events(Failed(str(exc)))
-            return 1
-        try:
-            uploads = self._uploader(archive)
+            receiver.open(self.events)
             monitor = Monitor(self.settings.directory, self.settings.metrics_address,
-                              keeps_partials=not self.settings.at_rest.method,
-                              progress=self.settings.progress, file_mode=archive.file_mode,
-                              uploads=uploads.status if uploads else None)
+                              progress=self.settings.progress, file_mode=receiver.file_mode)
         except ReceivewalError as exc:
             self.events(Failed(str(exc)))
+            receiver.close()
+            receiver.release()
             return 1
         # the monitor before the listeners, so that the drop-in's line follows the log's
-        self.events = EventStream(EventLog(self.log), monitor, *self.listeners)
+        self.events.subscribe(monitor, before=self.listeners[0] if self.listeners else None)
         self.stop.install()
         try:
-            code = self._loop(archive, uploads)
-            if uploads is not None and uploads.started and not self.stop.requested:
-                code = self._finish_uploads(uploads, code)
+            code = self._loop()
+            if not self.stop.requested and (left := receiver.drain(self.stop, self._tick)):
+                self.events(Failed(left))
+                code = 1
             return code
         finally:
-            if uploads is not None:
-                uploads.close()
+            receiver.close()
             self.events(Stopping())
             monitor.close()
             self.stop.uninstall()
-            archive.unlock()
+            receiver.release()
 
-    def _uploader(self, archive: Archive) -> Uploader | None:
-        """The uploader of --upload-to (its client is made now; nothing is sent yet)."""
-        if self.settings.upload_to is None:
-            return None
-        from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
-        from receivewal.daemon.uploader import (  # noqa: PLC0415
-            ONE_TRY,
-            Uploader,
-            retry_policy,
-            upload_patience,
-        )
-
-        bucket = Bucket.connect(self.settings.upload_to, ONE_TRY, upload_patience(os.environ))
-        return Uploader(archive, bucket, self.log, retry_policy(os.environ), environ=os.environ)
-
-    def _finish_uploads(self, uploads: Uploader, code: int) -> int:
-        """An exit no signal asked for (--endpos, --no-loop): wait for the completed files to
-        go up, at most --upload-wait seconds (less when a stop signal comes or the uploads are
-        stopped at an object); the exit code, 1 with a line naming what is left."""
-        deadline = time.monotonic() + self.settings.upload_wait
-        while (left := uploads.waiting()) and uploads.running \
-                and uploads.status().stopped is None and not self.stop.requested \
-                and (wait := deadline - time.monotonic()) > 0:
-            self.stop.sleep(min(wait, TICK_SECONDS), on_tick=self._tick)
-        if not left:
-            return code
-        status = uploads.status()
-        if status.stopped is not None:
-            why = f"the uploads are stopped: {status.stopped.message}"
-        elif self.stop.requested:
-            why = f"{self.stop.signal_name} came while they were uploaded"
-        else:
-            why = f"not within --upload-wait {self.settings.upload_wait:g} s"
-            if status.failing_since is not None and status.last_error is not None:
-                why += f"; the last try failed: {status.last_error.message}"
-        self.events(Failed(f"{len(left)} completed files not uploaded to {status.destination}"
-                           f" ({left[0]} .. {left[-1]}), {why}; they stay in the archive "
-                           "directory and go up at the next run"))
-        return 1
-
-    def _loop(self, archive: Archive, uploads: Uploader | None) -> int:
+    def _loop(self) -> int:
         attempt = 0
         connected_once = False
         while True:
@@ -273,22 +199,19 @@ class Supervisor:
                 error: ReceivewalError = exc
             else:
                 connected_once = True
-                session = Session(conn, settings=self.settings, archive=archive,
-                                  events=self.events, stop=self.stop, log=self.log,
-                                  uploads=uploads, listing=self._listing)
-                self._listing = None  # later sessions list the archive as it is then
+                session = self.receiver.session(conn, self.events, self.stop)
                 try:
                     with descriptors_retryable():
-                        start = session.prepare()
+                        session.prepare()
                         streamed = True
-                        outcome = session.run(start)
+                        outcome = session.run()
                 except ReceivewalError as exc:
                     error = exc
                 else:
-                    self.log.info("stopped", reason=outcome, signal=self.stop.signal_name)
+                    self.events(Stopped(outcome, self.stop.signal_name))
                     return 0
                 finally:
-                    session.log_compression_summary()
+                    session.close()
                     conn.close()
             if self.stop.requested:
                 return self._stopped(error)
@@ -301,7 +224,7 @@ class Supervisor:
             if isinstance(error, WalRemovedError):
                 self.events(GapDetected(str(error)))
             if isinstance(error, DiskFullError):
-                self.events(DiskFull(str(error), str(archive.directory)))
+                self.events(DiskFull(str(error), str(self.settings.directory)))
             self.events(Disconnected(str(error), kind))
             attempt = 1 if streamed and isinstance(error, ConnectionLost) else attempt + 1
             delay = backoff_delay(attempt, self.settings.reconnect_delay,
@@ -317,7 +240,7 @@ class Supervisor:
         if isinstance(error, ArchiveNotDurable):
             self.events(Failed(str(error), error_kind(error)))
             return 1
-        self.log.info("stopped", reason="signal", signal=self.stop.signal_name)
+        self.events(Stopped("signal", self.stop.signal_name))
         return 0
 
     # -- --wait-for-server: the first connection is retried (as a service), not fatal ------
@@ -340,7 +263,6 @@ class Supervisor:
                 delay = backoff_delay(attempt, self.settings.reconnect_delay,
                                       self.settings.reconnect_delay_max)
                 self.events(WaitingForServer(str(exc), attempt, delay))
-                self._listing = None  # the wait may be long: the session lists anew
                 self.stop.sleep(delay, on_tick=self._tick)
                 if self.stop.requested:
                     raise

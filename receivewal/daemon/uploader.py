@@ -1,10 +1,13 @@
 """The uploader: completed archive files go to object storage, in order, from a thread of their
 own, so that the receive loop never waits for the network.
 
-It subscribes to the archive's completed files (``FileCompleted`` events of
-:mod:`receivewal.archive.completions`, told once a segment or history file is durable under
-its final name); at start it takes the backlog from the archive directory and the local upload
-record (:mod:`receivewal.archive.uploads`), never from a listing of the bucket.
+It follows the files the archive completes on the daemon's event stream
+(:class:`~receivewal.daemon.events.SegmentCompleted` and
+:class:`~receivewal.daemon.events.HistoryFileWritten`, stated once a file is durable under its
+final name), and states its own progress there (:class:`~receivewal.daemon.events.
+UploadsChanged`, posted from its thread: the monitor shows it); at start it takes the backlog
+from the archive directory and the local upload record (:mod:`receivewal.archive.uploads`),
+never from a listing of the bucket.
 
 The prefix is claimed for this cluster (the identity object) from the uploader's thread, before
 the first upload: start-up waits a few seconds for the answer, so that another cluster's prefix
@@ -40,14 +43,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from structlog.typing import FilteringBoundLogger
 
-from receivewal.archive.completions import FileCompleted
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.listing import Listing
@@ -63,7 +65,9 @@ from receivewal.archive.uploads import (
     segment_end,
     write_upload_record,
 )
-from receivewal.daemon.state import LastError
+from receivewal.daemon.events import Event, EventStream, HistoryFileWritten, SegmentCompleted
+from receivewal.daemon.lifecycle import UploadsChanged
+from receivewal.daemon.state import LastError, UploadStatus
 from receivewal.errors import ForeignArchive, ObjectConflict, ReceivewalError, StoreError
 from receivewal.wal.names import parse_history_file_name
 
@@ -99,41 +103,6 @@ def upload_patience(environ: Mapping[str, str]) -> Patience:
     return Patience(connect=seconds, read=seconds, attempts=1)
 
 
-@dataclass(frozen=True)
-class UploadStatus:
-    """What ``status`` and the metrics show of the uploads."""
-
-    destination: str
-    pending_files: int = 0
-    pending_bytes: int = 0
-    oldest_pending: float | None = None  # completion time of the oldest pending file
-    uploaded_files: int = 0  # since the daemon started
-    uploaded_bytes: int = 0
-    last_uploaded: str | None = None
-    uploaded_end: int | None = None  # LSN: end of the last segment confirmed uploaded
-    last_error: LastError | None = None
-    failing_since: float | None = None  # None: the last try succeeded
-    # the error that stops the uploads at one object (a different object at its key, a refused
-    # request, an identity object that names another cluster or cannot be read), kept until
-    # that object goes up whatever the later tries say; and that object's URL
-    stopped: LastError | None = None
-    stopped_object: str | None = None
-
-    def state_fields(self) -> dict[str, Any]:
-        """The State fields that show this status (the state file, ``status``)."""
-        return {
-            "upload_to": self.destination,
-            "upload_pending_files": self.pending_files,
-            "upload_pending_bytes": self.pending_bytes,
-            "upload_oldest_pending": self.oldest_pending,
-            "uploaded_files": self.uploaded_files,
-            "last_uploaded": self.last_uploaded,
-            "upload_error": self.last_error,
-            "upload_failing_since": self.failing_since,
-            "upload_stopped": self.stopped,
-        }
-
-
 def confirmable_flush(flush: int, uploaded_end: int | None, floor: int) -> int:
     """What --confirm-after upload reports: never past the end of the last segment uploaded;
     and nothing (0: the server keeps the slot where it is) while that end lies before
@@ -146,13 +115,17 @@ def confirmable_flush(flush: int, uploaded_end: int | None, floor: int) -> int:
 
 
 class Uploader:
-    """Follows the archive's completed files and uploads each, in order, on one thread."""
+    """Follows the archive's completed files and uploads each, in order, on one thread.
+
+    ``events`` is the daemon's event stream: the uploads' status goes there from the start,
+    and the files completed come from there once :meth:`begin` has taken the backlog."""
 
     def __init__(self, archive: Archive, bucket: Bucket, log: FilteringBoundLogger,
-                 retry: RetryPolicy, *, environ: Mapping[str, str],
+                 retry: RetryPolicy, events: EventStream, *, environ: Mapping[str, str],
                  clock: Callable[[], float] = time.time) -> None:
         self.archive = archive
         self.bucket = bucket
+        self.events = events
         self.log = log
         self.retry = retry
         self.clock = clock
@@ -171,8 +144,9 @@ class Uploader:
         self._thread: threading.Thread | None = None
         self._pause = environ.get(PAUSE_ENV)
         self._status = UploadStatus(str(bucket.url))
+        events.post(UploadsChanged(self._status))
         self._floor = 0  # where the current session streams from
-        self._unsubscribe: Callable[[], None] = lambda: None  # from the archive's completions
+        self._unsubscribe: Callable[[], None] = lambda: None  # from the event stream
 
     # -- the session's side ------------------------------------------------------------------
     def begin(self, identity: ArchiveIdentity, listing: Listing | None = None,
@@ -182,7 +156,7 @@ class Uploader:
         thread, which claims the prefix first, and wait a few seconds for that claim (less
         when ``stopping`` says a stop signal came). Another cluster's prefix raises
         ForeignArchive (nothing is written); anything else, or no answer in time, leaves the
-        claim to the thread, and streaming goes on. Then follow the archive's completions."""
+        claim to the thread, and streaming goes on. Then follow the files completed."""
         if self._thread is not None:
             return
         self._identity, self.segment_size = identity, identity.segment_size
@@ -196,7 +170,7 @@ class Uploader:
         self._thread = threading.Thread(target=self._work, name="uploader", daemon=True)
         self._thread.start()
         self._await_claim(stopping)
-        self._unsubscribe = self.archive.completions.subscribe(self.follow)
+        self._unsubscribe = self.events.subscribe(self.follow)
         self.log.info("uploads_started", destination=str(self.bucket.url),
                       backlog=len(self._pending), last_uploaded=self._record.segment)
 
@@ -217,10 +191,15 @@ class Uploader:
             self._stop.set()  # the thread has ended already
             raise refusal
 
-    def follow(self, completed: FileCompleted) -> None:
-        """A file is complete and durable in the archive: queue it (never blocks on the
-        network)."""
-        name = completed.name
+    def follow(self, event: Event) -> None:
+        """Of the daemon's events, those of a file complete and durable in the archive: queue
+        it (never blocks on the network)."""
+        if isinstance(event, SegmentCompleted):
+            name = event.segment
+        elif isinstance(event, HistoryFileWritten):
+            name = event.file
+        else:
+            return
         if not is_uploadable(name, self.segment_size):
             return
         try:
@@ -268,6 +247,7 @@ class Uploader:
         if self._thread is not None:
             self._thread.join(CLOSE_SECONDS)
         self._unsubscribe()
+        self.events.post(UploadsChanged(self.status()))
 
     # -- the thread --------------------------------------------------------------------------
     def _work(self) -> None:
@@ -356,8 +336,8 @@ class Uploader:
         self._failed(exc, event)
         if not exc.retryable:
             with self._wake:
-                self._status = self._counted(stopped=self._status.last_error,
-                                             stopped_object=self.bucket.url.url(name))
+                self._recount(stopped=self._status.last_error,
+                              stopped_object=self.bucket.url.url(name))
                 self._wake.notify_all()
 
     def _succeeded(self) -> None:
@@ -391,10 +371,9 @@ class Uploader:
             status = self._status
             end = status.uploaded_end if history else \
                 max(status.uploaded_end or 0, segment_end(item.name, self.segment_size))
-            self._status = self._counted(
-                uploaded_files=status.uploaded_files + 1,
-                uploaded_bytes=status.uploaded_bytes + item.size,
-                last_uploaded=item.name, uploaded_end=end)
+            self._recount(uploaded_files=status.uploaded_files + 1,
+                          uploaded_bytes=status.uploaded_bytes + item.size,
+                          last_uploaded=item.name, uploaded_end=end)
             self._wake.notify_all()
         self.log.info("file_uploaded", file=item.name, key=self.bucket.key(item.name),
                       bytes=item.size, backlog=len(self._pending))
@@ -406,18 +385,20 @@ class Uploader:
                 return
             self._queued.add(item.name)
             self._pending.append(item)
-            self._status = self._counted()
+            self._recount()
             self._wake.notify_all()
 
-    def _counted(self, **changes: Any) -> UploadStatus:
-        """The status with the backlog recounted (the lock is held)."""
+    def _recount(self, **changes: Any) -> None:
+        """Change the status, with the backlog recounted, and state it (the lock is held)."""
         oldest = self._pending[0].completed_at if self._pending else None
-        return replace(self._status, **changes, pending_files=len(self._pending),
-                       pending_bytes=sum(p.size for p in self._pending), oldest_pending=oldest)
+        self._status = replace(self._status, **changes, pending_files=len(self._pending),
+                               pending_bytes=sum(p.size for p in self._pending),
+                               oldest_pending=oldest)
+        self.events.post(UploadsChanged(self._status))
 
     def _update(self, **changes: Any) -> None:
         with self._wake:
-            self._status = self._counted(**changes)
+            self._recount(**changes)
 
     def _failed(self, exc: ReceivewalError, event: str) -> None:
         now = self.clock()

@@ -1,6 +1,7 @@
 """What receivewal needs of a replication connection, in its own types: psycopg's door.
 
-:class:`ReplicationLink` is what the replication commands and the session use.
+:class:`ReplicationLink` is what the replication commands and the COPY stream
+(:class:`~receivewal.replication.copystream.CopyStream`) use.
 :class:`~receivewal.replication.connection.ReplicationConnection` (the one module that imports
 psycopg) is the real one; the tests' scripted connection is another. Only receivewal's types
 cross it: rows of text, a :class:`Result` with its :class:`ResultStatus`, CopyData payloads as
@@ -31,10 +32,12 @@ COPY_DONE: Final = CopyDone.COPY_DONE
 
 @dataclass(frozen=True, slots=True)
 class WalRun:
-    """Plain XLogData messages received back to back, their WAL following on from
-    ``wal_start``: what the compiled receive loop hands over in one call. ``payload`` is their
-    WAL bytes, one view per message of the buffer libpq allocated (nothing copied);
-    ``wal_end`` is the last message's walEnd, ``wire`` the messages' CopyData bytes."""
+    """XLogData messages received back to back, each beginning where the one before ended
+    (the first at ``wal_start``): what the compiled receive loop hands over in one call, and
+    what :class:`~receivewal.replication.copystream.CopyStream` makes of every XLogData
+    message, a run of one. ``payload`` is their bytes, one view per message (the compiled
+    loop's: of the buffers libpq allocated, nothing copied); ``wal_end`` is the last
+    message's walEnd, ``wire`` the messages' CopyData bytes."""
 
     wal_start: int
     wal_end: int

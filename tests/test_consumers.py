@@ -1,0 +1,113 @@
+"""The COPY loop drives any consumer of a stream: a logical change log is a second one beside
+the WAL archive, through a thin adapter, with the same loop, status updates, events and
+monitor (issue 26 item 4, for issue 27's logical receiver)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from support import logical_wire as w
+from support.changelog import open_store, read_log, runs
+from support.scripted import ScriptedConnection, status_updates
+from support.stopflag import Stop
+
+from receivewal.daemon.copyloop import STOPPED, CopyLoop, StreamConsumer
+from receivewal.daemon.events import Event, Flushed, Listener
+from receivewal.daemon.monitor import Monitor
+from receivewal.daemon.settings import Settings
+from receivewal.logical.consumer import ChangeLogConsumer, PluginSettings
+from receivewal.logical.pgoutput import PgoutputOptions
+from receivewal.replication.link import WalRun
+from receivewal.replication.messages import build_xlogdata
+from receivewal.wal.lsn import format_lsn
+
+T0 = 849_000_000_000_000
+ITEMS = w.relation(16384, "public", "items", [(True, "id", 23, -1), (False, "name", 25, -1)])
+
+
+class ChangeLogFeed:
+    """ChangeLogConsumer as the COPY loop's consumer: all the adapter the logical receiver
+    needs. Each message of a run reaches the change log alone, with its walStart."""
+
+    def __init__(self, consumer: ChangeLogConsumer, events: Listener) -> None:
+        self.consumer = consumer
+        self.events = events
+        self.position = 0  # the last message's walStart, or a keepalive's walEnd
+
+    def receive(self, run: WalRun) -> None:
+        lsn = run.wal_start
+        for payload in run.payload:  # each message begins where the one before ended
+            self.consumer.receive(lsn, payload)
+            self.position = max(self.position, lsn)
+            lsn += len(payload)
+
+    def keepalive(self, wal_end: int) -> None:
+        self.consumer.keepalive(wal_end)
+
+    def flush(self, wait: bool = False) -> int:
+        confirmed = self.consumer.flush()
+        self.events(Flushed(confirmed))
+        return confirmed
+
+    def report(self) -> bool:
+        return False  # a change log file completed could be stated here
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def keepalive(wal_end: int, reply: bool) -> bytes:
+    return struct.pack(">cQqB", b"k", wal_end, 0, int(reply))
+
+
+def test_the_copy_loop_feeds_a_change_log_through_a_thin_adapter(tmp_path: Path) -> None:
+    """pgoutput messages as a server sends them, one as the compiled receive loop hands them
+    over (a run of two whose walStarts follow on), through the same COPY loop as WAL: the
+    change log holds the committed transaction alone, the status updates report the durable
+    commit as flushed (not the open transaction after it), and the monitor shows what the
+    consumer's Flushed events said."""
+    begin = w.begin(0x400, T0, 700)
+    insert = w.insert(16384, [("t", b"1"), ("t", b"one")])
+    script: list[bytes | WalRun] = [
+        build_xlogdata(0x100, 0x100, 0, ITEMS),
+        WalRun(0x300, 0x300, [memoryview(begin), memoryview(insert)], wire=0),
+        build_xlogdata(0x300 + len(begin) + len(insert), 0x430, 0,
+                       w.commit(0x400, 0x430, T0)),
+        build_xlogdata(0x500, 0x500, 0, w.begin(0x600, T0, 701)),  # still open at the stop
+        keepalive(0x500, reply=True),
+    ]
+    assert 0x300 + len(begin) + len(insert) < 0x400
+    stop = Stop()
+    conn = ScriptedConnection(script, stop)
+    monitor = Monitor.null()
+    seen: list[Event] = []
+
+    def events(event: Event) -> None:
+        seen.append(event)
+        monitor(event)
+
+    settings = Settings(directory=tmp_path, conninfo="", slot="logical", status_interval=0,
+                        hot_standby_feedback=False)
+    store = open_store(tmp_path)
+    options = PgoutputOptions(1, streaming="off", two_phase=False, binary=False,
+                              messages=False)
+    feed: StreamConsumer = ChangeLogFeed(ChangeLogConsumer(store, PluginSettings(
+        "pgoutput", options)), events)
+    loop = CopyLoop(conn, settings, events, stop)
+    loop.start("START_REPLICATION SLOT logical LOGICAL 0/0")
+    try:
+        assert loop.run(feed, 1) == STOPPED
+    finally:
+        feed.close()
+        store.close()
+    logged = runs(read_log(tmp_path))
+    assert [[record["op"] for record in run] for run in logged] == [["begin", "insert", "commit"]]
+    assert [record["lsn"] for record in logged[0]] == \
+        [format_lsn(lsn) for lsn in (0x300, 0x300 + len(begin), 0x300 + len(begin) +
+                                     len(insert))]  # each message's own walStart
+    assert status_updates(conn)[0] == (0x500, 0x430, 0)  # the keepalive's reply
+    assert status_updates(conn)[-1] == (0x500, 0x430, 0)  # and the one at the stop
+    assert {m[:1] for m in conn.sent} == {b"r"}
+    assert monitor.snapshot().flushed_lsn == 0x430
+    assert [event.lsn for event in seen if isinstance(event, Flushed)][-1] == 0x430

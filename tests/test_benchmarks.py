@@ -52,7 +52,8 @@ def test_relay_throughput_bench_runs_bulk_wal_against_a_baseline_tree() -> None:
 
 
 def test_verify_throughput_bench_runs() -> None:
-    out = run_bench("verify_throughput.py", "--segments", "1", "--pgbench-seconds", "1")
+    out = run_bench("verify_throughput.py", "--segments", "1", "--pgbench-seconds", "1",
+                    "--repeats", "1")
     assert "pg_waldump" in out
 
 
@@ -83,11 +84,12 @@ def test_slow_link_bench_grows_the_wal_to_the_volume_asked() -> None:
 
 
 def test_recovery_bench_runs() -> None:
-    """cp and receivewal restore (plain and zstd archives, with and without prefetch, and the
-    zstd archive's files in a local S3 server) each recover the base backup to the primary's
-    data."""
-    out = run_bench("recovery.py", "--segments", "1", "--rounds", "1")
-    assert out.count("data equal") == 7
+    """cp and receivewal restore (a plain archive, a zstd archive with prefetch, and the zstd
+    archive's files in a local S3 server) each recover the base backup to the primary's data.
+    The other modes run the same code paths with other options (the restore tests cover them)."""
+    out = run_bench("recovery.py", "--segments", "1", "--rounds", "1",
+                    "--modes", "cp,plain,zstd-prefetch,bucket")
+    assert out.count("data equal") == 4
     assert "vs cp" in out
 
 

@@ -20,6 +20,7 @@ import pytest
 from support.backups import give_to_postgres, replication_link, start_recovered
 from support.postgres_user import install_for_postgres, readable_by_postgres
 from support.recovery import complete_segments
+from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir, pg_bin
 
 from receivewal.backup.catalog import read_catalog
@@ -303,3 +304,39 @@ def test_the_archive_cleanup_form_agrees_with_pg_archivecleanup(promoted: Promot
         assert set(listed(ours)) == (set(listed(theirs)) | partials) - compressed
         assert rw_would
         assert not rw_would & set(listed(ours))
+
+
+def test_cleanup_of_the_same_archive_in_a_bucket(promoted: Promoted, seaweed: SeaweedS3) -> None:
+    """The archive uploaded to a bucket (SeaweedFS): ``cleanup -D s3://...`` makes the plan a
+    directory gets (--dry-run deletes nothing), and deletes the same files and backup."""
+    client = seaweed.client()
+    prefix = "timelines/db1"
+    uploaded = sorted(str(path.relative_to(promoted.archive))
+                      for path in promoted.archive.rglob("*") if path.is_file())
+    for name in uploaded:
+        client.put_object(Bucket=seaweed.bucket, Key=f"{prefix}/{name}",
+                          Body=(promoted.archive / name).read_bytes())
+
+    def stored() -> list[str]:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=seaweed.bucket,
+                                                                   Prefix=prefix + "/")
+        return sorted(item["Key"][len(prefix) + 1:] for page in pages
+                      for item in page.get("Contents", ()))
+
+    url = f"s3://{seaweed.bucket}/{prefix}"
+    env = {**os.environ, **seaweed.env()}
+    command = [sys.executable, "-m", "receivewal", "cleanup", "-D", url, "--keep-backups", "1"]
+    dry = subprocess.run([*command, "--dry-run"], capture_output=True, text=True, env=env,
+                         check=False, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert stored() == uploaded
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == dry.stdout.replace("would remove", "removed").replace(
+        "; --dry-run: nothing was removed", "")
+    local = copy_of(promoted, "like-the-bucket")
+    assert run_cleanup("-D", str(local), "--keep-backups", "1").stdout == done.stdout
+    expected = sorted(str(path.relative_to(local)) for path in local.rglob("*") if path.is_file())
+    assert stored() == expected
+    assert not [name for name in stored() if promoted.older.backup_id in name]

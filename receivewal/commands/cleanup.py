@@ -143,8 +143,8 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
     if not directory:
         raise _usage("give the archive: -D ARCHIVE")
     if directory.startswith("s3://"):
-        raise click.ClickException(f"{directory}: cleanup of a bucket is not supported yet; "
-                                   "run it on the archive directory")
+        _bucket_cleanup(directory, arguments, keep_backups, recovery_window, dry_run=dry_run)
+        return
     path = Path(directory)
     if not path.is_dir():
         raise _usage(f'archive location "{directory}" does not exist')
@@ -160,6 +160,24 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
     policy = _policy(keep_backups, recovery_window)
     try:
         report = apply_policy(path, policy, daemon_holds(path), dry_run=dry_run)
+    except ReceivewalError as exc:
+        raise click.ClickException(f"{exc}; nothing more was removed") from exc
+    click.echo("\n".join(report_lines(report)))
+
+
+def _bucket_cleanup(url: str, arguments: tuple[str, ...], keep_backups: str | None,
+                    recovery_window: str | None, *, dry_run: bool) -> None:
+    """The policy form on an archive in a bucket."""
+    if arguments:
+        raise _usage(f"{url}: OLDESTKEPTWALFILE goes with an archive directory; give a bucket "
+                     "a retention policy")
+    policy = _policy(keep_backups, recovery_window)
+    from receivewal.backup.bucketcleanup import (  # noqa: PLC0415 - boto3 only for a bucket
+        apply_policy_to_bucket,
+    )
+
+    try:
+        report = apply_policy_to_bucket(url, policy, dry_run=dry_run)
     except ReceivewalError as exc:
         raise click.ClickException(f"{exc}; nothing more was removed") from exc
     click.echo("\n".join(report_lines(report)))

@@ -340,3 +340,24 @@ def test_cleanup_of_the_same_archive_in_a_bucket(promoted: Promoted, seaweed: Se
     expected = sorted(str(path.relative_to(local)) for path in local.rglob("*") if path.is_file())
     assert stored() == expected
     assert not [name for name in stored() if promoted.older.backup_id in name]
+
+
+def test_a_recovery_window(promoted: Promoted) -> None:
+    """``--recovery-window``: a day keeps both backups (both ended inside it) and removes only
+    the WAL before the older one; a second keeps the newest alone, as --keep-backups 1."""
+    archive = copy_of(promoted, "window")
+    before = listed(archive)
+    first_older = segment_of(promoted.older.start_lsn, SEGMENT)
+    older_only = [name for name in before_kept(promoted, before)
+                  if int(name[8:16], 16) * 4096 + int(name[16:], 16) < first_older]
+    assert older_only
+    second = run_cleanup("-D", str(archive), "--recovery-window", "1s", "--dry-run")
+    keep_one = run_cleanup("-D", str(archive), "--keep-backups", "1", "--dry-run")
+    assert [line.split(": ")[:2] for line in second.stdout.splitlines()] == \
+        [line.split(": ")[:2] for line in keep_one.stdout.splitlines()]
+    day = run_cleanup("-D", str(archive), "--recovery-window", "1d")
+    assert day.returncode == 0, day.stderr
+    assert f"backup {promoted.older.backup_id}: kept: needed to recover to any time since " \
+        in day.stdout
+    assert backup_ids(archive) == sorted([promoted.older.backup_id, promoted.kept.backup_id])
+    assert listed(archive) == sorted(set(before) - set(older_only))

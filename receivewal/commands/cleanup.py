@@ -53,15 +53,24 @@ def daemon_holds(directory: Path) -> Holds:
                  state.upload_to)
 
 
-def after_backup(directory: Path, environ: Mapping[str, str] | None = None
+def after_backup(archive: str | Path, environ: Mapping[str, str] | None = None
                  ) -> CleanupReport | None:
     """The policy ``RECEIVEWAL_KEEP_BACKUPS`` or ``RECEIVEWAL_RECOVERY_WINDOW`` sets, applied
-    to the archive directory (what ``receivewal backup`` runs after a successful backup);
-    None when neither is set. Raises ConfigurationError and ArchiveError."""
+    to the archive (a directory, or ``s3://BUCKET/PREFIX``): what ``receivewal backup`` runs
+    after a successful backup, printing :func:`report_lines`; None when neither is set.
+    Raises ConfigurationError (a bad value, named with its variable) and ArchiveError or
+    StoreError (what could not be read or removed)."""
     policy = policy_from_environment(os.environ if environ is None else environ,
                                      datetime.now(UTC))
     if policy is None:
         return None
+    if str(archive).startswith("s3://"):
+        from receivewal.backup.bucketcleanup import (  # noqa: PLC0415 - boto3 for a bucket
+            apply_policy_to_bucket,
+        )
+
+        return apply_policy_to_bucket(str(archive), policy)
+    directory = Path(archive)
     return apply_policy(directory, policy, daemon_holds(directory))
 
 

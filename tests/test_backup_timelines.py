@@ -201,6 +201,9 @@ def test_cleanup_command_keeps_one_and_the_archive_still_recovers(promoted: Prom
     assert listed(archive) == sorted(set(before) - set(expected))
     assert backup_ids(archive) == [promoted.kept.backup_id]
 
+    verified = subprocess.run([sys.executable, "-m", "receivewal", "verify", str(archive)],
+                              capture_output=True, text=True, check=False, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
     again = run_cleanup("-D", str(archive), "--keep-backups", "1")
     assert again.stdout.splitlines()[-1].startswith("removed 0 backups and 0 WAL files")
 

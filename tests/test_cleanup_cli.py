@@ -81,3 +81,26 @@ def test_the_policy_from_the_environment() -> None:
     with pytest.raises(ConfigurationError, match='RECEIVEWAL_RECOVERY_WINDOW: invalid recovery '
                                                  'window "soon"'):
         policy_from_environment({"RECEIVEWAL_RECOVERY_WINDOW": "soon"}, now)
+
+
+def test_the_backup_commands_retention_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``receivewal backup`` declares with retention_options: the two options, their
+    variables, one policy or none, a bad value a usage error."""
+    import click  # noqa: PLC0415
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from receivewal.commands.cleanup import policy_after_backup, retention_options  # noqa: PLC0415
+
+    @click.command()
+    @retention_options
+    def backup(keep_backups: str | None, recovery_window: str | None) -> None:
+        click.echo(repr(policy_after_backup(keep_backups, recovery_window)))
+
+    runner = CliRunner()
+    assert runner.invoke(backup, []).output == "None\n"
+    assert runner.invoke(backup, ["--keep-backups", "2"]).output == "KeepBackups(count=2)\n"
+    window = runner.invoke(backup, [], env={"RECEIVEWAL_RECOVERY_WINDOW": "2d"}).output
+    assert window.startswith("RecoveryWindow(length=datetime.timedelta(days=2)")
+    both = runner.invoke(backup, ["--keep-backups", "2"], env={"RECEIVEWAL_RECOVERY_WINDOW": "2d"})
+    assert both.exit_code == 2
+    assert "give either --keep-backups or --recovery-window, not both" in both.output

@@ -19,15 +19,18 @@ pg_archivecleanup).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
 from receivewal.backup.archivecleanup import plan_archive_cleanup
 from receivewal.backup.cleanup import CleanupReport, Holds, apply_policy, remove_files
 from receivewal.backup.policy import (
+    KEEP_BACKUPS_ENV,
+    RECOVERY_WINDOW_ENV,
     make_policy,
     parse_keep,
     parse_window,
@@ -38,7 +41,7 @@ from receivewal.check.sizes import human_bytes
 from receivewal.daemon.state import read_state
 from receivewal.errors import ConfigurationError, ReceivewalError
 
-USAGE = 2
+Command = TypeVar("Command", bound=Callable[..., Any])
 EXIT_CODES = """\b
 Exit codes: 0 done; 1 an error while reading or removing; 2 a usage error."""
 
@@ -53,15 +56,42 @@ def daemon_holds(directory: Path) -> Holds:
                  state.upload_to)
 
 
-def after_backup(archive: str | Path, environ: Mapping[str, str] | None = None
-                 ) -> CleanupReport | None:
-    """The policy ``RECEIVEWAL_KEEP_BACKUPS`` or ``RECEIVEWAL_RECOVERY_WINDOW`` sets, applied
-    to the archive (a directory, or ``s3://BUCKET/PREFIX``): what ``receivewal backup`` runs
-    after a successful backup, printing :func:`report_lines`; None when neither is set.
-    Raises ConfigurationError (a bad value, named with its variable) and ArchiveError or
-    StoreError (what could not be read or removed)."""
-    policy = policy_from_environment(os.environ if environ is None else environ,
-                                     datetime.now(UTC))
+def retention_options(command: Command) -> Command:
+    """A decorator of a click command's function, under ``@click.command``: ``--keep-backups
+    N`` and ``--recovery-window D`` (env ``RECEIVEWAL_KEEP_BACKUPS``,
+    ``RECEIVEWAL_RECOVERY_WINDOW``) for ``receivewal backup``, the policy applied after each
+    successful backup (the function's parameters ``keep_backups`` and ``recovery_window``;
+    check them with :func:`policy_after_backup` before the backup starts)."""
+    command = click.option(
+        "--recovery-window", metavar="D", envvar=RECOVERY_WINDOW_ENV,
+        help="After the backup, remove what recovery to any time of the last D no longer "
+        f"needs, as cleanup does (env {RECOVERY_WINDOW_ENV}).")(command)
+    return click.option(
+        "--keep-backups", metavar="N", envvar=KEEP_BACKUPS_ENV,
+        help="After the backup, keep the N newest complete backups and remove the rest and "
+        f"the WAL no kept backup needs, as cleanup does (env {KEEP_BACKUPS_ENV}).")(command)
+
+
+def policy_after_backup(keep_backups: str | None, recovery_window: str | None
+                        ) -> Policy | None:
+    """The policy of :func:`retention_options`' values (None: none set); click.UsageError
+    for a bad value or both."""
+    if keep_backups is None and recovery_window is None:
+        return None
+    return _policy(keep_backups, recovery_window)
+
+
+def after_backup(archive: str | Path, environ: Mapping[str, str] | None = None,
+                 policy: Policy | None = None) -> CleanupReport | None:
+    """``policy`` (by default the one ``RECEIVEWAL_KEEP_BACKUPS`` or
+    ``RECEIVEWAL_RECOVERY_WINDOW`` sets) applied to the archive (a directory, or
+    ``s3://BUCKET/PREFIX``): what ``receivewal backup`` runs after a successful backup,
+    printing :func:`report_lines`; None when there is no policy. Raises ConfigurationError (a
+    bad value, named with its variable) and ArchiveError or StoreError (what could not be read
+    or removed)."""
+    if policy is None:
+        policy = policy_from_environment(os.environ if environ is None else environ,
+                                         datetime.now(UTC))
     if policy is None:
         return None
     if str(archive).startswith("s3://"):

@@ -200,7 +200,7 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
     try:
         report = apply_policy(path, policy, daemon_holds(path), dry_run=dry_run)
     except ReceivewalError as exc:
-        raise click.ClickException(f"{exc}; nothing more was removed") from exc
+        raise click.ClickException(f"{exc}; cleanup stopped there") from exc
     click.echo("\n".join(report_lines(report)))
 
 
@@ -218,7 +218,7 @@ def _bucket_cleanup(url: str, arguments: tuple[str, ...], keep_backups: str | No
     try:
         report = apply_policy_to_bucket(url, policy, dry_run=dry_run)
     except ReceivewalError as exc:
-        raise click.ClickException(f"{exc}; nothing more was removed") from exc
+        raise click.ClickException(f"{exc}; cleanup stopped there") from exc
     click.echo("\n".join(report_lines(report)))
 
 

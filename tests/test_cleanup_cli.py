@@ -104,3 +104,15 @@ def test_the_backup_commands_retention_options(monkeypatch: pytest.MonkeyPatch) 
     both = runner.invoke(backup, ["--keep-backups", "2"], env={"RECEIVEWAL_RECOVERY_WINDOW": "2d"})
     assert both.exit_code == 2
     assert "give either --keep-backups or --recovery-window, not both" in both.output
+
+
+def test_an_unreadable_state_file_stops_the_cleanup(tmp_path: Path) -> None:
+    """What the daemon's slot holds cannot be known: nothing is removed, one line says why."""
+    (tmp_path / "000000010000000000000001").write_bytes(b"")
+    (tmp_path / ".receivewal-state.json").write_text("{not json")
+    done = run("-D", str(tmp_path), "--keep-backups", "1")
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith(f"receivewal: error: {tmp_path / '.receivewal-state.json'}: "
+                                  "invalid state file")
+    assert (tmp_path / "000000010000000000000001").exists()

@@ -341,3 +341,32 @@ def test_the_catalog_tells_complete_running_interrupted_empty_and_damaged_apart(
                       "interrupted": EntryState.INTERRUPTED, "empty": EntryState.EMPTY,
                       "damaged": EntryState.DAMAGED}
     assert [e.state for e in read_catalog(tmp_path / "none")] == []
+
+
+# -- the archive's summary (status, metrics) -----------------------------------------------------
+def test_the_oldest_recoverable_point_is_the_oldest_backup_whose_wal_is_all_there(
+        tmp_path: Path) -> None:
+    """Backups at segments 2-3 (its segment 3 missing), 5-6 and 8: the oldest recoverable
+    point is the second's start; sizes count WAL files (a .partial and history too) and every
+    file under backups/, an interrupted backup's as well."""
+    from receivewal.backup.summary import summarize  # noqa: PLC0415
+
+    for rec in (record("a", 2, 3), record("b", 5, 6), record("c", 8, 8)):
+        (tmp_path / BACKUPS / rec.backup_id).mkdir(parents=True)
+        (tmp_path / BACKUPS / rec.backup_id / RECORD_NAME).write_bytes(record_to_json(rec))
+        (tmp_path / BACKUPS / rec.backup_id / "base.tar").write_bytes(b"x" * 1000)
+    (tmp_path / BACKUPS / "interrupted").mkdir()
+    (tmp_path / BACKUPS / "interrupted" / "base.tar").write_bytes(b"y" * 500)
+    for name in (seg(1, 2), seg(1, 4), seg(1, 5), seg(1, 6, ".zst"), seg(1, 8, ".partial"),
+                 history_file_name(2)):
+        (tmp_path / name).write_bytes(b"w" * 100)
+    (tmp_path / ".receivewal-state.json").write_text("{}")
+    summary = summarize(tmp_path)
+    assert summary.oldest is not None
+    assert summary.oldest.backup_id == "b"
+    assert summary.oldest_lsn == summary.oldest.start_lsn == 5 * SEG + 40
+    assert (summary.wal_files, summary.wal_bytes, summary.backups) == (6, 600, 3)
+    records = sum((tmp_path / BACKUPS / n / RECORD_NAME).stat().st_size for n in "abc")
+    assert summary.backup_bytes == 3 * 1000 + 500 + records
+    (tmp_path / seg(1, 5)).unlink()
+    assert summarize(tmp_path).oldest is None  # c's segment 8 is only a .partial

@@ -293,6 +293,41 @@ class Bucket:
             raise self._error(exc, "") from exc
         return sorted(files)
 
+    def list_under(self, folder: str, page_size: int = 1000) -> list[tuple[str, int]]:
+        """(name, size) of every object under ``PREFIX/folder/``, at any depth, named from the
+        prefix (``folder/...``), sorted: the backups of ``cleanup`` and ``status``."""
+        return self._retried(lambda: self._list_under_once(folder, page_size))
+
+    def _list_under_once(self, folder: str, page_size: int) -> list[tuple[str, int]]:
+        base = f"{self.url.prefix}/" if self.url.prefix else ""
+        files: list[tuple[str, int]] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.url.bucket, Prefix=f"{base}{folder}/",
+                PaginationConfig={"PageSize": page_size})
+            for page in pages:
+                files.extend((item["Key"][len(base):], int(item.get("Size", 0)))
+                             for item in page.get("Contents", ()))
+        except self._library_errors as exc:
+            raise self._error(exc, folder) from exc
+        return sorted(files)
+
+    def delete(self, name: str) -> None:
+        """Remove ``PREFIX/name`` (gone already: done). The one deletion of the store, for
+        ``cleanup`` alone: every other writer only creates."""
+        if not name or name.startswith("/") or ".." in name.split("/"):
+            raise ArchiveError(f"{name!r} is not a file name of the archive")
+
+        def attempt() -> None:
+            try:
+                self.client.delete_object(Bucket=self.url.bucket, Key=self.key(name))
+            except self._library_errors as exc:
+                error = self._error(exc, name)
+                if not isinstance(error, ObjectNotFound):
+                    raise error from exc
+
+        self._retried(attempt)
+
     def open_object(self, name: str) -> IO[bytes]:
         """``PREFIX/name`` as a buffered stream read from the network as it is consumed
         (bounded memory whatever the object's size). The request is retried; an error while

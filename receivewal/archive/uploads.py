@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from receivewal.archive.directory import Archive
 from receivewal.archive.listing import Listing
@@ -116,6 +117,22 @@ def read_upload_record(archive: Archive, destination: str) -> UploadRecord:
     if raw.get("destination") != destination:
         return UploadRecord(destination)
     return UploadRecord(destination, segment, tuple(history))
+
+
+def recorded_destination(directory: Path) -> str | None:
+    """The destination the upload record of the archive in ``directory`` is about (None: no
+    record, or one that names none); ArchiveError when it cannot be read."""
+    path = directory / UPLOADED_FILE
+    try:
+        raw = json.loads(read_small_file(path))
+    except FileNotFoundError:
+        return None
+    except RecursionError:
+        raise ArchiveError(f'invalid upload record "{path}": nested too deeply') from None
+    except (OSError, ValueError) as exc:
+        raise ArchiveError(f'invalid upload record "{path}": {str(exc)[:200]}') from exc
+    destination = raw.get("destination") if isinstance(raw, dict) else None
+    return destination if isinstance(destination, str) else None
 
 
 def write_upload_record(archive: Archive, record: UploadRecord) -> None:

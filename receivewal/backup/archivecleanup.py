@@ -5,7 +5,8 @@ As pg_archivecleanup does, the argument may be a WAL file name, the same with ``
 a backup history file name (``...XXXXXXXX.backup``: its first 24 characters count); receivewal
 also takes a compression suffix. Every segment file whose name, without the timeline (the
 characters after the first eight), sorts before the argument's is removed, whatever its
-timeline and compression. Unlike pg_archivecleanup, a ``.partial`` is never removed (in a
+timeline and compression; with ``-x EXT``, a name that ends with ``EXT`` too, judged without it.
+Unlike pg_archivecleanup, a ``.partial`` is never removed (in a
 receivewal archive it is the segment the daemon is writing), and neither is a history file.
 """
 
@@ -33,16 +34,21 @@ def oldest_kept_name(argument: str) -> str:
                              "(as %r is), a .partial or a backup history file name")
 
 
-def plan_archive_cleanup(files: Sequence[str], argument: str) -> list[Verdict]:
-    """The verdict on each segment file of ``files`` (other names are not WAL: not judged)."""
+def plan_archive_cleanup(files: Sequence[str], argument: str, extension: str = ""
+                         ) -> list[Verdict]:
+    """The verdict on each segment file of ``files`` (other names are not WAL: not judged);
+    a name ending with ``extension`` (pg_archivecleanup's ``-x``) is judged without it."""
+    if extension and argument.endswith(extension):
+        argument = argument[:-len(extension)]
     oldest = oldest_kept_name(argument)
     verdicts = []
     for name in sorted(files):
-        if not looks_like_segment(name):
+        judged = name[:-len(extension)] if extension and name.endswith(extension) else name
+        if not looks_like_segment(judged):
             continue
-        if name.endswith(PARTIAL_SUFFIX):
+        if judged.endswith(PARTIAL_SUFFIX):
             verdicts.append(Verdict(name, False, "a .partial is never removed"))
-        elif name[8:24] < oldest[8:24]:
+        elif judged[8:24] < oldest[8:24]:
             verdicts.append(Verdict(name, True, f"before {oldest}"))
         else:
             verdicts.append(Verdict(name, False, f"not before {oldest}"))

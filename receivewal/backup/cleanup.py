@@ -7,6 +7,12 @@ backup's record goes first, with the directory fsynced, so that a crash in the m
 removal leaves a directory without a record (no backup, which a later cleanup removes), never
 one that recovery would take for complete. Removals are made durable with an fsync of each
 directory through :mod:`receivewal.archive.durable`.
+
+:func:`apply_policy` is the whole of ``cleanup --keep-backups | --recovery-window``, and what
+``backup`` runs after a backup when a policy is set: it reads the archive, takes what the
+running daemon holds (:class:`Holds`: its slot's restart position and its timeline, as the
+state file says; the command line reads that) and the upload backlog, plans, and removes
+(nothing with ``dry_run``).
 """
 
 from __future__ import annotations
@@ -14,17 +20,21 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+from receivewal.archive.directory import Archive
 from receivewal.archive.durable import sync_path
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
-from receivewal.archive.sources import list_directory
+from receivewal.archive.sources import decide_segment_size, list_directory, recorded_identity
+from receivewal.archive.uploads import pending_files, read_upload_record, recorded_destination
 from receivewal.backup.catalog import read_catalog
 from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import RECORD_NAME
-from receivewal.backup.retention import ArchiveContents, RetentionPlan
+from receivewal.backup.retention import ArchiveContents, Policy, RetentionPlan, plan_retention
 from receivewal.errors import ArchiveError
-from receivewal.wal.names import parse_history_file_name
+from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
+from receivewal.wal.names import parse_history_file_name, parse_segment_file_name
 from receivewal.wal.timeline import TimelineSwitch, parse_history
 
 
@@ -91,3 +101,83 @@ def apply_plan(archive: Path, plan: RetentionPlan, *, sync: bool = True) -> list
     for backup_id in plan.removed_backups:
         remove_backup(archive, backup_id, sync=sync)
     return remove_files(archive, plan.removed_files, sync=sync)
+
+
+@dataclass(frozen=True)
+class Holds:
+    """What the daemon streaming into the archive holds on to (its state file says):
+    the slot's restart position, the timeline it streams, where it uploads."""
+
+    slot_restart: int | None = None
+    timeline: int | None = None
+    upload_to: str | None = None
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    """What a cleanup removed (or would have, ``dry_run``), kept and why, and the bytes."""
+
+    plan: RetentionPlan
+    removed_files: tuple[str, ...]
+    freed_bytes: int
+    dry_run: bool
+
+
+def read_archive(archive: Path, holds: Holds = Holds()) -> ArchiveContents:
+    """The archive directory ``archive`` as the planner judges it: its segment size (its
+    identity record's, else its segments' headers', else a backup's, else PostgreSQL's
+    default), the newest timeline it or the daemon knows, the slot's restart position and
+    the files still waiting for their upload."""
+    names = [name for name, _ in list_directory(archive)]
+    identity = recorded_identity(str(archive), names)
+    catalog = read_catalog(archive)
+    records = [e.record for e in catalog if e.record is not None]
+    size = decide_segment_size(identity, str(archive), names) or \
+        next((r.wal_segment_size for r in records), DEFAULT_SEGMENT_SIZE)
+    histories = read_histories(archive, names)
+    timelines = [holds.timeline or 1, *histories, *(r.end_timeline for r in records)]
+    timelines += [parsed.timeline for name in names
+                  if (parsed := parse_segment_file_name(name, size)) is not None]
+    if identity is not None:
+        timelines.append(identity.timeline)
+    destination = holds.upload_to or recorded_destination(archive)
+    backlog: frozenset[str] = frozenset()
+    if destination is not None:
+        directory = Archive(archive, sync=False)
+        record = read_upload_record(directory, destination)
+        backlog = frozenset(p.name for p in pending_files(directory, record, size))
+    return ArchiveContents(catalog, names, histories, max(timelines), size,
+                           holds.slot_restart, backlog, destination or "")
+
+
+def apply_policy(archive: Path, policy: Policy, holds: Holds = Holds(), *,
+                 dry_run: bool = False, sync: bool = True) -> CleanupReport:
+    """Plan ``policy`` on the archive directory ``archive`` and carry the plan out (not with
+    ``dry_run``). Raises ArchiveError (a file that cannot be read or removed) and
+    ConfigurationError (a policy that keeps nothing)."""
+    if not archive.is_dir():
+        raise ArchiveError(f'archive directory "{archive}" does not exist')
+    plan = plan_retention(read_archive(archive, holds), policy)
+    sizes = dict(list_directory(archive))
+    freed = sum(backup_bytes(archive / BACKUPS / b) for b in plan.removed_backups)
+    if dry_run:
+        removed = plan.removed_files
+    else:
+        for backup_id in plan.removed_backups:
+            remove_backup(archive, backup_id, sync=sync)
+        removed = remove_files(archive, plan.removed_files, sync=sync)
+    freed += sum(sizes.get(name, 0) for name in removed)
+    return CleanupReport(plan, tuple(removed), freed, dry_run)
+
+
+def backup_bytes(path: Path) -> int:
+    """The bytes of the files of the backup directory ``path`` (0 when it is gone)."""
+    total = 0
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+    except FileNotFoundError:
+        return 0
+    return total

@@ -15,7 +15,8 @@ to where ``X``'s line left it, and ``X``'s own from where it began. The current 
 line stays from the oldest kept backup's start. Whatever the policy, these stay too: every
 ``.partial``, every history file, every segment of a timeline whose history file is missing
 (its line is unknown; when it is the current timeline, no WAL is removed at all), and every
-segment from the replication slot's restart position on. Everything else, a segment no kept
+segment from the replication slot's restart position on, and every segment still waiting for
+its upload (``stream --upload-to``'s backlog). Everything else, a segment no kept
 backup and no timeline needs, is removed.
 """
 
@@ -65,7 +66,8 @@ class Verdict:
 @dataclass(frozen=True)
 class ArchiveContents:
     """What the planner looks at: the backups, the archive's file names, the parsed history
-    files by timeline, the current timeline, the segment size, the slot's restart LSN."""
+    files by timeline, the current timeline, the segment size, the slot's restart LSN, the
+    upload backlog."""
 
     entries: Sequence[BackupEntry]
     files: Sequence[str]
@@ -73,6 +75,8 @@ class ArchiveContents:
     current_timeline: int
     segment_size: int
     slot_restart: int | None = None
+    backlog: frozenset[str] = frozenset()  # files waiting for their upload (--upload-to)
+    backlog_to: str = ""  # where they go
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,8 @@ def _judge_segment(name: str, parsed: SegmentFile, contents: ArchiveContents,
     if parsed.timeline != 1 and parsed.timeline not in contents.histories:
         return Verdict(name, False, f"timeline {parsed.timeline} has no history file: what "
                                     "it needs is unknown")
+    if name in contents.backlog:
+        return Verdict(name, False, f"waiting for its upload to {contents.backlog_to}")
     if contents.slot_restart is not None and \
             parsed.segno >= segment_of(contents.slot_restart, size):
         return Verdict(name, False, "the replication slot restarts at "

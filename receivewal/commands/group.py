@@ -28,12 +28,14 @@ LAZY_COMMANDS = {
     "verify": "receivewal.commands.verify:verify_command",
     "analyze": "receivewal.commands.analyze:analyze_command",
     "restore": "receivewal.commands.restore:restore_command",
+    "cleanup": "receivewal.commands.cleanup:cleanup_command",
 }
 
 
 #: The exit status of a usage error (a bad command line), by command: 2 for the commands whose
-#: 0 and 1 are verdicts (as grep and diff keep 2 for trouble), 1 for the others.
-USAGE_STATUS = {"verify": NOT_A_VERDICT, "analyze": NOT_A_VERDICT}
+#: 0 and 1 are verdicts (as grep and diff keep 2 for trouble) and for cleanup (as
+#: pg_archivecleanup), 1 for the others.
+USAGE_STATUS = {"verify": NOT_A_VERDICT, "analyze": NOT_A_VERDICT, "cleanup": 2}
 
 
 class LazyGroup(click.Group):

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import click
 
+from receivewal.backup.record import utc_text
+from receivewal.backup.summary import ArchiveSummary, summarize
+from receivewal.check.sizes import human_bytes
 from receivewal.commands.output import silence_stdout
 from receivewal.daemon.health import (
     LABELS,
@@ -36,6 +39,8 @@ from receivewal.daemon.health import (
     describe,
 )
 from receivewal.daemon.state import State, state_to_dict
+from receivewal.errors import ReceivewalError
+from receivewal.wal.lsn import format_lsn
 
 
 @click.command("status")
@@ -69,7 +74,11 @@ def status_command(directory: Path, as_json: bool, max_age: float, upload_warnin
     verdict, state = check(directory, max_age, now, UploadLimits(upload_warning,
                                                                  upload_critical))
     try:
-        _print(verdict, state, now, as_json=as_json)
+        summary: ArchiveSummary | str = summarize(directory)
+    except (ReceivewalError, OSError) as exc:
+        summary = f"cannot be read: {exc}"
+    try:
+        _print(verdict, state, now, summary, as_json=as_json)
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader left early (``status | head -1``): stop writing quietly, as a CLI tool
@@ -78,18 +87,49 @@ def status_command(directory: Path, as_json: bool, max_age: float, upload_warnin
     raise click.exceptions.Exit(verdict.code)
 
 
-def _print(verdict: Verdict, state: State | None, now: float, *, as_json: bool) -> None:
+def _print(verdict: Verdict, state: State | None, now: float,
+           summary: ArchiveSummary | str, *, as_json: bool) -> None:
     if as_json:
         document = {
             "status": LABELS[verdict.code],
             "code": verdict.code,
             "summary": verdict.summary,
             "state": None if state is None else state_to_dict(state),
+            "archive": _archive_document(summary),
         }
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo(verdict.summary)
         if state is not None:
             click.echo("")
-            for line in describe(state, now):
+            for line in describe(state, now, _archive_lines(summary)):
                 click.echo(line)
+
+
+def _archive_lines(summary: ArchiveSummary | str) -> list[tuple[str, str]]:
+    """The archive's oldest recoverable point and size, as ``status`` prints them."""
+    if isinstance(summary, str):
+        return [("archive contents", summary)]
+    oldest = summary.oldest
+    point = "none (no complete backup whose WAL the archive holds)" if oldest is None else \
+        (f"{format_lsn(oldest.start_lsn)} on timeline {oldest.timeline}, "
+         f"{utc_text(oldest.start_time)} (backup {oldest.backup_id})")
+    total = summary.wal_bytes + summary.backup_bytes
+    return [("oldest recoverable", point),
+            ("archive size", f"{human_bytes(total)}: {summary.wal_files} WAL files "
+             f"{human_bytes(summary.wal_bytes)}, {summary.backups} backups "
+             f"{human_bytes(summary.backup_bytes)}")]
+
+
+def _archive_document(summary: ArchiveSummary | str) -> dict[str, object]:
+    """The same for ``--json``."""
+    if isinstance(summary, str):
+        return {"error": summary}
+    oldest = summary.oldest
+    return {
+        "wal_files": summary.wal_files, "wal_bytes": summary.wal_bytes,
+        "backups": summary.backups, "backup_bytes": summary.backup_bytes,
+        "oldest_recoverable": None if oldest is None else {
+            "backup_id": oldest.backup_id, "lsn": format_lsn(oldest.start_lsn),
+            "timeline": oldest.timeline, "time": utc_text(oldest.start_time)},
+    }

@@ -55,6 +55,7 @@ class SessionMonitor(Protocol):
     def error(self, kind: str, message: str) -> None: ...
     def disconnected(self, message: str) -> None: ...
     def uploads_changed(self, status: UploadStatus) -> None: ...
+    def archive_measured(self, measure: ArchiveMeasured) -> None: ...
     def reconnecting(self, delay: float) -> None: ...
     def waiting_for_server(self, message: str) -> None: ...
     def stopping(self) -> None: ...
@@ -230,6 +231,22 @@ class SegmentCompleted(Event):
 
     def tell(self, monitor: SessionMonitor) -> None:
         monitor.segment_completed(self.segment)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveMeasured(Event):
+    """What the archive holds, measured (the WAL receiver's meter thread posts it): the bytes
+    of its WAL files and of its backups, its complete backups, and its oldest recoverable
+    point (the start of the oldest complete backup whose WAL it holds; None: none)."""
+
+    wal_bytes: int
+    backup_bytes: int
+    backups: int
+    oldest_lsn: int | None
+    oldest_time: float | None  # seconds since the epoch
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.archive_measured(self)
 
 
 @dataclass(frozen=True, slots=True)

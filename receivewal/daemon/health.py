@@ -23,6 +23,7 @@ archive's lock. Every line they produce is one line, whatever text the state fil
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -175,8 +176,8 @@ def _ratio(wal: int, wire: int) -> str:
     return f"{wal / wire:.2f}x" if wire else "-"
 
 
-def describe(state: State, now: float) -> list[str]:
-    """The state as ``key: value`` lines for people."""
+def describe(state: State, now: float, extra: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """The state as ``key: value`` lines for people, ``extra`` lines last."""
     lines = [
         ("pid", f"{state.pid} on {state.hostname}"),
         ("phase", state.phase),
@@ -208,6 +209,12 @@ def describe(state: State, now: float) -> list[str]:
     ))
     if state.upload_to is not None:
         lines.extend(_upload_lines(state, now))
+    lines.extend(extra)
+    return aligned(lines)
+
+
+def aligned(lines: Sequence[tuple[str, str]]) -> list[str]:
+    """``key: value`` lines, the values aligned."""
     width = max(len(key) for key, _ in lines)
     return [f"{key + ':':<{width + 1}} {one_line(value)}" for key, value in lines]
 

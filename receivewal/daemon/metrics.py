@@ -71,6 +71,8 @@ class Metrics:
         self._slots: dict[str, tuple[float, bool]] = {}  # slot: (restart_lsn or nan, active)
         self._server: WSGIServer | None = None
         self._uploads: UploadStatus | None = None  # with --upload-to only
+        # once measured: WAL bytes, backup bytes, backups, oldest recoverable LSN and time
+        self._archive: tuple[int, int, int, float, float] | None = None
         self.segments_completed = Count()
         self.reconnects = Count()
         self.errors = CountByKind()
@@ -128,6 +130,13 @@ class Metrics:
         """The uploader's backlog and last error (--upload-to)."""
         self._uploads = status
 
+    def set_archive(self, wal_bytes: int, backup_bytes: int, backups: int,
+                    oldest_lsn: int | None, oldest_time: float | None) -> None:
+        """The archive's size and oldest recoverable point (None: no backup to recover)."""
+        self._archive = (wal_bytes, backup_bytes, backups,
+                         math.nan if oldest_lsn is None else float(oldest_lsn),
+                         math.nan if oldest_time is None else oldest_time)
+
     def set_compression(self, algorithm: str | None) -> None:
         """The compression of the current stream (None: uncompressed)."""
         self._algorithm = algorithm or "none"
@@ -184,6 +193,17 @@ class Metrics:
         yield from self._labelled(CounterMetricFamily, GaugeMetricFamily)
         if self._uploads is not None:
             yield from self._upload_metrics(self._uploads, gauge, counter, InfoMetricFamily)
+        if self._archive is not None:
+            wal_bytes, backup_bytes, backups, oldest_lsn, oldest_time = self._archive
+            yield gauge("archive_wal_bytes", "Bytes of the archive's WAL files (segments, "
+                        ".partial and history files), as last measured", wal_bytes)
+            yield gauge("archive_backup_bytes", "Bytes of the archive's base backups, as last "
+                        "measured", backup_bytes)
+            yield gauge("archive_backups", "Complete base backups in the archive", backups)
+            yield gauge("oldest_recoverable_lsn", "Start (LSN) of the oldest complete backup "
+                        "whose WAL the archive holds (NaN: none)", oldest_lsn)
+            yield gauge("oldest_recoverable_timestamp_seconds", "Start time of that backup "
+                        "(seconds since the epoch; NaN: none)", oldest_time)
 
     def _upload_metrics(self, status: UploadStatus, gauge: Callable[[str, str, float], Metric],
                         counter: Callable[[str, str, float], Metric],

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
-from receivewal.daemon.events import Event
+from receivewal.daemon.events import ArchiveMeasured, Event
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.progress import ProgressLine, Sample
@@ -258,6 +258,11 @@ class Monitor:
         """The uploads' status changed (--upload-to), for the state file and the metrics."""
         self._uploads = status
         self.metrics.set_uploads(status)
+
+    def archive_measured(self, measure: ArchiveMeasured) -> None:
+        """The archive's size and oldest recoverable point, for the metrics."""
+        self.metrics.set_archive(measure.wal_bytes, measure.backup_bytes, measure.backups,
+                                 measure.oldest_lsn, measure.oldest_time)
 
     def waiting_for_server(self, message: str) -> None:
         """The first connection failed (``message``); the supervisor keeps trying."""

@@ -35,6 +35,7 @@ from receivewal.replication.link import ReplicationLink
 from receivewal.replication.waiting import StopFlag
 
 if TYPE_CHECKING:  # the uploader's modules are loaded only with --upload-to
+    from receivewal.daemon.archivemeter import ArchiveMeter
     from receivewal.daemon.uploader import Uploader
 
 
@@ -45,6 +46,7 @@ class WalReceiver:
         self.settings = settings
         self.archive: Archive | None = None  # once open
         self.uploads: Uploader | None = None
+        self.meter: ArchiveMeter | None = None  # with --metrics-address only
         self._listing: Listing | None = None  # the lock's, for the first session
         self._last: Session | None = None
         # (timeline, LSN) up to which the WAL was durable when the last session ended: the
@@ -82,6 +84,15 @@ class WalReceiver:
             self._previous = previous_flush(archive.directory)
         events.subscribe(self._waited)
         self.uploads = self._uploader(archive, events)
+        if self.settings.metrics_address is not None:
+            from receivewal.daemon.archivemeter import (  # noqa: PLC0415 - with metrics only
+                ArchiveMeter,
+                measure_interval,
+            )
+
+            self.meter = ArchiveMeter(archive.directory, events.post,
+                                      measure_interval(os.environ))
+            self.meter.start()
 
     def session(self, conn: ReplicationLink, events: Listener, stop: StopFlag) -> Session:
         """The work of one connection (the first one uses the lock's listing); it takes over
@@ -123,7 +134,9 @@ class WalReceiver:
                 "up at the next run")
 
     def close(self) -> None:
-        """Stop the uploads (an upload in flight gets a few seconds)."""
+        """Stop the uploads (an upload in flight gets a few seconds) and the archive's meter."""
+        if self.meter is not None:
+            self.meter.close()
         if self.uploads is not None:
             self.uploads.close()
 

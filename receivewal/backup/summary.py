@@ -1,0 +1,81 @@
+"""What an archive directory holds, in a few numbers: the bytes of its WAL files and of its
+backups, and the oldest recoverable point (files read: the listing, the backups' records).
+
+The oldest recoverable point is the start of the oldest complete backup whose WAL from its
+start through its end (its manifest's WAL ranges) is all in the archive: a recovery from it
+can reach any point from its end on that the archive's WAL reaches. ``status`` shows it, and
+the daemon's metrics (the WAL receiver measures, the monitor keeps the numbers).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from receivewal.archive.sources import list_directory
+from receivewal.backup.catalog import read_catalog
+from receivewal.backup.directory import BACKUPS
+from receivewal.backup.record import BackupRecord
+from receivewal.wal.names import (
+    looks_like_segment,
+    parse_history_file_name,
+    parse_segment_file_name,
+    wal_file_name,
+)
+
+
+@dataclass(frozen=True)
+class ArchiveSummary:
+    """The archive's size and its oldest recoverable point (None: no complete backup whose
+    WAL the archive holds)."""
+
+    wal_files: int
+    wal_bytes: int  # segments (any at-rest form, .partial too) and history files
+    backups: int  # complete backups
+    backup_bytes: int  # every file under backups/, complete or not
+    oldest: BackupRecord | None
+
+    @property
+    def oldest_lsn(self) -> int | None:
+        """The oldest recoverable point's LSN (its backup's start)."""
+        return None if self.oldest is None else self.oldest.start_lsn
+
+    @property
+    def oldest_time(self) -> datetime | None:
+        """The oldest recoverable point's time (its backup's start)."""
+        return None if self.oldest is None else self.oldest.start_time
+
+
+def summarize(archive: Path) -> ArchiveSummary:
+    """The summary of the archive directory ``archive``; ArchiveError when it cannot be
+    listed."""
+    listing = list_directory(archive)
+    records = sorted((e.record for e in read_catalog(archive) if e.record is not None),
+                     key=lambda r: (r.start_lsn, r.start_time))
+    wal = [(name, length) for name, length in listing
+           if looks_like_segment(name) or parse_history_file_name(name) is not None]
+    present: set[str] = set()
+    if records:
+        size = records[0].wal_segment_size
+        for name, _ in wal:
+            parsed = parse_segment_file_name(name, size)
+            if parsed is not None and not parsed.partial:
+                present.add(wal_file_name(parsed.timeline, parsed.segno, size))
+    oldest = next((r for r in records if all(n in present for n in r.wal_segments())), None)
+    return ArchiveSummary(len(wal), sum(length for _, length in wal), len(records),
+                          _tree_bytes(archive / BACKUPS), oldest)
+
+
+def _tree_bytes(path: Path) -> int:
+    """The bytes of the regular files under ``path`` (0 when there is none)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+            total += info.st_size
+    return total

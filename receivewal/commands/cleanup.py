@@ -1,0 +1,249 @@
+"""``receivewal cleanup``: retention (issue 28), in two forms.
+
+``cleanup -D ARCHIVE --keep-backups N | --recovery-window D [--dry-run]`` removes the backups
+the policy no longer needs, then the WAL no kept backup and no timeline needs
+(:func:`~receivewal.backup.cleanup.apply_policy`, :mod:`receivewal.backup.retention`), and
+prints what it removed and kept and why. What the daemon streaming into the archive holds on
+to is read from its state file: the slot's restart position (the WAL from there stays), its
+timeline and where it uploads (the files waiting for their upload stay).
+
+``cleanup [-n] [-d] [-x EXT] -D DIR OLDESTKEPTWALFILE`` (or ``cleanup DIR OLDESTKEPTWALFILE``)
+is pg_archivecleanup's, for ``archive_cleanup_command``
+(:mod:`receivewal.backup.archivecleanup`): silent but for ``-n``'s file paths on standard
+output and ``-d``'s lines on standard error, as pg_archivecleanup prints them.
+
+Exit codes: 0 done, 1 an error while reading or removing, 2 a usage error (as
+pg_archivecleanup).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from receivewal.backup.archivecleanup import plan_archive_cleanup
+from receivewal.backup.cleanup import CleanupReport, Holds, apply_policy, remove_files
+from receivewal.backup.policy import (
+    KEEP_BACKUPS_ENV,
+    RECOVERY_WINDOW_ENV,
+    make_policy,
+    parse_keep,
+    parse_window,
+    policy_from_environment,
+)
+from receivewal.backup.retention import Policy, Verdict
+from receivewal.check.sizes import human_bytes
+from receivewal.daemon.state import read_state
+from receivewal.errors import ConfigurationError, ReceivewalError
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+EXIT_CODES = """\b
+Exit codes: 0 done; 1 an error while reading or removing; 2 a usage error."""
+
+
+def daemon_holds(directory: Path) -> Holds:
+    """What the daemon streaming into ``directory`` holds on to, as its state file says
+    (nothing when there is none); ArchiveError when the state file cannot be read."""
+    state = read_state(directory)
+    if state is None:
+        return Holds()
+    return Holds(state.slot_restart_lsn if state.slot is not None else None, state.timeline,
+                 state.upload_to)
+
+
+def retention_options(command: Command) -> Command:
+    """A decorator of a click command's function, under ``@click.command``: ``--keep-backups
+    N`` and ``--recovery-window D`` (env ``RECEIVEWAL_KEEP_BACKUPS``,
+    ``RECEIVEWAL_RECOVERY_WINDOW``) for ``receivewal backup``, the policy applied after each
+    successful backup (the function's parameters ``keep_backups`` and ``recovery_window``;
+    check them with :func:`policy_after_backup` before the backup starts)."""
+    command = click.option(
+        "--recovery-window", metavar="D", envvar=RECOVERY_WINDOW_ENV,
+        help="After the backup, remove what recovery to any time of the last D no longer "
+        f"needs, as cleanup does (env {RECOVERY_WINDOW_ENV}).")(command)
+    return click.option(
+        "--keep-backups", metavar="N", envvar=KEEP_BACKUPS_ENV,
+        help="After the backup, keep the N newest complete backups and remove the rest and "
+        f"the WAL no kept backup needs, as cleanup does (env {KEEP_BACKUPS_ENV}).")(command)
+
+
+def policy_after_backup(keep_backups: str | None, recovery_window: str | None
+                        ) -> Policy | None:
+    """The policy of :func:`retention_options`' values (None: none set); click.UsageError
+    for a bad value or both."""
+    if keep_backups is None and recovery_window is None:
+        return None
+    return _policy(keep_backups, recovery_window)
+
+
+def after_backup(archive: str | Path, environ: Mapping[str, str] | None = None,
+                 policy: Policy | None = None) -> CleanupReport | None:
+    """``policy`` (by default the one ``RECEIVEWAL_KEEP_BACKUPS`` or
+    ``RECEIVEWAL_RECOVERY_WINDOW`` sets) applied to the archive (a directory, or
+    ``s3://BUCKET/PREFIX``): what ``receivewal backup`` runs after a successful backup,
+    printing :func:`report_lines`; None when there is no policy. Raises ConfigurationError (a
+    bad value, named with its variable) and ArchiveError or StoreError (what could not be read
+    or removed)."""
+    if policy is None:
+        policy = policy_from_environment(os.environ if environ is None else environ,
+                                         datetime.now(UTC))
+    if policy is None:
+        return None
+    if str(archive).startswith("s3://"):
+        from receivewal.backup.bucketcleanup import (  # noqa: PLC0415 - boto3 for a bucket
+            apply_policy_to_bucket,
+        )
+
+        return apply_policy_to_bucket(str(archive), policy)
+    directory = Path(archive)
+    return apply_policy(directory, policy, daemon_holds(directory))
+
+
+def report_lines(report: CleanupReport) -> list[str]:
+    """What ``cleanup`` prints: each backup, the WAL files in runs of the same verdict, and
+    a total."""
+    removed = "would remove" if report.dry_run else "removed"
+    lines = [f"backup {v.name}: {removed if v.remove else 'kept'}: {v.reason}"
+             for v in report.plan.backups]
+    lines += [f"{run}: {removed if verdict.remove else 'kept'}: {verdict.reason}"
+              for run, verdict in _runs(report.plan.files)]
+    backups = len(report.plan.removed_backups)
+    files = len(report.removed_files)
+    total = (f"{removed} {backups} backup{'s' * (backups != 1)} and {files} WAL "
+             f"file{'s' * (files != 1)} ({human_bytes(report.freed_bytes)})")
+    kept_backups = sum(not v.remove for v in report.plan.backups)
+    kept_files = sum(not v.remove for v in report.plan.files)
+    lines.append(f"{total}; kept {kept_backups} backup{'s' * (kept_backups != 1)} and "
+                 f"{kept_files} WAL file{'s' * (kept_files != 1)}"
+                 + ("; --dry-run: nothing was removed" if report.dry_run else ""))
+    return lines
+
+
+def _runs(verdicts: Iterable[Verdict]) -> list[tuple[str, Verdict]]:
+    """Consecutive verdicts with the same outcome and reason, as ``FIRST .. LAST (N
+    files)``."""
+    runs: list[list[Verdict]] = []
+    for verdict in verdicts:
+        if runs and (runs[-1][0].remove, runs[-1][0].reason) == (verdict.remove,
+                                                                  verdict.reason):
+            runs[-1].append(verdict)
+        else:
+            runs.append([verdict])
+    return [(run[0].name if len(run) == 1 else
+             f"{run[0].name} .. {run[-1].name} ({len(run)} files)", run[0]) for run in runs]
+
+
+def _usage(message: str) -> click.UsageError:
+    return click.UsageError(message)
+
+
+def _policy(keep_backups: str | None, recovery_window: str | None) -> Policy:
+    try:
+        return make_policy(None if keep_backups is None else parse_keep(keep_backups),
+                           None if recovery_window is None else parse_window(recovery_window),
+                           datetime.now(UTC))
+    except ConfigurationError as exc:
+        raise _usage(str(exc)) from exc
+
+
+@click.command("cleanup", short_help="Remove backups and WAL a retention policy no longer "
+               "needs, or WAL before a file as pg_archivecleanup does.", epilog=EXIT_CODES)
+@click.argument("arguments", nargs=-1, metavar="[ARCHIVELOCATION] [OLDESTKEPTWALFILE]")
+@click.option("-D", "--directory", metavar="ARCHIVE", envvar="RECEIVEWAL_DIRECTORY",
+              help="The archive directory (env RECEIVEWAL_DIRECTORY).")
+@click.option("--keep-backups", metavar="N",
+              help="Keep the N newest complete backups and the WAL they need.")
+@click.option("--recovery-window", metavar="D",
+              help="Keep what recovery to any time of the last D needs (14d, 36h, 2w).")
+@click.option("-n", "--dry-run", is_flag=True,
+              help="Remove nothing; print what would be removed.")
+@click.option("-d", "debug", is_flag=True,
+              help="With OLDESTKEPTWALFILE: say on standard error what is removed, as "
+              "pg_archivecleanup -d does.")
+@click.option("-x", "extension", metavar="EXT", default="",
+              help="With OLDESTKEPTWALFILE: clean up files with this extension too, as "
+              "pg_archivecleanup -x does (compressed segments are judged anyway).")
+def cleanup_command(  # noqa: PLR0917 - click passes each option by position
+        arguments: tuple[str, ...], directory: str | None,
+                    keep_backups: str | None, recovery_window: str | None, dry_run: bool,
+                    debug: bool, extension: str) -> None:
+    """Remove the backups a retention policy (--keep-backups N or --recovery-window D) no
+    longer needs and the WAL before the oldest kept backup, following the timeline history;
+    never a .partial, a history file, WAL the daemon's slot still needs or a file waiting for
+    its upload. With OLDESTKEPTWALFILE instead of a policy, remove every segment before it,
+    as pg_archivecleanup does (archive_cleanup_command = 'receivewal cleanup -D DIR %r')."""
+    if directory is None and len(arguments) == 2:
+        directory, arguments = arguments[0], arguments[1:]
+    if not directory:
+        raise _usage("give the archive: -D ARCHIVE")
+    if directory.startswith("s3://"):
+        _bucket_cleanup(directory, arguments, keep_backups, recovery_window, dry_run=dry_run)
+        return
+    path = Path(directory)
+    if not path.is_dir():
+        raise _usage(f'archive location "{directory}" does not exist')
+    if len(arguments) > 1:
+        raise _usage(f'too many command-line arguments (first is "{arguments[1]}")')
+    if arguments:
+        if keep_backups is not None or recovery_window is not None:
+            raise _usage("give either a retention policy or OLDESTKEPTWALFILE, not both")
+        _archive_cleanup(path, arguments[0], dry_run=dry_run, debug=debug, extension=extension)
+        return
+    if debug or extension:
+        raise _usage("-d and -x go with OLDESTKEPTWALFILE (pg_archivecleanup's form)")
+    policy = _policy(keep_backups, recovery_window)
+    try:
+        report = apply_policy(path, policy, daemon_holds(path), dry_run=dry_run)
+    except ReceivewalError as exc:
+        raise click.ClickException(f"{exc}; cleanup stopped there") from exc
+    click.echo("\n".join(report_lines(report)))
+
+
+def _bucket_cleanup(url: str, arguments: tuple[str, ...], keep_backups: str | None,
+                    recovery_window: str | None, *, dry_run: bool) -> None:
+    """The policy form on an archive in a bucket."""
+    if arguments:
+        raise _usage(f"{url}: OLDESTKEPTWALFILE goes with an archive directory; give a bucket "
+                     "a retention policy")
+    policy = _policy(keep_backups, recovery_window)
+    from receivewal.backup.bucketcleanup import (  # noqa: PLC0415 - boto3 only for a bucket
+        apply_policy_to_bucket,
+    )
+
+    try:
+        report = apply_policy_to_bucket(url, policy, dry_run=dry_run)
+    except ReceivewalError as exc:
+        raise click.ClickException(f"{exc}; cleanup stopped there") from exc
+    click.echo("\n".join(report_lines(report)))
+
+
+def _archive_cleanup(path: Path, argument: str, *, dry_run: bool, debug: bool,
+                     extension: str) -> None:
+    """pg_archivecleanup's form: what it removes, how it says so."""
+    try:
+        names = sorted(os.listdir(path))
+        verdicts = plan_archive_cleanup(names, argument, extension)
+    except ConfigurationError as exc:
+        raise _usage(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f'could not open archive location "{path}": '
+                                   f"{exc.strerror or exc}") from exc
+    if debug:
+        click.echo(f'receivewal: keeping WAL file "{path / argument}" and later', err=True)
+    removed = [verdict.name for verdict in verdicts if verdict.remove]
+    for name in removed:
+        if dry_run:
+            click.echo(str(path / name))
+        if debug:
+            what = "would be removed" if dry_run else "is removed"
+            click.echo(f'receivewal: file "{path / name}" {what}', err=True)
+    if not dry_run:
+        try:
+            remove_files(path, removed)
+        except ReceivewalError as exc:
+            raise click.ClickException(str(exc)) from exc

@@ -1,0 +1,76 @@
+"""The archive measured now and then, for the metrics: a thread of the WAL receiver's, started
+only when metrics are served, that posts :class:`~receivewal.daemon.events.ArchiveMeasured`
+(the size of the WAL files and of the backups, the oldest recoverable point:
+:func:`~receivewal.backup.summary.summarize`) at start and every
+``RECEIVEWAL_ARCHIVE_MEASURE_SECONDS`` (60 by default). Off the main thread: listing a large
+archive must not hold the COPY loop up.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from receivewal.backup.summary import summarize
+from receivewal.daemon.events import ArchiveMeasured, Event
+from receivewal.errors import ReceivewalError
+from receivewal.logs import get_logger
+
+INTERVAL_ENV = "RECEIVEWAL_ARCHIVE_MEASURE_SECONDS"
+DEFAULT_INTERVAL = 60.0
+
+log = get_logger(component="archivemeter")
+
+
+def measure_interval(environ: Mapping[str, str]) -> float:
+    """The seconds between two measures (the default when the variable is unset or not a
+    positive number)."""
+    try:
+        value = float(environ.get(INTERVAL_ENV, DEFAULT_INTERVAL))
+    except ValueError:
+        return DEFAULT_INTERVAL
+    return value if value > 0 else DEFAULT_INTERVAL
+
+
+class ArchiveMeter:
+    """Measures ``directory`` every ``interval`` seconds and ``post``s what it found."""
+
+    def __init__(self, directory: Path, post: Callable[[Event], None], interval: float) -> None:
+        self.directory = directory
+        self.interval = interval
+        self._post = post
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="archive-meter", daemon=True)
+        self._failure: str | None = None
+
+    def start(self) -> None:
+        """Measure now, then every interval."""
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop measuring (a measure under way ends first, a few seconds at most)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.measure()
+            self._stop.wait(self.interval)
+
+    def measure(self) -> None:
+        """One measure, posted; a failure is logged once, until a measure succeeds."""
+        try:
+            summary = summarize(self.directory)
+        except (ReceivewalError, OSError) as exc:
+            if str(exc) != self._failure:
+                log.warning("archive_measure_failed", directory=str(self.directory),
+                            error=str(exc))
+            self._failure = str(exc)
+            return
+        self._failure = None
+        oldest = summary.oldest_time
+        self._post(ArchiveMeasured(summary.wal_bytes, summary.backup_bytes, summary.backups,
+                                   summary.oldest_lsn,
+                                   None if oldest is None else oldest.timestamp()))

@@ -18,7 +18,9 @@ import os
 import socket
 import stat
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
@@ -40,6 +42,7 @@ from receivewal.archive.layout import resume_order
 from receivewal.archive.listing import Listing
 from receivewal.archive.lock import LOCK_FILE, lock_directory
 from receivewal.archive.reading import open_regular, read_small_file
+from receivewal.archive.recipients import RecipientSet, adopting
 from receivewal.errors import (
     OUT_OF_DESCRIPTORS,
     ArchiveError,
@@ -235,7 +238,9 @@ class Archive:
         if files is None:
             files = self.segment_names(segment_size)
         for parsed in sorted(files, key=resume_order, reverse=True):
-            reason = self._content_problem(parsed, segment_size, system_identifier)
+            reason = _sealed_problem(self.directory / parsed.file_name(segment_size)) \
+                if parsed.encrypted else \
+                self._content_problem(parsed, segment_size, system_identifier)
             if reason is None:
                 return parsed, rejected
             rejected.append(RejectedFile(parsed.file_name(segment_size), reason))
@@ -284,7 +289,8 @@ class Archive:
 
     def sniff_system_identifier(self, files: list[SegmentFile], segment_size: int) -> str | None:
         """The system identifier in the long page header of the newest complete plain segment."""
-        plain = sorted(f for f in files if not f.partial and not f.compression)
+        plain = sorted(f for f in files
+                       if not f.partial and not f.compression and not f.encrypted)
         if not plain:
             return None
         path = self.directory / plain[-1].file_name(segment_size)
@@ -314,6 +320,25 @@ class Archive:
                                f"is database system {server.system_identifier}")
         self.write_identity(server)
 
+    def adopt_recipients(self, recipients: RecipientSet,
+                         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                         ) -> ArchiveIdentity:
+        """Record ``recipients`` (``--encrypt-to``) in the identity record, durably, unless it
+        is the newest set there already; the record as it now is. Called once the identity is
+        adopted, before anything is encrypted to the set (``stream``, ``backup`` and
+        ``logical`` alike). ArchiveError when the archive has no record."""
+        recorded = self.read_identity()
+        if recorded is None:
+            raise ArchiveError(f'directory "{self.directory}" has no identity record to list '
+                               "the recipients in")
+        sets = adopting(recorded.recipient_sets, recipients,
+                        now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+        if sets == recorded.recipient_sets:
+            return recorded
+        updated = replace(recorded, recipient_sets=sets)
+        self.write_identity(updated)
+        return updated
+
     # -- small files -------------------------------------------------------------------------
     def write_file_durably(self, name: str, body: bytes) -> None:
         """Write ``name`` through a fresh temporary file, fsync, rename, fsync the directory."""
@@ -325,6 +350,15 @@ class Archive:
     def write_history(self, name: str, body: bytes) -> None:
         """Write the timeline history file ``name`` durably."""
         self.write_file_durably(name, body)
+
+
+def _sealed_problem(path: Path) -> str | None:
+    """Why a sealed segment file cannot be trusted as complete, or None: complete by its
+    name, its age header and its recipients file (its WAL was checked before it was sealed;
+    no key is at hand to read it)."""
+    from receivewal.archive.sealed import sealed_problem  # noqa: PLC0415
+
+    return sealed_problem(str(path))
 
 
 def _first_bytes(path: Path, parsed: SegmentFile, count: int) -> bytes:

@@ -20,6 +20,7 @@ from receivewal.archive.codecs import lz4_frame, zstandard_module
 from receivewal.archive.compression import Opener, read_wal_file
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import HISTORY_FILE_CAP
+from receivewal.archive.sealed import DecryptingOpener, NoIdentity, Unsealer, sealed_cap
 from receivewal.archive.segmentbuffer import read_segment
 from receivewal.archive.sources import (
     ArchiveSource,
@@ -42,6 +43,7 @@ from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
 from receivewal.wal.names import (
     SegmentFile,
     looks_like_segment,
+    parse_archive_segment_name,
     parse_history_file_name,
     parse_segment_file_name,
 )
@@ -90,7 +92,8 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
     try:
         data = read_segment(join(task.file), seg.compression, segment_size, open_binary)
     except ArchiveError as exc:
-        problem = WalProblem("unreadable", task.file, seg.start_lsn(segment_size), str(exc))
+        kind = "not_checked" if isinstance(exc, NoIdentity) else "unreadable"
+        problem = WalProblem(kind, task.file, seg.start_lsn(segment_size), str(exc))
         return FileResult(task, None, file_bytes or 0, problems=(problem,))
     scanner = SegmentScanner(data, task.file, start_lsn=seg.start_lsn(segment_size),
                              segment_size=segment_size, timeline=seg.timeline, segno=seg.segno,
@@ -124,7 +127,7 @@ def classify(names: Iterable[str], segment_size: int
     """Segment files (parsed) and history file names among ``names``."""
     segments, histories = [], []
     for name in names:
-        seg = parse_segment_file_name(name, segment_size)
+        seg = parse_archive_segment_name(name, segment_size)
         if seg is not None:
             segments.append((name, seg))
         elif parse_history_file_name(name) is not None:
@@ -168,17 +171,22 @@ def system_identifier_of(identity: ArchiveIdentity | None) -> int | None:
 def verify_archive(archive: Path | str, *, jobs: int | None = None,
                    start_lsn: int | None = None, segment_size: int | None = None,
                    compressibility: bool = False, collect_lsns: bool = False,
+                   identity_file: str | None = None,
                    ) -> tuple[ArchiveReport, list[FileResult]]:
     """Scan and cross-check one archive: a directory, or ``s3://BUCKET/PREFIX`` (listed once,
     each object then streamed through the same reader and scanner as a local file). Its
     identity record, when it has one, says whose segments it holds: any other system's are
-    foreign to it."""
+    foreign to it. Sealed segments (``.age``) are decrypted with ``identity_file``
+    (``--identity``; KeyFileError at once when it cannot be used); without one each is a
+    ``not_checked`` problem naming who can read it (the verdict is then not "recoverable")."""
     source = list_source(archive)
     names = source.names
     identity = recorded_identity(source.base, names, source.open_binary)
     if segment_size is None:
         segment_size = detect_segment_size(source.base, names, source.open_binary, identity)
     segments, history_names = classify(names, segment_size)
+    opener = unsealing_opener(source.open_binary, identity_file, segment_size,
+                              any(seg.encrypted for _, seg in segments))
     # several .partial forms of one segment: only a local archive has them (uploads are of
     # completed files)
     preferred, problems = longest_partials(Path(source.base), segments, segment_size) \
@@ -188,7 +196,8 @@ def verify_archive(archive: Path | str, *, jobs: int | None = None,
     problems += misnamed(names, segment_size)
     tasks = plan_scans(chosen, segment_size=segment_size)
     results = run_scans(tasks, source, segment_size, jobs=jobs,
-                        compressibility=compressibility, collect_lsns=collect_lsns)
+                        compressibility=compressibility, collect_lsns=collect_lsns,
+                        open_binary=opener)
     histories = histories_of(source, history_names, problems)
     for r in results:
         problems.extend(r.problems)
@@ -196,6 +205,17 @@ def verify_archive(archive: Path | str, *, jobs: int | None = None,
                            histories, start_lsn=start_lsn, extra_problems=problems,
                            system_identifier=system_identifier_of(identity))
     return report, results
+
+
+def unsealing_opener(open_binary: Opener | None, identity_file: str | None, segment_size: int,
+                     sealed: bool) -> Opener | None:
+    """``open_binary``, or when the archive holds ``sealed`` segments, an opener that decrypts
+    them with ``identity_file`` (loaded here once, so that a bad one is an error at once)."""
+    if not sealed:
+        return open_binary
+    if identity_file:
+        Unsealer(identity_file).keys()
+    return DecryptingOpener(open_binary, identity_file, sealed_cap(segment_size))
 
 
 def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
@@ -228,13 +248,14 @@ def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
 
 def run_scans(tasks: list[ScanTask], source: ArchiveSource, segment_size: int, *,
               jobs: int | None, compressibility: bool, collect_lsns: bool = False,
-              ) -> list[FileResult]:
+              open_binary: Opener | None = None) -> list[FileResult]:
     """Scan every task; in a process pool of at most ``jobs`` (default: the CPUs) workers,
     one per :data:`BYTES_PER_WORKER` of segments, and in this process when that is one."""
     jobs = worker_count(jobs or os.cpu_count() or 1, len(tasks), segment_size)
     sizes = dict(source.files)
     options: dict[str, Any] = {"compressibility": compressibility,
-                               "collect_lsns": collect_lsns, "open_binary": source.open_binary}
+                               "collect_lsns": collect_lsns,
+                               "open_binary": open_binary or source.open_binary}
     if jobs == 1:
         return [scan_file(t, source.base, segment_size, file_bytes=sizes.get(t.file), **options)
                 for t in tasks]

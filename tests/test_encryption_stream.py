@@ -24,11 +24,14 @@ from pathlib import Path
 
 import pytest
 from support.agekeys import KeyPair, age_command, age_keygen
+from support.bucketcalls import restore
 from support.postgres_user import install_for_postgres, readable_by_postgres
 from support.recovery import copy_of, recover_or_stop
+from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
-from support.streams import receivewal
+from support.streams import lsn_to_int, receivewal
 
+from receivewal.archive.bucket import Bucket
 from receivewal.archive.recipients import parse_recipients_file, recipient_set
 from receivewal.wal.names import looks_like_segment
 
@@ -233,3 +236,92 @@ def test_verify_checks_sealed_segments_with_the_identity_and_reports_them_withou
     unchecked = {p["file"] for p in report["problems"] if p["kind"] == "not_checked"}
     assert unchecked == {name for run in setup.runs for name in run}
     assert not report["recoverable"]
+
+
+@pytest.mark.parametrize("point", ["sealing", "sealed"])
+def test_a_power_cut_while_sealing_loses_nothing_and_leaves_no_plaintext_beside(
+        setup: Setup, point: str) -> None:
+    """SIGKILL in the completion job, before the sealed file exists ("sealing") or once it is
+    durable but the .partial not yet removed ("sealed"): the slot was never told more than
+    the .partial held durably; restore --partial serves the .partial; the next run completes
+    the segment, removes the .partial beside the sealed file, and every sealed file is the
+    server's segment."""
+    primary, archive = setup.primary, setup.base / f"archive-cut-{point}"
+    archive.mkdir()
+    slot = f"cut_{point}"
+    primary.sql(f"SELECT pg_create_physical_replication_slot('{slot}', true)")
+    write_markers(primary, 1000, 2)
+    end = primary.current_lsn()
+    args = ("stream", "-D", str(archive), "-d", primary.dsn, "-S", slot, "-n", "-E", end,
+            "--encrypt-to", setup.old.recipient)
+    cut = receivewal(*args, env={"RECEIVEWAL_CRASH_AT": point})
+    assert cut.returncode == -9, cut.stderr[-3000:]
+    partials = sorted(p.name for p in archive.iterdir() if p.name.endswith(".partial"))
+    assert partials, sorted(os.listdir(archive))
+    crashed = partials[0][:24]
+    sealed = (archive / (crashed + ".age")).exists()
+    assert sealed == (point == "sealed")
+    crashed_end = (int(crashed[8:16], 16) << 32) + (int(crashed[16:], 16) + 1) * SEGMENT
+    assert lsn_to_int(primary.sql(f"SELECT restart_lsn FROM pg_replication_slots "
+                                  f"WHERE slot_name = '{slot}'")) < crashed_end
+    if not sealed:  # the .partial keeps the WAL until the sealed file is durable
+        target = setup.base / f"partial-{point}"
+        served = subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D",
+                                 str(archive), "--prefetch", "0", "--partial", crashed,
+                                 str(target)], capture_output=True, text=True, check=False)
+        assert served.returncode == 0, served.stderr
+        assert target.read_bytes() == (primary.pg_wal / crashed).read_bytes()
+    again = receivewal(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    names = sorted(os.listdir(archive))
+    assert crashed + ".age" in names
+    assert crashed + ".partial" not in names
+    for name in sealed_files(archive):
+        assert age_decrypt(setup.old.path, archive / name) == \
+            (primary.pg_wal / name[:24]).read_bytes(), name
+    primary.sql(f"SELECT pg_drop_replication_slot('{slot}')")
+
+
+def test_uploads_carry_the_sealed_objects_and_restore_from_the_bucket_decrypts(
+        setup: Setup, store: SeaweedS3, tmp_path: Path) -> None:
+    """With --upload-to, each sealed segment goes up as NAME.age after NAME.age.recipients,
+    as it sits (never plain); the prefix's identity object lists the set; restore from the
+    bucket with --identity gives the server's segment, and without it exits 126 naming the
+    object and its recipients. verify of the bucket with the identity passes."""
+    primary, archive = setup.primary, setup.base / "archive-up"
+    archive.mkdir()
+    primary.sql("SELECT pg_create_physical_replication_slot('up', true)")
+    write_markers(primary, 2000, 2)
+    url = f"s3://{store.bucket}/crypt-{os.getpid()}/wal"
+    done = receivewal("stream", "-D", str(archive), "-d", primary.dsn, "-S", "up", "-n",
+                      "-E", primary.current_lsn(), "--upload-to", url,
+                      "--encrypt-to", setup.new.recipient)
+    assert done.returncode == 0, done.stderr[-3000:]
+    primary.sql("SELECT pg_drop_replication_slot('up')")
+    bucket = Bucket.connect(url)
+    names = {name for name, _ in bucket.list_files()}
+    sealed = sealed_files(archive)
+    assert sealed
+    for name in sealed:
+        assert name in names
+        assert name + ".recipients" in names
+        assert name[:24] not in names  # never plain
+        assert bucket.get_bytes(name, 1 << 22) == (archive / name).read_bytes()
+    identity = json.loads(bucket.get_bytes(IDENTITY, 1 << 16))
+    assert [s["recipients"] for s in identity["recipient_sets"]] == [[setup.new.recipient]]
+    name = sealed[0][:24]
+    target = tmp_path / "RECOVERYXLOG"
+    without = restore(url, name, target, "--prefetch", "0")
+    assert without.returncode == 126, without.stderr
+    assert setup.new.recipient in without.stderr
+    assert f"{url}/{sealed[0]}" in without.stderr
+    assert not target.exists()
+    served = restore(url, name, target, "--prefetch", "0", "--identity", str(setup.new.path))
+    assert served.returncode == 0, served.stderr
+    assert target.read_bytes() == (primary.pg_wal / name).read_bytes()
+    checked = subprocess.run([sys.executable, "-m", "receivewal", "verify", url, "--identity",
+                              str(setup.new.path), "--json"], capture_output=True, text=True,
+                             check=False, timeout=120)
+    report = json.loads(checked.stdout)
+    assert {s["file"] for s in report["segments"]} >= set(sealed)
+    assert not [p for p in report["problems"] if p["severity"] == "error"], report["problems"]

@@ -230,6 +230,12 @@ def test_verify_checks_sealed_segments_with_the_identity_and_reports_them_withou
     assert done.returncode == 0, done.stdout[-3000:]
     assert report["recoverable"]
     assert len(report["segments"]) >= sum(map(len, setup.runs))
+    sets = [recipient_set([setup.old.recipient]),
+            recipient_set([setup.old.recipient, setup.new.recipient]),
+            recipient_set([setup.new.recipient])]
+    assert report["sealed"] == {name: recipients.describe()
+                                for run, recipients in zip(setup.runs, sets, strict=True)
+                                for name in run}
     done = verify(setup, "--json")
     report = json.loads(done.stdout)
     assert done.returncode == 1

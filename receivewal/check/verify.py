@@ -20,7 +20,13 @@ from receivewal.archive.codecs import lz4_frame, zstandard_module
 from receivewal.archive.compression import Opener, read_wal_file
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import HISTORY_FILE_CAP
-from receivewal.archive.sealed import DecryptingOpener, NoIdentity, Unsealer, sealed_cap
+from receivewal.archive.sealed import (
+    DecryptingOpener,
+    NoIdentity,
+    Unsealer,
+    read_recipients,
+    sealed_cap,
+)
 from receivewal.archive.segmentbuffer import read_segment
 from receivewal.archive.sources import (
     ArchiveSource,
@@ -72,6 +78,7 @@ class FileResult:
     lz4_bytes: int | None = None
     seconds: float = 0.0
     problems: tuple[WalProblem, ...] = field(default_factory=tuple)
+    sealed_to: str | None = None  # a sealed file's recipients (its recipients file), described
 
 
 def compressed_sizes(data: bytes | bytearray) -> tuple[int, int]:
@@ -89,12 +96,14 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
     began = time.perf_counter()
     seg = task.segment
     join = _join(base)
+    sealed_to = _sealed_to(join(task.file), open_binary) if seg.encrypted else None
     try:
         data = read_segment(join(task.file), seg.compression, segment_size, open_binary)
     except ArchiveError as exc:
         kind = "not_checked" if isinstance(exc, NoIdentity) else "unreadable"
         problem = WalProblem(kind, task.file, seg.start_lsn(segment_size), str(exc))
-        return FileResult(task, None, file_bytes or 0, problems=(problem,))
+        return FileResult(task, None, file_bytes or 0, problems=(problem,),
+                          sealed_to=sealed_to)
     scanner = SegmentScanner(data, task.file, start_lsn=seg.start_lsn(segment_size),
                              segment_size=segment_size, timeline=seg.timeline, segno=seg.segno,
                              partial=seg.partial, collect_lsns=collect_lsns)
@@ -115,7 +124,28 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
     if file_bytes is None:
         file_bytes = os.stat(join(task.file)).st_size
     return FileResult(task, scan, file_bytes, zstd_bytes, lz4_bytes,
-                      time.perf_counter() - began)
+                      time.perf_counter() - began, sealed_to=sealed_to)
+
+
+def _sealed_to(path: str, open_binary: Opener | None) -> str:
+    """Whom the sealed file at ``path`` is for, as its recipients file says."""
+    try:
+        recipients = read_recipients(path, open_binary)
+    except (ArchiveError, OSError) as exc:
+        return f"unknown ({exc})"
+    return "unknown (no recipients file)" if recipients is None else recipients.describe()
+
+
+def sealed_lines(results: Iterable[FileResult]) -> list[str]:
+    """How many segments are sealed, per recipient set (what to keep a key for)."""
+    sets: dict[str, int] = {}
+    for r in results:
+        if r.sealed_to is not None:
+            sets[r.sealed_to] = sets.get(r.sealed_to, 0) + 1
+    if not sets:
+        return []
+    return [f"sealed: {sum(sets.values())} segments encrypted at rest"] + \
+        [f"  {count} to {whom}" for whom, count in sets.items()]
 
 
 def _join(base: str) -> Any:
@@ -319,7 +349,9 @@ def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, A
             "file_bytes": by_file[s.file].file_bytes if s.file in by_file else None,
             "zstd_bytes": by_file[s.file].zstd_bytes if s.file in by_file else None,
             "lz4_bytes": by_file[s.file].lz4_bytes if s.file in by_file else None,
+            "sealed_to": by_file[s.file].sealed_to if s.file in by_file else None,
         } for s in report.scans],
+        "sealed": {r.task.file: r.sealed_to for r in results if r.sealed_to is not None},
         "rmgr": {name: {"records": c, "record_bytes": r, "fpi_bytes": f}
                  for name, (c, r, f) in rmgr_totals(report.scans).items()},
         "problems": [{"kind": p.kind, "file": p.file, "lsn": format_lsn(p.lsn),
@@ -351,8 +383,11 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
         raw = sum(r.scan.data_bytes for r in results if r.scan and r.zstd_bytes is not None)
         lines.append(f"compressibility: zstd-1 {sum(zst) / raw:.1%}, lz4 {sum(lz) / raw:.1%} "
                      "of the raw size")
+    lines += sealed_lines(results)
     rec = report.recovery
-    if rec is None:
+    if rec is None and any(r.sealed_to is not None for r in results):
+        lines.append("recovery: not known, no segment could be read (sealed: --identity)")
+    elif rec is None:
         lines.append("recovery: impossible, the archive holds no segment file")
     else:
         end = "the end of the archive" if rec.complete else rec.stop_reason

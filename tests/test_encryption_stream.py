@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from support.agekeys import KeyPair, age_command, age_keygen
@@ -331,3 +332,29 @@ def test_uploads_carry_the_sealed_objects_and_restore_from_the_bucket_decrypts(
     report = json.loads(checked.stdout)
     assert {s["file"] for s in report["segments"]} >= set(sealed)
     assert not [p for p in report["problems"] if p["severity"] == "error"], report["problems"]
+
+
+def test_analyzes_executor_decrypts_a_sealed_segment_with_the_identity(setup: Setup) -> None:
+    """analyze's executor side (the task row Spark hands each executor, run here without
+    Spark): with the identity file, a sealed segment and its sealed followers are decrypted
+    and scanned clean, records and time marks included; without one, it is not_checked."""
+    from receivewal.check.analyze import scan_row  # noqa: PLC0415 - the executor's function
+    from receivewal.check.crosscheck import FollowerRun  # noqa: PLC0415
+
+    name = setup.runs[1][0]
+    segno = int(name[16:24], 16)
+
+    def row(identity: str | None) -> SimpleNamespace:
+        follower = FollowerRun(1, segno + 1, 1, "", False, True)
+        return SimpleNamespace(
+            archive=str(setup.archive), base=str(setup.archive), file=name, compression="",
+            timeline=1, segno=segno, partial=False, followers=json.dumps([follower]),
+            file_bytes=(setup.archive / name).stat().st_size, segment_size=SEGMENT,
+            compressibility=False, identity=identity)
+
+    scanned = scan_row(row(str(setup.both)))
+    assert scanned["problems"] == []
+    assert scanned["records"] > 0
+    assert scanned["marks"]
+    refused = scan_row(row(None))
+    assert [p["kind"] for p in refused["problems"]] == ["not_checked"]

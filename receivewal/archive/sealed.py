@@ -197,6 +197,12 @@ def sealed_problem(path: str, open_binary: Opener | None = None) -> str | None:
     return None
 
 
+#: The last file this process decrypted: its bytes and plaintext. A segment is read twice in a
+#: row, as the next segment of the one served or scanned before (the record that runs into
+#: it) and then as itself: the second time costs a comparison of its bytes, not a decryption.
+_LAST_DECRYPTED: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+
+
 class Unsealer:
     """``--identity FILE`` (None: not given), loaded on first use, to decrypt sealed files."""
 
@@ -224,9 +230,15 @@ class Unsealer:
         keys = self.keys()
         if recipients is not None:
             keys.require(recipients, file=file)
+        last = _LAST_DECRYPTED.get((self.key_file, file))
+        if last is not None and last[0] == raw:  # the same bytes, decrypted a moment ago
+            return last[1]
         from receivewal.archive.encryption import decrypt_bytes  # noqa: PLC0415
 
-        return decrypt_bytes(raw, keys, file=file, recipients=recipients)
+        plain = decrypt_bytes(raw, keys, file=file, recipients=recipients)
+        _LAST_DECRYPTED.clear()
+        _LAST_DECRYPTED[self.key_file, file] = raw, plain
+        return plain
 
     def opened(self, path: str, cap: int, open_binary: Opener | None = None,
                source: BinaryIO | None = None) -> BinaryIO:

@@ -277,16 +277,8 @@ class DecryptingOpener:
             self._unsealer = Unsealer(self.key_file)
         try:
             return self._unsealer.opened(path, self.cap, self.open_binary)
-        except NoIdentity:
+        except NoIdentity:  # no key: what can be checked without one is checked
             problem = sealed_problem(path, self.open_binary)
             if problem is None:
-                raise NoIdentity(path, exc_recipients(path, self.open_binary)) from None
+                raise
             raise ArchiveError(f'"{path}" {problem}') from None
-
-
-def exc_recipients(path: str, open_binary: Opener | None) -> RecipientSet | None:
-    """The recipients of ``path``, or None when they cannot be read (for a message)."""
-    try:
-        return read_recipients(path, open_binary)
-    except (ArchiveError, OSError):
-        return None

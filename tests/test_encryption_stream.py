@@ -153,7 +153,8 @@ def test_each_run_seals_its_segments_to_its_set_and_the_record_lists_the_sets(
 
 def test_the_encrypted_archive_recovers_every_marker_with_the_identity(setup: Setup) -> None:
     """PITR of the base backup with restore_command = receivewal restore --identity FILE
-    (both keys: the archive spans the rotation) reaches every marker row."""
+    (both keys: the archive spans the rotation) reaches every marker row; the prefetch filler
+    decrypts ahead of replay with the same identity file."""
     readable_by_postgres(setup.archive)
     server = copy_of(setup.backup, "recovered-both")
     command = f"RECEIVEWAL_PREFETCH_IDLE=3 {setup.command} -D {setup.archive} " \
@@ -161,6 +162,7 @@ def test_the_encrypted_archive_recovers_every_marker_with_the_identity(setup: Se
     try:
         assert recover_or_stop(server, command), server.logfile.read_text()[-3000:]
         assert server.sql("SELECT count(*) FROM marker") == str(setup.markers)
+        assert "from the prefetch spool" in server.logfile.read_text()  # the filler decrypts
     finally:
         server.stop("immediate")
 

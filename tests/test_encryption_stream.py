@@ -30,7 +30,7 @@ from support.postgres_user import install_for_postgres, readable_by_postgres
 from support.recovery import copy_of, recover_or_stop
 from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
-from support.streams import lsn_to_int, receivewal
+from support.streams import log_events, lsn_to_int, receivewal
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.recipients import parse_recipients_file, recipient_set
@@ -360,3 +360,24 @@ def test_analyzes_executor_decrypts_a_sealed_segment_with_the_identity(setup: Se
     assert scanned["marks"]
     refused = scan_row(row(None))
     assert [p["kind"] for p in refused["problems"]] == ["not_checked"]
+
+
+def test_a_sealed_file_without_its_recipients_file_is_not_resumed_from_and_is_sealed_again(
+        setup: Setup) -> None:
+    """The resume scan trusts a sealed file by its age header and recipients file: the newest
+    one without its recipients file is passed over (said in the log), its segment streamed
+    again and sealed again, recipients file first; the file then decrypts to the server's."""
+    archive = setup.base / "archive-rescan"
+    shutil.copytree(setup.archive, archive)
+    newest = sealed_files(archive)[-1]
+    (archive / (newest + ".recipients")).unlink()
+    again = receivewal("stream", "-D", str(archive), "-d", setup.primary.dsn, "-n",
+                       "-E", setup.primary.current_lsn(), "--encrypt-to", setup.new.recipient)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rejected = [e for e in log_events(again.stderr) if e["event"] == "segment_file_rejected"]
+    assert [e["file"] for e in rejected] == [newest]
+    assert "has no recipients file" in str(rejected[0]["reason"])
+    listed = (archive / (newest + ".recipients")).read_bytes()
+    assert parse_recipients_file(listed, newest) == recipient_set([setup.new.recipient])
+    assert age_decrypt(setup.new.path, archive / newest) == \
+        (setup.primary.pg_wal / newest[:24]).read_bytes()

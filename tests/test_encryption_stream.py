@@ -24,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import zstandard
 from support.agekeys import KeyPair, age_command, age_keygen
 from support.bucketcalls import restore
 from support.postgres_user import install_for_postgres, readable_by_postgres
@@ -289,6 +290,35 @@ def test_a_power_cut_while_sealing_loses_nothing_and_leaves_no_plaintext_beside(
         assert age_decrypt(setup.old.path, archive / name) == \
             (primary.pg_wal / name[:24]).read_bytes(), name
     primary.sql(f"SELECT pg_drop_replication_slot('{slot}')")
+
+
+def test_a_power_cut_while_sealing_a_compressed_segment_loses_nothing(setup: Setup) -> None:
+    """-Z zstd: SIGKILL before the first completed segment is sealed (its compressed file may
+    still be under its temporary name). The next run seals it: every NAME.zst.age decrypts
+    and decompresses to the server's segment, and no .partial or temporary file is left
+    beside a sealed one."""
+    primary, archive = setup.primary, setup.base / "archive-cut-zstd"
+    archive.mkdir()
+    primary.sql("SELECT pg_create_physical_replication_slot('cut_zstd', true)")
+    write_markers(primary, 3000, 2)
+    args = ("stream", "-D", str(archive), "-d", primary.dsn, "-S", "cut_zstd", "-n", "-E",
+            primary.current_lsn(), "-Z", "zstd", "--encrypt-to", setup.old.recipient)
+    cut = receivewal(*args, env={"RECEIVEWAL_CRASH_AT": "sealing"})
+    assert cut.returncode == -9, cut.stderr[-3000:]
+    assert sealed_files(archive) == []
+    again = receivewal(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    primary.sql("SELECT pg_drop_replication_slot('cut_zstd')")
+    sealed = sealed_files(archive)
+    assert len(sealed) >= 2
+    names = os.listdir(archive)
+    for name in sealed:
+        assert name.endswith(".zst.age")
+        assert name[:24] + ".zst.partial" not in names
+        plain = zstandard.ZstdDecompressor().decompressobj().decompress(
+            age_decrypt(setup.old.path, archive / name))
+        assert plain == (primary.pg_wal / name[:24]).read_bytes(), name
+    assert not [n for n in names if n.endswith(".receivewal-tmp")]
 
 
 def test_uploads_carry_the_sealed_objects_and_restore_from_the_bucket_decrypts(

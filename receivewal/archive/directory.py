@@ -43,6 +43,7 @@ from receivewal.archive.listing import Listing
 from receivewal.archive.lock import LOCK_FILE, lock_directory
 from receivewal.archive.reading import open_regular, read_small_file
 from receivewal.archive.recipients import RecipientSet, adopting
+from receivewal.archive.sealed import sealed_problem
 from receivewal.errors import (
     OUT_OF_DESCRIPTORS,
     ArchiveError,
@@ -238,7 +239,9 @@ class Archive:
         if files is None:
             files = self.segment_names(segment_size)
         for parsed in sorted(files, key=resume_order, reverse=True):
-            reason = _sealed_problem(self.directory / parsed.file_name(segment_size)) \
+            # a sealed file is complete by its name, its age header and its recipients file:
+            # its WAL was checked before it was sealed, and no key is at hand to read it
+            reason = sealed_problem(str(self.directory / parsed.file_name(segment_size))) \
                 if parsed.encrypted else \
                 self._content_problem(parsed, segment_size, system_identifier)
             if reason is None:
@@ -350,15 +353,6 @@ class Archive:
     def write_history(self, name: str, body: bytes) -> None:
         """Write the timeline history file ``name`` durably."""
         self.write_file_durably(name, body)
-
-
-def _sealed_problem(path: Path) -> str | None:
-    """Why a sealed segment file cannot be trusted as complete, or None: complete by its
-    name, its age header and its recipients file (its WAL was checked before it was sealed;
-    no key is at hand to read it)."""
-    from receivewal.archive.sealed import sealed_problem  # noqa: PLC0415
-
-    return sealed_problem(str(path))
 
 
 def _first_bytes(path: Path, parsed: SegmentFile, count: int) -> bytes:

@@ -129,3 +129,24 @@ def test_adopt_recipients_appends_a_new_set_once(tmp_path: Path, key: KeyPair) -
     read = archive.read_identity()
     assert read is not None
     assert [s.recipients for s in read.recipient_sets] == [first, both]
+
+
+@pytest.mark.parametrize(("given", "words"), [
+    ("age1notarecipient", "invalid age recipient"),
+    ("AGE-SECRET-KEY-1QQQQ", "a private key was given as a recipient"),
+])
+def test_stream_refuses_a_bad_recipient_before_connecting(tmp_path: Path, given: str,
+                                                          words: str) -> None:
+    """--encrypt-to is checked before any connection (the server named does not exist): one
+    line saying what is wrong, never echoing a private key, exit 1; nothing written."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    done = subprocess.run([sys.executable, "-m", "receivewal", "stream", "-D", str(tmp_path),
+                           "-d", "host=/nonexistent", "-n", "--encrypt-to", given],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert words in done.stderr
+    assert "AGE-SECRET-KEY-1QQQQ" not in done.stderr
+    assert "nonexistent" not in done.stderr  # no connection was tried
+    assert list(tmp_path.iterdir()) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ from receivewal.errors import ArchiveError
 from receivewal.wal.names import (
     AtRest,
     encrypted_file_name,
+    parse_archive_segment_name,
     parse_encrypted_segment_name,
     parse_segment_file_name,
     recipients_file_name,
@@ -253,10 +255,15 @@ def test_an_encrypted_segment_is_named_after_its_at_rest_form_plus_age(fmt: AtRe
     assert name == plain + ".age"
     assert recipients_file_name(name) == plain + ".age.recipients"
     segment = parse_encrypted_segment_name(name, SEGMENT)
-    assert segment == parse_segment_file_name(plain, SEGMENT)
+    unsealed = parse_segment_file_name(plain, SEGMENT)
     assert segment is not None
+    assert unsealed is not None
+    assert segment == replace(unsealed, encrypted=True)
     assert segment.compression == fmt
     assert not segment.partial
+    assert segment.file_name(SEGMENT) == name  # the flag names the file as it stands
+    assert parse_archive_segment_name(name, SEGMENT) == segment
+    assert parse_archive_segment_name(plain, SEGMENT) == parse_segment_file_name(plain, SEGMENT)
     # the existing parser does not take encrypted names (nor their recipients files): every
     # reader of archives stays as it is until it learns to decrypt
     assert parse_segment_file_name(name, SEGMENT) is None

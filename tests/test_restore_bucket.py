@@ -280,7 +280,9 @@ def test_a_source_asks_first_for_the_form_that_served_the_last_segment(url: str,
     source.restore(name_of(5), tmp_path / "c")
     assert [(tmp_path / t).read_bytes() for t in "abc"] == [segment(3), segment(4), segment(5)]
     assert source.forms(name_of(6))[0].fmt is AtRest.PLAIN
-    assert sorted(c.fmt for c in source.forms(name_of(6))) == sorted(AtRest)
+    # every form, then every form sealed (.age): a file absent in all of them is absent
+    assert [(c.fmt, c.encrypted) for c in source.forms(name_of(6))] == \
+        [(fmt, sealed) for sealed in (False, True) for fmt in AtRest]
 
 
 BOTO_PROBE = ("import sys\n"

@@ -20,17 +20,20 @@ import pytest
 import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
+from support.agekeys import new_identity_file
 from support.walgen import wal_segment
 
 from receivewal import restore
+from receivewal.archive.encryption import encrypt_bytes
 from receivewal.archive.objectstore import is_bucket_url
+from receivewal.archive.recipients import recipient_set, recipients_file_text
 from receivewal.restore import call
 from receivewal.restore.filler import Spool
 from receivewal.wal.leannames import AT_REST_SUFFIXES
 from receivewal.wal.names import AtRest
 
 NAME = "000000010000000000000003"
-HEAVY = (*sorted(restore.NEVER), "boto3", "lz4", "zstandard")
+HEAVY = (*sorted(restore.NEVER), "boto3", "lz4", "zstandard", "pyrage")
 PROBE = (
     "import json, sys\n"
     "from receivewal.commands.cli import main\n"
@@ -63,6 +66,29 @@ def test_restore_imports_no_click_structlog_psycopg_nor_unused_codecs(
         (archive / NAME).write_bytes(data)
     target = tmp_path / "RECOVERYXLOG"
     assert loaded_by("restore", "-D", str(archive), NAME, str(target)) == (0, [])
+    assert target.read_bytes() == data
+
+
+def test_pyrage_is_loaded_only_for_a_sealed_file(tmp_path: Path) -> None:
+    """With --identity given, a plain segment's restore still loads no pyrage; a sealed one
+    (NAME.age, its recipients file beside it) loads it, and is restored decrypted."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    key = new_identity_file(tmp_path / "key.txt")
+    recipients = recipient_set([key.recipient])
+    data = wal_segment(3)
+    (archive / NAME).write_bytes(data)
+    target = tmp_path / "RECOVERYXLOG"
+    identity = ("--identity", str(key.path), "--prefetch", "0")  # this process decrypts
+    assert loaded_by("restore", "-D", str(archive), *identity, NAME, str(target)) == (0, [])
+    (archive / NAME).unlink()
+    sealed = archive / (NAME + ".age")
+    sealed.write_bytes(encrypt_bytes(data, recipients))
+    (archive / (sealed.name + ".recipients")).write_bytes(recipients_file_text(recipients))
+    target.unlink()
+    status, modules = loaded_by("restore", "-D", str(archive), *identity, NAME, str(target))
+    assert (status, "pyrage" in modules) == (0, True)
+    assert all(m.startswith("pyrage") for m in modules), modules
     assert target.read_bytes() == data
 
 

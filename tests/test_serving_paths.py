@@ -64,6 +64,11 @@ WRITES_OTHER = {
     "backup/unpack.py::_rewrite_tablespace_map": "a recovered data directory's tablespace map",
     "backup/unpack.py::write_recovery": "a recovered data directory's recovery settings",
     "logical/store.py::ChangeLogStore._compress": "a change log file (no WAL)",
+    "archive/sealed.py::seal_stream": "a completed file sealed inside the archive (a segment "
+    "is checked first: SegmentWriter._seal's sealed_input reaches checked_segment, since "
+    "nothing can check it once sealed; the uploader then puts it as it sits)",
+    "archive/sealed.py::write_recipients_file": "a sealed file's recipients file",
+    "daemon/uploader.py::Uploader._sealed_body": "a sealed file's recipients object",
 }
 
 
@@ -159,6 +164,8 @@ def test_every_path_that_hands_wal_out_reaches_the_check() -> None:
     assert writing == set(), "the filler's fetch writes only through restore's one path"
     for path in NOT_YET:
         assert not reaches(path, check, graph, by_name), f"{path} is checked now: HANDS_OUT"
+    # a sealed segment is uploaded as it sits: it was checked when it was sealed
+    assert reaches("archive/writer.py::SegmentWriter._seal", check, graph, by_name)
 
 
 def test_the_check_is_the_verify_scanner() -> None:

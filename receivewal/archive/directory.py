@@ -18,7 +18,9 @@ import os
 import socket
 import stat
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
@@ -40,6 +42,8 @@ from receivewal.archive.layout import resume_order
 from receivewal.archive.listing import Listing
 from receivewal.archive.lock import LOCK_FILE, lock_directory
 from receivewal.archive.reading import open_regular, read_small_file
+from receivewal.archive.recipients import RecipientSet, adopting
+from receivewal.archive.sealed import sealed_problem
 from receivewal.errors import (
     OUT_OF_DESCRIPTORS,
     ArchiveError,
@@ -235,7 +239,11 @@ class Archive:
         if files is None:
             files = self.segment_names(segment_size)
         for parsed in sorted(files, key=resume_order, reverse=True):
-            reason = self._content_problem(parsed, segment_size, system_identifier)
+            # a sealed file is complete by its name, its age header and its recipients file:
+            # its WAL was checked before it was sealed, and no key is at hand to read it
+            reason = sealed_problem(str(self.directory / parsed.file_name(segment_size))) \
+                if parsed.encrypted else \
+                self._content_problem(parsed, segment_size, system_identifier)
             if reason is None:
                 return parsed, rejected
             rejected.append(RejectedFile(parsed.file_name(segment_size), reason))
@@ -284,7 +292,8 @@ class Archive:
 
     def sniff_system_identifier(self, files: list[SegmentFile], segment_size: int) -> str | None:
         """The system identifier in the long page header of the newest complete plain segment."""
-        plain = sorted(f for f in files if not f.partial and not f.compression)
+        plain = sorted(f for f in files
+                       if not f.partial and not f.compression and not f.encrypted)
         if not plain:
             return None
         path = self.directory / plain[-1].file_name(segment_size)
@@ -313,6 +322,25 @@ class Archive:
             raise ArchiveError(f"{where} holds WAL of database system {sniffed}, but the server "
                                f"is database system {server.system_identifier}")
         self.write_identity(server)
+
+    def adopt_recipients(self, recipients: RecipientSet,
+                         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                         ) -> ArchiveIdentity:
+        """Record ``recipients`` (``--encrypt-to``) in the identity record, durably, unless it
+        is the newest set there already; the record as it now is. Called once the identity is
+        adopted, before anything is encrypted to the set (``stream``, ``backup`` and
+        ``logical`` alike). ArchiveError when the archive has no record."""
+        recorded = self.read_identity()
+        if recorded is None:
+            raise ArchiveError(f'directory "{self.directory}" has no identity record to list '
+                               "the recipients in")
+        sets = adopting(recorded.recipient_sets, recipients,
+                        now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+        if sets == recorded.recipient_sets:
+            return recorded
+        updated = replace(recorded, recipient_sets=sets)
+        self.write_identity(updated)
+        return updated
 
     # -- small files -------------------------------------------------------------------------
     def write_file_durably(self, name: str, body: bytes) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from receivewal.wal.names import SegmentFile, parse_segment_file_name
+from receivewal.wal.names import SegmentFile, parse_archive_segment_name
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class Listing:
                        (*self.removed, *sorted(gone)))
 
     def segments(self, segment_size: int) -> list[SegmentFile]:
-        """Every segment file, by name only (nothing is opened)."""
+        """Every segment file, by name only (nothing is opened); a sealed one (``.age``) has
+        ``encrypted`` set."""
         return [parsed for entry in self.entries
-                if (parsed := parse_segment_file_name(entry.name, segment_size)) is not None
+                if (parsed := parse_archive_segment_name(entry.name, segment_size)) is not None
                 and entry.is_file()]

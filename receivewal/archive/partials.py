@@ -145,16 +145,19 @@ def settle_partials(archive: Archive, segment_size: int, files: Sequence[Segment
 
     Raises ArchiveError when two files of a segment disagree (an operator must decide).
     """
+    done = _drop_sealed_leftovers(archive, segment_size, files)
+    gone = {settled.file for settled in done}
     form = AtRest(compress.method or "")
     first = None if restream_from is None else \
         restream_from.segno + (0 if restream_from.partial else 1)
-    done = []
     for (timeline, segno), group in sorted(partial_groups(files).items()):
         restreamed = restream_from is not None and first is not None \
             and timeline == restream_from.timeline and segno >= first
-        if len(group) < 2 and (not restreamed or group[0].compression == form):
+        present = [f for f in group if f.file_name(segment_size) not in gone]
+        if not present or (len(present) < 2
+                           and (not restreamed or present[0].compression == form)):
             continue
-        forms = [(archive.directory / f.file_name(segment_size), f) for f in group]
+        forms = [(archive.directory / f.file_name(segment_size), f) for f in present]
         try:
             ranked, conflict = rank_partials(forms, segment_size)
         except OSError as exc:
@@ -171,6 +174,25 @@ def settle_partials(archive: Archive, segment_size: int, files: Sequence[Segment
                 archive.remove_superseded(other.path)
                 done.append(SettledPartial(other.path.name,
                                            f"removed, {keep.path.name} holds its WAL"))
+        archive.fsync_directory()
+    return done
+
+
+def _drop_sealed_leftovers(archive: Archive, segment_size: int,
+                           files: Sequence[SegmentFile]) -> list[SettledPartial]:
+    """Remove the ``.partial`` files of segments sealed already (a crash came after the sealed
+    file was durable, before they were removed): the sealed file holds their WAL, and they
+    would keep its plaintext on the disk."""
+    sealed = {(f.timeline, f.segno): f for f in files if f.encrypted}
+    done = []
+    for f in files:
+        if f.partial and (f.timeline, f.segno) in sealed:
+            path = archive.directory / f.file_name(segment_size)
+            if archive.remove_superseded(path):
+                done.append(SettledPartial(path.name, "removed, "
+                                           f"{sealed[f.timeline, f.segno].file_name(segment_size)}"
+                                           " holds its WAL (sealed)"))
+    if done:
         archive.fsync_directory()
     return done
 

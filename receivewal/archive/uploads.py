@@ -23,7 +23,7 @@ from receivewal.archive.directory import Archive
 from receivewal.archive.listing import Listing
 from receivewal.archive.reading import read_small_file
 from receivewal.errors import ArchiveError
-from receivewal.wal.names import SegmentFile, parse_history_file_name, parse_segment_file_name
+from receivewal.wal.names import SegmentFile, parse_archive_segment_name, parse_history_file_name
 
 UPLOADED_FILE = ".receivewal-uploaded.json"
 FORMAT_VERSION = 1
@@ -81,14 +81,14 @@ def segment_end(name: str, segment_size: int) -> int:
 
 
 def is_uploadable(name: str, segment_size: int) -> bool:
-    """A completed segment (any at-rest format) or a history file."""
-    parsed = parse_segment_file_name(name, segment_size)
+    """A completed segment (any at-rest format, sealed or not) or a history file."""
+    parsed = parse_archive_segment_name(name, segment_size)
     return (parsed is not None and not parsed.partial) or \
         parse_history_file_name(name) is not None
 
 
 def _segment(name: str, segment_size: int) -> SegmentFile:
-    parsed = parse_segment_file_name(name, segment_size)
+    parsed = parse_archive_segment_name(name, segment_size)
     if parsed is None or parsed.partial:
         raise ArchiveError(f'"{name}" is not the name of a completed segment file')
     return parsed

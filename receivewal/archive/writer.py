@@ -18,6 +18,7 @@ tests' kill points) are in :mod:`receivewal.archive.files`.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -35,10 +36,16 @@ from receivewal.archive.files import (
     preallocate,
 )
 from receivewal.archive.layout import check_continuity, plan_writes, take_range
+from receivewal.archive.sealed import Sealing, seal_stream, sealed_input
 from receivewal.archive.syncer import WRITE_BEHIND_BYTES, SegmentSyncer
 from receivewal.errors import ArchiveError, ArchiveNotDurable
 from receivewal.wal.lsn import format_lsn
-from receivewal.wal.names import COMPRESSION_SUFFIXES, PARTIAL_SUFFIX, wal_file_name
+from receivewal.wal.names import (
+    COMPRESSION_SUFFIXES,
+    PARTIAL_SUFFIX,
+    encrypted_file_name,
+    wal_file_name,
+)
 
 
 class SegmentWriter:
@@ -62,8 +69,10 @@ class SegmentWriter:
     suffix = ""  # compression suffix of the files written
 
     def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int, *,
-                 kept: int = 0, stopping: Callable[[], bool] | None = None) -> None:
+                 kept: int = 0, stopping: Callable[[], bool] | None = None,
+                 sealing: Sealing | None = None) -> None:
         self.archive = archive
+        self.sealing = sealing  # --encrypt-to: each segment sealed when it is completed
         self.segment_size = segment_size
         self.timeline = timeline
         self.position = start_lsn
@@ -276,19 +285,23 @@ class SegmentWriter:
         assert self._segno is not None
         assert self._path is not None
         name = wal_file_name(self.timeline, self._segno, self.segment_size) + self.suffix
+        final = name if self.sealing is None else encrypted_file_name(name)
         fd, path = self._fd, self._path
         self._fd, self._segno = None, None
         if self.syncer is not None:
             self.syncer.submit(self.position, lambda: self._finish_file(fd, path, name),
-                               segment=name)
+                               segment=final)
             return
         self._finish_file(fd, path, name)
         self._flushed = self.position
-        self._completed.append((name, self.position))
+        self._completed.append((final, self.position))
 
     def _finish_file(self, fd: int, path: Path, name: str) -> None:
         """fsync and close ``fd``, rename ``path`` to ``name``, fsync the directory, drop the
-        segment's ``.partial`` files in other forms."""
+        segment's ``.partial`` files in other forms (with :attr:`sealing`: seal it instead)."""
+        if self.sealing is not None:
+            self._seal(fd, path, name)
+            return
         try:
             finish_file(path, self.archive.directory / name, fd=fd, close=True,
                         sync=self.archive.sync)
@@ -296,10 +309,29 @@ class SegmentWriter:
             raise os_error(exc, f'could not complete segment "{name}"') from exc
         self._drop_superseded_partials(name[:24])
 
-    def _drop_superseded_partials(self, wal: str) -> None:
+    def _seal(self, fd: int, path: Path, name: str) -> None:
+        """Seal the completed segment written as ``path`` (a ``.partial``, or the temporary
+        file of a compressed one): check it, then ``NAME[.zst].age`` and its recipients file,
+        durable (:func:`~receivewal.archive.sealed.seal_stream`); then drop ``path`` and the
+        segment's ``.partial`` files. Until the sealed file is durable, ``path`` keeps the WAL
+        (and none of it counts as flushed before this job ends)."""
+        assert self.sealing is not None
+        target = self.archive.directory / encrypted_file_name(name)
+        try:
+            with os.fdopen(fd, "rb", closefd=True) as fh:
+                raw = sealed_input(fh, name, self.segment_size, self.sealing, str(path))
+            crash_point(self._crash, "sealing")
+            seal_stream(io.BytesIO(raw), target, self.sealing.recipients,
+                        mode=self.archive.file_mode, sync=self.archive.sync)
+        except OSError as exc:
+            raise os_error(exc, f'could not seal segment "{name}" as "{target}"') from exc
+        crash_point(self._crash, "sealed")
+        self.archive.remove_superseded(path)
+        self._drop_superseded_partials(name[:24], removed=True)
+
+    def _drop_superseded_partials(self, wal: str, *, removed: bool = False) -> None:
         """Remove ``.partial`` files of the segment just completed, in any form (another -Z
         method, or the old one a restream replaced): the complete file supersedes them."""
-        removed = False
         for suffix in COMPRESSION_SUFFIXES.values():
             stale = self.archive.directory / (wal + suffix + PARTIAL_SUFFIX)
             removed = self.archive.remove_superseded(stale) or removed
@@ -319,8 +351,10 @@ class CompressedSegmentWriter(SegmentWriter):
     """
 
     def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int,
-                 compress: CompressSpec, *, stopping: Callable[[], bool] | None = None) -> None:
-        super().__init__(archive, segment_size, timeline, start_lsn, stopping=stopping)
+                 compress: CompressSpec, *, stopping: Callable[[], bool] | None = None,
+                 sealing: Sealing | None = None) -> None:
+        super().__init__(archive, segment_size, timeline, start_lsn, stopping=stopping,
+                         sealing=sealing)
         self.compress = compress
         self.suffix = COMPRESSION_SUFFIXES[compress.method]
         self._compressor: Compressor | None = None
@@ -408,13 +442,14 @@ class CompressedSegmentWriter(SegmentWriter):
 
 def open_segment_writer(archive: Archive, segment_size: int, timeline: int, start_lsn: int,
                         compress: CompressSpec = NO_COMPRESSION, *, kept: int = 0,
-                        stopping: Callable[[], bool] | None = None) -> SegmentWriter:
+                        stopping: Callable[[], bool] | None = None,
+                        sealing: Sealing | None = None) -> SegmentWriter:
     """A writer for plain segments, or for compressed ones when ``compress`` names a method;
     ``kept``: the LSN up to which the last run made this timeline's WAL durable (a plain
     ``.partial`` keeps it); ``stopping`` (whether a stop signal came) bounds its waits for the
-    disk after one."""
+    disk after one; ``sealing`` (``--encrypt-to``): each completed segment is sealed."""
     if compress.method:  # a compressed .partial is rewritten from its start: nothing kept
         return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress,
-                                       stopping=stopping)
+                                       stopping=stopping, sealing=sealing)
     return SegmentWriter(archive, segment_size, timeline, start_lsn, kept=kept,
-                         stopping=stopping)
+                         stopping=stopping, sealing=sealing)

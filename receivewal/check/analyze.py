@@ -35,6 +35,7 @@ from typing import Any, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.archive.objectstore import is_bucket_url
+from receivewal.archive.sealed import DecryptingOpener, Unsealer, sealed_cap
 from receivewal.archive.sources import (
     ArchiveSource,
     BucketOpener,
@@ -60,13 +61,13 @@ from receivewal.check.verify import (
 from receivewal.check.walclock import WalClock, thin_marks, time_marks, wal_clock
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
-from receivewal.wal.names import SegmentFile
+from receivewal.wal.names import ENCRYPTED_SUFFIX, SegmentFile
 from receivewal.wal.reader import RmgrTotals, SegmentScan, WalProblem
 from receivewal.wal.rmgr import rmgr_name
 
 TASK_SCHEMA = ("archive string, base string, file string, compression string, timeline long, "
                "segno long, partial boolean, followers string, file_bytes long, "
-               "segment_size long, compressibility boolean")
+               "segment_size long, compressibility boolean, identity string")
 RESULT_SCHEMA = (
     "struct<file_bytes: bigint, data_bytes: bigint, zstd_bytes: bigint, lz4_bytes: bigint, "
     "seconds: double, records: bigint, record_bytes: bigint, fpi_bytes: bigint, "
@@ -169,10 +170,13 @@ def marks_of(scan: SegmentScan, keep: _KeepRaw, compression: str) -> list[dict[s
 def scan_row(row: Any) -> dict[str, Any]:
     """Executor side: read and scan one segment named by a task row."""
     seg = SegmentFile(segno=row.segno, timeline=row.timeline, compression=row.compression,
-                      partial=row.partial)
+                      partial=row.partial, encrypted=row.file.endswith(ENCRYPTED_SUFFIX))
     task = ScanTask(row.file, seg, tuple(FollowerRun(*f) for f in json.loads(row.followers)))
     base = row.base
-    keep = _KeepRaw(base.rstrip("/") + "/" + row.file, opener_for(base),
+    inner = opener_for(base)
+    if seg.encrypted or any(f.encrypted for f in task.followers):  # decrypted on the executor
+        inner = DecryptingOpener(inner, row.identity, sealed_cap(row.segment_size))
+    keep = _KeepRaw(base.rstrip("/") + "/" + row.file, inner,
                     limit=2 * row.segment_size + 1)
     result = scan_file(task, base, row.segment_size, compressibility=row.compressibility,
                        collect_lsns=True, open_binary=keep, file_bytes=row.file_bytes)
@@ -212,11 +216,12 @@ class AnalyzeResult:
     report_files: list[Path]
 
 
-def plan_archive(spark: Any, root: str, compressibility: bool
+def plan_archive(spark: Any, root: str, compressibility: bool, identity_file: str | None = None,
                  ) -> tuple[list[tuple[Any, ...]], dict[int, str], int, list[WalProblem],
                             int | None]:
     """Task rows, history texts, segment size, naming problems and the system identifier
-    its identity record names (None: none) of one archive."""
+    its identity record names (None: none) of one archive; ``identity_file`` decrypts its
+    sealed segments on the executors (the same path on each)."""
     files = list_archive(spark, root)
     sizes = dict(files)
     names = [n for n, _ in files]
@@ -230,7 +235,8 @@ def plan_archive(spark: Any, root: str, compressibility: bool
     chosen, problems = choose_files(segments)
     rows = [(root, base, t.file, t.segment.compression, t.segment.timeline, t.segment.segno,
              t.segment.partial, json.dumps(t.followers), sizes[t.file], segment_size,
-             compressibility) for t in plan_scans(chosen, segment_size=segment_size)]
+             compressibility, identity_file)
+            for t in plan_scans(chosen, segment_size=segment_size)]
     histories = histories_of(ArchiveSource(base, opener, tuple(files)), history_names,
                              problems)
     return rows, dict(histories), segment_size, problems, system_identifier_of(identity)
@@ -244,8 +250,14 @@ def _parallelism(spark: Any) -> int:
 
 
 def run_analyze(spark: Any, roots: Iterable[str], output: Path, *,
-                compressibility: bool = True, report: bool = True) -> AnalyzeResult:
-    """Scan every segment of every archive on Spark; write Parquet tables and a report."""
+                compressibility: bool = True, report: bool = True,
+                identity_file: str | None = None) -> AnalyzeResult:
+    """Scan every segment of every archive on Spark; write Parquet tables and a report.
+    Sealed segments are decrypted with ``identity_file`` (``--identity``: checked here, and
+    read at the same path by every executor); without one, each is a ``not_checked``
+    problem."""
+    if identity_file:
+        Unsealer(identity_file).keys()  # a bad identity file fails before the job starts
     began = time.perf_counter()
     output = output.resolve()  # a Connect server resolves a relative path in its own directory
     output.mkdir(parents=True, exist_ok=True)
@@ -253,7 +265,7 @@ def run_analyze(spark: Any, roots: Iterable[str], output: Path, *,
     rows, plans = [], {}
     for root in roots:
         archive_rows, histories, segment_size, problems, sysid = plan_archive(
-            spark, root, compressibility)
+            spark, root, compressibility, identity_file)
         rows += archive_rows
         plans[root] = (histories, segment_size, problems, sysid)
     tables = {name: str(output / name) for name in ("segments", "segment_rmgr", "problems",

@@ -38,6 +38,7 @@ class FollowerRun(NamedTuple):
     length: int
     compression: str
     partial: bool
+    encrypted: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,9 @@ class ScanTask:
 def follower_files(runs: Iterable[FollowerRun], segment_size: int
                    ) -> Iterator[tuple[str, SegmentFile]]:
     """The file name and the parsed name of each follower the runs list, in order."""
-    for tli, segno, length, compression, partial in runs:
+    for tli, segno, length, compression, partial, encrypted in runs:
         for n in range(segno, segno + length):
-            seg = SegmentFile(n, tli, compression, partial)
+            seg = SegmentFile(n, tli, compression, partial, encrypted)
             yield seg.file_name(segment_size), seg
 
 
@@ -127,7 +128,7 @@ def plan_scans(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]], *,
             first, last = ahead[(tli, n)]
             count = min(last - n + 1, left)
             followers.append(FollowerRun(first.timeline, n, count, first.compression,
-                                         first.partial))
+                                         first.partial, first.encrypted))
             n, left = n + count, left - count
         tasks.append(ScanTask(name, seg, tuple(followers)))
     return tasks
@@ -152,9 +153,9 @@ def _runs_ahead(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]], limit
             if pick is None:
                 continue
             nxt = ahead.get((t, n + 1))
-            same = nxt is not None and (nxt[0].timeline, nxt[0].compression,
-                                        nxt[0].partial) == (pick.timeline, pick.compression,
-                                                            pick.partial)
+            same = nxt is not None and (nxt[0].timeline, nxt[0].compression, nxt[0].partial,
+                                        nxt[0].encrypted) == (pick.timeline, pick.compression,
+                                                              pick.partial, pick.encrypted)
             ahead[(t, n)] = (pick, nxt[1] if nxt is not None and same else n)
     return ahead
 

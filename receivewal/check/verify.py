@@ -20,6 +20,13 @@ from receivewal.archive.codecs import lz4_frame, zstandard_module
 from receivewal.archive.compression import Opener, read_wal_file
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import HISTORY_FILE_CAP
+from receivewal.archive.sealed import (
+    DecryptingOpener,
+    NoIdentity,
+    Unsealer,
+    read_recipients,
+    sealed_cap,
+)
 from receivewal.archive.segmentbuffer import read_segment
 from receivewal.archive.sources import (
     ArchiveSource,
@@ -42,6 +49,7 @@ from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, format_lsn
 from receivewal.wal.names import (
     SegmentFile,
     looks_like_segment,
+    parse_archive_segment_name,
     parse_history_file_name,
     parse_segment_file_name,
 )
@@ -70,6 +78,7 @@ class FileResult:
     lz4_bytes: int | None = None
     seconds: float = 0.0
     problems: tuple[WalProblem, ...] = field(default_factory=tuple)
+    sealed_to: str | None = None  # a sealed file's recipients (its recipients file), described
 
 
 def compressed_sizes(data: bytes | bytearray) -> tuple[int, int]:
@@ -87,11 +96,14 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
     began = time.perf_counter()
     seg = task.segment
     join = _join(base)
+    sealed_to = _sealed_to(join(task.file), open_binary) if seg.encrypted else None
     try:
         data = read_segment(join(task.file), seg.compression, segment_size, open_binary)
     except ArchiveError as exc:
-        problem = WalProblem("unreadable", task.file, seg.start_lsn(segment_size), str(exc))
-        return FileResult(task, None, file_bytes or 0, problems=(problem,))
+        kind = "not_checked" if isinstance(exc, NoIdentity) else "unreadable"
+        problem = WalProblem(kind, task.file, seg.start_lsn(segment_size), str(exc))
+        return FileResult(task, None, file_bytes or 0, problems=(problem,),
+                          sealed_to=sealed_to)
     scanner = SegmentScanner(data, task.file, start_lsn=seg.start_lsn(segment_size),
                              segment_size=segment_size, timeline=seg.timeline, segno=seg.segno,
                              partial=seg.partial, collect_lsns=collect_lsns)
@@ -112,7 +124,28 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
     if file_bytes is None:
         file_bytes = os.stat(join(task.file)).st_size
     return FileResult(task, scan, file_bytes, zstd_bytes, lz4_bytes,
-                      time.perf_counter() - began)
+                      time.perf_counter() - began, sealed_to=sealed_to)
+
+
+def _sealed_to(path: str, open_binary: Opener | None) -> str:
+    """Whom the sealed file at ``path`` is for, as its recipients file says."""
+    try:
+        recipients = read_recipients(path, open_binary)
+    except (ArchiveError, OSError) as exc:
+        return f"unknown ({exc})"
+    return "unknown (no recipients file)" if recipients is None else recipients.describe()
+
+
+def sealed_lines(results: Iterable[FileResult]) -> list[str]:
+    """How many segments are sealed, per recipient set (what to keep a key for)."""
+    sets: dict[str, int] = {}
+    for r in results:
+        if r.sealed_to is not None:
+            sets[r.sealed_to] = sets.get(r.sealed_to, 0) + 1
+    if not sets:
+        return []
+    return [f"sealed: {sum(sets.values())} segments encrypted at rest"] + \
+        [f"  {count} to {whom}" for whom, count in sets.items()]
 
 
 def _join(base: str) -> Any:
@@ -124,7 +157,7 @@ def classify(names: Iterable[str], segment_size: int
     """Segment files (parsed) and history file names among ``names``."""
     segments, histories = [], []
     for name in names:
-        seg = parse_segment_file_name(name, segment_size)
+        seg = parse_archive_segment_name(name, segment_size)
         if seg is not None:
             segments.append((name, seg))
         elif parse_history_file_name(name) is not None:
@@ -168,17 +201,22 @@ def system_identifier_of(identity: ArchiveIdentity | None) -> int | None:
 def verify_archive(archive: Path | str, *, jobs: int | None = None,
                    start_lsn: int | None = None, segment_size: int | None = None,
                    compressibility: bool = False, collect_lsns: bool = False,
+                   identity_file: str | None = None,
                    ) -> tuple[ArchiveReport, list[FileResult]]:
     """Scan and cross-check one archive: a directory, or ``s3://BUCKET/PREFIX`` (listed once,
     each object then streamed through the same reader and scanner as a local file). Its
     identity record, when it has one, says whose segments it holds: any other system's are
-    foreign to it."""
+    foreign to it. Sealed segments (``.age``) are decrypted with ``identity_file``
+    (``--identity``; KeyFileError at once when it cannot be used); without one each is a
+    ``not_checked`` problem naming who can read it (the verdict is then not "recoverable")."""
     source = list_source(archive)
     names = source.names
     identity = recorded_identity(source.base, names, source.open_binary)
     if segment_size is None:
         segment_size = detect_segment_size(source.base, names, source.open_binary, identity)
     segments, history_names = classify(names, segment_size)
+    opener = unsealing_opener(source.open_binary, identity_file, segment_size,
+                              any(seg.encrypted for _, seg in segments))
     # several .partial forms of one segment: only a local archive has them (uploads are of
     # completed files)
     preferred, problems = longest_partials(Path(source.base), segments, segment_size) \
@@ -188,7 +226,8 @@ def verify_archive(archive: Path | str, *, jobs: int | None = None,
     problems += misnamed(names, segment_size)
     tasks = plan_scans(chosen, segment_size=segment_size)
     results = run_scans(tasks, source, segment_size, jobs=jobs,
-                        compressibility=compressibility, collect_lsns=collect_lsns)
+                        compressibility=compressibility, collect_lsns=collect_lsns,
+                        open_binary=opener)
     histories = histories_of(source, history_names, problems)
     for r in results:
         problems.extend(r.problems)
@@ -196,6 +235,17 @@ def verify_archive(archive: Path | str, *, jobs: int | None = None,
                            histories, start_lsn=start_lsn, extra_problems=problems,
                            system_identifier=system_identifier_of(identity))
     return report, results
+
+
+def unsealing_opener(open_binary: Opener | None, identity_file: str | None, segment_size: int,
+                     sealed: bool) -> Opener | None:
+    """``open_binary``, or when the archive holds ``sealed`` segments, an opener that decrypts
+    them with ``identity_file`` (loaded here once, so that a bad one is an error at once)."""
+    if not sealed:
+        return open_binary
+    if identity_file:
+        Unsealer(identity_file).keys()
+    return DecryptingOpener(open_binary, identity_file, sealed_cap(segment_size))
 
 
 def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
@@ -228,13 +278,14 @@ def longest_partials(directory: Path, segments: list[tuple[str, SegmentFile]],
 
 def run_scans(tasks: list[ScanTask], source: ArchiveSource, segment_size: int, *,
               jobs: int | None, compressibility: bool, collect_lsns: bool = False,
-              ) -> list[FileResult]:
+              open_binary: Opener | None = None) -> list[FileResult]:
     """Scan every task; in a process pool of at most ``jobs`` (default: the CPUs) workers,
     one per :data:`BYTES_PER_WORKER` of segments, and in this process when that is one."""
     jobs = worker_count(jobs or os.cpu_count() or 1, len(tasks), segment_size)
     sizes = dict(source.files)
     options: dict[str, Any] = {"compressibility": compressibility,
-                               "collect_lsns": collect_lsns, "open_binary": source.open_binary}
+                               "collect_lsns": collect_lsns,
+                               "open_binary": open_binary or source.open_binary}
     if jobs == 1:
         return [scan_file(t, source.base, segment_size, file_bytes=sizes.get(t.file), **options)
                 for t in tasks]
@@ -298,7 +349,9 @@ def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, A
             "file_bytes": by_file[s.file].file_bytes if s.file in by_file else None,
             "zstd_bytes": by_file[s.file].zstd_bytes if s.file in by_file else None,
             "lz4_bytes": by_file[s.file].lz4_bytes if s.file in by_file else None,
+            "sealed_to": by_file[s.file].sealed_to if s.file in by_file else None,
         } for s in report.scans],
+        "sealed": {r.task.file: r.sealed_to for r in results if r.sealed_to is not None},
         "rmgr": {name: {"records": c, "record_bytes": r, "fpi_bytes": f}
                  for name, (c, r, f) in rmgr_totals(report.scans).items()},
         "problems": [{"kind": p.kind, "file": p.file, "lsn": format_lsn(p.lsn),
@@ -330,8 +383,11 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
         raw = sum(r.scan.data_bytes for r in results if r.scan and r.zstd_bytes is not None)
         lines.append(f"compressibility: zstd-1 {sum(zst) / raw:.1%}, lz4 {sum(lz) / raw:.1%} "
                      "of the raw size")
+    lines += sealed_lines(results)
     rec = report.recovery
-    if rec is None:
+    if rec is None and any(r.sealed_to is not None for r in results):
+        lines.append("recovery: not known, no segment could be read (sealed: --identity)")
+    elif rec is None:
         lines.append("recovery: impossible, the archive holds no segment file")
     else:
         end = "the end of the archive" if rec.complete else rec.stop_reason

@@ -44,8 +44,12 @@ def named_archives(ctx: click.Context, param: click.Parameter, value: tuple[str,
               help="Master of the embedded session (ignored with --remote or spark-submit).")
 @click.option("--no-compressibility", is_flag=True,
               help="Skip measuring each segment after zstd level 1 and lz4.")
-def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, master: str,
-                    no_compressibility: bool) -> None:
+@click.option("--identity", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              envvar="RECEIVEWAL_IDENTITY",
+              help="age identity file that decrypts encrypted segments (.age); read at the "
+              "same path on every executor (env RECEIVEWAL_IDENTITY).")
+def analyze_command(inputs: tuple[str, ...], *, output: Path, remote: str | None, master: str,
+                    no_compressibility: bool, identity: str | None) -> None:
     """Verify and analyse WAL archives (directories, s3://BUCKET/PREFIX read with boto3, or
     Hadoop URIs such as hdfs://) as a Spark job: Parquet tables and a report with charts.
 
@@ -65,7 +69,8 @@ def analyze_command(inputs: tuple[str, ...], output: Path, remote: str | None, m
         try:
             result = analyze.run_analyze(
                 spark, [i if analyze.is_uri(i) else str(Path(i).resolve()) for i in inputs],
-                output, compressibility=not no_compressibility)
+                output, compressibility=not no_compressibility,
+                identity_file=str(Path(identity).resolve()) if identity else None)
         except (ArchiveError, ConfigurationError, StoreError) as exc:
             raise click.ClickException(str(exc)) from exc
         finally:

@@ -40,6 +40,21 @@ class Lsn(int):
     option is a count)."""
 
 
+class Repeated(tuple[str, ...]):
+    """The values of an option given any number of times (``--encrypt-to``); its variable
+    holds them separated by whitespace."""
+
+
+def _recipients(values: tuple[str, ...]) -> object:
+    """--encrypt-to's recipients as a set (None: not given), each checked before connecting
+    (KeyFileError, a ConfigurationError, naming a bad one)."""
+    if not values:
+        return None
+    from receivewal.archive.encryption import recipients_of  # noqa: PLC0415 - pyrage, if used
+
+    return recipients_of(values)
+
+
 def _checked_address(text: str | None) -> str | None:
     """--metrics-address as given, once it parses: a bad address fails before connecting."""
     if text:
@@ -218,6 +233,13 @@ class StreamOptions:
         Settings.upload_wait, "--upload-wait", setting="upload_wait", show_default=True,
         help="At an exit no signal asked for (--endpos, --no-loop), wait at most this many "
         "seconds for the completed files to be uploaded; exit 1 naming what is left.")
+    encrypt_to: Repeated = option(
+        Repeated(), "--encrypt-to", setting="encrypt_to", to_setting=_recipients,
+        example="age1yhd36h9xfajltu60vfwrg0r98v9529vkn98u4n2vyac40wnjpqwse0zlew",
+        help="Encrypt each segment when it is completed (and what is uploaded) to this age "
+        "X25519 recipient (age1..., age-keygen's public key); repeatable: any of the "
+        "recipients decrypts. The segment being received stays plain until then. Needs "
+        "pip install 'receivewal[encrypt]'.")
 
 
 @cache
@@ -248,8 +270,10 @@ def options_from(values: Mapping[str, object], base: StreamOptions | None = None
     type: the one place where the command line's untyped values become typed."""
     known = {f.name: kind for f, _, kind in declared_options()}
     checked: dict[str, Any] = {}  # Any only once each value is checked against its field
-    for name, value in values.items():
+    for name, given in values.items():
         kind = known.get(name)
+        value = Repeated(given) if kind is Repeated and isinstance(given, tuple | list) \
+            else given
         if kind is None or not (isinstance(value, kind) or value is None):
             raise TypeError(f"option {name}: {value!r} is not a {kind}")
         checked[name] = value

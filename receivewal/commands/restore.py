@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from receivewal.commands.plain import FLAG, Option
-from receivewal.commands.restore_options import ARGUMENTS, COUNT, DIRECTORY, OPTIONS
+from receivewal.commands.restore_options import ARGUMENTS, COUNT, DIRECTORY, KEYFILE, OPTIONS
 from receivewal.restore.call import DAMAGED, Call, run
 
 
@@ -43,6 +43,7 @@ def _click_option(option: Option) -> Callable[[Callable[..., int]], Callable[...
         DIRECTORY: {"type": click.Path(file_okay=False)},
         FLAG: {"is_flag": True},
         COUNT: {"type": click.IntRange(0, option.maximum), "default": None},
+        KEYFILE: {"type": click.Path(dir_okay=False)},
     }
     return click.option(*option.names, envvar=option.env, required=option.required,
                         metavar=option.metavar or None, help=option.help, **kinds[option.kind])

@@ -21,7 +21,9 @@ from receivewal.restore.call import Call
 
 DIRECTORY = "directory"  # a path, which click must not find to be a file
 COUNT = "count"  # a number from 0 to the option's maximum
-__all__ = ["ARGUMENTS", "COUNT", "DIRECTORY", "FLAG", "OPTIONS", "parse"]
+KEYFILE = "keyfile"  # a file's path (an identity file: missing or unreadable, it is the call's
+# error, 126, never click's)
+__all__ = ["ARGUMENTS", "COUNT", "DIRECTORY", "FLAG", "KEYFILE", "OPTIONS", "parse"]
 
 OPTIONS = (
     Option(
@@ -38,6 +40,11 @@ OPTIONS = (
         metavar="N",
         help="Fetch the next N segments into pg_wal/.receivewal/prefetch in the background, "
         "so that later calls are a rename (default 8; env RECEIVEWAL_PREFETCH)."),
+    Option(
+        "identity", ("--identity",), KEYFILE, env="RECEIVEWAL_IDENTITY", metavar="FILE",
+        help="age identity file (age-keygen's) that decrypts the archive's encrypted files "
+        "(.age); without it, an encrypted file exits 126 naming who can read it (env "
+        "RECEIVEWAL_IDENTITY)."),
 )
 #: The two names PostgreSQL gives: %f and %p.
 ARGUMENTS = ("wal_name", "target")
@@ -55,7 +62,8 @@ def parse(args: list[str]) -> Call | None:
     option as click reads it (``-D DIR``, ``-DDIR``, ``--directory DIR``, ``--directory=DIR``;
     the variable when the command line does not give it and it is not empty), the two names in
     their order."""
-    read = read_options(args, OPTIONS, {DIRECTORY: str, COUNT: _count}, os.environ)
+    read = read_options(args, OPTIONS, {DIRECTORY: str, COUNT: _count, KEYFILE: str},
+                        os.environ)
     if read is None or len(read[1]) != len(ARGUMENTS):
         return None
     values, names = read

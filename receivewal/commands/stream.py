@@ -16,6 +16,7 @@ import click
 
 from receivewal.commands.options import (
     Lsn,
+    Repeated,
     build_settings,
     declared_options,
     json_logs,
@@ -48,7 +49,8 @@ def declared_click_options(command: Callable[..., int]) -> Callable[..., int]:
         command = click.option(
             *filter(None, (spec.short, spec.long)), fld.name, help=spec.help,
             is_flag=(kind is bool and "/" not in spec.long) or None, count=kind is int,
-            default=fld.default, show_default=spec.show_default or None, envvar=spec.env_var,
+            multiple=kind is Repeated, default=fld.default,
+            show_default=spec.show_default or None, envvar=spec.env_var,
             type=click.FloatRange(min=0) if kind is float
             else click.Path(path_type=Path, file_okay=True) if kind is Path
             else click.Choice(spec.choices) if spec.choices else None,

@@ -18,7 +18,14 @@ import click
 
 from receivewal.commands.output import deliver
 from receivewal.commands.plain import FLAG
-from receivewal.commands.verify_call import COUNT, LSN, OPTIONS, start_lsn, verify_text
+from receivewal.commands.verify_call import (
+    COUNT,
+    KEYFILE,
+    LSN,
+    OPTIONS,
+    start_lsn,
+    verify_text,
+)
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 
 EXIT_CODES = """\b
@@ -49,6 +56,7 @@ _CLICK_KINDS: dict[str, dict[str, Any]] = {
     FLAG: {"is_flag": True},
     COUNT: {"type": click.IntRange(min=1), "default": None},
     LSN: {"default": None, "callback": _lsn_or_nothing},
+    KEYFILE: {"type": click.Path(dir_okay=False), "default": None},
 }
 
 
@@ -57,7 +65,7 @@ def declared_click_options(command: Callable[..., None]) -> Callable[..., None]:
     them, in their order."""
     for option in reversed(OPTIONS):
         command = click.option(*option.names, option.dest, help=option.help,
-                               metavar=option.metavar or None,
+                               metavar=option.metavar or None, envvar=option.env,
                                **_CLICK_KINDS[option.kind])(command)
     return command
 
@@ -65,13 +73,13 @@ def declared_click_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.command("verify", epilog=EXIT_CODES)
 @click.argument("archive", metavar="DIR-OR-S3-URL", callback=named_archive)
 @declared_click_options
-def verify_command(archive: str, as_json: bool, jobs: int | None, start: str | None,
-                   compressibility: bool) -> None:
+def verify_command(archive: str, *, as_json: bool, jobs: int | None, start: str | None,
+                   compressibility: bool, identity: str | None) -> None:
     """Check every page, record and CRC of a WAL archive (a directory, or s3://BUCKET/PREFIX
     listed once and read object by object); exit 0 only if it is recoverable."""
     try:
         text, status = verify_text(archive, as_json=as_json, jobs=jobs, start=start,
-                                   compressibility=compressibility)
+                                   compressibility=compressibility, identity=identity)
     except (ArchiveError, ConfigurationError, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
     status = deliver(lambda: click.echo(text), status)

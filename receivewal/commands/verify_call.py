@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 COUNT = "count"  # a worker count: a whole number from 1 (click.IntRange(min=1))
 LSN = "lsn"  # an LSN as text, or empty: no start (start_lsn reads it)
+KEYFILE = "keyfile"  # a file's path (an identity file)
+IDENTITY_ENV = "RECEIVEWAL_IDENTITY"
 
 #: verify's options, in the order of its --help; the click command is built from them.
 OPTIONS = (
@@ -42,23 +44,30 @@ OPTIONS = (
            "segment's start)."),
     Option("compressibility", ("--compressibility",), FLAG,
            help="Also measure each segment's size after zstd level 1 and lz4."),
+    Option("identity", ("--identity",), KEYFILE, metavar="FILE", env=IDENTITY_ENV,
+           help="age identity file that decrypts the archive's encrypted segments (.age); "
+           "without it they are reported as not checked (env RECEIVEWAL_IDENTITY)."),
 )
 
 
 class Call(Plain):
     """One verify command line (a plain class: ``dataclasses`` costs start-up)."""
 
-    __slots__ = ("archive", "as_json", "compressibility", "jobs", "start")
+    __slots__ = ("archive", "as_json", "compressibility", "identity", "jobs", "start")
 
     def __init__(self, archive: str, *, as_json: bool = False, jobs: int | None = None,
-                 start: str | None = None, compressibility: bool = False) -> None:
+                 start: str | None = None, compressibility: bool = False,
+                 identity: str | None = None) -> None:
         self.archive, self.as_json, self.jobs = archive, as_json, jobs
         self.start, self.compressibility = start, compressibility
+        self.identity = identity or None
 
 
 def parse(args: list[str]) -> Call | None:
     """The call ``args`` (after ``verify``) asks for, or None for click to handle."""
-    read = read_options(args, OPTIONS, {COUNT: _count, LSN: _lsn})
+    import os  # noqa: PLC0415 - loaded by the interpreter's start anyway
+
+    read = read_options(args, OPTIONS, {COUNT: _count, LSN: _lsn, KEYFILE: str}, os.environ)
     if read is None or len(read[1]) != 1:
         return None
     values, (archive,) = read
@@ -90,7 +99,7 @@ def start_lsn(start: str | None) -> int | None:
 
 
 def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | None,
-                compressibility: bool) -> tuple[str, int]:
+                compressibility: bool, identity: str | None = None) -> tuple[str, int]:
     """The report to print and the exit status (0 only when the archive is recoverable end to
     end); the project's ArchiveError, ConfigurationError or StoreError when it cannot be
     checked at all. The command's work, on both paths."""
@@ -101,7 +110,7 @@ def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | N
     )
 
     report, results = verify_archive(archive, jobs=jobs, start_lsn=start_lsn(start),
-                                     compressibility=compressibility)
+                                     compressibility=compressibility, identity_file=identity)
     if as_json:
         import json  # noqa: PLC0415 - only for --json
 
@@ -123,7 +132,8 @@ def run(call: Call) -> int:
     try:
         try:
             text, status = verify_text(call.archive, as_json=call.as_json, jobs=call.jobs,
-                                       start=call.start, compressibility=call.compressibility)
+                                       start=call.start, compressibility=call.compressibility,
+                                       identity=call.identity)
         except (ArchiveError, ConfigurationError, StoreError) as exc:
             _echo(f"receivewal: error: {exc}", sys.stderr)
             return 1

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.directory import Archive
+from receivewal.archive.sealed import Sealing
 from receivewal.archive.writer import SegmentWriter, open_segment_writer
 from receivewal.daemon.events import Flushed, Listener, SegmentCompleted
 from receivewal.replication.link import WalRun
@@ -37,13 +38,15 @@ class ArchiveFeed:
     def open(cls, archive: Archive, segment_size: int, timeline: int, start_lsn: int, *,
              compress: CompressSpec, events: Listener, kept: int = 0,
              stopping: Callable[[], bool] | None = None,
-             confirm: Callable[[int], int] | None = None) -> ArchiveFeed:
+             confirm: Callable[[int], int] | None = None,
+             sealing: Sealing | None = None) -> ArchiveFeed:
         """A feed of ``timeline`` from ``start_lsn`` into ``archive``, in the at-rest form
         ``compress`` says; ``kept``: the LSN up to which the last run made this timeline's
         WAL durable (a plain ``.partial`` restreamed keeps it); ``stopping`` says whether a
-        stop signal came (the disk's waits are bounded after one)."""
+        stop signal came (the disk's waits are bounded after one); ``sealing``
+        (``--encrypt-to``): each completed segment is sealed."""
         writer = open_segment_writer(archive, segment_size, timeline, start_lsn, compress,
-                                     kept=kept, stopping=stopping)
+                                     kept=kept, stopping=stopping, sealing=sealing)
         return cls(writer, events, confirm)
 
     @property

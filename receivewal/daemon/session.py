@@ -113,7 +113,7 @@ class Session:
         self.feed = feed = ArchiveFeed.open(self.archive, info.segment_size, timeline, lsn,
                                             compress=self.settings.at_rest, events=self.events,
                                             kept=kept, stopping=self._stopping,
-                                            confirm=confirm)
+                                            confirm=confirm, sealing=self.start.sealing)
         slot = f"SLOT {self.settings.slot} " if self.settings.slot else ""
         try:
             self.loop.start(f"START_REPLICATION {slot}PHYSICAL {format_lsn(lsn)} "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
+from receivewal.archive.recipients import RecipientSet
 from receivewal.errors import CommandLineError, ConfigurationError
 
 SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -46,6 +47,7 @@ class Settings:
     upload_to: str | None = None  # s3://BUCKET/PREFIX: completed files are uploaded there
     confirm_after: str = "disk"  # "upload": the flush reported never passes the uploads
     upload_wait: float = 300.0  # seconds an --endpos/--no-loop exit waits for the uploads
+    encrypt_to: RecipientSet | None = None  # --encrypt-to: segments sealed when completed
 
     @property
     def report_flush(self) -> bool:

@@ -14,7 +14,8 @@ events on the way, defined here (:class:`SegmentFileRejected`, :class:`OlderIsla
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from receivewal.archive.directory import Archive, RejectedFile, os_error
@@ -23,6 +24,8 @@ from receivewal.archive.layout import StartPoint, choose_start, island_names
 from receivewal.archive.listing import Listing
 from receivewal.archive.partials import settle_partials
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
+from receivewal.archive.recipients import RecipientSet, adopting
+from receivewal.archive.sealed import Sealing
 from receivewal.archive.syncer import restart_point
 from receivewal.daemon import events as ev
 from receivewal.daemon.events import Event, SessionMonitor
@@ -139,10 +142,25 @@ class ArchiveFindings:
 
 @dataclass(frozen=True)
 class Start:
-    """Where a connection starts streaming (``point``), on the server it identified."""
+    """Where a connection starts streaming (``point``), on the server it identified;
+    ``sealing``: what completed segments are sealed with (``--encrypt-to``), its set recorded
+    in the archive's identity record."""
 
     info: ServerInfo
     point: StartPoint
+    sealing: Sealing | None = None
+
+
+def claimed_identity(archive: Archive, identity: ArchiveIdentity,
+                     recipients: RecipientSet | None) -> ArchiveIdentity:
+    """The identity a bucket's prefix is claimed with: the server's, with the recipient sets
+    the archive's record lists and ``recipients`` (``--encrypt-to``) as the newest."""
+    if recipients is None:
+        return identity
+    recorded = archive.read_identity()
+    sets = () if recorded is None else recorded.recipient_sets
+    since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return replace(identity, recipient_sets=adopting(sets, recipients, since))
 
 
 def read_archive(archive: Archive, files: list[SegmentFile], info: ServerInfo,
@@ -166,9 +184,14 @@ def find_start(conn: ReplicationLink, archive: Archive, listing: Listing, settin
     # before the uploader's thread starts: it writes the upload record
     events(FileModeChosen(archive.adopt_file_mode(info.file_mode)))
     if uploads is not None:  # another cluster's prefix: refused before any write
-        uploads.begin(identity, listing, stopping)
+        uploads.begin(claimed_identity(archive, identity, settings.encrypt_to), listing,
+                      stopping)
     files = listing.segments(info.segment_size)
     archive.adopt_identity(identity, files)
+    sealing = None
+    if settings.encrypt_to is not None:  # recorded before anything is encrypted to it
+        sealing = Sealing(settings.encrypt_to,
+                          archive.adopt_recipients(settings.encrypt_to))
     found = read_archive(archive, files, info)
     for event in found.events():
         events(event)
@@ -192,7 +215,7 @@ def find_start(conn: ReplicationLink, archive: Archive, listing: Listing, settin
         check_follows(point.timeline, point.lsn, history, info.timeline)
     if uploads is not None:
         uploads.streaming_from(point.lsn)
-    return Start(info, point)
+    return Start(info, point, sealing)
 
 
 def fetch_history(conn: ReplicationLink, archive: Archive, timeline: int,

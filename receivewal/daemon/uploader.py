@@ -54,6 +54,7 @@ from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.listing import Listing
 from receivewal.archive.objectstore import Patience, RetryPolicy, backoff_delay
+from receivewal.archive.sealed import recipients_path, sealed_problem
 from receivewal.archive.segmentcheck import checked_file
 from receivewal.archive.uploads import (
     PendingFile,
@@ -68,8 +69,14 @@ from receivewal.archive.uploads import (
 from receivewal.daemon.events import Event, EventStream, HistoryFileWritten, SegmentCompleted
 from receivewal.daemon.lifecycle import UploadsChanged
 from receivewal.daemon.state import LastError, UploadStatus
-from receivewal.errors import ForeignArchive, ObjectConflict, ReceivewalError, StoreError
-from receivewal.wal.names import parse_history_file_name
+from receivewal.errors import (
+    ArchiveError,
+    ForeignArchive,
+    ObjectConflict,
+    ReceivewalError,
+    StoreError,
+)
+from receivewal.wal.names import ENCRYPTED_SUFFIX, parse_history_file_name
 
 if TYPE_CHECKING:
     from receivewal.archive.bucket import Bucket
@@ -351,7 +358,9 @@ class Uploader:
         with --confirm-after upload the slot keeps the server's good copy)."""
         path = self.archive.directory / item.name
         body: Path | bytes = path
-        if parse_history_file_name(item.name) is None:
+        if item.name.endswith(ENCRYPTED_SUFFIX):  # its WAL was checked before it was sealed
+            body = self._sealed_body(path)
+        elif parse_history_file_name(item.name) is None:
             assert self._identity is not None
             try:
                 body = checked_file(path, self._identity)
@@ -377,6 +386,21 @@ class Uploader:
             self._wake.notify_all()
         self.log.info("file_uploaded", file=item.name, key=self.bucket.key(item.name),
                       bytes=item.size, backlog=len(self._pending))
+
+    def _sealed_body(self, path: Path) -> bytes:
+        """The bytes of the sealed file at ``path``, once its header and recipients file pass
+        the check without a key; its recipients file is uploaded first (create-only: both
+        are what the file says it is, so that a reader of the bucket can tell who may read
+        it)."""
+        problem = sealed_problem(str(path))
+        if problem is not None:
+            raise ArchiveError(f'"{path}" {problem}: not uploaded')
+        recipients = Path(recipients_path(path))
+        try:
+            self.bucket.put_new(recipients.name, recipients.read_bytes())
+            return path.read_bytes()
+        except OSError as exc:
+            raise os_error(exc, f'cannot read "{path}" to upload it') from exc
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _enqueue(self, item: PendingFile) -> None:

@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import os
 
-from receivewal.wal.leannames import AT_REST_SUFFIXES, is_history_name, is_segment_name
+from receivewal.wal.leannames import (
+    AT_REST_SUFFIXES,
+    ENCRYPTED_SUFFIX,
+    is_history_name,
+    is_segment_name,
+)
 
 
 def surely_absent(directory: str, name: str) -> bool:
     """Whether the local archive ``directory`` (an existing directory) has no form of the
-    segment or history file ``name``; False whenever that is not plainly so."""
+    segment or history file ``name`` (sealed ones included); False whenever that is not
+    plainly so."""
     if is_segment_name(name):
-        forms = [name + suffix for suffix in AT_REST_SUFFIXES]
+        forms = [name + suffix + sealed for suffix in AT_REST_SUFFIXES
+                 for sealed in ("", ENCRYPTED_SUFFIX)]
     elif is_history_name(name):
         forms = [name]
     else:

@@ -45,12 +45,14 @@ RESTORE_TIMEOUT = 180.0  # seconds a call on object storage may take in all, by 
 class Call:
     """One restore_command call (a plain class: ``dataclasses`` costs each call ~15 ms)."""
 
-    __slots__ = ("deadline", "directory", "partial", "prefetch", "target", "wal_name")
+    __slots__ = ("deadline", "directory", "identity", "partial", "prefetch", "target",
+                 "wal_name")
 
     def __init__(self, wal_name: str, target: str, directory: str, partial: bool = False,
-                 prefetch: int | None = None) -> None:
+                 prefetch: int | None = None, *, identity: str | None = None) -> None:
         self.wal_name, self.target, self.directory = wal_name, target, directory
         self.partial = partial
+        self.identity = identity or None  # --identity FILE: decrypts sealed files
         self.prefetch = prefetch  # None: the default
         self.deadline: float | None = None  # time.monotonic() at which a bucket call gives up
 
@@ -248,10 +250,12 @@ def _restore(call: Call) -> str:
     if is_bucket_url(call.directory):
         from receivewal.restore.remote import BucketSource  # noqa: PLC0415
 
-        return _quoted(BucketSource(call.directory).restore(call.wal_name, target))
+        return _quoted(BucketSource(call.directory, identity_file=call.identity)
+                       .restore(call.wal_name, target))
     from receivewal.restore.local import restore_file  # noqa: PLC0415
 
-    path = restore_file(Path(call.directory), call.wal_name, call.target, partial=call.partial)
+    path = restore_file(Path(call.directory), call.wal_name, call.target, partial=call.partial,
+                        identity_file=call.identity)
     return _quoted(path.name)
 
 

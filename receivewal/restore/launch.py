@@ -22,19 +22,21 @@ from receivewal.errors import ReceivewalError
 from receivewal.restore.filler import Spool, following_names
 
 
-def start_prefetch(directory: str, source: str, name: str, target: Path, count: int) -> None:
+def start_prefetch(directory: str, source: str, name: str, target: Path, count: int, *,
+                   identity: str | None = None) -> None:
     """Start a detached filler of the ``count`` segments after ``name`` (just restored to
-    ``target``), unless one is at work already."""
+    ``target``), unless one is at work already (``identity``: the call's ``--identity``)."""
     try:
         size = target.stat().st_size
     except OSError:
         return
     names = following_names(name, count, size)
     if names:
-        _start(directory, Spool.beside(target, source), names, count, size)
+        _start(directory, Spool.beside(target, source), names, count, size, identity=identity)
 
 
-def start_filler(directory: str, source: str, target: Path, count: int) -> None:
+def start_filler(directory: str, source: str, target: Path, count: int, *,
+                 identity: str | None = None) -> None:
     """Start a detached filler before any segment was restored, unless one is at work
     already: from a recovery's first call (the next timeline's history file), so that the
     first segment (its base backup's start, when there is a ``backup_label``) is fetched
@@ -44,11 +46,11 @@ def start_filler(directory: str, source: str, target: Path, count: int) -> None:
     spool = Spool.beside(target, source)
     if spool.recovery_signal() is not None:  # else recovery is over (or it is not one)
         first = spool.backup_start()
-        _start(directory, spool, [first] if first else [], count, None)
+        _start(directory, spool, [first] if first else [], count, None, identity=identity)
 
 
 def _start(directory: str, spool: Spool, names: list[str], count: int,
-           size: int | None) -> None:
+           size: int | None, *, identity: str | None) -> None:
     if spool.busy():
         return
     try:
@@ -67,7 +69,7 @@ def _start(directory: str, spool: Spool, names: list[str], count: int,
         if os.fork():
             os._exit(0)
         _detach()
-        spool.follow(lock, fetcher(directory, spool), count, size,
+        spool.follow(lock, fetcher(directory, spool, identity), count, size,
                      first=names[0] if size is None and names else None)
     except BaseException:  # noqa: BLE001, S110 - the child's failure is never the call's
         pass
@@ -83,7 +85,8 @@ def _detach() -> None:
     os.close(null)
 
 
-def fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]:
+def fetcher(directory: str, spool: Spool, identity_file: str | None = None,
+            ) -> Callable[[str, Path], bool | None]:
     """``fetch(name, path)`` for the spool: True when restored to ``path``, False when the
     archive does not have it, None when it cannot be fetched now (the call will say why).
 
@@ -93,7 +96,8 @@ def fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]:
     Without an identity record the first segment fetched sets the system identifier the
     others must have. The archive's segment size is decided by the one rule (verify's and
     restore's), before each fetch while no identity record decides it. The spool records both,
-    and the source, before anything is spooled."""
+    and the source, before anything is spooled. Sealed files are decrypted with
+    ``identity_file`` (the calls' ``--identity``) before they are checked and spooled."""
     from receivewal.archive.directory import Archive  # noqa: PLC0415 - in the filler
     from receivewal.archive.identity import ArchiveIdentity  # noqa: PLC0415
     from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415
@@ -111,7 +115,7 @@ def fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]:
         if is_bucket_url(directory):
             from receivewal.restore.remote import BucketSource  # noqa: PLC0415
 
-            bucket = BucketSource(directory)
+            bucket = BucketSource(directory, identity_file=identity_file)
             identity = bucket.identity()
             decide = bucket.segment_size
 
@@ -126,7 +130,7 @@ def fetcher(directory: str, spool: Spool) -> Callable[[str, Path], bool | None]:
 
             def restore(name: str, path: Path, sysid: int | None, size: int) -> object:
                 return restore_file(local, name, str(path), system_identifier=sysid,
-                                    segment_size=size)
+                                    segment_size=size, identity_file=identity_file)
         size = decide() if identity is not None else None
     except (ReceivewalError, OSError):
         return lambda name, path: None

@@ -13,8 +13,9 @@ socket or a device) or an archive whose identity file cannot be trusted raises t
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 from receivewal.archive.compression import read_wal_file
 from receivewal.archive.directory import Archive
@@ -26,18 +27,24 @@ from receivewal.errors import ArchiveError, ConfigurationError
 from receivewal.restore.writing import Candidate, NotInArchive, write_restored
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
 from receivewal.wal.names import (
+    ENCRYPTED_SUFFIX,
     PARTIAL_SUFFIX,
     AtRest,
     is_other_wal_file_name,
     is_wal_file_name,
+    parse_archive_segment_name,
     parse_segment_file_name,
     wal_file_name,
 )
 
+if TYPE_CHECKING:
+    from receivewal.archive.sealed import Unsealer
+
 
 def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
     """The archive files that can serve ``name``, best first: complete files (plain, then
-    compressed), then with ``partial`` the ``.partial`` forms, the longest valid WAL first.
+    compressed, then sealed: ``.age``), then with ``partial`` the ``.partial`` forms, the
+    longest valid WAL first.
 
     Raises ArchiveError when two ``.partial`` forms hold different WAL where both hold some.
     """
@@ -45,13 +52,20 @@ def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
         return [Candidate(directory / name, AtRest.PLAIN, partial=False, segment=False)]
     if not is_wal_file_name(name):
         raise ConfigurationError(f"{name!r} is not a WAL segment or history file name")
-    found = [Candidate(directory / (name + fmt.suffix), fmt, partial=False, segment=True)
-             for fmt in AtRest]
+    found = complete_forms(directory, name)
     if partial and not any(c.path.exists() for c in found):
         partials = [Candidate(directory / (name + fmt.suffix + PARTIAL_SUFFIX), fmt,
                               partial=True, segment=True) for fmt in AtRest]
         found += _longest_first(directory, name, [c for c in partials if c.path.exists()])
     return found
+
+
+def complete_forms(directory: Path, name: str) -> list[Candidate]:
+    """The complete files that can hold segment ``name``, in the order they are looked for:
+    plain, compressed, then sealed (each at-rest form encrypted)."""
+    return [Candidate(directory / (name + fmt.suffix + (ENCRYPTED_SUFFIX if sealed else "")),
+                      fmt, partial=False, segment=True, encrypted=sealed)
+            for sealed in (False, True) for fmt in AtRest]
 
 
 def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> list[Candidate]:
@@ -80,12 +94,13 @@ def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> lis
 
 def restore_file(directory: Path, name: str, target: str, *, partial: bool = False,
                  system_identifier: int | None = None, segment_size: int | None = None,
-                 ) -> Path:
+                 identity_file: str | None = None) -> Path:
     """Restore ``name`` from the archive in ``directory`` to ``target``; return the source.
     An archive without an identity file holds a segment to ``system_identifier`` when given
     (the one the segments a caller read before had). ``segment_size`` is the archive's, when
     the caller has decided it by :func:`archive_segment_size` (the prefetch filler records
-    it): else it is decided here.
+    it): else it is decided here. A sealed file is decrypted with ``identity_file``
+    (``--identity``) first; without one it is NoIdentity naming who can read it.
 
     Raises NotInArchive when no form of the file exists, ConfigurationError for a bad name or
     target, ArchiveError (CorruptFile for a file that cannot be decoded, DamagedSegment for
@@ -97,6 +112,7 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
         raise ArchiveError(f'archive directory "{directory}" does not exist or is not a '
                            "directory")
     identity = Archive(directory).read_identity()
+    unsealer = None
     for candidate in candidates(directory, name, partial=partial):
         try:
             source = open_regular(candidate.path)  # a symlink, FIFO or device is damage
@@ -106,34 +122,50 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
             raise ArchiveError(f'cannot open "{candidate.path}": {exc.strerror}') from exc
         with source:
             size = segment_size or archive_segment_size(directory, identity)
+            if candidate.encrypted:
+                from receivewal.archive.sealed import Unsealer, sealed_cap  # noqa: PLC0415
+
+                unsealer = Unsealer(identity_file)
+                source = unsealer.opened(str(candidate.path), sealed_cap(size), source=source)
             write_restored(source, candidate, size, Path(target), str(candidate.path),
                            identity=identity, system_identifier=system_identifier,
-                           following=_following(directory, candidate, size))
+                           following=_following(directory, candidate, size, unsealer))
         return candidate.path
     raise NotInArchive(f'"{name}" is not in the archive "{directory}"')
 
 
-def _following(directory: Path, candidate: Candidate, size: int) -> Following | None:
+def _following(directory: Path, candidate: Candidate, size: int,
+               unsealer: Unsealer | None = None) -> Following | None:
     """The first bytes of the complete segment after ``candidate`` in the archive, when it
     is there (a complete segment's last record often runs into it: its CRC covers both); None
     for a ``.partial`` (nothing after it is served) or a file that is not a segment. A next
     segment that cannot be read is not at hand: its own call judges it."""
-    parsed = parse_segment_file_name(candidate.path.name, size)
+    parsed = parse_archive_segment_name(candidate.path.name, size)
     if not candidate.segment or candidate.partial or parsed is None:
         return None
     name = wal_file_name(parsed.timeline, parsed.segno + 1, size)
 
     def read(count: int) -> bytes | None:
-        for fmt in AtRest:
-            path = directory / (name + fmt.suffix)
-            if os.path.lexists(path):
+        for form in complete_forms(directory, name):
+            if os.path.lexists(form.path):
+                if form.encrypted and unsealer is None:
+                    return None
+                opener = None if not form.encrypted or unsealer is None else \
+                    unsealed_opener(unsealer, size)
                 try:
-                    return read_wal_file(str(path), fmt, count)
-                except ArchiveError:
+                    return read_wal_file(str(form.path), form.fmt, count, opener)
+                except (ArchiveError, OSError):
                     return None
         return None
 
     return read
+
+
+def unsealed_opener(unsealer: Unsealer, size: int) -> Callable[[str], BinaryIO]:
+    """An opener of sealed segment files of ``size``-byte segments through ``unsealer``."""
+    from receivewal.archive.sealed import sealed_cap  # noqa: PLC0415
+
+    return lambda path: unsealer.opened(path, sealed_cap(size))
 
 
 def archive_segment_size(directory: Path, identity: ArchiveIdentity | None) -> int:

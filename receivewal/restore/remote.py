@@ -22,17 +22,25 @@ reads as access denied, never as absent.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+from typing import BinaryIO
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.durable import spooled_buffer
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.objectstore import Patience, RetryPolicy
+from receivewal.archive.recipients import RECIPIENTS_FILE_CAP
 from receivewal.archive.sources import decide_segment_size
 from receivewal.errors import ArchiveError, ConfigurationError, ObjectNotFound
 from receivewal.restore.writing import Candidate, NotInArchive, write_restored
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
-from receivewal.wal.names import AtRest, is_other_wal_file_name, is_wal_file_name
+from receivewal.wal.names import (
+    ENCRYPTED_SUFFIX,
+    AtRest,
+    is_other_wal_file_name,
+    is_wal_file_name,
+)
 
 #: A restore_command call retries a failing store for a few seconds at most, then exits 126.
 RESTORE_RETRY = RetryPolicy(attempts=4, base_delay=0.25, max_delay=2.0)
@@ -49,9 +57,12 @@ _MAX_OBJECT = MAX_SEGMENT_SIZE + MAX_SEGMENT_SIZE // 64
 class BucketSource:
     """An archive at ``s3://BUCKET/PREFIX`` to restore files from (one client, reused)."""
 
-    def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY) -> None:
+    def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY, *,
+                 identity_file: str | None = None) -> None:
         self.bucket = Bucket.connect(url, retry, RESTORE_PATIENCE)
-        self.last_form: AtRest | None = None  # the form that served the last segment
+        self.last_form: tuple[AtRest, bool] | None = None  # the form that served the last
+        # segment: its at-rest format, and whether sealed
+        self.identity_file = identity_file  # --identity: decrypts sealed objects
         self._identity: ArchiveIdentity | None = None  # read once, then kept
 
     def identity(self) -> ArchiveIdentity:
@@ -83,7 +94,7 @@ class BucketSource:
         """The objects that can serve ``name``, in the order they are asked for: plain, then
         compressed, but the form that served the last segment first."""
         forms = _forms(name)
-        found = [c for c in forms if c.segment and c.fmt is self.last_form]
+        found = [c for c in forms if c.segment and (c.fmt, c.encrypted) == self.last_form]
         return found + [c for c in forms if c not in found]
 
     def restore(self, name: str, target: Path) -> str:
@@ -102,13 +113,32 @@ class BucketSource:
                     continue
                 url = self.bucket.url.url(key)
                 buf.seek(0)
-                write_restored(buf, candidate, size, target, url,  # type: ignore[arg-type]
-                               identity=identity)
+                source: BinaryIO = buf  # type: ignore[assignment]
+                if candidate.encrypted:
+                    source = self._unsealed(key, url, source, size)
+                write_restored(source, candidate, size, target, url, identity=identity)
             if candidate.segment:
-                self.last_form = candidate.fmt
+                self.last_form = candidate.fmt, candidate.encrypted
             return url
         raise NotInArchive(f'"{name}" is not in the archive "{self.bucket.url}" (no such key '
                            "in any of its forms)")
+
+
+    def _unsealed(self, key: str, url: str, raw: BinaryIO, size: int) -> BinaryIO:
+        """The plaintext of the sealed object ``key`` fetched into ``raw``; its recipients
+        object says who can read it (errors name ``url``)."""
+        from receivewal.archive.sealed import Unsealer, sealed_cap  # noqa: PLC0415
+
+        base = url[:len(url) - len(key)]
+
+        def open_object(path: str) -> BinaryIO:  # the recipients object
+            out = io.BytesIO()
+            self.bucket.get(path[len(base):], out, RECIPIENTS_FILE_CAP)
+            out.seek(0)
+            return out
+
+        return Unsealer(self.identity_file).opened(url, sealed_cap(size), open_object,
+                                                   source=raw)
 
 
 def _forms(name: str) -> list[Candidate]:
@@ -116,5 +146,6 @@ def _forms(name: str) -> list[Candidate]:
         return [Candidate(Path(name), AtRest.PLAIN, partial=False, segment=False)]
     if not is_wal_file_name(name):
         raise ConfigurationError(f"{name!r} is not a WAL segment or history file name")
-    return [Candidate(Path(name + fmt.suffix), fmt, partial=False, segment=True)
-            for fmt in AtRest]
+    return [Candidate(Path(name + fmt.suffix + (ENCRYPTED_SUFFIX if sealed else "")), fmt,
+                      partial=False, segment=True, encrypted=sealed)
+            for sealed in (False, True) for fmt in AtRest]

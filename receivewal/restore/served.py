@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         target: str
         directory: str
         partial: bool
+        identity: str | None  # --identity FILE: the filler decrypts with it
 
         @property
         def window(self) -> int: ...  # segments to prefetch
@@ -141,7 +142,8 @@ def start_filler(call: Call) -> bool:
     from receivewal.restore import launch  # noqa: PLC0415
 
     try:
-        launch.start_filler(call.directory, call.source, Path(call.target), call.window)
+        launch.start_filler(call.directory, call.source, Path(call.target), call.window,
+                            identity=call.identity)
     except (OSError, ReceivewalError):
         return False
     return busy(spool_root(call.target))
@@ -160,7 +162,8 @@ def keep_prefetching(call: Call, *, recorded: bool) -> None:
 
     from receivewal.restore.launch import start_prefetch  # noqa: PLC0415
 
-    start_prefetch(call.directory, call.source, call.wal_name, Path(call.target), call.window)
+    start_prefetch(call.directory, call.source, call.wal_name, Path(call.target), call.window,
+                   identity=call.identity)
 
 
 def ask(directory: str, root: str, name: str, limit: float = WAIT_LIMIT,

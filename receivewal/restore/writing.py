@@ -42,6 +42,7 @@ class Candidate:
     fmt: AtRest
     partial: bool
     segment: bool  # a WAL segment (else a history or backup history file, served as it is)
+    encrypted: bool = False  # sealed (``.age`` after the ``fmt`` suffix): decrypted first
 
 
 def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Path,

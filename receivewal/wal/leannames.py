@@ -15,6 +15,8 @@ from receivewal.wal.lsn import join_lsn
 #: The at-rest suffixes of a segment, in the order of :class:`receivewal.wal.names.AtRest`
 #: (plain, gzip, lz4, zstd), which takes its suffixes from here.
 AT_REST_SUFFIXES = ("", ".gz", ".lz4", ".zst")
+#: What a file encrypted at rest adds after its at-rest suffix (:mod:`receivewal.wal.names`).
+ENCRYPTED_SUFFIX = ".age"
 SEGMENT_NAME_LENGTH = 24
 HISTORY_SUFFIX = ".history"
 _HEX = frozenset("0123456789ABCDEF")

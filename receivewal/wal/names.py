@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from receivewal.wal import leannames
 from receivewal.wal.leannames import AT_REST_SUFFIXES, segments_per_xlogid
 from receivewal.wal.lsn import segment_start
 from receivewal.wal.timeline import is_timeline_id
@@ -76,6 +77,7 @@ class SegmentFile:
     timeline: int
     compression: str = AtRest.PLAIN  # an AtRest member: "", "gzip", "lz4" or "zstd"
     partial: bool = False
+    encrypted: bool = False  # ``.age`` after the compression suffix (never a ``.partial``)
 
     def wal_name(self, segment_size: int) -> str:
         """The bare WAL file name, without compression or `.partial` suffix."""
@@ -84,7 +86,8 @@ class SegmentFile:
     def file_name(self, segment_size: int) -> str:
         """The name of this file as it stands in the archive."""
         suffix = AtRest(self.compression).suffix
-        return self.wal_name(segment_size) + suffix + (PARTIAL_SUFFIX if self.partial else "")
+        return self.wal_name(segment_size) + suffix + (PARTIAL_SUFFIX if self.partial else "") \
+            + (ENCRYPTED_SUFFIX if self.encrypted else "")
 
     def start_lsn(self, segment_size: int) -> int:
         """The LSN of the segment's first byte."""
@@ -141,8 +144,9 @@ def is_other_wal_file_name(name: str) -> bool:
 #: The suffix of a file encrypted at rest (an age file), after any compression suffix: a
 #: segment is compressed, then encrypted (``000000010000000000000004.zst.age``). Never before
 #: ``.partial``: a segment is encrypted when it is completed; a ``.partial`` stays as it is
-#: written (plain or compressed). History files stay plain.
-ENCRYPTED_SUFFIX = ".age"
+#: written (plain or compressed). History files stay plain. (Spelled in
+#: :mod:`receivewal.wal.leannames`, which a restore call's lean path reads.)
+ENCRYPTED_SUFFIX = leannames.ENCRYPTED_SUFFIX
 #: The suffix of the file next to an encrypted file that lists the recipients it is for
 #: (``000000010000000000000004.zst.age.recipients``; see :mod:`receivewal.archive.recipients`).
 RECIPIENTS_SUFFIX = ".recipients"
@@ -169,4 +173,14 @@ def parse_encrypted_segment_name(name: str, segment_size: int) -> SegmentFile | 
     if not name.endswith(ENCRYPTED_SUFFIX):
         return None
     segment = parse_segment_file_name(name.removesuffix(ENCRYPTED_SUFFIX), segment_size)
-    return None if segment is None or segment.partial else segment
+    if segment is None or segment.partial:
+        return None
+    return SegmentFile(segment.segno, segment.timeline, segment.compression, encrypted=True)
+
+
+def parse_archive_segment_name(name: str, segment_size: int) -> SegmentFile | None:
+    """A segment file of an archive in any of its forms: :func:`parse_segment_file_name`'s,
+    or an encrypted complete one (:func:`parse_encrypted_segment_name`, ``encrypted`` set):
+    for the readers that know encrypted files (the resume scan, the uploads, verify)."""
+    return parse_segment_file_name(name, segment_size) \
+        or parse_encrypted_segment_name(name, segment_size)

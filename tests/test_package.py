@@ -99,6 +99,9 @@ def test_package_installs_the_commands_unit_and_user(installed: Path) -> None:
     assert "restore" in help_text.stdout
     dropin = as_postgres("pg_receivewal-streampack", "--version")
     assert dropin.returncode == 0, dropin.stderr
+    # the unit's env file may set RECEIVEWAL_ENCRYPT_TO: the package carries pyrage (and boto3)
+    extras = as_postgres("/opt/receivewal/bin/python3", "-c", "import pyrage, boto3")
+    assert extras.returncode == 0, extras.stderr
     user = pwd.getpwnam("receivewal")
     assert user.pw_uid < 1000  # a system user
     assert user.pw_shell.endswith("nologin")

@@ -100,6 +100,7 @@ class ChangeLogStore:
         self._broken = False  # a write failed: the file may end inside a run
         self._versions: dict[tuple[str, str], int] = {}  # relation version per table
         self._shapes: dict[tuple[str, str], bytes] = {}  # what the file says of each table
+        self._completed: list[str] = []  # files completed since the last completed() call
 
     @property
     def spool(self) -> Path:
@@ -225,6 +226,12 @@ class ChangeLogStore:
         self.durable_through = self.written_through
         return self.durable_through
 
+    def completed(self) -> list[str]:
+        """The names of the files completed (durable under their final names) since the last
+        call, in order."""
+        done, self._completed = self._completed, []
+        return done
+
     def close(self) -> int:
         """Flush and close; the partial file stays to be resumed. Returns :meth:`flush`'s."""
         through = self.flush()
@@ -287,6 +294,7 @@ class ChangeLogStore:
             durable.finish_file(partial, final, fd=fd, close=True, sync=self.settings.sync)
         self._dirty = self._new_file = False
         self.durable_through = self.written_through
+        self._completed.append(final.name)
 
     def _compress(self, partial: Path, final: Path) -> None:
         compressor = ZstdCompressor(self.settings.level)

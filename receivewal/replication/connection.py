@@ -55,18 +55,21 @@ _STATUSES = {pq.ExecStatus.COMMAND_OK: ResultStatus.COMMAND_OK,
 def build_conninfo(
     dbname: str | None, *, host: str | None = None, port: str | None = None,
     user: str | None = None, password: str | None = None, options: str | None = None,
+    replication: str = "true",
 ) -> str:
     """A replication connection string from pg_receivewal-style options.
 
     ``dbname`` may be a connection string or URI, as with pg_receivewal's ``-d``; explicit
-    host, port and user override what it says. ``replication=true`` is always forced and the
-    application name defaults to ``receivewal``.
+    host, port and user override what it says. ``replication`` is always forced (``true``
+    for physical streaming, ``database`` for a logical slot, whose database is then the
+    ``dbname`` the string names) and the application name defaults to ``receivewal``.
     """
     try:
         base = make_conninfo(dbname or "")
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"invalid connection string: {one_line(str(exc))}") from exc
-    extra: dict[str, str] = {"replication": "true", "fallback_application_name": "receivewal"}
+    extra: dict[str, str] = {"replication": replication,
+                             "fallback_application_name": "receivewal"}
     for key, value in (("host", host), ("port", port), ("user", user), ("password", password),
                        ("options", options)):
         if value is not None:

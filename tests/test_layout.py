@@ -337,7 +337,7 @@ def test_the_logical_receiver_stands_beside_the_wal_archives() -> None:
     they run on the shared supervisor and COPY loop; the WAL archive's modules import none of
     them."""
     graph = import_graph()
-    assert LOGICAL <= set(graph)
+    assert set(graph) >= LOGICAL
     for module in sorted(LOGICAL):
         assert graph[module] & PHYSICAL == set(), module
     assert "receivewal.daemon.copyloop" in graph["receivewal.daemon.logicalsession"]
@@ -371,8 +371,9 @@ def test_the_flushed_position_has_one_holder() -> None:
     """Only the segment writer moves the flushed position (the syncer's worker records what
     it finished, the writer takes it); the monitor and the metrics keep what a Flushed event
     carries, as it is (a parameter or their initial value, never a max or a sum); only the
-    archive's feed states Flushed, from the writer, and the change log's, from its consumer; and only the WAL archive's receiver reads
-    the last run's position from the state file, to hand it to the writer."""
+    archive's feed states Flushed, from the writer, and the change log's, from its
+    consumer; and only the WAL archive's receiver reads the last run's position from the state
+    file, to hand it to the writer."""
     assert flushed_assignments(PACKAGE / "archive" / "writer.py")  # the check sees them
     moved = []
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -180,13 +180,17 @@ def test_the_pure_python_path_writes_the_same_change_log(primary: Primary,
 
 def test_pglogical_output_replays_into_the_primarys_tables(primary: Primary,
                                                           tmp_path: Path) -> None:
-    """``receivewal logical --plugin pglogical_output`` from the real plugin: the change log
+    """``receivewal logical`` with plugin pglogical_output from the real plugin, every
+    option from the environment as a systemd unit's env file gives them: the change log
     replayed into a copy of the starting database gives the provider's tables."""
     out = tmp_path / "log"
     out.mkdir()
     end = current_lsn(primary.pg, "pgl")
-    primary.logical("pgl", "-D", str(out), "-S", "pgl", "--plugin", "pglogical_output",
-                    "-P", "default,default_insert_only", "-E", format_lsn(end))
+    primary.logical("pgl", env={
+        "RECEIVEWAL_DIRECTORY": str(out), "RECEIVEWAL_SLOT": "pgl",
+        "RECEIVEWAL_PLUGIN": "pglogical_output",
+        "RECEIVEWAL_PUBLICATION": "default,default_insert_only",
+        "RECEIVEWAL_ENDPOS": format_lsn(end)})
     records = read_log(out)
     assert records[0] == {"op": "header", "format": 1, "plugin": "pglogical_output",
                           "slot": "pgl"}
@@ -282,3 +286,39 @@ def test_sigkill_twenty_times_keeps_every_commit_exactly_once(primary: Primary,
     pg.sql("CREATE DATABASE replay_killed TEMPLATE kstart")
     replay(killed, primary.dsn("replay_killed"))
     assert compare_tables(primary.dsn("kdb"), primary.dsn("replay_killed"), TABLES) == {}
+
+
+def test_a_slot_dropped_under_the_receiver_ends_it_with_a_clear_error(
+        primary: Primary, tmp_path: Path) -> None:
+    """--create-slot, again with --if-not-exists (exit 0, the slot existed); the receiver
+    streams; its walsender terminated and the slot dropped with --drop-slot meanwhile: the
+    receiver reconnects, finds no slot, and exits 1 saying so (not retrying forever)."""
+    pg = primary.pg
+    primary.logical("kdb", "-S", "dropme", "--create-slot")
+    again = primary.logical("kdb", "-S", "dropme", "--create-slot", "--if-not-exists")
+    assert '"event": "replication_slot_exists"' in again.stderr
+    out = tmp_path / "log"
+    out.mkdir()
+    proc = start_receivewal("logical", "-D", str(out), "-S", "dropme", "-P", "pub", "-d",
+                            primary.dsn("kdb"), "--reconnect-delay", "2", "--log-format",
+                            "json", stderr_path=tmp_path / "stderr")
+    try:
+        deadline = time.monotonic() + 30
+        while (state := read_state(out)) is None or state.phase != "streaming":
+            assert time.monotonic() < deadline, (tmp_path / "stderr").read_text()
+            time.sleep(0.05)
+        pg.sql("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+               " WHERE slot_name = 'dropme'")
+        deadline = time.monotonic() + 10
+        while pg.sql("SELECT active FROM pg_replication_slots WHERE slot_name = 'dropme'") \
+                == "t":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        primary.logical("kdb", "-S", "dropme", "--drop-slot")
+        assert proc.wait(timeout=30) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = (tmp_path / "stderr").read_text()
+    assert 'replication slot \\"dropme\\" does not exist' in log

@@ -115,7 +115,8 @@ class LogicalOptions:
         help="Changes from any origin, or only those with none (PostgreSQL 16).")
     status_interval: float = same_option("status_interval")
     no_sync: bool = same_option(
-        "no_sync", help="Do not fsync (testing only: a crash can lose changes and the slot moves on).")
+        "no_sync",
+        help="Do not fsync (testing only: a crash can lose changes the slot moved past).")
     endpos: Lsn | None = same_option(
         "endpos", help="Exit 0 once a message or keepalive at or past this LSN arrived "
         "(transactions committed by then are written).")

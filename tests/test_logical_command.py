@@ -78,8 +78,9 @@ def primary() -> Iterator[Primary]:
         pytest.fail("pglogical_output is required: apt-get install postgresql-15-pglogical")
     with running_server({**LOGICAL_CONF, "shared_preload_libraries": "'pglogical'"}) as pg:
         primary = Primary(pg, 0)
-        for dbname in ("app", "start", "pgl", "pgl_start", "kdb", "kstart"):
-            prepare_database(pg, dbname)
+        prepare_database(pg, "app")
+        for dbname in ("start", "pgl", "pgl_start", "kdb", "kstart"):  # the same rows
+            pg.sql(f"CREATE DATABASE {dbname} TEMPLATE app")
         pg.sql("CREATE PUBLICATION pub FOR ALL TABLES", "app")
         pg.sql("CREATE PUBLICATION pub FOR ALL TABLES", "kdb")
         for version, binary in CAPTURES:

@@ -34,7 +34,8 @@ class ChangeFeed:
         self.consumer = consumer
         self.store = store
         self.events = events
-        self.received = 0  # the last message's walStart, or a keepalive's walEnd
+        # the last message's walStart, or a keepalive's walEnd; at first, where the log ends
+        self.received = store.written_through
         self._stated: int | None = None  # the position the last Flushed stated
 
     @property

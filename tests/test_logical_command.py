@@ -13,6 +13,7 @@ import random
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from support.logical import (
     run_workload,
 )
 from support.replay import compare_tables, replay
-from support.servers import PG_BIN, PgServer, pg_bin, running_server
+from support.servers import PG_BIN, PgServer, free_port, pg_bin, running_server
 from support.streams import receivewal, start_receivewal
 
 from receivewal.daemon.state import read_state
@@ -292,22 +293,32 @@ def test_sigkill_twenty_times_keeps_every_commit_exactly_once(primary: Primary,
 def test_a_slot_dropped_under_the_receiver_ends_it_with_a_clear_error(
         primary: Primary, tmp_path: Path) -> None:
     """--create-slot, again with --if-not-exists (exit 0, the slot existed); the receiver
-    streams; its walsender terminated and the slot dropped with --drop-slot meanwhile: the
-    receiver reconnects, finds no slot, and exits 1 saying so (not retrying forever)."""
+    streams (``receivewal status`` says OK, the metrics endpoint serves its numbers); its
+    walsender terminated and the slot dropped with --drop-slot meanwhile: the receiver
+    reconnects, finds no slot, and exits 1 saying so (not retrying forever)."""
     pg = primary.pg
     primary.logical("kdb", "-S", "dropme", "--create-slot")
     again = primary.logical("kdb", "-S", "dropme", "--create-slot", "--if-not-exists")
     assert '"event": "replication_slot_exists"' in again.stderr
     out = tmp_path / "log"
     out.mkdir()
+    port = free_port()
     proc = start_receivewal("logical", "-D", str(out), "-S", "dropme", "-P", "pub", "-d",
                             primary.dsn("kdb"), "--reconnect-delay", "2", "--log-format",
-                            "json", stderr_path=tmp_path / "stderr")
+                            "json", "--metrics-address", f"127.0.0.1:{port}",
+                            stderr_path=tmp_path / "stderr")
     try:
         deadline = time.monotonic() + 30
         while (state := read_state(out)) is None or state.phase != "streaming":
             assert time.monotonic() < deadline, (tmp_path / "stderr").read_text()
             time.sleep(0.05)
+        status = receivewal("status", "-D", str(out))
+        assert status.returncode == 0, status.stdout
+        assert status.stdout.startswith("RECEIVEWAL OK - streaming timeline 1")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            metrics = page.read().decode()
+        assert "receivewal_streaming 1.0" in metrics
+        assert 'receivewal_slot_active{slot="dropme"} 1.0' in metrics
         pg.sql("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
                " WHERE slot_name = 'dropme'")
         deadline = time.monotonic() + 10

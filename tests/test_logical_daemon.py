@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,23 @@ def test_keepalives_are_answered_with_what_is_durable(tmp_path: Path) -> None:
     conn = Server(script, stop)
     assert ScriptedSupervisor(settings(tmp_path), conn).run() == 0
     assert status_updates(conn)[0] == (0x1250, 0x1130, 0)
+
+
+def test_a_change_log_of_another_slot_is_not_resumed(tmp_path: Path) -> None:
+    """OUTDIR written from slot "other": the receiver of slot "logical" exits 1 before it
+    connects, naming the file and the slot it was written with (resuming would skip this
+    slot's changes up to where the other one's ended)."""
+    first = Server([build_xlogdata(0x1000, 0x1000, 0, ITEMS), *transaction(0x1100, 701, "one")],
+                   Stop(), slot=("logical", "pgoutput", "app", "reserved"))
+    other = settings(tmp_path)
+    other = LogicalSettings(replace(other.base, slot="other"), publications=("pub",),
+                            proto_version=1)
+    assert ScriptedSupervisor(other, first).run() == 0
+    assert len(runs(read_log(tmp_path))) == 1
+    conn = Server([], Stop())
+    supervisor = ScriptedSupervisor(settings(tmp_path), conn)
+    assert supervisor.run() == 1
+    assert supervisor.connections == 0
+    failed = [event for event in supervisor.seen if isinstance(event, Failed)]
+    assert "holds another change log" in failed[0].error
+    assert "slot 'other' (not 'logical')" in failed[0].error

@@ -144,7 +144,9 @@ class ChangeLogStore:
         self.last_name = max(complete, default=-1)
         if complete:
             newest = self.directory / complete[max(complete)]
-            self.written_through = self._scan(newest).last_end
+            found = self._scan(newest)
+            self.written_through = found.last_end
+            self._check_header(newest, found)
         if partials:
             self._resume(*partials[0])
         durable.sync_path(self.directory, sync=self.settings.sync)
@@ -175,6 +177,7 @@ class ChangeLogStore:
         if not found.runs:
             path.unlink()
             return
+        self._check_header(path, found)
         self.last_name = max(self.last_name, name)
         if path.stat().st_size != found.good_size:
             os.truncate(path, found.good_size)
@@ -184,6 +187,18 @@ class ChangeLogStore:
         self._shapes = dict(found.shapes)
         self.written_through = max(self.written_through, found.last_end)
         self._rotate = self._size >= self.settings.file_size
+
+    def _check_header(self, path: Path, found: FileScan) -> None:
+        """The log goes on only as what it was written as: every field of this store's header
+        (the plugin, the slot) that the newest file's header has must be equal, or the
+        resumed stream would be another one's, skipped up to where that one ended."""
+        mine = dict(self.settings.header)
+        theirs = found.header or {}
+        differ = [f"{key} {theirs[key]!r} (not {mine[key]!r})" for key in mine
+                  if key in theirs and theirs[key] != mine[key]]
+        if differ:
+            raise ArchiveError(f"{self.directory} holds another change log: {path.name} was "
+                               f"written with {', '.join(differ)}")
 
     # -- writing -----------------------------------------------------------------------------
     def write_run(self, run: Run) -> None:

@@ -6,6 +6,7 @@ durable; a slot that is missing, invalidated or of another plugin is an error at
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import struct
@@ -212,3 +213,38 @@ def test_a_change_log_of_another_slot_is_not_resumed(tmp_path: Path) -> None:
     failed = [event for event in supervisor.seen if isinstance(event, Failed)]
     assert "holds another change log" in failed[0].error
     assert "slot 'other' (not 'logical')" in failed[0].error
+
+
+def test_a_full_disk_is_retried_and_the_log_resumed(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk full once as the change log is flushed: the daemon reconnects (as stream does
+    for a full disk) instead of exiting, the store is opened again (the partial file cut after
+    its last complete transaction), and the transactions the server sends again are written
+    once."""
+    from receivewal.archive import durable  # noqa: PLC0415 - the write that fails
+
+    real = durable.write_all
+    failures = [OSError(errno.ENOSPC, "No space left on device")]
+
+    def write_all(fd: int, data: memoryview) -> None:
+        if failures:
+            raise failures.pop()
+        real(fd, data)
+
+    monkeypatch.setattr(durable, "write_all", write_all)
+    script: list[bytes | WalRun] = [
+        build_xlogdata(0x1000, 0x1000, 0, ITEMS), *transaction(0x1100, 701, "one"),
+        struct.pack(">cQqB", b"k", 0x1150, 0, 1), *transaction(0x1200, 702, "two")]
+    connections: list[Server] = []
+
+    class Reconnecting(ScriptedSupervisor):
+        def connect(self) -> Server:  # type: ignore[override]
+            connections.append(Server(list(script), Stop()))
+            return connections[-1]
+
+    supervisor = Reconnecting(settings(tmp_path), Server([], Stop()))
+    assert supervisor.run() == 0
+    assert len(connections) == 2
+    assert [[(r["op"], r.get("xid")) for r in run] for run in runs(read_log(tmp_path))] == [
+        [("begin", 701), ("insert", 701), ("commit", 701)],
+        [("begin", 702), ("insert", 702), ("commit", 702)]]

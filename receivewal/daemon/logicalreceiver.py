@@ -68,14 +68,29 @@ class LogicalReceiver:
         for name in listing.removed:
             events(TemporaryFileRemoved(name))
         directory.check_usable()
-        self.store = ChangeLogStore.open(directory.directory,
-                                         self.settings.store_settings(directory.file_mode))
+        self.store = self._open_store()
 
     def session(self, conn: ReplicationLink, events: Listener, stop: StopFlag) -> LogicalSession:
         """The work of one connection: it streams from where the change log ends."""
-        assert self.store is not None
-        return LogicalSession(conn, settings=self.settings, store=self.store, events=events,
-                              stop=stop)
+        return LogicalSession(conn, settings=self.settings, store=self._usable_store,
+                              events=events, stop=stop)
+
+    def _open_store(self) -> ChangeLogStore:
+        assert self.directory is not None
+        return ChangeLogStore.open(self.directory.directory,
+                                   self.settings.store_settings(self.directory.file_mode))
+
+    def _usable_store(self) -> ChangeLogStore:
+        """The change log for the next session: after a failed write (the disk full) it is
+        closed and opened again, which cuts the partial file after its last complete run, as
+        after a crash (the supervisor retries a full disk as it does for ``stream``)."""
+        store = self.store
+        assert store is not None
+        if store.broken:
+            self.store = None
+            store.close()
+            self.store = store = self._open_store()
+        return store
 
     def drain(self, stop: StopSignal, tick: Callable[[], None]) -> str | None:
         """Nothing runs beside the sessions: nothing to wait for."""

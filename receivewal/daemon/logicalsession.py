@@ -39,17 +39,20 @@ class LogicalSession:
     error, :meth:`close` ends it."""
 
     def __init__(self, conn: ReplicationLink, *, settings: LogicalSettings,
-                 store: ChangeLogStore, events: ev.Listener, stop: StopFlag,
+                 store: Callable[[], ChangeLogStore], events: ev.Listener, stop: StopFlag,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.conn = conn
         self.settings = settings
-        self.store = store
+        self.usable_store = store  # the change log, opened again after a failed write
+        self.store: ChangeLogStore | None = None
         self.events = events
         self.loop = CopyLoop(conn, settings.base, events, stop, clock)
         self.info: DatabaseInfo | None = None
 
     def prepare(self) -> None:
-        """IDENTIFY_SYSTEM and the slot; ConfigurationError for a slot that cannot stream."""
+        """The change log (opened again when a write failed in the last session), then
+        IDENTIFY_SYSTEM and the slot; ConfigurationError for a slot that cannot stream."""
+        self.store = self.usable_store()
         self.info = info = identify_database(self.conn)
         slot_name = self.settings.base.slot
         assert slot_name is not None
@@ -65,13 +68,14 @@ class LogicalSession:
 
     def run(self) -> str:
         """Stream from the change log's end; return "stopped" or "endpos"."""
-        info = self.info
+        info, store = self.info, self.store
         assert info is not None
+        assert store is not None
         slot = self.settings.base.slot
         assert slot is not None
-        start = self.store.written_through
-        consumer = ChangeLogConsumer(self.store, self.settings.plugin_settings(info.version))
-        feed = ChangeFeed(consumer, self.store, self.events)
+        start = store.written_through
+        consumer = ChangeLogConsumer(store, self.settings.plugin_settings(info.version))
+        feed = ChangeFeed(consumer, store, self.events)
         command = start_logical_replication_command(slot, start,
                                                     self.settings.start_options(info.version))
         try:

@@ -103,6 +103,12 @@ class ChangeLogStore:
         self._completed: list[str] = []  # files completed since the last completed() call
 
     @property
+    def broken(self) -> bool:
+        """Whether a write failed (the disk full, say): the partial file may end inside a
+        run, and nothing more is written until the log is opened again."""
+        return self._broken
+
+    @property
     def spool(self) -> Path:
         """The scratch directory for transactions being buffered."""
         return self.directory / SPOOL

@@ -193,6 +193,7 @@ def test_keepalives_are_answered_with_what_is_durable(tmp_path: Path) -> None:
     conn = Server(script, stop)
     assert ScriptedSupervisor(settings(tmp_path), conn).run() == 0
     assert status_updates(conn)[0] == (0x1250, 0x1130, 0)
+    assert {message[:1] for message in conn.sent} == {b"r"}  # no hot standby feedback
 
 
 def test_a_change_log_of_another_slot_is_not_resumed(tmp_path: Path) -> None:

@@ -20,20 +20,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.changelog import log_files, read_log, runs
+from support.changelog import Message, log_files, read_log, runs
 from support.logical import (
     BIG,
     LOGICAL_CONF,
     TABLES,
     current_lsn,
     prepare_database,
+    replication_dsn,
     run_workload,
+    wait_until_released,
 )
 from support.replay import compare_tables, replay
 from support.servers import PG_BIN, PgServer, free_port, pg_bin, running_server
 from support.streams import receivewal, start_receivewal
 
 from receivewal.daemon.state import read_state
+from receivewal.replication.commands import start_logical_replication_command
+from receivewal.replication.connection import ReplicationConnection
+from receivewal.replication.copystream import CopyStream
+from receivewal.replication.link import WalRun
+from receivewal.replication.messages import PrimaryKeepalive
 from receivewal.wal.lsn import format_lsn, parse_lsn
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -87,7 +94,7 @@ def primary() -> Iterator[Primary]:
         for version, binary in CAPTURES:
             primary.logical("app", "-S", slot_name(version, binary), "--create-slot",
                             *(["--two-phase"] if version >= 3 else []))
-        for slot in ("compiled", "pure"):
+        for slot in ("compiled", "pure", "runs_c", "runs_py"):
             primary.logical("app", "-S", slot, "--create-slot", "--two-phase")
         _provider(primary)
         run_workload(pg, "app")
@@ -178,6 +185,50 @@ def test_the_pure_python_path_writes_the_same_change_log(primary: Primary,
         logs.append([r for r in read_log(out) if r["op"] != "header"])
     assert logs[0] == logs[1]
     assert len(logs[0]) > 1000
+
+
+def read_messages(primary: Primary, slot: str, *, native: bool) -> tuple[list[Message], int]:
+    """Every message the slot sends up to the workload's end, as the logical session reads
+    them (runs whatever their walStarts), through the compiled loop or Python's; and the most
+    messages one run held."""
+    conn = ReplicationConnection.open(replication_dsn(primary.pg, "app"))
+    if not native:
+        conn.native = None  # the pure Python path, for this connection
+    got: list[Message] = []
+    longest = 0
+    try:
+        assert (conn.native is not None) == native
+        conn.start_copy_both(start_logical_replication_command(
+            slot, 0, [("proto_version", "1"), ("publication_names", '"pub"')]))
+        stream = CopyStream(conn, (), scattered=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            stream.send_status(0, 0, reply_requested=True, feedback=False)
+            message = stream.read(0.2)
+            if isinstance(message, WalRun):
+                starts = message.starts if message.starts is not None else [message.wal_start]
+                assert len(starts) == len(message.payload)
+                got += [(lsn, bytes(payload)) for lsn, payload in zip(starts, message.payload,
+                                                                      strict=True)]
+                longest = max(longest, len(starts))
+            elif isinstance(message, PrimaryKeepalive) and message.wal_end >= primary.end:
+                return got, longest
+        raise TimeoutError(f"slot {slot} did not reach the end")
+    finally:
+        conn.close()
+        wait_until_released(primary.pg, "app", slot)
+
+
+def test_the_compiled_loop_hands_a_logical_stream_over_in_runs(primary: Primary) -> None:
+    """Asked for scattered runs, the compiled receive loop hands a logical stream's messages
+    over many at a time, each with its own walStart: the same messages at the same LSNs as
+    Python's path, one by one."""
+    compiled, longest = read_messages(primary, "runs_c", native=True)
+    pure, single = read_messages(primary, "runs_py", native=False)
+    assert compiled == pure
+    assert len(compiled) > 1000
+    assert single == 1
+    assert longest > 1
 
 
 def test_pglogical_output_replays_into_the_primarys_tables(primary: Primary,

@@ -43,6 +43,7 @@ class Server(ScriptedConnection):
         super().__init__(script, stop)
         self.slot = slot
         self.commands: list[str] = []
+        self.scattered = False  # whether runs whatever their walStarts were asked for
 
     def query(self, sql: str) -> list[tuple[str | None, ...]]:
         self.commands.append(sql)
@@ -52,13 +53,14 @@ class Server(ScriptedConnection):
             return [] if self.slot is None else [self.slot]
         raise AssertionError(f"unexpected command {sql}")
 
-    def read_batch(self, timeout: float, until: int | None = None
+    def read_batch(self, timeout: float, until: int | None = None, scattered: bool = False,
                    ) -> WalRun | CopyData | CopyDone | None:
         """The script, then SIGTERM (the supervisor's handler stops the daemon)."""
+        self.scattered = self.scattered or scattered
         if not self.script and not self.ended:
             os.kill(os.getpid(), signal.SIGTERM)
             return None
-        return super().read_batch(timeout, until)
+        return super().read_batch(timeout, until, scattered)
 
     def close(self) -> None:
         pass
@@ -157,6 +159,28 @@ def test_a_run_of_messages_keeps_each_messages_lsn(tmp_path: Path) -> None:
     lines = runs(read_log(tmp_path))[0]
     assert [r["lsn"] for r in lines] == [format_lsn(0x1100), format_lsn(0x1100 + len(begin)),
                                          format_lsn(0x1F00)]
+    assert status_updates(conn)[-1][1] == 0x2000
+    assert conn.scattered  # the logical session asks for runs whatever their walStarts
+
+
+def test_a_scattered_run_keeps_each_messages_own_lsn(tmp_path: Path) -> None:
+    """The compiled receive loop asked for a logical stream's runs hands messages whatever
+    their walStarts, each listed: every one reaches the change log with its own, among them
+    one at 0/0 (the server sends a Relation so) and ones that go back."""
+    stop = Stop()
+    begin = w.begin(0x1F00, T0, 801)
+    insert = w.insert(16384, [("t", b"1"), ("t", b"one")])
+    commit = w.commit(0x1F00, 0x2000, T0)
+    script: list[bytes | WalRun] = [
+        WalRun(0, 0x1800, [memoryview(ITEMS), memoryview(begin), memoryview(insert),
+                           memoryview(commit)], wire=0, starts=[0, 0x1100, 0x1E00, 0x1F00]),
+    ]
+    conn = Server(script, stop)
+    assert ScriptedSupervisor(settings(tmp_path), conn).run() == 0
+    records = read_log(tmp_path)
+    assert [(r["op"], r["lsn"]) for r in records if r["op"] != "header"] == [
+        ("relation", "0/0"), ("begin", format_lsn(0x1100)),
+        ("insert", format_lsn(0x1E00)), ("commit", format_lsn(0x1F00))]
     assert status_updates(conn)[-1][1] == 0x2000
 
 

@@ -46,16 +46,19 @@ class ChangeFeed:
 
     def receive(self, run: WalRun) -> None:
         """Each message of the run into the change log, with its own walStart."""
-        lsn = run.wal_start
-        for payload in run.payload:
-            try:
-                self.consumer.receive(lsn, payload)
-            except ChangeStreamError:
-                raise
-            except ProtocolError as exc:
-                raise ChangeStreamError(str(exc)) from exc
-            self.received = max(self.received, lsn)
-            lsn += len(payload)
+        receive = self.consumer.receive
+        if run.starts is not None:  # a scattered run: each message's walStart listed
+            pairs = zip(run.starts, run.payload, strict=True)
+        else:  # each begins where the one before ended
+            pairs = zip(_following(run), run.payload, strict=True)
+        try:
+            for lsn, payload in pairs:
+                receive(lsn, payload)
+                self.received = max(self.received, lsn)
+        except ChangeStreamError:
+            raise
+        except ProtocolError as exc:
+            raise ChangeStreamError(str(exc)) from exc
 
     def keepalive(self, wal_end: int) -> None:
         """The server's WAL end: with no transaction open, the slot may move up to it."""
@@ -91,3 +94,13 @@ class ChangeFeed:
         if lsn != self._stated:
             self._stated = lsn
             self.events(Flushed(lsn))
+
+
+def _following(run: WalRun) -> list[int]:
+    """The walStarts of a run's messages that follow on: the first at ``run.wal_start``,
+    each next one where the one before ended."""
+    starts, lsn = [], run.wal_start
+    for payload in run.payload:
+        starts.append(lsn)
+        lsn += len(payload)
+    return starts

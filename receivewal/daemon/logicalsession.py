@@ -46,7 +46,7 @@ class LogicalSession:
         self.usable_store = store  # the change log, opened again after a failed write
         self.store: ChangeLogStore | None = None
         self.events = events
-        self.loop = CopyLoop(conn, settings.base, events, stop, clock)
+        self.loop = CopyLoop(conn, settings.base, events, stop, clock, scattered=True)
         self.info: DatabaseInfo | None = None
 
     def prepare(self) -> None:

@@ -6,8 +6,9 @@ below it (docs/architecture.md has the module map):
     commands/     the command line: options declared once, parsed (click, or by hand on the
                   lean restore and verify paths and in the pg_receivewal drop-in), handed over
     daemon/       supervisor (signals, reconnects, exit codes) running a receiver (the WAL
-                  archive's: walreceiver) and its sessions (session: startpoint, then the COPY
-                  loop, copyloop, driving a consumer, archivefeed); one event stream (events,
+                  archive's: walreceiver; a logical slot's: logicalreceiver) and its sessions
+                  (session: startpoint, then the COPY loop, copyloop, driving a consumer,
+                  archivefeed; logicalsession, changefeed); one event stream (events,
                   lifecycle) and what it tells the outside (monitor, state file, metrics, systemd)
     replication/  libpq connection (non-blocking; waiting on socket + stop signal), replication
                   commands, the COPY stream (copystream: runs of XLogData, keepalives, the

@@ -77,6 +77,17 @@ class ProtocolError(ReceivewalError):
     retryable = True
 
 
+class ChangeStreamError(ProtocolError):
+    """A logical replication message that cannot be decoded or assembled: malformed, of an
+    unknown type, about a relation never announced, or outside what the server agreed to.
+
+    The slot sends the same message again on every connection, so retrying cannot help: the
+    logical receiver exits, naming the LSN (nothing of the message's transaction is
+    written)."""
+
+    retryable = False
+
+
 class StreampackError(ProtocolError):
     """A pg_streampack frame could not be decoded (bad header, length, or body)."""
 

@@ -106,3 +106,12 @@ def test_encryption_throughput_bench_runs() -> None:
     out = run_bench("encryption_throughput.py", "--mb", "4", "--rounds", "1")
     assert "every decryption gave the input back" in out
     assert "receivewal / age, encrypt" in out
+
+
+def test_logical_throughput_bench_runs() -> None:
+    """Both tools catch up on the same slot output; the streamed mode reports receivewal's
+    peak RSS."""
+    out = run_bench("logical_throughput.py", "--rows", "20000", "--runs", "1")
+    assert "receivewal / pg_recvlogical, changes/s after start-up" in out
+    out = run_bench("logical_throughput.py", "--streamed-mb", "5")
+    assert "receivewal peak RSS" in out

@@ -1,6 +1,7 @@
 """The COPY loop drives any consumer of a stream: a logical change log is a second one beside
-the WAL archive, through a thin adapter, with the same loop, status updates, events and
-monitor (issue 26 item 4, for issue 27's logical receiver)."""
+the WAL archive, through the logical receiver's feed (daemon/changefeed.py), with the same
+loop, status updates, events and monitor (issue 26 item 4, for issue 27's logical
+receiver)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from support.changelog import open_store, read_log, runs
 from support.scripted import ScriptedConnection, status_updates
 from support.stopflag import Stop
 
+from receivewal.daemon.changefeed import ChangeFeed
 from receivewal.daemon.copyloop import STOPPED, CopyLoop, StreamConsumer
-from receivewal.daemon.events import Event, Flushed, Listener
+from receivewal.daemon.events import Event, Flushed
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.settings import Settings
 from receivewal.logical.consumer import ChangeLogConsumer, PluginSettings
@@ -24,37 +26,6 @@ from receivewal.wal.lsn import format_lsn
 
 T0 = 849_000_000_000_000
 ITEMS = w.relation(16384, "public", "items", [(True, "id", 23, -1), (False, "name", 25, -1)])
-
-
-class ChangeLogFeed:
-    """ChangeLogConsumer as the COPY loop's consumer: all the adapter the logical receiver
-    needs. Each message of a run reaches the change log alone, with its walStart."""
-
-    def __init__(self, consumer: ChangeLogConsumer, events: Listener) -> None:
-        self.consumer = consumer
-        self.events = events
-        self.position = 0  # the last message's walStart, or a keepalive's walEnd
-
-    def receive(self, run: WalRun) -> None:
-        lsn = run.wal_start
-        for payload in run.payload:  # each message begins where the one before ended
-            self.consumer.receive(lsn, payload)
-            self.position = max(self.position, lsn)
-            lsn += len(payload)
-
-    def keepalive(self, wal_end: int) -> None:
-        self.consumer.keepalive(wal_end)
-
-    def flush(self, wait: bool = False) -> int:
-        confirmed = self.consumer.flush()
-        self.events(Flushed(confirmed))
-        return confirmed
-
-    def report(self) -> bool:
-        return False  # a change log file completed could be stated here
-
-    def close(self) -> None:
-        self.consumer.close()
 
 
 def keepalive(wal_end: int, reply: bool) -> bytes:
@@ -92,8 +63,8 @@ def test_the_copy_loop_feeds_a_change_log_through_a_thin_adapter(tmp_path: Path)
     store = open_store(tmp_path)
     options = PgoutputOptions(1, streaming="off", two_phase=False, binary=False,
                               messages=False)
-    feed: StreamConsumer = ChangeLogFeed(ChangeLogConsumer(store, PluginSettings(
-        "pgoutput", options)), events)
+    feed: StreamConsumer = ChangeFeed(ChangeLogConsumer(store, PluginSettings(
+        "pgoutput", options)), store, events)
     loop = CopyLoop(conn, settings, events, stop)
     loop.start("START_REPLICATION SLOT logical LOGICAL 0/0")
     try:

@@ -316,6 +316,39 @@ def test_what_a_logical_receiver_reuses_knows_no_archive(module: str) -> None:
     assert imported & PHYSICAL == set()
 
 
+LOGICAL = {"receivewal.daemon.logicalreceiver", "receivewal.daemon.logicalsession",
+           "receivewal.daemon.changefeed", "receivewal.daemon.logicalsettings"}
+
+
+@pytest.mark.parametrize("module", ["receivewal.daemon.supervisor", "receivewal.daemon.copyloop",
+                                    "receivewal.daemon.monitor", "receivewal.daemon.metrics",
+                                    "receivewal.daemon.events", "receivewal.daemon.lifecycle"])
+def test_what_both_receivers_share_knows_neither(module: str) -> None:
+    """The shared daemon knows no receiver: nothing of it imports the logical receiver's
+    modules (nor the logical/ package) any more than the WAL archive's."""
+    imported = import_graph()[module]
+    assert imported & LOGICAL == set()
+    assert [name for name in imported if name.startswith("receivewal.logical")] == []
+
+
+def test_the_logical_receiver_stands_beside_the_wal_archives() -> None:
+    """The logical receiver, its session, feed and settings import none of the WAL archive's
+    session, start-up, feed, receiver or uploader (only the directory's lock of archive/);
+    they run on the shared supervisor and COPY loop; the WAL archive's modules import none of
+    them."""
+    graph = import_graph()
+    assert set(graph) >= LOGICAL
+    for module in sorted(LOGICAL):
+        assert graph[module] & PHYSICAL == set(), module
+    assert "receivewal.daemon.copyloop" in graph["receivewal.daemon.logicalsession"]
+    assert "receivewal.daemon.changefeed" in graph["receivewal.daemon.logicalsession"]
+    for module in sorted(PHYSICAL):
+        assert graph[module] & LOGICAL == set(), module
+    supervisor_users = {m for m, targets in graph.items()
+                        if "receivewal.daemon.supervisor" in targets}
+    assert {"receivewal.commands.stream", "receivewal.commands.logical"} <= supervisor_users
+
+
 FLUSHED_NAMES = {"flushed", "_flushed", "durable", "_durable"}
 FLUSHED_READERS = {"receivewal.daemon.monitor", "receivewal.daemon.metrics"}
 
@@ -338,8 +371,9 @@ def test_the_flushed_position_has_one_holder() -> None:
     """Only the segment writer moves the flushed position (the syncer's worker records what
     it finished, the writer takes it); the monitor and the metrics keep what a Flushed event
     carries, as it is (a parameter or their initial value, never a max or a sum); only the
-    archive's feed states Flushed, from the writer; and only the WAL archive's receiver reads
-    the last run's position from the state file, to hand it to the writer."""
+    archive's feed states Flushed, from the writer, and the change log's, from its
+    consumer; and only the WAL archive's receiver reads the last run's position from the state
+    file, to hand it to the writer."""
     assert flushed_assignments(PACKAGE / "archive" / "writer.py")  # the check sees them
     moved = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -353,7 +387,7 @@ def test_the_flushed_position_has_one_holder() -> None:
     stating = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Flushed"
                       for node in ast.walk(ast.parse(path.read_text(), str(path))))]
-    assert stating == ["receivewal.daemon.archivefeed"]
+    assert stating == ["receivewal.daemon.archivefeed", "receivewal.daemon.changefeed"]
     reading = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if "previous_flush(" in path.read_text()
                and module_name(path) != "receivewal.daemon.state"]

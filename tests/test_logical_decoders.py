@@ -428,3 +428,35 @@ def test_pglogical_startup_parameters() -> None:
                               server_version=150018)[-3:] == [
         ("pglogical.forward_origins", "all"), ("binary.want_binary_basetypes", "1"),
         ("binary.basetypes_major_version", "1500")]
+
+
+def _read_both(data: bytes, binary: bool) -> tuple[object, object]:
+    """read_tuple's hot path and the field-by-field reader on the same bytes: each one's
+    result and where it left the reader, or its error's words."""
+    from receivewal.logical import pgoutput  # noqa: PLC0415 - the two readers compared
+    from receivewal.logical.reader import MessageReader  # noqa: PLC0415
+
+    outcomes: list[object] = []
+    for read in (pgoutput.read_tuple, pgoutput._read_tuple_checked):
+        reader = MessageReader(data, 0x1234, "pgoutput Insert")
+        try:
+            outcomes.append((read(reader, binary=binary), reader.tell()[1]))
+        except ProtocolError as exc:
+            outcomes.append(str(exc))
+    return outcomes[0], outcomes[1]
+
+
+@settings(max_examples=400)
+@given(columns=st.lists(st.one_of(
+    st.tuples(st.sampled_from("nu"), st.just(b"")),
+    st.tuples(st.sampled_from("tb"), st.binary(max_size=12))), max_size=6),
+    cut=st.integers(0, 80), noise=st.binary(max_size=4), binary=st.booleans())
+def test_a_rows_hot_path_reads_what_the_careful_reader_reads(
+        columns: list[tuple[str, bytes | None]], cut: int, noise: bytes, binary: bool) -> None:
+    """read_tuple reads a row in one go and falls back to the field-by-field reader for
+    anything not exactly right: on whole rows, rows cut short and rows with bytes changed,
+    both give the same values and position, or the same error naming the LSN."""
+    whole = w.tuple_data(columns)
+    for data in (whole, whole[:cut], noise + whole, whole[:2] + noise + whole[2:]):
+        fast, careful = _read_both(data, binary)
+        assert fast == careful

@@ -43,7 +43,8 @@ def test_unit_is_a_template_reading_its_instance_env_file(
 ) -> None:
     service = unit["Service"]
     assert one(service, "EnvironmentFile") == "/etc/receivewal/%i.env"
-    assert one(service, "ExecStart") == "/usr/bin/receivewal stream"
+    assert one(service, "ExecStart") == "/usr/bin/receivewal ${RECEIVEWAL_COMMAND}"
+    assert "RECEIVEWAL_COMMAND=stream" in service["Environment"]  # the env file may say logical
     assert "RECEIVEWAL_DIRECTORY=/var/lib/receivewal/%i" in service["Environment"]
     assert "RECEIVEWAL_WAIT_FOR_SERVER=1" in service["Environment"]
     assert one(service, "ReadWritePaths") == "/var/lib/receivewal/%i"
@@ -97,7 +98,8 @@ def test_env_example_documents_every_setting_the_unit_relies_on() -> None:
         "RECEIVEWAL_METRICS_ADDRESS", "RECEIVEWAL_COMPRESSION", "RECEIVEWAL_STATUS_INTERVAL",
         "RECEIVEWAL_SYNCHRONOUS", "RECEIVEWAL_WAIT_FOR_SERVER", "PGHOST", "PGUSER",
         "RECEIVEWAL_UPLOAD_TO", "RECEIVEWAL_CONFIRM_AFTER", "AWS_ENDPOINT_URL",
-        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION",
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "RECEIVEWAL_COMMAND",
+        "RECEIVEWAL_PUBLICATION", "RECEIVEWAL_PLUGIN",
     ]:
         assert f"{name}=" in example, name
 

@@ -23,6 +23,7 @@ from receivewal.commands.output import NOT_A_VERDICT
 #: the daemon does not pay at start-up for Spark, the relay or the verifier.
 LAZY_COMMANDS = {
     "stream": "receivewal.commands.stream:stream_command",
+    "logical": "receivewal.commands.logical:logical_command",
     "status": "receivewal.commands.status:status_command",
     "relay": "receivewal.commands.relay:relay_command",
     "verify": "receivewal.commands.verify:verify_command",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, Protocol, TypeVar, get_type_hints
 
 from receivewal.addresses import parse_address
 from receivewal.archive.compression import parse_compress_option
@@ -243,12 +243,21 @@ class StreamOptions:
 
 
 @cache
-def declared_options() -> tuple[tuple[Field[object], OptionSpec, type], ...]:
-    """Each option in declaration order: its field, its spec and the type of its value
-    (``Path | None`` gives Path; a bool is a flag, an int a count, a float seconds)."""
-    hints = get_type_hints(StreamOptions)
-    return tuple((f, f.metadata["option"], _value_type(hints[f.name]))
-                 for f in fields(StreamOptions))
+def declared_options(cls: type = StreamOptions,
+                     ) -> tuple[tuple[Field[object], OptionSpec, type], ...]:
+    """Each option of ``cls`` (stream's, or another command's declared the same way) in
+    declaration order: its field, its spec and the type of its value (``Path | None`` gives
+    Path; a bool is a flag, an int a count, a float seconds)."""
+    hints = get_type_hints(cls)
+    return tuple((f, f.metadata["option"], _value_type(hints[f.name])) for f in fields(cls))
+
+
+def same_option(name: str, **changes: Any) -> Any:
+    """Another command's field for ``stream``'s option ``name``: the same default and
+    declaration, with ``changes`` to its spec (e.g. its help)."""
+    declared = {f.name: f for f in fields(StreamOptions)}[name]
+    spec = replace(declared.metadata["option"], **changes)
+    return field(default=declared.default, metadata={"option": spec})
 
 
 def _value_type(hint: object) -> type:
@@ -268,7 +277,13 @@ def options_from(values: Mapping[str, object], base: StreamOptions | None = None
                  ) -> StreamOptions:
     """``base`` (the defaults) with the parsed ``values``, each checked against its declared
     type: the one place where the command line's untyped values become typed."""
-    known = {f.name: kind for f, _, kind in declared_options()}
+    return replace(base or StreamOptions(), **typed_values(StreamOptions, values))
+
+
+def typed_values(cls: type, values: Mapping[str, object]) -> dict[str, Any]:
+    """The parsed ``values`` of ``cls``'s options, each checked against its declared type:
+    the one place where a command line's untyped values become typed."""
+    known = {f.name: kind for f, _, kind in declared_options(cls)}
     checked: dict[str, Any] = {}  # Any only once each value is checked against its field
     for name, given in values.items():
         kind = known.get(name)
@@ -277,10 +292,30 @@ def options_from(values: Mapping[str, object], base: StreamOptions | None = None
         if kind is None or not (isinstance(value, kind) or value is None):
             raise TypeError(f"option {name}: {value!r} is not a {kind}")
         checked[name] = value
-    return replace(base or StreamOptions(), **checked)
+    return checked
 
 
-def json_logs(opts: StreamOptions) -> bool:
+class CommonOptions(Protocol):
+    """What every daemon command line has, as :class:`StreamOptions` declares it: the
+    connection and the log format."""
+
+    @property
+    def dbname(self) -> str | None: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def port(self) -> str | None: ...
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def no_password(self) -> bool: ...
+    @property
+    def force_password(self) -> bool: ...
+    @property
+    def log_format(self) -> str: ...
+
+
+def json_logs(opts: CommonOptions) -> bool:
     """--log-format, with auto meaning JSON unless stderr is a terminal."""
     return opts.log_format == "json" or (opts.log_format == "auto" and not sys.stderr.isatty())
 
@@ -295,14 +330,14 @@ def build_settings(opts: StreamOptions) -> Settings:
     return with_connection(Settings(conninfo="", **values), opts).validate()
 
 
-def setting_values(opts: StreamOptions) -> tuple[dict[str, Any], ConfigurationError | None]:
+def setting_values(opts: CommonOptions) -> tuple[dict[str, Any], ConfigurationError | None]:
     """Each option's value as the Settings field its declaration names (through its
     ``to_setting``), the connection string aside (:func:`with_connection`); and the first
     value, in declaration order, that does not parse (its field then keeps Settings'
     default, so that the drop-in can judge the combination first, as pg_receivewal does)."""
     values: dict[str, Any] = {}  # Settings' fields, each from its option's declared type
     refused: ConfigurationError | None = None
-    for fld, spec, _ in declared_options():
+    for fld, spec, _ in declared_options(type(opts)):
         if spec.setting is None or spec.setting == CONNECTION:
             continue
         value = getattr(opts, fld.name)
@@ -336,14 +371,22 @@ def read_password() -> str:
         return ""
 
 
-def with_connection(settings: Settings, opts: StreamOptions) -> Settings:
+def with_connection(settings: Settings, opts: CommonOptions, *, replication: str = "true",
+                    session: str | None = None) -> Settings:
     """``settings`` with the connection string the options make: -d, -h, -p, -U, the
-    password -W prompts for, and pg_streampack's option asking for ``settings.compression``.
-    Raises ConfigurationError for a connection string libpq refuses."""
+    password -W prompts for, the ``session`` settings (``-c name=value`` words, before the
+    user's own options), and pg_streampack's option asking for ``settings.compression``;
+    ``replication`` is ``true``, or ``database`` for a logical slot. Raises
+    ConfigurationError for a connection string libpq refuses."""
     password = None
     if opts.force_password and not opts.no_password:
         password = read_password()
     base = build_conninfo(opts.dbname, host=opts.host, port=opts.port, user=opts.username,
-                          password=password)
-    options = with_streampack_option(conninfo_options(base), settings.compression)
-    return replace(settings, conninfo=build_conninfo(base, options=options) if options else base)
+                          password=password, replication=replication)
+    options = conninfo_options(base)
+    if session:
+        options = f"{session} {options}" if options else session
+    options = with_streampack_option(options, settings.compression)
+    return replace(settings, conninfo=build_conninfo(base, options=options,
+                                                     replication=replication)
+                   if options else base)

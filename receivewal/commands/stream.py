@@ -17,6 +17,7 @@ import click
 from receivewal.commands.options import (
     Lsn,
     Repeated,
+    StreamOptions,
     build_settings,
     declared_options,
     json_logs,
@@ -42,10 +43,21 @@ def parsed_lsn(ctx: click.Context, param: click.Parameter, value: str | None) ->
 
 
 def declared_click_options(command: Callable[..., int]) -> Callable[..., int]:
-    """Decorate ``command`` with one click option per declared option, in declaration order:
-    a bool is a flag (or an on/off pair), an int a count, a float seconds from 0 up, an
-    Lsn parsed by :func:`parsed_lsn`."""
-    for fld, spec, kind in reversed(declared_options()):
+    """Decorate ``command`` with one click option per option of ``stream``."""
+    return click_options_of(StreamOptions)(command)
+
+
+def click_options_of(cls: type) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """What decorates a command with one click option per option ``cls`` declares, in
+    declaration order: a bool is a flag (or an on/off pair), an int a count, a float seconds
+    from 0 up, an Lsn parsed by :func:`parsed_lsn`."""
+    def decorate(command: Callable[..., int]) -> Callable[..., int]:
+        return _decorated(cls, command)
+    return decorate
+
+
+def _decorated(cls: type, command: Callable[..., int]) -> Callable[..., int]:
+    for fld, spec, kind in reversed(declared_options(cls)):
         command = click.option(
             *filter(None, (spec.short, spec.long)), fld.name, help=spec.help,
             is_flag=(kind is bool and "/" not in spec.long) or None, count=kind is int,

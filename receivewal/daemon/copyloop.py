@@ -45,8 +45,9 @@ class StreamConsumer(Protocol):
 
     def receive(self, run: WalRun) -> None:
         """Take a run of XLogData messages: ``run.payload`` holds one piece per message, each
-        beginning where the one before ended (the first at ``run.wal_start``). Raises the
-        project's errors, naming the LSN, for what it cannot take."""
+        beginning where the one before ended (the first at ``run.wal_start``), or, in a
+        scattered run (a logical stream's), at its own ``run.starts``. Raises the project's
+        errors, naming the LSN, for what it cannot take."""
 
     def keepalive(self, wal_end: int) -> None:
         """The server says that its WAL ends at ``wal_end`` (a primary keepalive)."""
@@ -101,9 +102,11 @@ class CopyLoop:
     START_REPLICATION (:meth:`start`, then :meth:`run`), closed with the connection."""
 
     def __init__(self, link: ReplicationLink, settings: LoopSettings, events: ev.Listener,
-                 stop: StopFlag, clock: Callable[[], float] = time.monotonic) -> None:
+                 stop: StopFlag, clock: Callable[[], float] = time.monotonic, *,
+                 scattered: bool = False) -> None:
         self.settings = settings
-        self.stream = CopyStream(link, settings.compression)
+        # scattered: a logical stream, whose runs may hold messages whatever their walStarts
+        self.stream = CopyStream(link, settings.compression, scattered=scattered)
         self.events = events
         self.stop = stop
         self.clock = clock
@@ -181,7 +184,7 @@ class CopyLoop:
         consumer.receive(run)
         self.unflushed = True
         self.pending_wire += run.wire
-        self.pending_wal += run.end - run.wal_start
+        self.pending_wal += run.size
         self.server_wal_end = run.wal_end
         if self._report(consumer):
             self._tick(consumer)

@@ -250,6 +250,19 @@ class ArchiveMeasured(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class ChangeFileCompleted(Event):
+    """A logical change log file is complete and durable under its final name ``file``; the
+    change log is durable through ``lsn`` (what status shows as its last file)."""
+
+    name, lsns = "change_file_completed", ("lsn",)
+    file: str
+    lsn: int
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.segment_completed(self.file)
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryFileWritten(Event):
     """The history file ``file`` of ``timeline``, fetched from the server, is durable in the
     archive."""

@@ -291,9 +291,47 @@ class PgoutputDecoder:
                 _valid_xid(r, r.u32("transaction id")), r.cstring("GID"))
 
 
+_KIND_TEXT, _KIND_BINARY, _KIND_NULL, _KIND_UNCHANGED = b"tbnu"
+
+
 def read_tuple(r: MessageReader, *, binary: bool) -> m.TupleData:
     """TupleData: a column count, then per column its kind and, for ``t`` and ``b``, a
-    length and the bytes. ``b`` is allowed only when binary transfer was agreed."""
+    length and the bytes. ``b`` is allowed only when binary transfer was agreed.
+
+    Read in one go (every change has one or two: the hot path); a row that is not exactly
+    right is read again field by field (:func:`_read_tuple_checked`), whose errors say
+    what is wrong."""
+    data, start = r.tell()
+    end = len(data)
+    if start + 2 > end:
+        return _read_tuple_checked(r, binary=binary)
+    count = int.from_bytes(data[start:start + 2], "big")
+    position = start + 2
+    kinds = bytearray()
+    values: list[bytes | None] = []
+    for _ in range(count):
+        if position >= end:
+            return _read_tuple_checked(r, binary=binary)
+        kind = data[position]
+        position += 1
+        if kind == _KIND_TEXT or (kind == _KIND_BINARY and binary):
+            length = int.from_bytes(data[position:position + 4], "big", signed=True)
+            position += 4
+            if position > end or length < 0 or position + length > end:
+                return _read_tuple_checked(r, binary=binary)
+            values.append(data[position:position + length])
+            position += length
+        elif kind in (_KIND_NULL, _KIND_UNCHANGED):
+            values.append(None)
+        else:
+            return _read_tuple_checked(r, binary=binary)
+        kinds.append(kind)
+    r.seek(position)
+    return m.TupleData(kinds.decode("ascii"), tuple(values))
+
+
+def _read_tuple_checked(r: MessageReader, *, binary: bool) -> m.TupleData:
+    """:func:`read_tuple` field by field, naming what is wrong."""
     count = r.u16("tuple column count")
     kinds: list[str] = []
     values: list[bytes | None] = []

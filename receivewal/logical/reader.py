@@ -41,6 +41,18 @@ class MessageReader:
         """The project's protocol error for this message: ``problem`` with what and where."""
         return ProtocolError(f"{self.what} at {format_lsn(self.lsn)}: {problem}")
 
+    def tell(self) -> tuple[bytes, int]:
+        """The message's bytes and where the next field starts: for a reader of many small
+        fields in one go (a row's columns), which :meth:`seek` past them when it read them
+        all without a problem, and leaves to the field readers (and their errors) otherwise."""
+        return self._data, self._pos
+
+    def seek(self, position: int) -> None:
+        """Continue at ``position`` (after :meth:`tell`'s reader, within the message)."""
+        if not self._pos <= position <= len(self._data):
+            raise ValueError(f"cannot seek to {position}")
+        self._pos = position
+
     @property
     def remaining(self) -> int:
         """How many bytes are left unread."""

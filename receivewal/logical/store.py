@@ -100,6 +100,13 @@ class ChangeLogStore:
         self._broken = False  # a write failed: the file may end inside a run
         self._versions: dict[tuple[str, str], int] = {}  # relation version per table
         self._shapes: dict[tuple[str, str], bytes] = {}  # what the file says of each table
+        self._completed: list[str] = []  # files completed since the last completed() call
+
+    @property
+    def broken(self) -> bool:
+        """Whether a write failed (the disk full, say): the partial file may end inside a
+        run, and nothing more is written until the log is opened again."""
+        return self._broken
 
     @property
     def spool(self) -> Path:
@@ -143,7 +150,9 @@ class ChangeLogStore:
         self.last_name = max(complete, default=-1)
         if complete:
             newest = self.directory / complete[max(complete)]
-            self.written_through = self._scan(newest).last_end
+            found = self._scan(newest)
+            self.written_through = found.last_end
+            self._check_header(newest, found)
         if partials:
             self._resume(*partials[0])
         durable.sync_path(self.directory, sync=self.settings.sync)
@@ -174,6 +183,7 @@ class ChangeLogStore:
         if not found.runs:
             path.unlink()
             return
+        self._check_header(path, found)
         self.last_name = max(self.last_name, name)
         if path.stat().st_size != found.good_size:
             os.truncate(path, found.good_size)
@@ -183,6 +193,18 @@ class ChangeLogStore:
         self._shapes = dict(found.shapes)
         self.written_through = max(self.written_through, found.last_end)
         self._rotate = self._size >= self.settings.file_size
+
+    def _check_header(self, path: Path, found: FileScan) -> None:
+        """The log goes on only as what it was written as: every field of this store's header
+        (the plugin, the slot) that the newest file's header has must be equal, or the
+        resumed stream would be another one's, skipped up to where that one ended."""
+        mine = dict(self.settings.header)
+        theirs = found.header or {}
+        differ = [f"{key} {theirs[key]!r} (not {mine[key]!r})" for key in mine
+                  if key in theirs and theirs[key] != mine[key]]
+        if differ:
+            raise ArchiveError(f"{self.directory} holds another change log: {path.name} was "
+                               f"written with {', '.join(differ)}")
 
     # -- writing -----------------------------------------------------------------------------
     def write_run(self, run: Run) -> None:
@@ -224,6 +246,12 @@ class ChangeLogStore:
         self._dirty = self._new_file = False
         self.durable_through = self.written_through
         return self.durable_through
+
+    def completed(self) -> list[str]:
+        """The names of the files completed (durable under their final names) since the last
+        call, in order."""
+        done, self._completed = self._completed, []
+        return done
 
     def close(self) -> int:
         """Flush and close; the partial file stays to be resumed. Returns :meth:`flush`'s."""
@@ -287,6 +315,7 @@ class ChangeLogStore:
             durable.finish_file(partial, final, fd=fd, close=True, sync=self.settings.sync)
         self._dirty = self._new_file = False
         self.durable_through = self.written_through
+        self._completed.append(final.name)
 
     def _compress(self, partial: Path, final: Path) -> None:
         compressor = ZstdCompressor(self.settings.level)

@@ -10,9 +10,11 @@
  *       loaded from libpq_path (dlopen with RTLD_NOLOAD): the one psycopg uses, so that the
  *       PGconn* psycopg hands out is read by the same code that made it (the caller,
  *       replication/nativerecv.py, also has glibc keep freed buffers: receivewal/allocator.py).
- *   read(pgconn_ptr, max_bytes, max_messages, until)
- *       -> (wal_start, wal_end, payloads, wire, other)
- *       reads plain XLogData messages whose WAL follows on from the previous one's until
+ *   read(pgconn_ptr, max_bytes, max_messages, until[, scattered])
+ *       -> (wal_start, wal_end, payloads, wire, other, starts)
+ *       reads plain XLogData messages whose WAL follows on from the previous one's (with
+ *       scattered true: any walStart, each listed in starts, a logical stream's; otherwise
+ *       starts is None) until
  *       max_bytes of WAL or max_messages are taken, a message reached the LSN until (as
  *       Python's path, which stops at --endpos after the message that reached it), or
  *       nothing more has arrived. payloads is
@@ -134,16 +136,22 @@ recv_read(PyObject *module, PyObject *args)
 {
     unsigned long long ptr, until;
     Py_ssize_t max_bytes, max_messages;
+    int scattered = 0;
     if (pq_get_copy_data == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_recv.bind() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "KnnK", &ptr, &max_bytes, &max_messages, &until))
+    if (!PyArg_ParseTuple(args, "KnnK|p", &ptr, &max_bytes, &max_messages, &until, &scattered))
         return NULL;
     void *conn = (void *)(uintptr_t)ptr;
     PyObject *payloads = PyList_New(0);
     if (payloads == NULL)
         return NULL;
+    PyObject *starts = scattered ? PyList_New(0) : Py_NewRef(Py_None);
+    if (starts == NULL) {
+        Py_DECREF(payloads);
+        return NULL;
+    }
     PyObject *other = NULL;
     uint64_t wal_start = 0, wal_end = 0, next_lsn = 0;
     Py_ssize_t wal_bytes = 0, wire = 0, count = 0;
@@ -162,7 +170,7 @@ recv_read(PyObject *module, PyObject *args)
         const unsigned char *m = (const unsigned char *)buf;
         uint64_t start = n >= XLOGDATA_HEADER ? be64(m + 1) : 0;
         if (n < XLOGDATA_HEADER || m[0] != 'w' || (m[FLAG_OFFSET] & FLAG_BIT)
-                || (count > 0 && start != next_lsn)) {
+                || (count > 0 && !scattered && start != next_lsn)) {
             other = PyBytes_FromStringAndSize(buf, n);  /* Python's path takes it from here */
             pq_freemem(buf);
             break;
@@ -171,9 +179,20 @@ recv_read(PyObject *module, PyObject *args)
         if (view == NULL || PyList_Append(payloads, view) < 0) {
             Py_XDECREF(view);
             Py_DECREF(payloads);
+            Py_DECREF(starts);
             return NULL;
         }
         Py_DECREF(view);
+        if (scattered) {
+            PyObject *at = PyLong_FromUnsignedLongLong(start);
+            if (at == NULL || PyList_Append(starts, at) < 0) {
+                Py_XDECREF(at);
+                Py_DECREF(payloads);
+                Py_DECREF(starts);
+                return NULL;
+            }
+            Py_DECREF(at);
+        }
         if (count == 0)
             wal_start = start;
         wal_end = be64(m + 9);
@@ -185,12 +204,13 @@ recv_read(PyObject *module, PyObject *args)
     if (other == NULL) {
         if (PyErr_Occurred()) {
             Py_DECREF(payloads);
+            Py_DECREF(starts);
             return NULL;
         }
         other = Py_NewRef(Py_None);
     }
-    return Py_BuildValue("(KKNnN)", (unsigned long long)wal_start, (unsigned long long)wal_end,
-                         payloads, wire, other);
+    return Py_BuildValue("(KKNnNN)", (unsigned long long)wal_start, (unsigned long long)wal_end,
+                         payloads, wire, other, starts);
 }
 
 static PyObject *
@@ -222,8 +242,9 @@ static PyMethodDef recv_methods[] = {
     {"bind", recv_bind, METH_O,
      "bind(libpq_path) resolves the libpq functions in the libpq already loaded from there."},
     {"read", recv_read, METH_VARARGS,
-     "read(pgconn_ptr, max_bytes, max_messages, until) -> (wal_start, wal_end, payloads, wire, "
-     "other): the plain XLogData messages that have arrived, their WAL contiguous."},
+     "read(pgconn_ptr, max_bytes, max_messages, until[, scattered]) -> (wal_start, wal_end, "
+     "payloads, wire, other, starts): the plain XLogData messages that have arrived, their WAL "
+     "contiguous (scattered: any walStart, each in starts)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,6 +14,7 @@ scanner reads them (a doubled quote; a backslash is an ordinary character there)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from receivewal.errors import ConfigurationError, ConnectionLost, ProtocolError, ServerError
@@ -67,6 +68,73 @@ def identify_server(conn: ReplicationLink) -> ServerInfo:
     group_readable = int(mode_text, 8) & 0o040
     return ServerInfo(sysid, int(tli), parse_lsn(xlogpos), segment_size,
                       0o640 if group_readable else 0o600, conn.server_version)
+
+
+@dataclass(frozen=True)
+class DatabaseInfo:
+    """What IDENTIFY_SYSTEM told a logical replication connection (replication=database)."""
+
+    system_identifier: str
+    timeline: int
+    xlogpos: int
+    database: str
+    version: int
+
+
+def identify_database(conn: ReplicationLink) -> DatabaseInfo:
+    """IDENTIFY_SYSTEM on a database connection: the database must be named."""
+    rows = conn.query("IDENTIFY_SYSTEM")
+    if len(rows) != 1 or len(rows[0]) < 4:
+        raise ServerError(f"could not identify system: got {len(rows)} rows, expected 1 row "
+                          "with 4 or more fields")
+    sysid, tli, xlogpos, dbname = rows[0][:4]
+    if sysid is None or tli is None or xlogpos is None:
+        raise ServerError("could not identify system: IDENTIFY_SYSTEM returned NULLs")
+    if dbname is None:
+        raise ConfigurationError("a logical slot needs a database connection: the connection "
+                                 "is not database specific (name the database with dbname=)")
+    return DatabaseInfo(sysid, int(tli), parse_lsn(xlogpos), dbname, conn.server_version)
+
+
+@dataclass(frozen=True)
+class LogicalSlot:
+    """A logical slot as pg_replication_slots shows it."""
+
+    plugin: str
+    database: str
+    wal_status: str | None  # reserved, extended, unreserved, lost (None: not reserved yet)
+
+
+def read_logical_slot(conn: ReplicationLink, slot: str) -> LogicalSlot:
+    """The logical slot ``slot``; ConfigurationError when it does not exist, is physical, or
+    was invalidated (its WAL removed: it can never stream again)."""
+    rows = conn.query("SELECT slot_type, plugin, database, wal_status FROM "  # noqa: S608 - a
+                      "pg_catalog.pg_replication_slots WHERE slot_name = "  # quoted literal
+                      + quote_literal(slot))
+    if not rows:
+        raise ConfigurationError(f'replication slot "{slot}" does not exist (create it with '
+                                 "--create-slot)")
+    slot_type, plugin, database, wal_status = rows[0][:4]
+    if slot_type != "logical" or plugin is None or database is None:
+        raise ConfigurationError(f'replication slot "{slot}" is a {slot_type} slot, not logical')
+    if wal_status == "lost":
+        raise ConfigurationError(f'replication slot "{slot}" is invalidated: the server removed '
+                                 "WAL it needs (wal_status lost); drop it and create it again")
+    return LogicalSlot(plugin, database, wal_status)
+
+
+def create_logical_slot(conn: ReplicationLink, slot: str, plugin: str, *, two_phase: bool,
+                        if_not_exists: bool) -> bool:
+    """CREATE_REPLICATION_SLOT ... LOGICAL; False when it existed and that was allowed."""
+    command = create_logical_slot_command(slot, plugin, two_phase=two_phase,
+                                          server_version=conn.server_version)
+    try:
+        conn.query(command)
+    except ServerError as exc:
+        if if_not_exists and exc.sqlstate == "42710":  # duplicate_object
+            return False
+        raise
+    return True
 
 
 def read_slot(conn: ReplicationLink, slot: str) -> tuple[int, int] | None:
@@ -133,7 +201,7 @@ def create_logical_slot_command(slot: str, plugin: str, *, two_phase: bool,
 
 
 def start_logical_replication_command(slot: str, lsn: int,
-                                      options: list[tuple[str, str | None]]) -> str:
+                                      options: Sequence[tuple[str, str | None]]) -> str:
     """START_REPLICATION SLOT ... LOGICAL at ``lsn`` with the plugin's options (a value of
     None sends the option's name alone)."""
     command = f"START_REPLICATION SLOT {quote_identifier(slot)} LOGICAL {format_lsn(lsn)}"

@@ -55,18 +55,21 @@ _STATUSES = {pq.ExecStatus.COMMAND_OK: ResultStatus.COMMAND_OK,
 def build_conninfo(
     dbname: str | None, *, host: str | None = None, port: str | None = None,
     user: str | None = None, password: str | None = None, options: str | None = None,
+    replication: str = "true",
 ) -> str:
     """A replication connection string from pg_receivewal-style options.
 
     ``dbname`` may be a connection string or URI, as with pg_receivewal's ``-d``; explicit
-    host, port and user override what it says. ``replication=true`` is always forced and the
-    application name defaults to ``receivewal``.
+    host, port and user override what it says. ``replication`` is always forced (``true``
+    for physical streaming, ``database`` for a logical slot, whose database is then the
+    ``dbname`` the string names) and the application name defaults to ``receivewal``.
     """
     try:
         base = make_conninfo(dbname or "")
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"invalid connection string: {one_line(str(exc))}") from exc
-    extra: dict[str, str] = {"replication": "true", "fallback_application_name": "receivewal"}
+    extra: dict[str, str] = {"replication": replication,
+                             "fallback_application_name": "receivewal"}
     for key, value in (("host", host), ("port", port), ("user", user), ("password", password),
                        ("options", options)):
         if value is not None:
@@ -307,29 +310,30 @@ class ReplicationConnection:
             raise ConnectionLost(f"could not receive data from WAL stream: "
                                  f"{one_line(str(exc))}") from exc
 
-    def read_batch(self, timeout: float, until: int | None = None
+    def read_batch(self, timeout: float, until: int | None = None, scattered: bool = False,
                    ) -> WalRun | CopyData | CopyDone | None:
         """Every plain XLogData message that has arrived, up to the one that reaches LSN
-        ``until``, as one :class:`WalRun` (the compiled loop), else as :meth:`read_copy`; the
-        message that ended a run otherwise comes next time."""
+        ``until``, as one :class:`WalRun` (the compiled loop; ``scattered``: whatever their
+        walStarts), else as :meth:`read_copy`; the message that ended a run otherwise comes
+        next time."""
         if self.native is None:
             return self.read_copy(timeout)
         if self.held is not None:
             return self._take_held()
         last = _NO_LSN if until is None else until
         deadline = time.monotonic() + timeout
-        received = self._read_run(last)
+        received = self._read_run(last, scattered)
         while received is None:  # readable, yet the message may still be arriving in pieces
             left = deadline - time.monotonic()
             if left <= 0 or not drive_within(_readable_steps(self.pgconn), self.stop, left):
                 return None
-            received = self._read_run(last)
+            received = self._read_run(last, scattered)
         return received
 
-    def _read_run(self, until: int) -> WalRun | CopyData | CopyDone | None:
+    def _read_run(self, until: int, scattered: bool) -> WalRun | CopyData | CopyDone | None:
         assert self.native is not None
-        start, end, payload, wire, other = self.native.read(self._pointer() or 0, RUN_BYTES,
-                                                            RUN_MESSAGES, until)
+        start, end, payload, wire, other, starts = self.native.read(
+            self._pointer() or 0, RUN_BYTES, RUN_MESSAGES, until, scattered)
         if isinstance(other, bytes):  # a message for Python's path: a keepalive, say
             self.held = other
         elif other == -1:
@@ -338,7 +342,7 @@ class ReplicationConnection:
             message = one_line(self.pgconn.get_error_message()) or "connection lost"
             self.held = ConnectionLost(f"could not receive data from WAL stream: {message}")
         if payload:
-            return WalRun(start, end, payload, wire)
+            return WalRun(start, end, payload, wire, starts)
         return self._take_held() if self.held is not None else None
 
     def _pointer(self) -> int | None:

@@ -35,8 +35,10 @@ class CopyStream:
     """The COPY stream of one connection (``link``), pg_streampack-decoded as ``compression``
     asked (the algorithms requested; empty: none)."""
 
-    def __init__(self, link: ReplicationLink, compression: tuple[str, ...]) -> None:
+    def __init__(self, link: ReplicationLink, compression: tuple[str, ...], *,
+                 scattered: bool = False) -> None:
         self.link = link
+        self.scattered = scattered  # a logical stream: runs of messages whatever their starts
         self.decoder = StreampackDecoder(compression)
         self._read_xlogdata = self.decoder.decode  # bound once: parse_copy_data calls it
 
@@ -57,7 +59,7 @@ class CopyStream:
         """The next message: None when none arrived within ``timeout`` seconds (0: only what
         has arrived) or a stop signal came meanwhile. XLogData messages that arrived back to
         back come as one run, up to the one that reaches LSN ``until``."""
-        message = self.link.read_batch(timeout, until)
+        message = self.link.read_batch(timeout, until, self.scattered)
         if message is None or message is COPY_DONE:
             return message
         if isinstance(message, WalRun):  # plain frames, from the compiled receive loop

@@ -37,17 +37,27 @@ class WalRun:
     what :class:`~receivewal.replication.copystream.CopyStream` makes of every XLogData
     message, a run of one. ``payload`` is their bytes, one view per message (the compiled
     loop's: of the buffers libpq allocated, nothing copied); ``wal_end`` is the last
-    message's walEnd, ``wire`` the messages' CopyData bytes."""
+    message's walEnd, ``wire`` the messages' CopyData bytes. A scattered run (a logical
+    stream's, asked for with ``read_batch(..., scattered=True)``) lists each message's own
+    walStart in ``starts``: they need not follow on."""
 
     wal_start: int
     wal_end: int
     payload: list[memoryview]
     wire: int
+    starts: list[int] | None = None
 
     @property
     def end(self) -> int:
-        """The LSN just past the run's WAL bytes."""
-        return self.wal_start + sum(map(len, self.payload))
+        """The LSN just past the run's last message."""
+        if self.starts:
+            return self.starts[-1] + len(self.payload[-1])
+        return self.wal_start + self.size
+
+    @property
+    def size(self) -> int:
+        """The bytes of the messages' payloads."""
+        return sum(map(len, self.payload))
 
 
 class ResultStatus(Enum):
@@ -89,11 +99,12 @@ class ReplicationLink(Protocol):
         when none arrived within ``timeout`` seconds (0: only what has arrived) or a stop
         signal came meanwhile (the caller looks at its stop flag)."""
 
-    def read_batch(self, timeout: float, until: int | None = None
+    def read_batch(self, timeout: float, until: int | None = None, scattered: bool = False,
                    ) -> WalRun | CopyData | CopyDone | None:
         """As :meth:`read_copy`, but every plain XLogData message that has arrived, up to the
         one that reaches LSN ``until``, at once as a :class:`WalRun`, where the compiled
-        receive loop runs (:attr:`receive_path`)."""
+        receive loop runs (:attr:`receive_path`); with ``scattered``, whatever their
+        walStarts (each in the run's ``starts``)."""
 
     @property
     def receive_path(self) -> str:

@@ -134,7 +134,8 @@ def prepare_database(pg: PgServer, dbname: str) -> None:
 
 
 def run_workload(pg: PgServer, dbname: str, *, messages: bool = True,
-                 truncate: bool = True, full_identity: bool = True) -> None:
+                 truncate: bool = True, full_identity: bool = True, origin: bool = True,
+                 ) -> None:
     """Every kind of change: pgbench with two clients, a streamed transaction with a
     subtransaction rolled back after it streamed and savepoints released, a streamed one
     aborted, two-phase transactions committed and rolled back (one streamed), TRUNCATE,
@@ -170,10 +171,11 @@ def run_workload(pg: PgServer, dbname: str, *, messages: bool = True,
         sql("INSERT INTO full_rows VALUES (1, 'a'), (2, 'b'), (2, 'b')")
         sql("UPDATE full_rows SET val = 'c' WHERE id = 1")
         sql("DELETE FROM full_rows WHERE ctid = (SELECT min(ctid) FROM full_rows WHERE id = 2)")
-    sql("SELECT pg_replication_origin_create('upstream')")
-    sql("BEGIN; SELECT pg_replication_origin_session_setup('upstream');"
-        " SELECT pg_replication_origin_xact_setup('0/ABCDEF', now());"
-        " INSERT INTO items VALUES (50001, 'from upstream', 1); COMMIT")
+    if origin:  # a replication origin is the server's: once per server
+        sql("SELECT pg_replication_origin_create('upstream')")
+        sql("BEGIN; SELECT pg_replication_origin_session_setup('upstream');"
+            " SELECT pg_replication_origin_xact_setup('0/ABCDEF', now());"
+            " INSERT INTO items VALUES (50001, 'from upstream', 1); COMMIT")
     sql("INSERT INTO typed VALUES (1, -32768, 9223372036854775807, 1.5, 0.1, 1234567890.1234,"
         " true, 'caf\u00e9', 'ab', '\\x00ff', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',"
         " '0044-03-15 BC', '24:00:00', '2026-11-26 10:00:00.5', '2026-11-26 10:00:00+05',"

@@ -50,7 +50,7 @@ class ScriptedConnection:
         assert not isinstance(message, WalRun), "a run after the copy loop ended"
         return message
 
-    def read_batch(self, timeout: float, until: int | None = None
+    def read_batch(self, timeout: float, until: int | None = None, scattered: bool = False,
                    ) -> WalRun | CopyData | CopyDone | None:
         if self.ended:
             return COPY_DONE

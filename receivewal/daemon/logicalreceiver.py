@@ -1,0 +1,108 @@
+"""The logical change log as what the daemon receives into, across its connections.
+
+The supervisor (:mod:`receivewal.daemon.supervisor`) runs a
+:class:`~receivewal.daemon.supervisor.Receiver`; :class:`LogicalReceiver` is a logical slot's,
+beside the WAL archive's (:mod:`receivewal.daemon.walreceiver`): --create-slot (LOGICAL, with
+TWO_PHASE when --two-phase) and --drop-slot; OUTDIR's one-writer lock (the archive's, on the
+directory itself: :mod:`receivewal.archive.lock`); the change log store, opened once (a crash
+is recovered from there: the partial file cut after its last complete transaction) and closed
+at the end; one :class:`~receivewal.daemon.logicalsession.LogicalSession` per connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from receivewal.archive.directory import Archive
+from receivewal.daemon.events import EventStream, Listener
+from receivewal.daemon.lifecycle import (
+    SlotCreating,
+    SlotDropping,
+    SlotExisted,
+    TemporaryFileRemoved,
+)
+from receivewal.daemon.logicalsession import LogicalSession
+from receivewal.daemon.logicalsettings import LogicalSettings
+from receivewal.daemon.signals import StopSignal
+from receivewal.logical.store import ChangeLogStore
+from receivewal.replication.commands import create_logical_slot, drop_slot
+from receivewal.replication.link import ReplicationLink
+from receivewal.replication.waiting import StopFlag
+
+
+class LogicalReceiver:
+    """A logical slot streamed into the change log directory ``settings.base.directory``."""
+
+    def __init__(self, settings: LogicalSettings) -> None:
+        self.settings = settings
+        self.directory: Archive | None = None  # its lock, once open
+        self.store: ChangeLogStore | None = None
+
+    @property
+    def file_mode(self) -> int:
+        """The mode of the change files (the state file's too)."""
+        return 0o600 if self.directory is None else self.directory.file_mode
+
+    def slot_command(self, conn: ReplicationLink, events: Listener) -> None:
+        """--create-slot (--if-not-exists) or --drop-slot."""
+        base = self.settings.base
+        slot = base.slot
+        assert slot is not None
+        if base.drop_slot:
+            events(SlotDropping(slot))
+            drop_slot(conn, slot)
+            return
+        events(SlotCreating(slot, False))
+        if not create_logical_slot(conn, slot, self.settings.plugin,
+                                   two_phase=self.settings.two_phase,
+                                   if_not_exists=base.if_not_exists):
+            events(SlotExisted(slot))
+
+    def open(self, events: EventStream) -> None:
+        """Become OUTDIR's one writer, then open the change log (recovering from a crash).
+        Raises ReceivewalError."""
+        assert self.settings.base.directory is not None
+        directory = self.directory = Archive(self.settings.base.directory,
+                                             sync=self.settings.base.sync)
+        listing = directory.lock()
+        for name in listing.removed:
+            events(TemporaryFileRemoved(name))
+        directory.check_usable()
+        self.store = self._open_store()
+
+    def session(self, conn: ReplicationLink, events: Listener, stop: StopFlag) -> LogicalSession:
+        """The work of one connection: it streams from where the change log ends."""
+        return LogicalSession(conn, settings=self.settings, store=self._usable_store,
+                              events=events, stop=stop)
+
+    def _open_store(self) -> ChangeLogStore:
+        assert self.directory is not None
+        return ChangeLogStore.open(self.directory.directory,
+                                   self.settings.store_settings(self.directory.file_mode))
+
+    def _usable_store(self) -> ChangeLogStore:
+        """The change log for the next session: after a failed write (the disk full) it is
+        closed and opened again, which cuts the partial file after its last complete run, as
+        after a crash (the supervisor retries a full disk as it does for ``stream``)."""
+        store = self.store
+        assert store is not None
+        if store.broken:
+            self.store = None
+            store.close()
+            self.store = store = self._open_store()
+        return store
+
+    def drain(self, stop: StopSignal, tick: Callable[[], None]) -> str | None:
+        """Nothing runs beside the sessions: nothing to wait for."""
+        return None
+
+    def close(self) -> None:
+        """Make the change log durable and close it (the partial file stays to be resumed)."""
+        if self.store is not None:
+            store, self.store = self.store, None
+            store.close()
+
+    def release(self) -> None:
+        """Give OUTDIR up (its lock)."""
+        if self.directory is not None:
+            self.directory.unlock()

@@ -1,0 +1,98 @@
+"""One logical replication connection into the change log: identify, check the slot, stream.
+
+Per connection (``replication=database``): IDENTIFY_SYSTEM (the connection must name its
+database), the slot read from pg_replication_slots (it must exist, be logical, of the
+plugin asked for, in this database, and not invalidated: each is an error that retrying
+cannot cure), then ``START_REPLICATION SLOT s LOGICAL <lsn> (options)`` at the change log's
+``written_through`` (the server skips what committed before it; a run it sends again anyway
+is skipped by its end LSN) and the COPY loop
+(:mod:`receivewal.daemon.copyloop`) feeding the change log
+(:class:`~receivewal.daemon.changefeed.ChangeFeed`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from receivewal.daemon import events as ev
+from receivewal.daemon.changefeed import ChangeFeed
+from receivewal.daemon.copyloop import CopyLoop
+from receivewal.daemon.logicalsettings import LogicalSettings
+from receivewal.errors import ConfigurationError, ConnectionLost
+from receivewal.logical.consumer import ChangeLogConsumer
+from receivewal.logical.store import ChangeLogStore
+from receivewal.replication.commands import (
+    DatabaseInfo,
+    identify_database,
+    read_logical_slot,
+    start_logical_replication_command,
+)
+from receivewal.replication.link import COPY_DONE, ReplicationLink
+from receivewal.replication.waiting import StopFlag
+from receivewal.wal.lsn import format_lsn
+
+
+class LogicalSession:
+    """One open connection streamed into the change log: :meth:`prepare` identifies the
+    server and checks the slot, :meth:`run` streams until stopped, at --endpos, or on an
+    error, :meth:`close` ends it."""
+
+    def __init__(self, conn: ReplicationLink, *, settings: LogicalSettings,
+                 store: Callable[[], ChangeLogStore], events: ev.Listener, stop: StopFlag,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.usable_store = store  # the change log, opened again after a failed write
+        self.store: ChangeLogStore | None = None
+        self.events = events
+        self.loop = CopyLoop(conn, settings.base, events, stop, clock, scattered=True)
+        self.info: DatabaseInfo | None = None
+
+    def prepare(self) -> None:
+        """The change log (opened again when a write failed in the last session), then
+        IDENTIFY_SYSTEM and the slot; ConfigurationError for a slot that cannot stream."""
+        self.store = self.usable_store()
+        self.info = info = identify_database(self.conn)
+        slot_name = self.settings.base.slot
+        assert slot_name is not None
+        slot = read_logical_slot(self.conn, slot_name)
+        if slot.plugin != self.settings.plugin:
+            raise ConfigurationError(f'replication slot "{slot_name}" uses plugin '
+                                     f'"{slot.plugin}", not "{self.settings.plugin}" '
+                                     "(--plugin)")
+        if slot.database != info.database:
+            raise ConfigurationError(f'replication slot "{slot_name}" belongs to database '
+                                     f'"{slot.database}", not "{info.database}"')
+        self.settings.start_options(info.version)  # a protocol the server lacks: exit now
+
+    def run(self) -> str:
+        """Stream from the change log's end; return "stopped" or "endpos"."""
+        info, store = self.info, self.store
+        assert info is not None
+        assert store is not None
+        slot = self.settings.base.slot
+        assert slot is not None
+        start = store.written_through
+        consumer = ChangeLogConsumer(store, self.settings.plugin_settings(info.version))
+        feed = ChangeFeed(consumer, store, self.events)
+        command = start_logical_replication_command(slot, start,
+                                                    self.settings.start_options(info.version))
+        try:
+            self.loop.start(command)
+            self.events(ev.Connected(self.conn.describe(), info.system_identifier,
+                                     info.timeline, slot, info.xlogpos))
+            self.events(ev.StreamingStarted(info.timeline, start, slot,
+                                            self.conn.receive_path))
+            outcome = self.loop.run(feed, info.timeline)
+            if outcome is COPY_DONE:
+                raise ConnectionLost("the server ended the logical replication stream at "
+                                     f"{format_lsn(feed.position)} (server shut down?)")
+            assert isinstance(outcome, str)
+            return outcome
+        finally:
+            feed.close()
+
+    def close(self) -> None:
+        """The connection ends (the COPY loop's summary)."""
+        self.loop.close()

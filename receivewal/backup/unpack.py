@@ -26,7 +26,12 @@ from receivewal.archive.durable import sync_file, sync_path, write_all, write_fi
 from receivewal.archive.reading import read_small_file
 from receivewal.backup.record import BackupRecord, StoredArchive
 from receivewal.backup.settings import auto_conf_lines
-from receivewal.backup.stored import manifest_check, read_members, stored_manifest
+from receivewal.backup.stored import (
+    BackupFiles,
+    manifest_check,
+    read_members,
+    stored_manifest,
+)
 from receivewal.backup.tar import MemberData, MemberKind, MemberStart, TarEvent
 from receivewal.errors import ArchiveError, ConfigurationError
 
@@ -77,7 +82,7 @@ def refuse_unless_empty(path: Path, what: str) -> None:
                            "or new directory")
 
 
-def unpack_backup(backup_dir: Path, record: BackupRecord, pgdata: Path, *,
+def unpack_backup(backup_dir: Path | BackupFiles, record: BackupRecord, pgdata: Path, *,
                   mapping: Mapping[str, str] | None = None, sync: bool = True) -> Unpacked:
     """Unpack the backup of ``record`` (in ``backup_dir``) into ``pgdata`` (see the module's
     docstring)."""

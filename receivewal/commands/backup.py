@@ -65,10 +65,12 @@ def describe(record: BackupRecord, where: str) -> str:
 
 
 @click.command("backup")
-@click.option("-D", "--directory", "archive", required=True, envvar="RECEIVEWAL_DIRECTORY",
+@click.option("-D", "--directory", "archive", required=True,
+              envvar=["RECEIVEWAL_BACKUP_DIRECTORY", "RECEIVEWAL_DIRECTORY"],
               metavar="DIR-OR-S3-URL", callback=named_archive,
               help="The WAL archive the backup goes into: a directory (stream's -D) or "
-              "s3://BUCKET/PREFIX (env RECEIVEWAL_DIRECTORY).")
+              "s3://BUCKET/PREFIX (env RECEIVEWAL_BACKUP_DIRECTORY, else "
+              "RECEIVEWAL_DIRECTORY).")
 @click.option("-d", "--dbname", envvar="RECEIVEWAL_DBNAME", metavar="CONNSTR",
               help="Connection string (env RECEIVEWAL_DBNAME).")
 @click.option("-h", "--host", envvar="RECEIVEWAL_HOST", help="Database server host or socket "
@@ -81,11 +83,13 @@ def describe(record: BackupRecord, where: str) -> str:
               help="The backup's label.")
 @click.option("--fast", is_flag=True, help="Ask for an immediate checkpoint (default: spread).")
 @click.option("-r", "--max-rate", callback=_max_rate, metavar="RATE",
-              help="The server sends at most this many kB/s (k or M suffix as pg_basebackup).")
+              envvar="RECEIVEWAL_BACKUP_MAX_RATE",
+              help="The server sends at most this many kB/s (k or M suffix as pg_basebackup; "
+              "env RECEIVEWAL_BACKUP_MAX_RATE).")
 @click.option("--compress", default="zstd", show_default=True, callback=_compress,
-              metavar="METHOD[:LEVEL]",
+              metavar="METHOD[:LEVEL]", envvar="RECEIVEWAL_BACKUP_COMPRESS",
               help="How the tars are stored: zstd, lz4, gzip or none (by the server with "
-              "--server-compress).")
+              "--server-compress; env RECEIVEWAL_BACKUP_COMPRESS).")
 @click.option("--server-compress", is_flag=True,
               help="The server compresses (BASE_BACKUP's COMPRESSION): less on the network, "
               "more of the server's CPU; stored as sent.")

@@ -97,7 +97,8 @@ def world(seaweed: SeaweedS3) -> Iterator[World]:
         time.sleep(1)
         local = run(world, "backup", "-D", str(archive), "-d", pg.dsn, "--fast",
                     "--compress", "lz4", "--label", "local")
-        bucket = run(world, "backup", "-D", url, "-d", pg.dsn, "--fast", "--label", "bucket")
+        bucket = run(world, "backup", "-D", url, "-d", pg.dsn, "--fast", "--label", "bucket",
+                     "--server-compress")
         assert load.poll() is None, "pgbench was still writing when the backups ended"
         assert load.wait(timeout=30) == 0
         assert local.returncode == 0, local.stderr
@@ -132,12 +133,16 @@ def recover_and_check(world: World, archive: str, expect_id: str) -> str:
     env = " ".join(f"{k}={v}" for k, v in world.env().items())
     done = run(world, "recover", "--to", str(pgdata), "-D", archive, "--target-time",
                world.target, "-T", f"{world.tablespace}={moved}", "--restore-command-prefix",
-               f"{env} RECEIVEWAL_PREFETCH=0 {world.prefix}")
+               f"{env} RECEIVEWAL_PREFETCH_IDLE=2 {world.prefix}")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"backup {expect_id} "), done.stdout
     assert f"pg_ctl -D {pgdata} -l {pgdata}/recovery.log start" in done.stdout
     give_to_postgres(pgdata, moved)
-    server = start_recovered(world.base, name)
+    try:
+        server = start_recovered(world.base, name)
+    except subprocess.CalledProcessError as exc:
+        log = world.base / f"{name}.log"
+        raise AssertionError(log.read_text() if log.exists() else str(exc)) from exc
     try:
         assert server.sql("SELECT string_agg(what, ',') FROM marker") == "before"
         assert server.sql("SELECT count(*) FROM pgbench_history") == world.history_rows
@@ -149,8 +154,8 @@ def recover_and_check(world: World, archive: str, expect_id: str) -> str:
 
 
 def test_recover_to_a_time_from_the_bucket_alone(world: World) -> None:
-    """The bucket holds the uploaded backup and WAL: recover picks that backup and the
-    restore_command reads the bucket."""
+    """The bucket holds the uploaded backup (compressed by the server) and WAL: recover picks
+    that backup and the restore_command reads the bucket."""
     out = recover_and_check(world, world.url, world.bucket_id)
     assert "AWS_ENDPOINT_URL" in out  # the server's environment needs the store's
 
@@ -239,7 +244,7 @@ def test_sigkill_during_a_backup_leaves_nothing_recover_takes(world: World) -> N
     incomplete, recover refuses it by name, and latest still takes the complete one."""
     for archive in (world.url, str(world.archive)):
         proc = subprocess.Popen([*RECEIVEWAL, "backup", "-D", archive, "-d", world.pg.dsn,
-                                 "--max-rate", "32"], env={**os.environ, **world.env()},
+                                 "--fast", "--max-rate", "32"], env={**os.environ, **world.env()},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             wait_for(lambda a=archive: started_backup(world, a) is not None, timeout=60,

@@ -46,7 +46,7 @@ class World:
     local_id: str  # the backup taken into the directory
     bucket_id: str  # the backup uploaded to the bucket
     target: str  # a time between the marker rows 'before' and 'after'
-    history_rows: str  # pgbench_history's count(*) when pgbench had finished
+    history_rows: str  # pgbench_history's count(*) once pgbench was stopped
     prefix: str  # restore_command's prefix, runnable by the server user, store in its env
 
     def env(self) -> dict[str, str]:
@@ -93,18 +93,20 @@ def world(seaweed: SeaweedS3) -> Iterator[World]:
         assert streamer.poll() is None, log.read_text()
         world = World(base, pg, seaweed, archive, url, tablespace, "", "", "", "",
                       install_for_postgres(base, S3_PACKAGES))
-        load = start_pgbench(pg, 8)
+        load = start_pgbench(pg, 240)  # stopped once both backups are taken
         time.sleep(1)
         local = run(world, "backup", "-D", str(archive), "-d", pg.dsn, "--fast",
                     "--compress", "lz4", "--label", "local")
         bucket = run(world, "backup", "-D", url, "-d", pg.dsn, "--fast", "--label", "bucket",
                      "--server-compress")
         assert load.poll() is None, "pgbench was still writing when the backups ended"
-        assert load.wait(timeout=30) == 0
+        load.send_signal(signal.SIGINT)
+        load.wait(timeout=30)
         assert local.returncode == 0, local.stderr
         assert bucket.returncode == 0, bucket.stderr
         world.local_id, world.bucket_id = backup_id_of(local.stdout), backup_id_of(bucket.stdout)
         world.history_rows = pg.sql("SELECT count(*) FROM pgbench_history")
+        assert int(world.history_rows) > 0
         pg.sql("CREATE TABLE marker (what text) TABLESPACE ts")
         pg.sql("INSERT INTO marker VALUES ('before')")
         time.sleep(1.1)

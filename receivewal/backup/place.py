@@ -65,6 +65,8 @@ class BackupPlace:
     """An archive's WAL files and backups (the directory's or the bucket's: see the two
     subclasses)."""
 
+    poll = 1.0  # seconds between looks for a segment the archive does not hold yet
+
     def __init__(self, archive: str) -> None:
         self.archive = archive
         self._source: ArchiveSource | None = None
@@ -127,6 +129,8 @@ class BackupPlace:
 class DirectoryPlace(BackupPlace):
     """A local archive directory."""
 
+    poll = 0.1  # seconds between looks for a segment: a few stats
+
     def __init__(self, archive: str) -> None:
         super().__init__(archive)
         self.path = Path(archive)
@@ -171,6 +175,8 @@ class BucketFiles:
 
 class BucketPlace(BackupPlace):
     """An archive at ``s3://BUCKET/PREFIX``."""
+
+    poll = 1.0  # seconds between looks for a segment: a HEAD per form
 
     def __init__(self, archive: str) -> None:
         super().__init__(archive)

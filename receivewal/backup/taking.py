@@ -28,8 +28,6 @@ from receivewal.replication.commands import identify_server
 from receivewal.replication.connection import ReplicationConnection
 from receivewal.wal.lsn import format_lsn
 
-POLL = 0.5  # seconds between looks for the WAL a backup needs
-
 
 class MissingWal(ArchiveError):  # noqa: N818 - a state, as the brief names errors
     """The archive lacks a WAL segment the backup needs, after the wait."""
@@ -84,7 +82,7 @@ def wait_for_wal(place: BackupPlace, record: BackupRecord, wait: float, *,
             said = needed[0]
         if stopping():
             raise StopRequested("base backup stopped while it waited for its WAL")
-        sleep(POLL)
+        sleep(place.poll)
 
 
 def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambda: False,

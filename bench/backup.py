@@ -10,7 +10,9 @@ archiving its WAL into a directory, and, alternating ``--rounds`` times:
   checked against the manifest as it arrives, fsynced, then the wait for the WAL in the
   archive);
 * ``pg_basebackup -D DIR -Ft -Z zstd -X none --checkpoint fast`` (zstd level 3 on this side,
-  no WAL: the archive has it; it fsyncs too);
+  no WAL: the archive has it; it fsyncs too; the manifest's checksums CRC-32C, its default,
+  computed by the server, checked by nobody), and the same with ``--manifest-checksums SHA256``
+  (what receivewal asks the server for);
 * ``receivewal recover --to PGDATA`` of the backup just taken (decompressed, every file checked
   against the manifest, fsynced);
 * ``tar -x`` of the same ``.tar.zst`` files (``tar -I zstd``) into a new directory, then
@@ -63,6 +65,7 @@ def database_bytes(pg: PgServer) -> int:
 
 
 BASEBACKUP, BACKUP = "pg_basebackup -Ft -Z zstd", "receivewal backup"
+BASEBACKUP_SHA = "pg_basebackup ... SHA256"
 RECOVER, UNTAR = "receivewal recover", "tar -x (zstd), sync -f"
 
 
@@ -73,6 +76,11 @@ def one_round(pg: PgServer, base: Path, archive: Path, round_: int,
     times.setdefault(BASEBACKUP, []).append(timed(lambda: run(
         [pg_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
          "-D", str(out), "-Ft", "-Z", "zstd", "-X", "none", "--checkpoint", "fast"])))
+    shutil.rmtree(out)
+    times.setdefault(BASEBACKUP_SHA, []).append(timed(lambda: run(
+        [pg_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+         "-D", str(out), "-Ft", "-Z", "zstd", "-X", "none", "--checkpoint", "fast",
+         "--manifest-checksums", "SHA256"])))
     printed: list[str] = []
     times.setdefault(BACKUP, []).append(timed(lambda: printed.append(
         run([*RECEIVEWAL, "backup", "-D", str(archive), "-d", pg.dsn, "--fast"]))))
@@ -103,7 +111,8 @@ def report(times: dict[str, list[tuple[float, float]]], size: int,
         cpu = statistics.median(c for _, c in rows)
         print(f"  {name:<28} {wall:6.2f} s  {size / 1e6 / wall:7.1f} MB/s  "
               f"client CPU {cpu:6.2f} s")
-    print(f"backup: receivewal / pg_basebackup, wall {medians[BACKUP] / medians[BASEBACKUP]:.2f}x")
+    print(f"backup: receivewal / pg_basebackup, wall {medians[BACKUP] / medians[BASEBACKUP]:.2f}x"
+          f" (/ pg_basebackup with SHA256 {medians[BACKUP] / medians[BASEBACKUP_SHA]:.2f}x)")
     print(f"unpack: recover / tar -x, wall {medians[RECOVER] / medians[UNTAR]:.2f}x")
     print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 

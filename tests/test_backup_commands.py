@@ -27,8 +27,10 @@ from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
 from support.streams import RECEIVEWAL, receivewal, start_receivewal, stop, wait_for
 
+from receivewal.archive.bucket import Bucket
 from receivewal.archive.compression import decompress_chunks, new_compressor, parse_compress_option
 from receivewal.backup.catalog import EntryState, read_catalog
+from receivewal.errors import ObjectConflict
 
 pytestmark = pytest.mark.server
 
@@ -288,3 +290,31 @@ def test_the_recovery_target_must_come_after_a_backup(world: World) -> None:
     assert done.returncode == 1
     assert "no backup to recover to time 2000-" in done.stderr
     assert "after the target time" in done.stderr
+
+
+def test_a_stream_upload_of_several_parts_is_the_bytes_written_and_create_only(
+        store: SeaweedS3) -> None:
+    """40 MiB written in uneven pieces go up as three parts (16 + 16 + 8 MiB) and read back
+    whole; a second upload to the key of other bytes is an ObjectConflict and the object
+    stays; of the same bytes (a retry) it succeeds."""
+    url = f"s3://{store.bucket}/stream-upload-{next(_names)}"
+    bucket = Bucket.connect(url)
+    data = os.urandom(1 << 20) * 40
+    upload = bucket.upload_stream("big")
+    at = 0
+    for size in itertools.cycle((1, 70_000, 3 << 20, 12345)):
+        if at >= len(data):
+            break
+        upload.write(memoryview(data)[at:at + size])
+        at += size
+    assert upload.finish() == len(data)
+    assert len(upload._parts) == 3
+    assert bucket.get_bytes("big", len(data)) == data
+    again = bucket.upload_stream("big")
+    again.write(data[:100])
+    with pytest.raises(ObjectConflict, match="a different object is already stored"):
+        again.finish()
+    assert bucket.get_bytes("big", len(data)) == data
+    same = bucket.upload_stream("big")
+    same.write(data)
+    assert same.finish() == len(data)

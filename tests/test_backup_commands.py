@@ -318,3 +318,16 @@ def test_a_stream_upload_of_several_parts_is_the_bytes_written_and_create_only(
     same = bucket.upload_stream("big")
     same.write(data)
     assert same.finish() == len(data)
+
+
+def test_a_relative_archive_directory_is_written_absolute_into_restore_command(
+        world: World) -> None:
+    """The server runs restore_command in its data directory: recover -D archive (relative
+    to the command's directory) writes the archive's absolute path."""
+    pgdata = world.base / f"relative-{next(_names)}"
+    done = subprocess.run([*RECEIVEWAL, "recover", "--to", str(pgdata), "-D", "archive", "-T",
+                           f"{world.tablespace}={pgdata}-ts", "--no-sync"], cwd=world.base,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    auto_conf = (pgdata / "postgresql.auto.conf").read_text()
+    assert f" -D {world.archive} %f %p'" in auto_conf, auto_conf

@@ -96,7 +96,10 @@ def run_recover(settings: RecoverSettings) -> tuple[BackupRecord, Unpacked, str]
         refuse_unless_empty(directory, "tablespace directory")
     unpacked = unpack_backup(place.files(record.backup_id), record, settings.pgdata,
                              mapping=settings.mapping, sync=settings.sync)
-    command = restore_command(settings.restore_prefix, settings.archive)
+    # the server runs restore_command in the data directory: a directory is named absolute
+    archive = place.archive if isinstance(place, BucketPlace) \
+        else str(Path(place.archive).absolute())
+    command = restore_command(settings.restore_prefix, archive)
     write_recovery(settings.pgdata, recovery_settings(settings.target, settings.action,
                                                       command), sync=settings.sync)
     text = start_instructions(settings.pgdata, list(unpacked.tablespaces.values()))

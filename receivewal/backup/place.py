@@ -13,6 +13,7 @@ a dead one).
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -61,7 +62,7 @@ def segment_forms(wal_name: str) -> list[str]:
     return plain + [name + ENCRYPTED_SUFFIX for name in plain]
 
 
-class BackupPlace:
+class BackupPlace(ABC):
     """An archive's WAL files and backups (the directory's or the bucket's: see the two
     subclasses)."""
 
@@ -72,14 +73,10 @@ class BackupPlace:
         self._source: ArchiveSource | None = None
 
     def source(self) -> ArchiveSource:
-        """The archive's WAL files, listed once (:meth:`relist` lists again)."""
+        """The archive's WAL files, listed once."""
         if self._source is None:
             self._source = list_source(self.archive)
         return self._source
-
-    def relist(self) -> ArchiveSource:
-        self._source = None
-        return self.source()
 
     def identity(self) -> ArchiveIdentity | None:
         """The archive's identity record; None when it has none."""
@@ -107,23 +104,26 @@ class BackupPlace:
         """The segments the archive holds complete, as last listed."""
         return held_segments(self.source().names, segment_size)
 
+    @abstractmethod
     def holds_segment(self, wal_name: str) -> bool:
         """Whether the archive holds the segment ``wal_name`` complete now."""
-        raise NotImplementedError
 
+    @abstractmethod
     def catalog(self) -> list[BackupEntry]:
-        raise NotImplementedError
+        """The archive's backups, by ID."""
 
+    @abstractmethod
     def files(self, backup_id: str) -> BackupFiles:
-        raise NotImplementedError
+        """The files of one backup."""
 
+    @abstractmethod
     def backup_where(self, backup_id: str) -> str:
         """A backup's place, for messages."""
-        raise NotImplementedError
 
+    @abstractmethod
     def new_backup(self, started: datetime, compress: CompressSpec, *, sync: bool,
                    file_mode: int) -> BackupTarget:
-        raise NotImplementedError
+        """A new backup's target, named for its start."""
 
 
 class DirectoryPlace(BackupPlace):

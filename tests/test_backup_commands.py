@@ -29,7 +29,7 @@ from support.streams import RECEIVEWAL, receivewal, start_receivewal, stop, wait
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.compression import decompress_chunks, new_compressor, parse_compress_option
-from receivewal.backup.catalog import EntryState, read_catalog
+from receivewal.backup.catalog import EntryState, read_catalog, read_entry
 from receivewal.errors import ObjectConflict
 
 pytestmark = pytest.mark.server
@@ -267,8 +267,9 @@ def test_sigkill_during_a_backup_leaves_nothing_recover_takes(world: World) -> N
     assert EntryState.INTERRUPTED in entries.values()
 
 
-def started_backup(world: World, archive: str) -> str | None:
-    """The backup being written that holds a file (an object) but no record, if any."""
+def started_backup(world: World, archive: str, *, running: bool = False) -> str | None:
+    """The backup being written that holds a file (an object) but no record, if any (with
+    ``running``, in a directory: one whose writer still holds its lock)."""
     known = {world.local_id, world.bucket_id}
     if archive.startswith("s3://"):
         client = world.seaweed.client()
@@ -277,7 +278,8 @@ def started_backup(world: World, archive: str) -> str | None:
         ids = {item["Key"][len(prefix):].split("/")[0] for item in listed.get("Contents", ())}
         return next(iter(ids - known), None)
     for path in (Path(archive) / "backups").iterdir():
-        if path.name not in known and any(path.iterdir()):
+        if path.name not in known and any(path.iterdir()) \
+                and (not running or read_entry(path).state is EntryState.RUNNING):
             return path.name
     return None
 
@@ -331,3 +333,22 @@ def test_a_relative_archive_directory_is_written_absolute_into_restore_command(
     assert done.returncode == 0, done.stderr
     auto_conf = (pgdata / "postgresql.auto.conf").read_text()
     assert f" -D {world.archive} %f %p'" in auto_conf, auto_conf
+
+
+def test_sigterm_stops_a_backup_that_is_receiving_and_removes_it(world: World) -> None:
+    """SIGTERM while the server sends (throttled to 32 kB/s, so data keeps coming): the
+    backup stops within seconds, exits 1 saying so, and its directory is gone."""
+    proc = subprocess.Popen([*RECEIVEWAL, "backup", "-D", str(world.archive), "-d",
+                             world.pg.dsn, "--fast", "--max-rate", "32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: started_backup(world, str(world.archive), running=True) is not None,
+                 timeout=60, what="the backup to store its first file")
+        backup_id = started_backup(world, str(world.archive), running=True)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert "base backup stopped before it was complete" in stderr
+    assert not (world.archive / "backups" / str(backup_id)).exists()

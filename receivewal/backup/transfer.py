@@ -80,12 +80,12 @@ def receive_backup(link: BackupLink, request: BackupRequest, receipt_for: Callab
         start = parse_position(results[0], "start position")
         receipt = receipt_for(results[1])
         while True:
+            if stopping():  # looked at between messages too: a throttled stream never pauses
+                raise StopRequested("base backup stopped before it was complete")
             payload = link.read_copy(WAIT)
             if payload is COPY_DONE:
                 break
             if payload is None:
-                if stopping():
-                    raise StopRequested("base backup stopped before it was complete")
                 continue
             assert not isinstance(payload, CopyDone)
             receipt.receive(payload)

@@ -185,6 +185,10 @@ def test_verify_checks_the_backups_and_names_a_tampered_member(world: World,
                                (world.url, world.bucket_id)):
         done = run(world, "verify", archive)
         assert f"backup {backup_id}: verified" in done.stdout, done.stdout + done.stderr
+        assert done.returncode == 0
+    report = json.loads(run(world, "verify", "--json", str(world.archive)).stdout)
+    assert [(b["backup_id"], b["state"]) for b in report["backups"]
+            if b["backup_id"] == world.local_id] == [(world.local_id, "verified")]
     copy = tmp_path / "archive"
     shutil.copytree(world.archive, copy, ignore=shutil.ignore_patterns("*.partial", "*.lock"))
     tar_path = copy / "backups" / world.local_id / "base.tar.lz4"

@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").glob("*.md"))
-COMMANDS = ("stream", "logical", "status", "restore", "verify", "analyze", "relay")
+COMMANDS = ("stream", "logical", "status", "restore", "verify", "analyze", "relay", "backup",
+            "recover")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 #: The rounds' notebook quotes its commands as they were run that day (some with tools of the
 #: development machine); the commands to run today are on docs/benchmarks.md.

@@ -25,6 +25,8 @@ from support.systemd import parse_unit
 ROOT = Path(__file__).parent.parent
 INSTALLED = ["/opt/receivewal", "/usr/bin/receivewal", "/usr/bin/pg_receivewal-streampack",
              "/lib/systemd/system/receivewal@.service",
+             "/lib/systemd/system/receivewal-backup@.service",
+             "/lib/systemd/system/receivewal-backup@.timer",
              "/usr/share/doc/receivewal/receivewal.env.example"]
 
 pytestmark = [
@@ -105,8 +107,12 @@ def test_package_installs_the_commands_unit_and_user(installed: Path) -> None:
     user = pwd.getpwnam("receivewal")
     assert user.pw_uid < 1000  # a system user
     assert user.pw_shell.endswith("nologin")
-    unit = Path("/lib/systemd/system/receivewal@.service").read_text()
-    assert unit == (ROOT / "systemd" / "receivewal@.service").read_text()
+    for name in ("receivewal@.service", "receivewal-backup@.service",
+                 "receivewal-backup@.timer"):
+        unit = Path("/lib/systemd/system", name).read_text()
+        assert unit == (ROOT / "systemd" / name).read_text(), name
+    assert "backup" in help_text.stdout
+    assert "recover" in help_text.stdout
 
 
 def stream_while_writing(pg: PgServer, archive: Path, log: Path, **as_user: Any,

@@ -118,3 +118,52 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "receivewal@db1.service" not in result.stderr, result.stderr
+
+
+BACKUP_SERVICE = SYSTEMD / "receivewal-backup@.service"
+BACKUP_TIMER = SYSTEMD / "receivewal-backup@.timer"
+
+
+def test_the_backup_service_is_a_oneshot_of_the_same_instance_and_user() -> None:
+    """receivewal-backup@db1 reads db1's env file and passfile, runs receivewal backup as
+    the stream daemon's user with its hardening, after the daemon, into its archive."""
+    stream, backup = parse_unit(UNIT.read_text()), parse_unit(BACKUP_SERVICE.read_text())
+    service = backup["Service"]
+    assert one(service, "Type") == "oneshot"
+    assert one(service, "ExecStart") == "/usr/bin/receivewal backup"
+    assert "receivewal@%i.service" in one(backup["Unit"], "After").split()
+    for key in ("EnvironmentFile", "LoadCredential", "User", "Group", "UMask",
+                "ReadWritePaths", "StateDirectory", "NoNewPrivileges", "ProtectSystem",
+                "ProtectHome", "PrivateTmp", "RestrictAddressFamilies", "SystemCallFilter",
+                "MemoryDenyWriteExecute", "CapabilityBoundingSet"):
+        assert service[key] == stream["Service"][key], key
+    assert "RECEIVEWAL_DIRECTORY=/var/lib/receivewal/%i" in service["Environment"]
+    assert "PGPASSFILE=%d/pgpass" in service["Environment"]
+    example = ENV_EXAMPLE.read_text()
+    for name in ("RECEIVEWAL_BACKUP_DIRECTORY", "RECEIVEWAL_BACKUP_COMPRESS",
+                 "RECEIVEWAL_BACKUP_MAX_RATE", "RECEIVEWAL_WAL_WAIT"):
+        assert f"{name}=" in example, name
+
+
+def test_the_backup_timer_runs_nightly_and_catches_up() -> None:
+    timer = parse_unit(BACKUP_TIMER.read_text())
+    assert one(timer["Timer"], "OnCalendar") == "*-*-* 02:00:00"
+    assert one(timer["Timer"], "Persistent") == "true"
+    assert one(timer["Install"], "WantedBy") == "timers.target"
+
+
+def test_systemd_analyze_verify_accepts_the_backup_units(tmp_path: Path) -> None:
+    """systemd's own checker, on the timer and its service (ExecStart this checkout's)."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze is required for this test (apt-get install systemd)")
+    receivewal = Path(sys.executable).parent / "receivewal"
+    service = tmp_path / "receivewal-backup@db1.service"
+    service.write_text(BACKUP_SERVICE.read_text().replace("/usr/bin/receivewal",
+                                                          str(receivewal)))
+    timer = tmp_path / "receivewal-backup@db1.timer"
+    timer.write_text(BACKUP_TIMER.read_text())
+    result = subprocess.run([analyze, "verify", str(timer), str(service)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "receivewal-backup@db1" not in result.stderr, result.stderr

@@ -328,6 +328,11 @@ class Bucket:
 
         self._retried(attempt)
 
+    def upload_stream(self, name: str) -> StreamUpload:
+        """A create-only upload of ``PREFIX/name`` written as a stream (see
+        :class:`StreamUpload`)."""
+        return StreamUpload(self, name)
+
     def open_object(self, name: str) -> IO[bytes]:
         """``PREFIX/name`` as a buffered stream read from the network as it is consumed
         (bounded memory whatever the object's size). The request is retried; an error while
@@ -405,6 +410,91 @@ def _client_error(response: dict[str, Any], where: str) -> ReceivewalError:
     if status >= 500 or status in {408, 409, 429} or code in _TRANSIENT_CODES:
         return StoreError(f"{where}: the store failed the request ({detail})")
     return StoreRefused(f"{where}: the store refused the request ({detail})")
+
+
+class StreamUpload:
+    """An object written piece by piece: a multipart upload whose parts are sent as they fill
+    (memory: one part), completed create-only (``If-None-Match: *``), so that an object
+    already at the key stays as it was (:class:`ObjectConflict`, unless it holds these very
+    bytes: a retry after a lost reply). Each request is retried by the bucket's policy;
+    :meth:`abort` gives the upload up (the store drops its parts)."""
+
+    PART = 16 << 20  # bytes; parts grow by as much every 2,000 (S3 allows 10,000)
+
+    def __init__(self, bucket: Bucket, name: str) -> None:
+        self.bucket, self.name = bucket, name
+        self.size = 0
+        self.digest = hashlib.sha256()
+        self._buffer = bytearray()
+        self._parts: list[dict[str, Any]] = []
+        self._upload_id: str | None = bucket._retried(self._create_once)
+
+    def _create_once(self) -> str:
+        try:
+            response = self.bucket.client.create_multipart_upload(
+                Bucket=self.bucket.url.bucket, Key=self.bucket.key(self.name))
+        except self.bucket._library_errors as exc:
+            raise self.bucket._error(exc, self.name) from exc
+        return str(response["UploadId"])
+
+    def _part_size(self) -> int:
+        return self.PART * (1 + len(self._parts) // 2000)
+
+    def write(self, data: bytes | memoryview) -> None:
+        """The object's next bytes; a part is sent each time enough have gathered."""
+        self._buffer += data
+        self.size += len(data)
+        self.digest.update(data)
+        while len(self._buffer) >= self._part_size():
+            size = self._part_size()
+            self._send(bytes(self._buffer[:size]))
+            del self._buffer[:size]
+
+    def _send(self, body: bytes) -> None:
+        number = len(self._parts) + 1
+
+        def attempt() -> str:
+            try:
+                response = self.bucket.client.upload_part(
+                    Bucket=self.bucket.url.bucket, Key=self.bucket.key(self.name),
+                    UploadId=self._upload_id, PartNumber=number, Body=body)
+            except self.bucket._library_errors as exc:
+                raise self.bucket._error(exc, self.name) from exc
+            return str(response["ETag"])
+
+        self._parts.append({"ETag": self.bucket._retried(attempt), "PartNumber": number})
+
+    def finish(self) -> int:
+        """Send the last part and complete the upload, create-only; the object's size."""
+        if self._buffer or not self._parts:
+            self._send(bytes(self._buffer))
+            self._buffer = bytearray()
+        self.bucket._retried(self._complete_once)
+        self._upload_id = None
+        return self.size
+
+    def _complete_once(self) -> None:
+        try:
+            self.bucket.client.complete_multipart_upload(
+                Bucket=self.bucket.url.bucket, Key=self.bucket.key(self.name),
+                UploadId=self._upload_id, IfNoneMatch="*",
+                MultipartUpload={"Parts": self._parts})
+        except self.bucket._library_errors as exc:
+            if not self.bucket._precondition_failed(exc):
+                raise self.bucket._error(exc, self.name) from exc
+            self.abort()
+            self.bucket._check_same(self.name, self.digest.hexdigest(), self.size)
+
+    def abort(self) -> None:
+        """Give the upload up (best effort: a store keeps what it could not be told to drop
+        until its own lifecycle rule does)."""
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is None:
+            return
+        with contextlib.suppress(*self.bucket._library_errors):
+            self.bucket.client.abort_multipart_upload(
+                Bucket=self.bucket.url.bucket, Key=self.bucket.key(self.name),
+                UploadId=upload_id)
 
 
 class _HashingSink:

@@ -112,6 +112,15 @@ def sync_file(fd: int, *, sync: bool = True) -> None:
         os.fsync(fd)
 
 
+def start_writeback(fd: int, *, sync: bool = True) -> None:
+    """Ask the kernel to start writing an open file's dirty pages back, without waiting (as
+    PostgreSQL's pre_sync_fname does before its fsyncs): many files written, then started
+    so, then each fsynced by :func:`sync_path`, reach the disk in one stream instead of one
+    file at a time. Nothing is durable until that fsync."""
+    if sync and hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def sync_path(path: str | os.PathLike[str], *, sync: bool = True) -> None:
     """fsync a file or a directory by path (nothing with ``sync`` off)."""
     if not sync:

@@ -19,6 +19,11 @@ The flow of ``receivewal backup``, top to bottom, and the halves of ``recover`` 
     retention      what cleanup removes and keeps, and why (pure)
     archivecleanup cleanup -D DIR OLDESTKEPTWALFILE, pg_archivecleanup's rule (pure)
     cleanup        the archive read for the planner, and the removal (files)
+    place          an archive's backups and WAL, in a directory or a bucket (files, objects)
+    upload         a backup streamed into a bucket, record last (objects)
+    taking         ``receivewal backup`` end to end: identity, transfer, the wait for its WAL
+    recovering     ``receivewal recover`` end to end: choice, unpack, recovery settings
+    audit          the archive's backups checked, for ``verify``
 
 Every fsync and rename goes through :mod:`receivewal.archive.durable`; the connection is
 reached through :class:`~receivewal.backup.transfer.BackupLink` (no psycopg here).

@@ -1,5 +1,6 @@
 """A stored backup read back: its manifest and its archives' members, every file checked
-against the manifest as it passes (files opened: the backup directory's).
+against the manifest as it passes (files opened: the backup directory's, or the objects of a
+bucket's backup through :class:`BackupFiles`).
 
 :func:`read_members` yields the members of one stored archive, decompressed as read, and
 feeds each file's size and digest to a :class:`~receivewal.backup.manifest.ManifestCheck`;
@@ -14,6 +15,7 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
 from receivewal.archive.compression import decompress_chunks
 from receivewal.archive.reading import open_regular, read_small_file
@@ -25,7 +27,41 @@ from receivewal.backup.tar import (
     TarEvent,
     TarReader,
 )
-from receivewal.errors import ArchiveError
+from receivewal.errors import ArchiveError, StoreError
+
+
+class BackupFiles(Protocol):
+    """The files of one stored backup, wherever they are."""
+
+    def where(self, name: str) -> str:
+        """The file ``name`` as messages name it (a path, an s3:// URL)."""
+
+    def open(self, name: str) -> BinaryIO:
+        """The file ``name`` for reading, streamed; OSError or the project's error."""
+
+    def read_small(self, name: str, cap: int) -> bytes:
+        """The file ``name``'s content, at most ``cap`` bytes."""
+
+
+@dataclass(frozen=True)
+class DirectoryFiles:
+    """A backup directory's files (regular files only)."""
+
+    path: Path
+
+    def where(self, name: str) -> str:
+        return str(self.path / name)
+
+    def open(self, name: str) -> BinaryIO:
+        return open_regular(self.path / name)
+
+    def read_small(self, name: str, cap: int) -> bytes:
+        return read_small_file(self.path / name, cap)
+
+
+def files_of(backup: Path | BackupFiles) -> BackupFiles:
+    """A backup directory's path as its files; files as they are."""
+    return DirectoryFiles(backup) if isinstance(backup, Path) else backup
 
 
 @dataclass(frozen=True)
@@ -36,13 +72,16 @@ class Verified:
     bytes: int
 
 
-def stored_manifest(backup_dir: Path, record: BackupRecord) -> Manifest:
+def stored_manifest(backup_dir: Path | BackupFiles, record: BackupRecord) -> Manifest:
     """The backup's manifest: the file its record names (by SHA-256), parsed and checked."""
-    path = backup_dir / record.manifest_name
+    files = files_of(backup_dir)
+    path = files.where(record.manifest_name)
     try:
-        data = read_small_file(path, MANIFEST_CAP)
+        data = files.read_small(record.manifest_name, MANIFEST_CAP)
     except OSError as exc:
         raise ArchiveError(f'could not read "{path}": {exc.strerror or exc}') from exc
+    except StoreError as exc:
+        raise ArchiveError(f'could not read "{path}": {exc}') from exc
     if hashlib.sha256(data).hexdigest() != record.manifest_sha256:
         raise ArchiveError(f'"{path}" is not the manifest its record names (SHA-256 differs)')
     return parse_manifest(data, str(path))
@@ -61,14 +100,15 @@ def manifest_path(archive: StoredArchive, member: str) -> str:
     return member if oid is None else f"pg_tblspc/{oid}/{member}"
 
 
-def read_members(backup_dir: Path, archive: StoredArchive, check: ManifestCheck,
+def read_members(backup_dir: Path | BackupFiles, archive: StoredArchive, check: ManifestCheck,
                  ) -> Iterator[TarEvent]:
     """The members of one stored archive; each file's size and digest go to ``check`` when
     it ends. Errors (unreadable, damaged, not a tar) name the file."""
-    path = backup_dir / archive.name
-    reader = TarReader(str(path))
+    files = files_of(backup_dir)
+    path = files.where(archive.name)
+    reader = TarReader(path)
     try:
-        with open_regular(path) as fh:
+        with files.open(archive.name) as fh:
             for chunk in decompress_chunks(fh, archive.compression):
                 for event in reader.feed(chunk):
                     check.follow(event, functools.partial(manifest_path, archive))
@@ -76,11 +116,11 @@ def read_members(backup_dir: Path, archive: StoredArchive, check: ManifestCheck,
         reader.close()
     except OSError as exc:
         raise ArchiveError(f'could not read "{path}": {exc.strerror or exc}') from exc
-    except ArchiveError as exc:
+    except (ArchiveError, StoreError) as exc:
         raise ArchiveError(f'could not read "{path}": {exc}') from exc
 
 
-def verify_backup(backup_dir: Path, record: BackupRecord) -> Verified:
+def verify_backup(backup_dir: Path | BackupFiles, record: BackupRecord) -> Verified:
     """Read every archive of the backup and check its files against the manifest;
     BackupMismatch naming the files, or an ArchiveError naming the damaged file."""
     manifest = stored_manifest(backup_dir, record)

@@ -29,13 +29,30 @@ from receivewal.backup.command import (
 )
 from receivewal.backup.directory import BackupDirectory
 from receivewal.backup.manifest import MANIFEST_NAME
-from receivewal.backup.receipt import Receipt, ReceivedBackup
-from receivewal.backup.record import BackupRecord, WalSpan
+from receivewal.backup.receipt import BackupSink, Receipt, ReceivedBackup
+from receivewal.backup.record import BackupRecord, StoredArchive, WalSpan
 from receivewal.errors import ConnectionLost, ProtocolError, ServerError, StopRequested
 from receivewal.replication.commands import ServerInfo
 from receivewal.replication.link import COPY_DONE, CopyData, CopyDone, Result, ResultStatus, Row
 
 WAIT = 1.0  # seconds between looks at the stop signal while the server is quiet
+
+
+class BackupTarget(BackupSink, Protocol):
+    """Where a backup is written: a backup directory, or a bucket's backup
+    (:class:`~receivewal.backup.upload.BucketBackup`)."""
+
+    backup_id: str
+    stored: list[StoredArchive]
+
+    def write_manifest(self, data: bytes) -> str:
+        """Store the manifest; its SHA-256."""
+
+    def commit(self, record: BackupRecord) -> None:
+        """Store the record, last."""
+
+    def abort(self) -> None:
+        """Give the backup up."""
 
 
 class BackupLink(Protocol):
@@ -63,12 +80,12 @@ def receive_backup(link: BackupLink, request: BackupRequest, receipt_for: Callab
         start = parse_position(results[0], "start position")
         receipt = receipt_for(results[1])
         while True:
+            if stopping():  # looked at between messages too: a throttled stream never pauses
+                raise StopRequested("base backup stopped before it was complete")
             payload = link.read_copy(WAIT)
             if payload is COPY_DONE:
                 break
             if payload is None:
-                if stopping():
-                    raise StopRequested("base backup stopped before it was complete")
                 continue
             assert not isinstance(payload, CopyDone)
             receipt.receive(payload)
@@ -105,9 +122,24 @@ def take_backup(link: BackupLink, request: BackupRequest, archive: Path, server:
     ``before_commit`` is given the record before it is written: the place to wait until the
     archive holds the WAL the backup needs (:meth:`BackupRecord.wal_segments`), or to raise
     when it does not come (the directory is then removed)."""
+    return take_backup_into(
+        link, request,
+        lambda started: BackupDirectory.create(archive, started, compress, sync=sync,
+                                               file_mode=server.file_mode),
+        server, now=now, stopping=stopping, before_commit=before_commit,
+        on_progress=on_progress)
+
+
+def take_backup_into(link: BackupLink, request: BackupRequest,
+                     open_target: Callable[[datetime], BackupTarget], server: ServerInfo, *,
+                     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                     stopping: Callable[[], bool] = lambda: False,
+                     before_commit: Callable[[BackupRecord], None] | None = None,
+                     on_progress: Callable[[int], None] | None = None) -> BackupRecord:
+    """:func:`take_backup` into the target ``open_target`` makes for the start time (a
+    directory, a bucket's backup); on any error the target is given up."""
     started = now()
-    directory = BackupDirectory.create(archive, started, compress, sync=sync,
-                                       file_mode=server.file_mode)
+    directory = open_target(started)
     try:
         received = receive_backup(
             link, request,
@@ -126,7 +158,7 @@ def take_backup(link: BackupLink, request: BackupRequest, archive: Path, server:
     return record
 
 
-def backup_record(directory: BackupDirectory, request: BackupRequest, server: ServerInfo,
+def backup_record(directory: BackupTarget, request: BackupRequest, server: ServerInfo,
                   received: ReceivedBackup, *, started: datetime, ended: datetime,
                   manifest_sha256: str) -> BackupRecord:
     """The record of a backup received into ``directory``."""

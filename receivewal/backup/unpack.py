@@ -22,11 +22,21 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from receivewal.archive.durable import sync_file, sync_path, write_all, write_file_durably
+from receivewal.archive.durable import (
+    start_writeback,
+    sync_path,
+    write_all,
+    write_file_durably,
+)
 from receivewal.archive.reading import read_small_file
 from receivewal.backup.record import BackupRecord, StoredArchive
 from receivewal.backup.settings import auto_conf_lines
-from receivewal.backup.stored import manifest_check, read_members, stored_manifest
+from receivewal.backup.stored import (
+    BackupFiles,
+    manifest_check,
+    read_members,
+    stored_manifest,
+)
 from receivewal.backup.tar import MemberData, MemberKind, MemberStart, TarEvent
 from receivewal.errors import ArchiveError, ConfigurationError
 
@@ -77,7 +87,7 @@ def refuse_unless_empty(path: Path, what: str) -> None:
                            "or new directory")
 
 
-def unpack_backup(backup_dir: Path, record: BackupRecord, pgdata: Path, *,
+def unpack_backup(backup_dir: Path | BackupFiles, record: BackupRecord, pgdata: Path, *,
                   mapping: Mapping[str, str] | None = None, sync: bool = True) -> Unpacked:
     """Unpack the backup of ``record`` (in ``backup_dir``) into ``pgdata`` (see the module's
     docstring)."""
@@ -111,6 +121,7 @@ class _Extractor:
         self.root, self.archive = root, archive
         self.targets, self.sync = targets, sync
         self.made: list[Path] = []  # directories made, fsynced at the end
+        self.written: list[Path] = []  # files written, their writeback started, fsynced last
         self.known: set[Path] = set()
         self.links: set[str] = set()
         self.files = self.bytes = 0
@@ -127,6 +138,8 @@ class _Extractor:
         try:
             for event in events:
                 self._event(event)
+            for path in self.written:
+                sync_path(path, sync=self.sync)
             for directory in reversed(self.made):
                 sync_path(directory, sync=self.sync)
         except OSError as exc:
@@ -142,10 +155,11 @@ class _Extractor:
         elif isinstance(event, MemberStart):
             self._start(event)
         elif event.member.kind is MemberKind.FILE:
-            sync_file(self.fd, sync=self.sync)
+            start_writeback(self.fd, sync=self.sync)
             os.close(self.fd)
             self.fd = -1
             target = self.root / event.member.name
+            self.written.append(target)
             os.utime(target, (event.member.mtime, event.member.mtime))
             self.files, self.bytes = self.files + 1, self.bytes + event.member.size
 

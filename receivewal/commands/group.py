@@ -29,6 +29,8 @@ LAZY_COMMANDS = {
     "verify": "receivewal.commands.verify:verify_command",
     "analyze": "receivewal.commands.analyze:analyze_command",
     "restore": "receivewal.commands.restore:restore_command",
+    "backup": "receivewal.commands.backup:backup_command",
+    "recover": "receivewal.commands.recover:recover_command",
     "cleanup": "receivewal.commands.cleanup:cleanup_command",
 }
 

@@ -28,6 +28,8 @@ TYPE_CHECKING = False  # typing itself costs the call a few ms
 if TYPE_CHECKING:
     from typing import TextIO
 
+    from receivewal.backup.audit import BackupCheck
+
 COUNT = "count"  # a worker count: a whole number from 1 (click.IntRange(min=1))
 LSN = "lsn"  # an LSN as text, or empty: no start (start_lsn reads it)
 KEYFILE = "keyfile"  # a file's path (an identity file)
@@ -111,13 +113,38 @@ def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | N
 
     report, results = verify_archive(archive, jobs=jobs, start_lsn=start_lsn(start),
                                      compressibility=compressibility, identity_file=identity)
+    backups = check_backups(archive) if _may_hold_backups(archive) else []
+    failed = sum(1 for check in backups if check.failed)
     if as_json:
         import json  # noqa: PLC0415 - only for --json
 
-        text = json.dumps(report_json(report, results), indent=2)
+        document = report_json(report, results)
+        if backups:
+            document["backups"] = [{"backup_id": c.backup_id, "state": c.state,
+                                    "detail": c.detail} for c in backups]
+        text = json.dumps(document, indent=2)
     else:
-        text = "\n".join(report_lines(report, archive, results))
-    return text, 0 if report.recoverable else 1
+        lines = report_lines(report, archive, results)
+        if backups:
+            lines[-1:-1] = [f"backups: {len(backups)}, {failed} FAILED",
+                            *("  " + check.line() for check in backups)]
+        text = "\n".join(lines)
+    return text, 0 if report.recoverable and not failed else 1
+
+
+def _may_hold_backups(archive: str) -> bool:
+    """Whether ``archive`` may hold base backups (a bucket, a directory with ``backups/``): a
+    plain WAL archive's verify loads none of the backups' modules."""
+    import os  # noqa: PLC0415 - loaded by the interpreter's start anyway
+
+    return archive.startswith("s3://") or os.path.isdir(os.path.join(archive, "backups"))
+
+
+def check_backups(archive: str) -> list[BackupCheck]:
+    """Every backup of the archive, checked."""
+    from receivewal.backup.audit import check_backups as check  # noqa: PLC0415
+
+    return check(archive)
 
 
 def run(call: Call) -> int:

@@ -1,0 +1,108 @@
+"""``receivewal backup``: one base backup of a server into its WAL archive, end to end.
+
+The archive must be receivewal's (its identity record: ``receivewal stream`` writes it) and of
+the server's system: another system identifier or segment size is refused before anything is
+written. The backup goes to ``ARCHIVE/backups/<id>/`` or is uploaded to
+``s3://BUCKET/PREFIX/backups/<id>/`` (:mod:`receivewal.backup.place`), checked against its
+manifest as it arrives (:mod:`receivewal.backup.receipt`); then, before its record is written,
+the archive must hold every WAL segment from the backup's start to its end: the ``stream``
+daemon archives them, and the end segment is completed by the switch the server makes at the
+backup's end. After ``wal_wait`` seconds without one of them the backup is given up (its
+directory removed, no record written) with an error naming the segment.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
+from receivewal.archive.identity import ArchiveIdentity, check_same_cluster
+from receivewal.backup.command import BackupRequest
+from receivewal.backup.place import BackupPlace, open_place
+from receivewal.backup.record import BackupRecord
+from receivewal.backup.transfer import take_backup_into
+from receivewal.errors import ArchiveError, StopRequested
+from receivewal.replication.commands import identify_server
+from receivewal.replication.connection import ReplicationConnection
+from receivewal.wal.lsn import format_lsn
+
+
+class MissingWal(ArchiveError):  # noqa: N818 - a state, as the brief names errors
+    """The archive lacks a WAL segment the backup needs, after the wait."""
+
+
+@dataclass(frozen=True)
+class BackupSettings:
+    """What ``receivewal backup`` was asked to do."""
+
+    archive: str  # a directory or s3://BUCKET/PREFIX
+    conninfo: str
+    request: BackupRequest = field(default_factory=BackupRequest)
+    compress: CompressSpec = NO_COMPRESSION  # client-side, unless the server compresses
+    wal_wait: float = 60.0  # seconds to wait for the backup's WAL in the archive
+    sync: bool = True
+
+
+def archive_identity(place: BackupPlace) -> ArchiveIdentity:
+    """The archive's identity; ArchiveError when it has none (it is no receivewal archive
+    yet)."""
+    identity = place.identity()
+    if identity is None:
+        raise ArchiveError(f"{place.archive} is not a receivewal archive (it has no identity "
+                           "record): run receivewal stream into it first, base backups need "
+                           "its WAL")
+    return identity
+
+
+def wait_for_wal(place: BackupPlace, record: BackupRecord, wait: float, *,
+                 stopping: Callable[[], bool] = lambda: False,
+                 say: Callable[[str], None] = lambda _: None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """Return once the archive holds every WAL segment ``record`` needs; MissingWal naming the
+    first one missing when ``wait`` seconds pass without it."""
+    deadline = clock() + wait
+    needed = record.wal_segments()
+    said = ""
+    while needed:
+        if place.holds_segment(needed[0]):
+            needed.pop(0)
+            continue
+        if clock() >= deadline:
+            raise MissingWal(
+                f"backup {record.backup_id} is not complete: the archive {place.archive} lacks "
+                f"WAL segment {needed[0]} (it needs {', '.join(needed[:3])}"
+                f"{' ...' if len(needed) > 3 else ''} for the WAL from "
+                f"{format_lsn(record.start_lsn)} to {format_lsn(record.end_lsn)}) after "
+                f"{wait:g} s: is receivewal stream archiving this server's WAL there?")
+        if said != needed[0]:
+            say(f"waiting up to {wait:g} s for the archive to hold WAL segment {needed[0]}")
+            said = needed[0]
+        if stopping():
+            raise StopRequested("base backup stopped while it waited for its WAL")
+        sleep(place.poll)
+
+
+def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambda: False,
+               say: Callable[[str], None] = lambda _: None) -> tuple[BackupRecord, str]:
+    """Take the backup; its record and where it is."""
+    place = open_place(settings.archive)
+    identity = archive_identity(place)
+    conn = ReplicationConnection.open(settings.conninfo)
+    try:
+        server = identify_server(conn)
+        check_same_cluster(place.archive, identity, ArchiveIdentity(
+            server.system_identifier, server.segment_size, server.timeline))
+        say(f"base backup of database system {server.system_identifier} started")
+        record = take_backup_into(
+            conn, settings.request,
+            lambda started: place.new_backup(started, settings.compress, sync=settings.sync,
+                                             file_mode=server.file_mode),
+            server, stopping=stopping,
+            before_commit=lambda rec: wait_for_wal(place, rec, settings.wal_wait,
+                                                   stopping=stopping, say=say))
+    finally:
+        conn.close()
+    return record, place.backup_where(record.backup_id)

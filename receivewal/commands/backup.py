@@ -1,0 +1,152 @@
+"""``receivewal backup``: click parses, :mod:`receivewal.backup.taking` does the work.
+
+The options a ``stream`` has too read the same ``RECEIVEWAL_*`` variables (the archive, the
+connection), so a systemd unit of both shares one environment file.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+
+import click
+
+from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, parse_compress_option
+from receivewal.backup.command import (
+    MAX_RATE_LOWER,
+    MAX_RATE_UPPER,
+    BackupRequest,
+    base_backup_command,
+)
+from receivewal.backup.record import BackupRecord
+from receivewal.backup.taking import BackupSettings, run_backup
+from receivewal.commands.cleanup import (
+    after_backup,
+    policy_after_backup,
+    report_lines,
+    retention_options,
+)
+from receivewal.commands.verify import named_archive
+from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.replication.connection import build_conninfo
+from receivewal.wal.lsn import format_lsn
+
+COMPRESSIONS = ("zstd", "lz4", "gzip", "none")
+
+
+def _compress(ctx: click.Context, param: click.Parameter, value: str) -> CompressSpec:
+    """``--compress METHOD[:LEVEL]``, as -Z takes it (none: stored as sent)."""
+    method = value.partition(":")[0]
+    if method not in COMPRESSIONS:
+        raise click.BadParameter(f"{value!r}: one of {', '.join(COMPRESSIONS)}, with :LEVEL",
+                                 ctx=ctx, param=param)
+    try:
+        return parse_compress_option(value)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
+
+
+def _max_rate(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
+    """``--max-rate``: kB/s, or with a k or M suffix, as pg_basebackup's -r."""
+    if not value:
+        return 0
+    number, factor = value, 1
+    if value[-1] in "kM":
+        number, factor = value[:-1], 1024 if value[-1] == "M" else 1
+    if not number.isdigit() or not MAX_RATE_LOWER <= int(number) * factor <= MAX_RATE_UPPER:
+        raise click.BadParameter(f"{value!r}: a transfer rate from {MAX_RATE_LOWER}k to "
+                                 f"{MAX_RATE_UPPER // 1024}M (kB/s)", ctx=ctx, param=param)
+    return int(number) * factor
+
+
+def describe(record: BackupRecord, where: str) -> str:
+    """What a complete backup says."""
+    return (f"backup {record.backup_id} complete: {where}\n"
+            f"  WAL from {format_lsn(record.start_lsn)} (timeline {record.timeline}) to "
+            f"{format_lsn(record.end_lsn)} (timeline {record.end_timeline}), "
+            f"{len(record.wal_segments())} segments, all in the archive\n"
+            f"  {record.database_bytes} bytes of database in {record.stored_bytes} bytes "
+            f"stored ({', '.join(a.name for a in record.archives)})")
+
+
+@click.command("backup")
+@click.option("-D", "--directory", "archive", required=True,
+              envvar=["RECEIVEWAL_BACKUP_DIRECTORY", "RECEIVEWAL_DIRECTORY"],
+              metavar="DIR-OR-S3-URL", callback=named_archive,
+              help="The WAL archive the backup goes into: a directory (stream's -D) or "
+              "s3://BUCKET/PREFIX (env RECEIVEWAL_BACKUP_DIRECTORY, else "
+              "RECEIVEWAL_DIRECTORY).")
+@click.option("-d", "--dbname", envvar="RECEIVEWAL_DBNAME", metavar="CONNSTR",
+              help="Connection string (env RECEIVEWAL_DBNAME).")
+@click.option("-h", "--host", envvar="RECEIVEWAL_HOST", help="Database server host or socket "
+              "directory (env RECEIVEWAL_HOST).")
+@click.option("-p", "--port", envvar="RECEIVEWAL_PORT", help="Database server port (env "
+              "RECEIVEWAL_PORT).")
+@click.option("-U", "--username", envvar="RECEIVEWAL_USERNAME", help="Connect as this user "
+              "(env RECEIVEWAL_USERNAME).")
+@click.option("-l", "--label", default="receivewal base backup", show_default=True,
+              help="The backup's label.")
+@click.option("--fast", is_flag=True, help="Ask for an immediate checkpoint (default: spread).")
+@click.option("-r", "--max-rate", callback=_max_rate, metavar="RATE",
+              envvar="RECEIVEWAL_BACKUP_MAX_RATE",
+              help="The server sends at most this many kB/s (k or M suffix as pg_basebackup; "
+              "env RECEIVEWAL_BACKUP_MAX_RATE).")
+@click.option("--compress", default="zstd", show_default=True, callback=_compress,
+              metavar="METHOD[:LEVEL]", envvar="RECEIVEWAL_BACKUP_COMPRESS",
+              help="How the tars are stored: zstd, lz4, gzip or none (by the server with "
+              "--server-compress; env RECEIVEWAL_BACKUP_COMPRESS).")
+@click.option("--server-compress", is_flag=True,
+              help="The server compresses (BASE_BACKUP's COMPRESSION): less on the network, "
+              "more of the server's CPU; stored as sent.")
+@click.option("--wal-wait", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              envvar="RECEIVEWAL_WAL_WAIT", metavar="SECONDS",
+              help="How long to wait for the archive to hold the backup's WAL, which the "
+              "stream daemon archives, before giving the backup up (env RECEIVEWAL_WAL_WAIT).")
+@click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
+@retention_options
+def backup_command(*, archive: str, dbname: str | None, host: str | None, port: str | None,
+                   username: str | None, label: str, fast: bool, max_rate: int,
+                   compress: CompressSpec, server_compress: bool, wal_wait: float,
+                   no_sync: bool, keep_backups: str | None, recovery_window: str | None,
+                   ) -> None:
+    """Take a base backup over the replication protocol into the WAL archive (complete only
+    once the archive holds its WAL from start to end)."""
+    if server_compress and not compress.method:
+        raise click.UsageError("--server-compress needs a method: --compress zstd, lz4 or gzip")
+    policy = policy_after_backup(keep_backups, recovery_window)  # a bad value: before the backup
+    try:
+        conninfo = build_conninfo(dbname, host=host, port=port, user=username)
+        request = BackupRequest(label=label, fast=fast, max_rate=max_rate,
+                                server_compression=compress if server_compress else None)
+        base_backup_command(request)  # a label or rate the server would refuse: now
+        settings = BackupSettings(archive, conninfo, request,
+                                  NO_COMPRESSION if server_compress else compress,
+                                  wal_wait=wal_wait, sync=not no_sync)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    stop: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.append(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    try:
+        record, where = run_backup(settings, stopping=lambda: bool(stop),
+                                   say=lambda line: click.echo(f"receivewal: {line}", err=True))
+    except ReceivewalError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(describe(record, where))
+    sys.stdout.flush()
+    if policy is None:
+        return
+    try:
+        report = after_backup(archive, policy=policy)
+    except ReceivewalError as exc:
+        raise click.ClickException(f"the backup is complete; the retention policy after it "
+                                   f"failed: {exc}") from exc
+    if report is not None:
+        for line in report_lines(report):
+            click.echo(line)
+

@@ -1,0 +1,113 @@
+"""``receivewal recover``: click parses, :mod:`receivewal.backup.recovering` does the work."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from receivewal.backup.choice import (
+    RecoveryTarget,
+    TargetKind,
+    lsn_target,
+    name_target,
+    time_target,
+    xid_target,
+)
+from receivewal.backup.recovering import LATEST, RecoverSettings, run_recover
+from receivewal.backup.settings import ACTIONS
+from receivewal.commands.verify import named_archive
+from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.wal.lsn import format_lsn
+
+
+def default_restore_prefix() -> str:
+    """How the server runs this receivewal's restore: the console script on PATH, else this
+    Python with ``-m receivewal``."""
+    script = shutil.which("receivewal")
+    if script is not None:
+        return f"{shlex.quote(str(Path(script).resolve()))} restore"
+    return f"{shlex.quote(sys.executable)} -m receivewal restore"
+
+
+def _mapping(ctx: click.Context, param: click.Parameter, values: tuple[str, ...],
+             ) -> dict[str, str]:
+    found = {}
+    for value in values:
+        old, sep, new = value.partition("=")
+        if not sep or not old or not new or not Path(old).is_absolute() \
+                or not Path(new).is_absolute():
+            raise click.BadParameter(f"{value!r} is not OLDDIR=NEWDIR with both absolute",
+                                     ctx=ctx, param=param)
+        found[old] = new
+    return found
+
+
+def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | None, *,
+                immediate: bool, timeline: int | None) -> RecoveryTarget:
+    """The one target the options name (none: the end of the archive)."""
+    given = [(text, parse) for text, parse in ((time, time_target), (lsn, lsn_target),
+                                               (xid, xid_target), (name, name_target))
+             if text is not None]
+    if len(given) + immediate > 1:
+        raise click.UsageError("give at most one of --target-time, --target-lsn, "
+                               "--target-xid, --target-name and --target-immediate")
+    try:
+        target = given[0][1](given[0][0]) if given else \
+            RecoveryTarget(TargetKind.IMMEDIATE if immediate else TargetKind.LATEST)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+    return RecoveryTarget(target.kind, target.time, target.lsn, target.xid, target.name,
+                          timeline)
+
+
+@click.command("recover")
+@click.argument("backup_id", metavar="[BACKUP-ID|latest]", default=LATEST)
+@click.option("--to", "pgdata", required=True, type=click.Path(path_type=Path),
+              metavar="PGDATA", help="The new data directory: missing or empty.")
+@click.option("-D", "--directory", "archive", required=True, envvar="RECEIVEWAL_DIRECTORY",
+              metavar="DIR-OR-S3-URL", callback=named_archive,
+              help="The archive: a directory or s3://BUCKET/PREFIX (env RECEIVEWAL_DIRECTORY).")
+@click.option("--target-time", metavar="TIME",
+              help="Recover to this time (ISO 8601 with its zone, e.g. 2026-06-01 10:00:00+00).")
+@click.option("--target-lsn", metavar="LSN", help="Recover to this LSN.")
+@click.option("--target-xid", metavar="XID", help="Recover to this transaction's commit.")
+@click.option("--target-name", metavar="NAME", help="Recover to this restore point.")
+@click.option("--target-immediate", is_flag=True,
+              help="Stop as soon as the backup is consistent.")
+@click.option("--target-timeline", type=click.IntRange(min=1),
+              help="Follow this timeline (default: the newest the archive knows).")
+@click.option("--target-action", type=click.Choice(ACTIONS), default="promote",
+              show_default=True, help="What the server does at the target.")
+@click.option("-T", "--tablespace-mapping", "mapping", multiple=True, callback=_mapping,
+              metavar="OLDDIR=NEWDIR", help="Unpack the tablespace at OLDDIR into NEWDIR.")
+@click.option("--restore-command-prefix", envvar="RECEIVEWAL_RESTORE_COMMAND_PREFIX",
+              metavar="COMMAND",
+              help="How the server runs 'receivewal restore' (default: this receivewal's "
+              "path; env RECEIVEWAL_RESTORE_COMMAND_PREFIX).")
+@click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
+def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: str | None,
+                    target_lsn: str | None, target_xid: str | None, target_name: str | None,
+                    target_immediate: bool, target_timeline: int | None, target_action: str,
+                    mapping: dict[str, str], restore_command_prefix: str | None,
+                    no_sync: bool) -> None:
+    """Unpack a base backup into an empty PGDATA and set it up to recover from the archive
+    (to a target, or to the archive's end); prints how to start the server."""
+    target = read_target(target_time, target_lsn, target_xid, target_name,
+                         immediate=target_immediate, timeline=target_timeline)
+    settings = RecoverSettings(
+        archive, pgdata.absolute(), backup_id, target, target_action, mapping,
+        restore_command_prefix or default_restore_prefix(), sync=not no_sync)
+    try:
+        record, unpacked, text = run_recover(settings)
+    except ReceivewalError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"backup {record.backup_id} (WAL from {format_lsn(record.start_lsn)} to "
+               f"{format_lsn(record.end_lsn)}, ended {record.end_time.isoformat()}) unpacked: "
+               f"{unpacked.files} files, {unpacked.bytes} bytes")
+    click.echo(f"recovery target: {target.describe()}"
+               + (f", then {target_action}" if target.kind is not TargetKind.LATEST else ""))
+    click.echo(text)

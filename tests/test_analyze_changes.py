@@ -13,6 +13,7 @@ One Spark session for every module (tests/conftest.py's ``spark``).
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -277,3 +278,52 @@ def test_cli_prints_the_totals_and_exits_0(logs: Logs, tmp_path: Path) -> None:
     assert f" {inserts:,} inserts, " in first
     assert rest[-2] == f"report: {out / 'report' / 'report.html'}"
     assert (out / "changes_per_hour").is_dir()
+
+
+def record_lines(*records: dict[str, Any]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+def test_a_prepared_transaction_rolled_back_is_not_counted(spark: Any, tmp_path: Path) -> None:
+    """Two-phase: a prepared transaction's changes are in the log at its prepare; when a
+    later file says it was rolled back, they are left out (the committed one counts, at its
+    prepare time). Lines as docs/changelog.md gives them."""
+    log = tmp_path / "twophase"
+    log.mkdir()
+    row = {"schema": "public", "table": "t"}
+
+    def prepared(xid: int, gid: str, when: str) -> list[dict[str, Any]]:
+        times = {"xid": xid, "gid": gid, "prepare_time": when}
+        return [{"op": "begin_prepare", **times},
+                {"op": "insert", "xid": xid, **row, "new": {"id": str(xid)}},
+                {"op": "delete", "xid": xid, **row, "old": {"id": "1"}},
+                {"op": "prepare", **times}]
+
+    header = {"op": "header", "format": 1, "plugin": "pgoutput"}
+    (log / "0000000001000000.jsonl").write_bytes(record_lines(
+        header, *prepared(700, "kept", "2026-11-26T10:59:59.999999Z"),
+        *prepared(701, "dropped", "2026-11-26T10:30:00.000000Z")))
+    (log / "0000000002000000.jsonl.partial").write_bytes(record_lines(
+        header, {"op": "commit_prepared", "lsn": "0/2000000", "xid": 700, "gid": "kept",
+                 "commit_lsn": "0/2000000", "end_lsn": "0/2000100",
+                 "commit_time": "2026-11-26T12:00:00.000000Z"},
+        {"op": "rollback_prepared", "lsn": "0/2000200", "xid": 701, "gid": "dropped",
+         "prepare_end_lsn": "0/1000900", "rollback_end_lsn": "0/2000300"},
+        {"op": "begin", "lsn": "0/2000400", "xid": 702, "commit_lsn": "0/2000500",
+         "commit_time": "2026-11-26T11:00:00.000000Z"},
+        {"op": "insert", "lsn": "0/2000450", "xid": 702, **row, "new": {"id": "702"}},
+        {"op": "commit", "lsn": "0/2000500", "xid": 702, "commit_lsn": "0/2000500",
+         "end_lsn": "0/2000600", "commit_time": "2026-11-26T11:00:00.000000Z"},
+        {"op": "begin", "lsn": "0/2000700", "xid": 703, "commit_lsn": "0/2000800",
+         "commit_time": "2026-11-26T11:00:01.000000Z"},  # never ended: not counted
+        {"op": "insert", "lsn": "0/2000750", "xid": 703, **row, "new": {"id": "703"}},
+    ) + b'{"op": "commit", "lsn": "0/20')
+    done = run_changes(spark, [str(log)], tmp_path / "out", report=False)
+    rows = sorted((r["hour_seconds"], r["inserts"], r["deletes"]) for r in
+                  spark.read.parquet(done.tables["changes_per_hour"]).collect())
+    ten = int(datetime.datetime(2026, 11, 26, 10, tzinfo=datetime.UTC).timestamp())
+    assert rows == [(ten, 1, 1), (ten + 3600, 1, 0)]
+    (log / "0000000003000000.jsonl").write_bytes(record_lines({"op": "header", "format": 2}))
+    with pytest.raises(ArchiveError, match=r"0000000003000000\.jsonl: line 1 is a change log "
+                                           r"of format 2, not 1$"):
+        run_changes(spark, [str(log)], tmp_path / "out", report=False)

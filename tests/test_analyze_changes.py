@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -25,13 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from support.changelog import consume, log_files, open_store
 from support.logical import LOGICAL_CONF, pgbench
 from support.seaweed import SeaweedS3
 from support.servers import running_server
 
 from receivewal.archive.bucket import Bucket
+from receivewal.check import sparksession
 from receivewal.check.changes import ChangesResult, run_changes
+from receivewal.commands.group import cli
 from receivewal.errors import ArchiveError
 from receivewal.logical.pgoutput import PgoutputOptions
 from receivewal.replication.connection import ReplicationConnection
@@ -265,19 +266,41 @@ def test_bad_input_is_one_error_naming_the_file(spark: Any, logs: Logs, tmp_path
         run_changes(spark, [str(damaged)], tmp_path / "out", report=False)
 
 
-def test_cli_prints_the_totals_and_exits_0(logs: Logs, tmp_path: Path) -> None:
-    """A user's run: its own Spark session, the summary on standard output."""
+class SharedSession:
+    """The module's Spark session as the command's own, which the command must not stop."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.spark, name)
+
+    def stop(self) -> None:
+        pass
+
+
+def test_the_command_prints_the_totals_or_one_error(spark: Any, logs: Logs, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``receivewal analyze --changes`` through the real command group (on the shared
+    session: a session of its own costs a JVM; the WAL analyze's CLI test starts one). An
+    error is click's one line here; ``receivewal`` itself prints it as ``receivewal: error:``."""
+    monkeypatch.setattr(sparksession, "make_session", lambda *_, **__: SharedSession(spark))
     out = tmp_path / "analysis"
-    run = subprocess.run([sys.executable, "-m", "receivewal", "analyze", "--changes",
-                          str(logs.plain.path), "-o", str(out), "--master", "local[2]"],
-                         capture_output=True, text=True, timeout=240, check=False)
-    assert run.returncode == 0, run.stderr
+    run = CliRunner().invoke(cli, ["analyze", "--changes", str(logs.plain.path), "-o", str(out)])
+    assert run.exit_code == 0, run.output
     inserts = sum(e["inserts"] for e in logs.plain.expected.values())
     first, *rest = run.stdout.splitlines()
-    assert first.startswith(f"{logs.plain.path}: ")
+    files = len(log_files(logs.plain.path))
+    assert first.startswith(f"{logs.plain.path}: {files} files, ")
     assert f" {inserts:,} inserts, " in first
     assert rest[-2] == f"report: {out / 'report' / 'report.html'}"
     assert (out / "changes_per_hour").is_dir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = CliRunner().invoke(cli, ["analyze", "--changes", str(empty), "-o", str(out)])
+    assert (run.exit_code, run.output) == (
+        1, f"Error: {empty} holds no change log files "
+           "(<16 hex digits>.jsonl[.zst])\n")
 
 
 def record_lines(*records: dict[str, Any]) -> bytes:

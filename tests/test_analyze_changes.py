@@ -244,6 +244,15 @@ def test_an_s3_change_log_counts_the_same(spark: Any, logs: Logs, result: Change
     assert from_s3.logs[logs.url]["files"] == len(log_files(logs.zstd.path))
 
 
+def test_a_hadoop_uri_counts_the_same(spark: Any, logs: Logs, result: ChangesResult,
+                                     tmp_path: Path) -> None:
+    """A URI (listed with Spark's binaryFile source, read with pyarrow's file systems)."""
+    uri = logs.plain.path.as_uri()
+    from_uri = run_changes(spark, [uri], tmp_path / "uri", report=False)
+    assert per_table(spark, from_uri, uri) == per_table(spark, result, str(logs.plain.path))
+    assert from_uri.logs[uri]["files"] == len(log_files(logs.plain.path))
+
+
 def test_bad_input_is_one_error_naming_the_file(spark: Any, logs: Logs, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()

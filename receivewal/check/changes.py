@@ -5,12 +5,15 @@ The driver lists each change log directory as ``analyze`` lists a WAL archive (a
 ``s3://`` with boto3; a Hadoop URI with Spark's ``binaryFile`` source) and keeps the files
 named as the log names them (``.jsonl``, ``.jsonl.zst``, and the ``.partial`` being written,
 read as a WAL archive's ``.partial`` segment is: up to the end of its last complete
-transaction, :func:`receivewal.logical.scan.scan_file`). One task per file: the executor opens
-it with the archive's opener, decompresses it and hands back its lines; Spark parses them with
-an explicit schema (:data:`LINE_SCHEMA`, never inferred). Each change takes the time of its
-transaction (the ``commit_time`` of its ``begin``, the ``prepare_time`` of its
-``begin_prepare``: a transaction never spans two files), and the changes of a prepared
-transaction later rolled back (``rollback_prepared``) are left out. Written: the
+transaction, :func:`receivewal.logical.scan.scan_file`). The executors read the files
+(``mapInArrow`` over one row per file): each opens its file with the archive's opener,
+decompresses it a chunk at a time and hands back its lines in Arrow batches, never the whole
+file, each line with the time and gid of the ``begin`` before it (only those lines are parsed
+there); Spark parses every line with an explicit schema (:func:`line_schema`, never
+inferred). Each change takes the time of its transaction (the ``commit_time`` of its
+``begin``, the ``prepare_time`` of its ``begin_prepare``: a transaction never spans two
+files), and the changes of a prepared transaction later rolled back (``rollback_prepared``)
+are left out. Written: the
 ``changes_per_hour`` table (log, hour, schema, table, inserts, updates, deletes, truncates,
 change_bytes: the bytes of the change lines, newline included; a TRUNCATE of several tables
 counts once in each) and ``change_files`` (one row per file), then the report.
@@ -19,8 +22,10 @@ counts once in each) and ``change_files`` (one row per file), then the report.
 # ruff: noqa: PLC0415 - pyspark is the optional spark extra: lazy
 from __future__ import annotations
 
+import contextlib
+import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,10 @@ from receivewal.logical.store import parse_file_name
 
 TASK_SCHEMA = ("log string, base string, file string, compression string, partial boolean, "
                "file_bytes long")
-READ_SCHEMA = "struct<lines: array<string>, error: string>"
+LINES_SCHEMA = ("log string, file string, n long, line string, tx_time string, "
+                "tx_gid string, error string")
+BATCH_LINES = 8192
+TRANSACTION_OPENS = ("begin", "begin_prepare")
 CHANGE_OPS = ("insert", "update", "delete", "truncate")
 TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"
 
@@ -66,18 +74,88 @@ class ChangesResult:
 
 
 # -- executors ---------------------------------------------------------------------------------
-def read_lines(row: Any) -> dict[str, Any]:
-    """Executor side: the lines of one change log file (a ``.partial`` up to its last complete
-    transaction), or the error that stopped reading it."""
-    path = row.base.rstrip("/") + "/" + row.file
+def _chunks(row: dict[str, Any]) -> Iterator[bytes]:
+    """The decompressed content of one file, a chunk at a time."""
+    with (opener_for(row["base"]) or open_local)(_path(row)) as fh:
+        yield from decompress_chunks(fh, row["compression"])
+
+
+def _path(row: dict[str, Any]) -> str:
+    return str(row["base"]).rstrip("/") + "/" + str(row["file"])
+
+
+def file_lines(row: dict[str, Any]) -> Iterator[bytes]:
+    """The lines of one file without their newlines, read in chunks (a ``.partial`` up to the
+    end of its last complete run: read once to find it, then again)."""
+    left = scan_file(_chunks(row)).good_size if row["partial"] else None
+    tail = b""
+    for whole in _chunks(row):
+        chunk = whole if left is None else whole[:left]
+        if left is not None:
+            left = max(0, left - len(whole))
+        lines = (tail + chunk).split(b"\n")
+        tail = lines.pop()
+        yield from lines
+        if left == 0:
+            break
+    if tail:
+        yield tail
+
+
+def _batches(row: dict[str, Any]) -> Iterator[Any]:
+    """Arrow batches of :data:`LINES_SCHEMA` for one file: its lines, each with the commit
+    (or prepare) time and gid of the ``begin`` (``begin_prepare``) before it; a last row with
+    the error that stopped reading it, if one did."""
+    import pyarrow as pa
+
+    schema = lines_arrow_schema()
+    columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+    when = gid = error = None
+
+    def batch() -> Any:
+        size = len(columns["n"])
+        out = pa.RecordBatch.from_pydict(
+            {**columns, "log": [row["log"]] * size, "file": [row["file"]] * size}, schema)
+        for values in columns.values():
+            values.clear()
+        return out
+
     try:
-        with (opener_for(row.base) or open_local)(path) as fh:
-            data = b"".join(decompress_chunks(fh, row.compression))
-        if row.partial:
-            data = data[:scan_file([data]).good_size]
-        return {"lines": data.decode("utf-8").splitlines(), "error": None}
+        for n, raw in enumerate(file_lines(row)):
+            if b'"begin' in raw:  # only such lines are parsed here; Spark parses every line
+                with contextlib.suppress(ValueError):
+                    record = json.loads(raw)
+                    if isinstance(record, dict) and record.get("op") in TRANSACTION_OPENS:
+                        when = record.get("commit_time") or record.get("prepare_time")
+                        gid = str(record.get("gid") or "")
+            for name, value in (("n", n), ("line", raw.decode("utf-8")), ("tx_time", when),
+                                ("tx_gid", gid), ("error", None)):
+                columns[name].append(value)
+            if len(columns["n"]) >= BATCH_LINES:
+                yield batch()
     except (OSError, ReceivewalError, UnicodeDecodeError) as exc:
-        return {"lines": None, "error": f"{path}: {exc}"}
+        error = f"{_path(row)}: {exc}"
+    if error is not None:
+        for name, value in (("n", None), ("line", None), ("tx_time", None), ("tx_gid", None),
+                            ("error", error)):
+            columns[name].append(value)
+    yield batch()
+
+
+def read_files(batches: Iterable[Any]) -> Iterator[Any]:
+    """Executor side (``mapInArrow``): the lines of every file named by the task rows, in
+    batches of at most :data:`BATCH_LINES`: a file is never held whole."""
+    for tasks in batches:
+        for row in tasks.to_pylist():
+            yield from _batches(row)
+
+
+def lines_arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("log", pa.string()), ("file", pa.string()), ("n", pa.int64()),
+                      ("line", pa.string()), ("tx_time", pa.string()), ("tx_gid", pa.string()),
+                      ("error", pa.string())])
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -105,22 +183,19 @@ def run_changes(spark: Any, roots: Iterable[str], output: Path, *,
     roots = list(dict.fromkeys(roots))
     rows = [row for root in roots for row in plan_log(spark, root)]
     tables = {name: str(output / name) for name in ("changes_per_hour", "change_files")}
-    # Partitioned by file: the window over each file's lines needs no other shuffle.
     tasks = spark.createDataFrame(rows, TASK_SCHEMA).repartition(
-        max(1, min(len(rows), parallelism(spark) * 4)), "log", "file")
-    read = sf.udf(read_lines, READ_SCHEMA, useArrow=False)
-    files = tasks.withColumn("r", read(sf.struct(*tasks.columns))).select(
-        "log", "file", "compression", "partial", "file_bytes", "r.*").persist()
-    lines = files.select("log", "file", sf.posexplode("lines").alias("n", "line")).select(
+        max(1, min(len(rows), parallelism(spark) * 4)))
+    lines = tasks.mapInArrow(read_files, LINES_SCHEMA).select(
         "log", "file", "n", (sf.octet_length("line") + 1).alias("bytes"),
-        sf.from_json("line", line_schema()).alias("j")).select("log", "file", "n", "bytes", "j.*")
-    lines = _with_transaction(lines, sf).persist()
+        sf.from_json("line", line_schema()).alias("j"),
+        sf.unix_timestamp(sf.to_timestamp("tx_time", TIME_FORMAT)).alias("tx_time"),
+        "tx_gid", "error").select("log", "file", "n", "bytes", "j.*", "tx_time", "tx_gid",
+                                  "error").persist()
     try:
-        per_file = _file_rows(files, lines, sf)
+        per_file = _file_rows(tasks, lines, sf)
         _write_changes(lines, tables["changes_per_hour"], sf)
     finally:
         lines.unpersist()
-        files.unpersist()
     spark.createDataFrame([{k: r[k] for k in FILE_COLUMNS} for r in per_file],
                           FILE_SCHEMA).write.mode("overwrite").parquet(tables["change_files"])
     logs = _log_totals(spark, per_file, tables["changes_per_hour"], sf)
@@ -132,21 +207,6 @@ def run_changes(spark: Any, roots: Iterable[str], output: Path, *,
     return ChangesResult(output, logs, time.perf_counter() - began, tables, report_files)
 
 
-def _with_transaction(lines: Any, sf: Any) -> Any:
-    """Each line with its transaction's time (Unix seconds) and gid: those of the last
-    ``begin`` or ``begin_prepare`` before it in its file."""
-    from pyspark.sql import Window
-
-    opens = sf.col("op").isin("begin", "begin_prepare")
-    when = sf.unix_timestamp(sf.to_timestamp(
-        sf.coalesce("commit_time", "prepare_time"), TIME_FORMAT))
-    before = Window.partitionBy("log", "file").orderBy("n").rowsBetween(
-        Window.unboundedPreceding, Window.currentRow)
-    return lines.withColumn("tx_time", sf.last(sf.when(opens, when), True).over(before)) \
-        .withColumn("tx_gid", sf.last(sf.when(opens, sf.coalesce("gid", sf.lit(""))),
-                                      True).over(before))
-
-
 FILE_COLUMNS = ("log", "file", "compression", "partial", "file_bytes", "lines", "line_bytes",
                 "transactions", "changes", "first_time", "last_time")
 FILE_SCHEMA = ("log string, file string, compression string, partial boolean, "
@@ -154,7 +214,7 @@ FILE_SCHEMA = ("log string, file string, compression string, partial boolean, "
                "changes long, first_time long, last_time long")
 
 
-def _file_rows(files: Any, lines: Any, sf: Any) -> list[dict[str, Any]]:
+def _file_rows(tasks: Any, lines: Any, sf: Any) -> list[dict[str, Any]]:
     """One row per file (collected: they are few), in the order of the logs and their files.
     ArchiveError naming the first file that could not be read, or the first line that is not
     a change log record of format 1."""
@@ -164,14 +224,16 @@ def _file_rows(files: Any, lines: Any, sf: Any) -> list[dict[str, Any]]:
     op = sf.col("op")
     foreign = (op == "header") & (sf.col("format") != 1)
     per_file = lines.groupBy("log", "file").agg(
-        sf.count("*").alias("lines"), sf.sum("bytes").cast("long").alias("line_bytes"),
+        sf.max("error").alias("error"), sf.count("bytes").alias("lines"),
+        sf.sum("bytes").cast("long").alias("line_bytes"),
         count(op.isin("commit", "prepare")).alias("transactions"),
         count(op.isin(*CHANGE_OPS)).alias("changes"),
         sf.min("tx_time").alias("first_time"), sf.max("tx_time").alias("last_time"),
-        sf.min(sf.when(op.isNull() | foreign, sf.col("n"))).alias("bad_line"),
+        sf.min(sf.when(sf.col("bytes").isNotNull() & (op.isNull() | foreign),
+                       sf.col("n"))).alias("bad_line"),
         sf.max(sf.when(foreign, sf.col("format"))).alias("bad_format"))
-    rows = [r.asDict() for r in files.select(
-        "log", "file", "compression", "partial", "file_bytes", "error").join(
+    rows = [r.asDict() for r in tasks.select(
+        "log", "file", "compression", "partial", "file_bytes").join(
         per_file, ["log", "file"], "left").collect()]
     order = {root: i for i, root in enumerate(dict.fromkeys(r["log"] for r in rows))}
     rows.sort(key=lambda r: (order[r["log"]], r["file"]))

@@ -29,7 +29,7 @@ from receivewal.replication.commands import (
     start_logical_replication_command,
 )
 from receivewal.replication.connection import ReplicationConnection
-from receivewal.replication.link import CopyDone
+from receivewal.replication.link import CopyDone, ResultStatus
 from receivewal.replication.messages import (
     PrimaryKeepalive,
     XLogData,
@@ -132,6 +132,32 @@ def test_identify_system_and_sql_pass_through_on_a_database_connection(
                           f"WHERE slot_name = '{SLOT}'") == [("pgoutput", "app")]
     finally:
         conn.close()
+
+
+def copy_rows(port: int, requested: str | None) -> list[bytes]:
+    """COPY ... TO STDOUT on a replication=database connection (as a subscriber's table
+    synchronisation does): every CopyData, rows starting with the XLogData tag 'w'."""
+    conn = ReplicationConnection.open(dsn(port, requested))
+    try:
+        assert conn.start_copy_out("COPY (SELECT 'w' || repeat(md5(g::text), 8) FROM "
+                                   "generate_series(1, 2000) g) TO STDOUT") == []
+        rows = []
+        while not isinstance(data := conn.read_copy(10), CopyDone):
+            assert data is not None, "the COPY stalled"
+            rows.append(bytes(data))
+        result = conn.next_result()
+        assert result is not None
+        assert result.status is ResultStatus.COMMAND_OK
+    finally:
+        conn.close()
+    return rows
+
+
+def test_copy_out_on_a_database_connection_passes_through_unchanged(primary: Primary) -> None:
+    direct = copy_rows(primary.pg.port, None)
+    assert len(direct) == 2000
+    assert all(row[:1] == b"w" for row in direct)
+    assert copy_rows(primary.relay.port, "zstd") == direct
 
 
 @pytest.mark.parametrize("algorithm", ["zstd", "lz4"])

@@ -242,7 +242,7 @@ def plan_archive(spark: Any, root: str, compressibility: bool, identity_file: st
     return rows, dict(histories), segment_size, problems, system_identifier_of(identity)
 
 
-def _parallelism(spark: Any) -> int:
+def parallelism(spark: Any) -> int:
     try:
         return int(spark.sparkContext.defaultParallelism)
     except (AttributeError, NotImplementedError):  # Spark Connect sessions have no SparkContext
@@ -297,7 +297,7 @@ def _scan_all(spark: Any, rows: list[tuple[Any, ...]], tables: dict[str, str]) -
     """Run the scans; write the per-segment tables; collect what the cross-checks need."""
     from pyspark.sql import functions as sf
 
-    partitions = max(1, min(len(rows), _parallelism(spark) * 4))
+    partitions = max(1, min(len(rows), parallelism(spark) * 4))
     tasks = spark.createDataFrame(rows, TASK_SCHEMA).repartition(partitions)
     scan_udf = sf.udf(scan_row, RESULT_SCHEMA, useArrow=False)
     scanned = tasks.withColumn("r", scan_udf(sf.struct(*tasks.columns))).select(

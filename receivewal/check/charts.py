@@ -29,7 +29,7 @@ def _short(archive: str) -> str:
     return archive.rstrip("/").rsplit("/", 1)[-1] or archive
 
 
-def _figure(rows: int, height: float, width: float = 9.0, cols: int = 1) -> tuple[Any, Any]:
+def figure(rows: int, height: float, width: float = 9.0, cols: int = 1) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,7 +39,7 @@ def _figure(rows: int, height: float, width: float = 9.0, cols: int = 1) -> tupl
     return fig, axes
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
@@ -60,14 +60,14 @@ def wal_over_time(path: Path, archives: list[str], clocks: Mapping[str, WalClock
     """WAL written per time bucket: bars for one archive, one line per archive for many."""
     from matplotlib import dates, ticker
 
-    fig, axes = _figure(1, 4.0)
+    fig, axes = figure(1, 4.0)
     ax = axes[0, 0]
     spans = [s for s in (clocks[a].span for a in archives) if s is not None]
     if not spans:
         ax.text(0.5, 0.5, "no commit or checkpoint record with a timestamp", ha="center",
                 transform=ax.transAxes)
         ax.set_axis_off()
-        return _save(fig, path)
+        return save(fig, path)
     width, label = pick_bucket(max(s[1] for s in spans) - min(s[0] for s in spans))
     series = {a: wal_per_bucket(clocks[a].ranges, clocks[a].marks, width) for a in archives}
     divisor, unit = size_unit(max((n for v in series.values() for n in v.values()), default=0))
@@ -95,7 +95,7 @@ def wal_over_time(path: Path, archives: list[str], clocks: Mapping[str, WalClock
     ax.set_title(f"WAL written per {label}")
     if len(archives) > 1:  # beside the plot, where it hides no line
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def wal_by_rmgr(path: Path, archives: list[str],
@@ -103,7 +103,7 @@ def wal_by_rmgr(path: Path, archives: list[str],
     """Per archive: WAL bytes per resource manager (the largest ten), records vs FPIs."""
     from matplotlib import ticker
 
-    fig, axes = _figure(len(archives), 3.0)
+    fig, axes = figure(len(archives), 3.0)
     largest = max((v[1] + v[2] for per in rmgr.values() for v in per.values()), default=0)
     divisor, unit = size_unit(largest)
     for ax, archive in zip(axes[:, 0], archives, strict=True):
@@ -120,7 +120,7 @@ def wal_by_rmgr(path: Path, archives: list[str],
         ax.set_xlabel(f"{unit} of WAL (the same scale for every archive)")
         ax.set_title(f"WAL per resource manager: {_short(archive)}")
         ax.legend(loc="lower right", fontsize="small")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def segment_map(path: Path, archives: list[str], placement: list[dict[str, Any]],
@@ -128,7 +128,7 @@ def segment_map(path: Path, archives: list[str], placement: list[dict[str, Any]]
     """Per archive: which segment numbers exist on which timeline; .partial and missing."""
     from matplotlib import ticker
 
-    fig, axes = _figure(len(archives), 2.2)
+    fig, axes = figure(len(archives), 2.2)
     for ax, archive in zip(axes[:, 0], archives, strict=True):
         rows = [r for r in placement if r["archive"] == archive]
         for partial, colour, label in ((False, "tab:blue", "segment"),
@@ -151,7 +151,7 @@ def segment_map(path: Path, archives: list[str], placement: list[dict[str, Any]]
         ax.set_xlabel("segment number")
         ax.set_title(f"Segments on each timeline: {_short(archive)}")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def archives_compared(path: Path, archives: list[str],
@@ -159,7 +159,7 @@ def archives_compared(path: Path, archives: list[str],
     """Several archives side by side: FPI share, and size after zstd-1 and lz4."""
     from matplotlib import ticker
 
-    fig, axes = _figure(1, 0.5 * len(archives) + 1.5, width=10, cols=2)
+    fig, axes = figure(1, 0.5 * len(archives) + 1.5, width=10, cols=2)
     names = [_short(a) for a in archives]
     fpi = [_share(sizes.get(a, {}).get("fpi_bytes"),
                   (sizes.get(a, {}).get("fpi_bytes") or 0)
@@ -180,7 +180,7 @@ def archives_compared(path: Path, archives: list[str],
         ax.invert_yaxis()
         ax.set_xlim(0, 100)
         ax.xaxis.set_major_formatter(ticker.PercentFormatter())
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _share(part: Any, whole: Any) -> float:

@@ -192,11 +192,12 @@ def percent(part: Any, whole: Any) -> str:
     return f"{float(part) / float(whole):.1%}" if part is not None and whole else "-"
 
 
-def markdown(sections: list[tuple[str, list[str], Table]], pngs: list[Path]) -> str:
+def markdown(sections: list[tuple[str, list[str], Table]], pngs: list[Path],
+             title: str = "WAL archive analysis") -> str:
     """The report as Markdown."""
-    md = ["# WAL archive analysis", ""]
-    for title, paragraphs, rows in sections:
-        md += [f"## {title}", ""] + ([*paragraphs, ""] if paragraphs else [])
+    md = [f"# {title}", ""]
+    for heading, paragraphs, rows in sections:
+        md += [f"## {heading}", ""] + ([*paragraphs, ""] if paragraphs else [])
         if rows:
             md += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
             md += ["| " + " | ".join(r) + " |" for r in rows[1:]] + [""]
@@ -204,7 +205,8 @@ def markdown(sections: list[tuple[str, list[str], Table]], pngs: list[Path]) -> 
     return "\n".join(md) + "\n"
 
 
-def html_page(sections: list[tuple[str, list[str], Table]], pngs: list[Path]) -> str:
+def html_page(sections: list[tuple[str, list[str], Table]], pngs: list[Path],
+              title: str = "WAL archive analysis") -> str:
     """The report as one HTML page (the charts next to it)."""
     import html
 
@@ -216,12 +218,13 @@ def html_page(sections: list[tuple[str, list[str], Table]], pngs: list[Path]) ->
             text = text.replace("`", "<code>", 1).replace("`", "</code>", 1)
         return text
 
-    page = ["<!doctype html><html><head><meta charset='utf-8'><title>WAL archive analysis"
+    page = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
             "</title><style>body{font-family:sans-serif}table{border-collapse:collapse}"
             "td,th{border:1px solid #999;padding:2px 6px}td{text-align:right}"
-            "td:first-child{text-align:left}</style></head><body><h1>WAL archive analysis</h1>"]
-    for title, paragraphs, rows in sections:
-        page.append(f"<h2>{html.escape(title)}</h2>")
+            "td:first-child{text-align:left}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1>"]
+    for heading, paragraphs, rows in sections:
+        page.append(f"<h2>{html.escape(heading)}</h2>")
         page += [f"<p>{inline(p)}</p>" for p in paragraphs]
         if rows:
             page.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])

@@ -8,7 +8,9 @@ command ends.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -17,9 +19,11 @@ from receivewal.commands.output import deliver
 from receivewal.commands.verify import named_archive
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 
+T = TypeVar("T")
 EXIT_CODES = """\b
 Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed;
-2 a usage error, or the summary could not be written."""
+2 a usage error, or the summary could not be written.
+With --changes: 0 every change log was read; 1 one could not be, or the job failed."""
 
 
 def named_archives(ctx: click.Context, param: click.Parameter, value: tuple[str, ...],
@@ -48,10 +52,16 @@ def named_archives(ctx: click.Context, param: click.Parameter, value: tuple[str,
               envvar="RECEIVEWAL_IDENTITY",
               help="age identity file that decrypts encrypted segments (.age); read at the "
               "same path on every executor (env RECEIVEWAL_IDENTITY).")
-def analyze_command(inputs: tuple[str, ...], *, output: Path, remote: str | None, master: str,
-                    no_compressibility: bool, identity: str | None) -> None:
+@click.option("--changes", is_flag=True,
+              help="The inputs are logical change logs (JSON Lines, format 1), not WAL "
+                   "archives: count changes per table and hour.")
+def analyze_command(inputs: tuple[str, ...], output: Path, *, remote: str | None, master: str,
+                    no_compressibility: bool, identity: str | None, changes: bool) -> None:
     """Verify and analyse WAL archives (directories, s3://BUCKET/PREFIX read with boto3, or
     Hadoop URIs such as hdfs://) as a Spark job: Parquet tables and a report with charts.
+
+    With --changes the inputs are change log directories (what receivewal logical writes): the
+    report counts inserts, updates, deletes and truncates per table and per hour.
 
     Needs the spark extra: pip install 'receivewal[spark]' (pyspark, pyarrow, matplotlib;
     Java for the embedded session).
@@ -61,24 +71,38 @@ def analyze_command(inputs: tuple[str, ...], *, output: Path, remote: str | None
     except ImportError as exc:
         raise click.ClickException("analyze needs the spark extra: "
                                    "pip install 'receivewal[spark]'") from exc
-    from receivewal.check import analyze, sparksession  # noqa: PLC0415 - pyspark lazily
+    from receivewal.check import analyze  # noqa: PLC0415 - pyspark lazily
+    from receivewal.check import changes as change_logs  # noqa: PLC0415 - pyspark lazily
+
+    roots = change_logs.resolved(inputs)
+    if changes:
+        result = in_session(remote, master, lambda spark: change_logs.run_changes(
+            spark, roots, output))
+        lines, status = change_logs.summary_lines(result), 0
+    else:
+        archives = in_session(remote, master, lambda spark: analyze.run_analyze(
+            spark, roots, output, compressibility=not no_compressibility,
+            identity_file=str(Path(identity).resolve()) if identity else None))
+        lines = analyze.summary_lines(archives)
+        status = 0 if all(rep.recoverable for rep in archives.archives.values()) else 1
+    status = deliver(lambda: click.echo("\n".join(lines)), status)
+    if status:
+        raise click.exceptions.Exit(status)
+
+
+def in_session(remote: str | None, master: str, job: Callable[[Any], T]) -> T:
+    """Run ``job`` in a Spark session made for it (its scratch directory removed after); a
+    bad input's error as a one-line ClickException."""
+    from receivewal.check import sparksession  # noqa: PLC0415 - pyspark lazily
 
     scratch = scratch_directory("receivewal-spark-")
     try:
         spark = sparksession.make_session(remote, scratch=scratch, master=master)
         try:
-            result = analyze.run_analyze(
-                spark, [i if analyze.is_uri(i) else str(Path(i).resolve()) for i in inputs],
-                output, compressibility=not no_compressibility,
-                identity_file=str(Path(identity).resolve()) if identity else None)
+            return job(spark)
         except (ArchiveError, ConfigurationError, StoreError) as exc:
             raise click.ClickException(str(exc)) from exc
         finally:
             spark.stop()  # releases a Connect session on the server; ends a local one
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    lines = analyze.summary_lines(result)
-    status = deliver(lambda: click.echo("\n".join(lines)),
-                     0 if all(rep.recoverable for rep in result.archives.values()) else 1)
-    if status:
-        raise click.exceptions.Exit(status)

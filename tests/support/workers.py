@@ -18,6 +18,7 @@ WORKER_GROUPS = {
     "test_package.py": "deb", "test_systemd_real.py": "deb",
     "test_analyze.py": "spark", "test_analyze_connect.py": "spark",
     "test_analyze_cluster.py": "spark", "test_analyze_bucket.py": "spark",
+    "test_analyze_changes.py": "spark",
     "test_huge_records.py": "spark",
 }
 #: The longest units of work (minutes, against seconds for most modules), handed out first:

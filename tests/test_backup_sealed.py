@@ -22,7 +22,7 @@ import pytest
 import zstandard
 from support.agekeys import KeyPair, age_command, age_keygen
 from support.backups import give_to_postgres, start_recovered
-from support.postgres_user import install_for_postgres, readable_by_postgres
+from support.postgres_user import S3_PACKAGES, install_for_postgres, readable_by_postgres
 from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
 from support.streams import receivewal, start_receivewal, stop, wait_for
@@ -82,7 +82,7 @@ def world(seaweed: SeaweedS3) -> Iterator[World]:
                  what="streaming")
         assert streamer.poll() is None, log.read_text()
         world = World(base, pg, seaweed, archive, url, key, other, "", "", "",
-                      install_for_postgres(base, ("pyrage",)))
+                      install_for_postgres(base, ("pyrage", *S3_PACKAGES)))
         world.local_id = backup_id_of(world.run(
             "backup", "-D", str(archive), "-d", pg.dsn, "--fast", "--label", "sealed",
             "--encrypt-to", key.recipient))
@@ -175,22 +175,23 @@ def test_recover_without_the_key_fails_before_writing(world: World) -> None:
     assert list(empty.iterdir()) == []
 
 
-def test_recover_to_a_time_with_the_identity(world: World) -> None:
+def recover_and_check(world: World, archive: str, expect_id: str, name: str) -> None:
     """The backup decrypted while it is unpacked; the server's restore_command gets the
     identity file and decrypts the sealed WAL: 'before' is there, 'after' is not."""
-    pgdata = world.base / "recovered"
-    done = world.run("recover", "--to", str(pgdata), "-D", str(world.archive),
+    pgdata = world.base / name
+    env = " ".join(f"{k}={v}" for k, v in world.seaweed.env().items())
+    done = world.run("recover", "--to", str(pgdata), "-D", archive,
                      "--target-time", world.target, "--identity", str(world.key.path),
-                     "--restore-command-prefix", world.prefix)
+                     "--restore-command-prefix", f"{env} {world.prefix}")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"backup {world.local_id} "), done.stdout
+    assert done.stdout.startswith(f"backup {expect_id} "), done.stdout
     conf = (pgdata / "postgresql.auto.conf").read_text()
     assert f"--identity {world.key.path.absolute()} %f %p" in conf, conf
     give_to_postgres(pgdata)
     try:
-        server = start_recovered(world.base, "recovered")
+        server = start_recovered(world.base, name)
     except subprocess.CalledProcessError as exc:
-        log = world.base / "recovered.log"
+        log = world.base / f"{name}.log"
         raise AssertionError(log.read_text() if log.exists() else str(exc)) from exc
     try:
         assert server.sql("SELECT string_agg(what, ',') FROM marker") == "before"
@@ -198,6 +199,15 @@ def test_recover_to_a_time_with_the_identity(world: World) -> None:
         assert "recovery stopping before commit" in server.logfile.read_text()
     finally:
         server.stop("immediate")
+
+
+def test_recover_to_a_time_with_the_identity(world: World) -> None:
+    recover_and_check(world, str(world.archive), world.local_id, "recovered")
+
+
+def test_recover_to_a_time_from_the_bucket_with_the_identity(world: World) -> None:
+    """The bucket's backup (sealed to two recipients) and its sealed WAL, read with one key."""
+    recover_and_check(world, world.url, world.bucket_id, "recovered-bucket")
 
 
 def test_verify_reads_sealed_backups_with_the_identity(world: World) -> None:

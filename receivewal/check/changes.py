@@ -152,7 +152,7 @@ def _batches(row: dict[str, Any]) -> Iterator[Any]:
             if len(columns["n"]) >= BATCH_LINES:
                 yield batch()
     except (OSError, ReceivewalError, UnicodeDecodeError) as exc:
-        error = f"{_path(row)}: {exc}"
+        error = str(exc) if f'"{_path(row)}"' in str(exc) else f"{_path(row)}: {exc}"
     if error is not None:
         for name, value in (("n", None), ("line", None), ("tx_time", None), ("tx_gid", None),
                             ("error", error)):

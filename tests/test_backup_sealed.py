@@ -220,3 +220,19 @@ def test_verify_reads_sealed_backups_with_the_identity(world: World) -> None:
     done = world.run("verify", str(world.archive))
     assert f"backup {world.local_id}: sealed: its files were not checked: " in done.stdout, \
         done.stdout + done.stderr
+
+
+def test_a_plain_backup_of_a_sealed_archive_without_the_key_is_warned_about(
+        world: World) -> None:
+    """A plain backup recovers without a key, but the archive's WAL is sealed: recover says
+    the restore_command it wrote cannot read it. (Last: it adds a backup to the archive.)"""
+    plain = backup_id_of(world.run("backup", "-D", str(world.archive), "-d", world.pg.dsn,
+                                   "--fast", "--label", "plain"))
+    pgdata = world.base / "plain-recovered"
+    done = world.run("recover", plain, "--to", str(pgdata), "-D", str(world.archive),
+                     "--no-sync")
+    assert done.returncode == 0, done.stderr
+    assert "--identity" not in (pgdata / "postgresql.auto.conf").read_text()
+    assert "The archive's WAL is encrypted (to " in done.stdout, done.stdout
+    assert f"{world.key.recipient}" in done.stdout
+    assert "run recover again with --identity FILE" in done.stdout

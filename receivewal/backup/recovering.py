@@ -108,6 +108,13 @@ def run_recover(settings: RecoverSettings) -> tuple[BackupRecord, Unpacked, str]
     write_recovery(settings.pgdata, recovery_settings(settings.target, settings.action,
                                                       command), sync=settings.sync)
     text = start_instructions(settings.pgdata, list(unpacked.tablespaces.values()))
+    recorded = place.identity()
+    if settings.identity is None and recorded is not None and recorded.recipient_sets:
+        newest = recorded.recipient_sets[-1].recipients
+        text += ("\nThe archive's WAL is encrypted (to " + newest.describe() + ", its identity "
+                 "record says): this restore_command has no --identity, so the server's "
+                 "restore calls cannot read sealed segments (exit 126) and recovery stops "
+                 "there; to read them, run recover again with --identity FILE.")
     if isinstance(place, BucketPlace):
         text += ("\nThe restore_command reads the bucket: the server's environment needs the "
                  "same object storage settings as this command (AWS_ENDPOINT_URL, "

@@ -69,6 +69,10 @@ WRITES_OTHER = {
     "nothing can check it once sealed; the uploader then puts it as it sits)",
     "archive/sealed.py::write_recipients_file": "a sealed file's recipients file",
     "daemon/uploader.py::Uploader._sealed_body": "a sealed file's recipients object",
+    "backup/upload.py::BucketBackup._put_recipients": "a sealed backup file's recipients object",
+    "backup/upload.py::BucketBackup.write_manifest": "a base backup's manifest, in a bucket",
+    "backup/upload.py::BucketBackup.commit": "a base backup's record, in a bucket",
+    "logical/store.py::ChangeLogStore._seal": "a change log file sealed (no WAL)",
 }
 
 

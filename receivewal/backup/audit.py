@@ -4,16 +4,22 @@ Each complete backup is read back whole against its manifest
 (:func:`~receivewal.backup.stored.verify_backup`: every file there once, of its size and
 checksum), must be of the archive's system, and the archive must hold every WAL segment from
 its start to its end. A record that cannot be read fails too. A backup being written, or one
-interrupted (no record), is no backup: it is named, not checked, and fails nothing.
+interrupted (no record), is no backup: it is named, not checked, and fails nothing. A backup
+sealed with ``backup --encrypt-to`` is read through ``--identity``; without one (or with a key
+that is none of its recipients') its files are not checked, which is said, and its WAL is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from receivewal.archive.encryption import KeyFileError
+from receivewal.archive.recipients import NotARecipient
+from receivewal.archive.sealed import NoIdentity
 from receivewal.backup.catalog import BackupEntry, EntryState
 from receivewal.backup.place import BackupPlace, open_place
-from receivewal.backup.stored import verify_backup
+from receivewal.backup.sealing import readable_files
+from receivewal.backup.stored import Verified, verify_backup
 from receivewal.errors import ArchiveError, StoreError
 from receivewal.wal.lsn import format_lsn
 
@@ -34,20 +40,22 @@ class BackupCheck:
         return f"backup {self.backup_id}: {self.state}: {self.detail}"
 
 
-def check_backups(archive: str) -> list[BackupCheck]:
-    """Every backup of ``archive`` checked (none when it has no ``backups/``)."""
+def check_backups(archive: str, key_file: str | None = None) -> list[BackupCheck]:
+    """Every backup of ``archive`` checked (none when it has no ``backups/``), a sealed one
+    through the identity file ``key_file``."""
     place = open_place(archive)
     entries = place.catalog()
     if not entries:
         return []
     identity = place.identity()
     held = place.held(identity.segment_size) if identity is not None else set()
-    return [check_entry(place, entry, identity.system_identifier if identity else None, held)
+    return [check_entry(place, entry, identity.system_identifier if identity else None, held,
+                        key_file)
             for entry in entries]
 
 
 def check_entry(place: BackupPlace, entry: BackupEntry, system_identifier: str | None,
-                held: set[str]) -> BackupCheck:
+                held: set[str], key_file: str | None = None) -> BackupCheck:
     """One backup checked (see the module's docstring)."""
     record = entry.record
     if entry.state is EntryState.DAMAGED:
@@ -58,17 +66,22 @@ def check_entry(place: BackupPlace, entry: BackupEntry, system_identifier: str |
         return BackupCheck(entry.backup_id, "FAILED",
                            f"of database system {record.system_identifier}, the archive's is "
                            f"{system_identifier}")
-    try:
-        verified = verify_backup(place.files(entry.backup_id), record)
-    except (ArchiveError, StoreError) as exc:
-        return BackupCheck(entry.backup_id, "FAILED", str(exc))
-    missing = [name for name in record.wal_segments() if name not in held]
     wal = (f"WAL {format_lsn(record.start_lsn)} to {format_lsn(record.end_lsn)} on timeline "
            f"{record.end_timeline}")
+    missing = [name for name in record.wal_segments() if name not in held]
+    unchecked = ""  # why a sealed backup's files were not read
+    verified = Verified(0, 0)
+    try:
+        verified = verify_backup(readable_files(place.files(entry.backup_id), record, key_file),
+                                 record)
+    except (NoIdentity, NotARecipient, KeyFileError) as exc:
+        unchecked = f"its files were not checked: {exc}"
+    except (ArchiveError, StoreError) as exc:
+        return BackupCheck(entry.backup_id, "FAILED", str(exc))
     if missing:
         return BackupCheck(entry.backup_id, "FAILED",
-                           f"its files match the manifest, but the archive lacks WAL segment "
-                           f"{missing[0]} of its {wal}")
-    return BackupCheck(entry.backup_id, "verified",
-                       f"{verified.files} files, {verified.bytes} bytes match the manifest; "
-                       f"{wal} in the archive")
+                           f"{unchecked or 'its files match the manifest'}, but the archive "
+                           f"lacks WAL segment {missing[0]} of its {wal}")
+    found = f"{verified.files} files, {verified.bytes} bytes match the manifest"
+    return BackupCheck(entry.backup_id, "sealed" if unchecked else "verified",
+                       f"{unchecked or found}; {wal} in the archive")

@@ -20,7 +20,6 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from receivewal.archive.codecs import Compressor
 from receivewal.archive.compression import CompressSpec, new_compressor
 from receivewal.archive.durable import (
     create_temporary,
@@ -30,11 +29,14 @@ from receivewal.archive.durable import (
     write_file_durably,
 )
 from receivewal.archive.lock import lock_directory
+from receivewal.archive.recipients import RecipientSet
+from receivewal.archive.sealed import write_recipients_file
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
+from receivewal.backup.sealing import StoredForm, seal_small, sealed_name
 from receivewal.errors import ArchiveError
-from receivewal.wal.names import AtRest
+from receivewal.wal.names import RECIPIENTS_SUFFIX, AtRest
 
 BACKUPS = "backups"
 FILE_MODE = 0o600  # 0o640 when the server's data directory is group-readable, as for WAL
@@ -55,9 +57,9 @@ class _Open:
     """The archive file being written."""
 
     def __init__(self, info: ArchiveInfo, name: str, compression: str, *, fd: int, tmp: Path,
-                 compressor: Compressor | None) -> None:
+                 form: StoredForm) -> None:
         self.info, self.name, self.compression = info, name, compression
-        self.fd, self.tmp, self.compressor = fd, tmp, compressor
+        self.fd, self.tmp, self.form = fd, tmp, form
         self.stored = self.received = 0
 
 
@@ -65,10 +67,12 @@ class BackupDirectory:
     """One backup being written (a :class:`~receivewal.backup.receipt.BackupSink`)."""
 
     def __init__(self, path: Path, lock_fd: int, compress: CompressSpec, *, sync: bool,
-                 file_mode: int = FILE_MODE) -> None:
+                 file_mode: int = FILE_MODE, recipients: RecipientSet | None = None) -> None:
         self.path = path
         self.backup_id = path.name
         self.compress = compress
+        self.recipients = recipients  # --encrypt-to: every file sealed to them
+        self.manifest_name = sealed_name(MANIFEST_NAME, recipients)
         self.sync = sync
         self.file_mode = file_mode
         self.stored: list[StoredArchive] = []
@@ -78,7 +82,8 @@ class BackupDirectory:
 
     @classmethod
     def create(cls, archive: Path, started: datetime, compress: CompressSpec, *,
-               sync: bool = True, file_mode: int = FILE_MODE) -> BackupDirectory:
+               sync: bool = True, file_mode: int = FILE_MODE,
+               recipients: RecipientSet | None = None) -> BackupDirectory:
         """A new, empty, locked backup directory under ``archive/backups`` (made if missing);
         its files get ``file_mode`` (the archive's: the server's data directory mode's), its
         directories the same with the search bits."""
@@ -101,7 +106,8 @@ class BackupDirectory:
             except OSError as exc:
                 raise _os_error("create directory", path, exc) from exc
             sync_path(backups, sync=sync)
-            return cls(path, lock_directory(path), compress, sync=sync, file_mode=file_mode)
+            return cls(path, lock_directory(path), compress, sync=sync, file_mode=file_mode,
+                       recipients=recipients)
         raise ArchiveError(f"could not find a free backup name like {base} in {backups}")
 
     # -- the sink ----------------------------------------------------------------------------
@@ -112,28 +118,31 @@ class BackupDirectory:
         else:
             method = self.compress.method
             name, compressor = archive.name + AtRest(method).suffix, new_compressor(self.compress)
+        name = sealed_name(name, self.recipients)
         target = self.path / name
         try:
+            if self.recipients is not None:  # the recipients file first, as stream's
+                write_recipients_file(target, self.recipients, mode=self.file_mode,
+                                      sync=self.sync)
             fd, tmp = create_temporary(target, self.file_mode)
         except OSError as exc:
             raise _os_error("create file", target, exc) from exc
-        self._open = _Open(archive, name, method, fd=fd, tmp=tmp, compressor=compressor)
-        if compressor is not None:
-            self._write(compressor.begin())
+        self._open = _Open(archive, name, method, fd=fd, tmp=tmp,
+                           form=StoredForm(compressor, self.recipients))
+        self._write(self._open.form.begin())
 
     def archive_bytes(self, data: memoryview) -> None:
         """Write the archive's next bytes (compressed when asked)."""
         current = self._open
         assert current is not None
         current.received += len(data)
-        self._write(data if current.compressor is None else current.compressor.compress(data))
+        self._write(current.form.update(data))
 
     def end_archive(self) -> None:
         """Finish, fsync and rename the archive file; fsync the directory."""
         current = self._open
         assert current is not None
-        if current.compressor is not None:
-            self._write(current.compressor.finish())
+        self._write(current.form.finish())
         final = self.path / current.name
         fd, current.fd = current.fd, -1
         try:
@@ -156,11 +165,17 @@ class BackupDirectory:
 
     # -- the end -----------------------------------------------------------------------------
     def write_manifest(self, data: bytes) -> str:
-        """Write the manifest durably; its SHA-256."""
+        """Write the manifest durably (sealed with the archives); its plaintext's SHA-256."""
+        target = self.path / self.manifest_name
         try:
-            write_file_durably(self.path, MANIFEST_NAME, data, mode=self.file_mode, sync=self.sync)
+            if self.recipients is not None:
+                write_recipients_file(target, self.recipients, mode=self.file_mode,
+                                      sync=self.sync)
+            write_file_durably(self.path, self.manifest_name,
+                               seal_small(data, self.recipients), mode=self.file_mode,
+                               sync=self.sync)
         except OSError as exc:
-            raise _os_error("write file", self.path / MANIFEST_NAME, exc) from exc
+            raise _os_error("write file", target, exc) from exc
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
         return self.manifest_sha256
 
@@ -180,11 +195,16 @@ class BackupDirectory:
         stays has no record, which retention removes)."""
         current, self._open = self._open, None
         if current is not None:
+            current.form.close()
             if current.fd >= 0:
                 os.close(current.fd)
             current.tmp.unlink(missing_ok=True)
-        for name in [*(a.name for a in self.stored), MANIFEST_NAME]:
+        names = [*(a.name for a in self.stored), self.manifest_name]
+        if current is not None:
+            names.append(current.name)
+        for name in names:
             (self.path / name).unlink(missing_ok=True)
+            (self.path / (name + RECIPIENTS_SUFFIX)).unlink(missing_ok=True)
         self._unlock()
         try:
             self.path.rmdir()

@@ -24,6 +24,7 @@ from receivewal.archive.compression import CompressSpec
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.objectstore import is_bucket_url
 from receivewal.archive.reading import HISTORY_FILE_CAP
+from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sources import ArchiveSource, list_source, read_capped, recorded_identity
 from receivewal.backup.catalog import BackupEntry, EntryState, read_catalog
 from receivewal.backup.directory import BACKUPS, BackupDirectory
@@ -122,8 +123,15 @@ class BackupPlace(ABC):
 
     @abstractmethod
     def new_backup(self, started: datetime, compress: CompressSpec, *, sync: bool,
-                   file_mode: int) -> BackupTarget:
-        """A new backup's target, named for its start."""
+                   file_mode: int, recipients: RecipientSet | None = None) -> BackupTarget:
+        """A new backup's target, named for its start (its files sealed to ``recipients``
+        when given)."""
+
+    @abstractmethod
+    def adopt_recipients(self, recipients: RecipientSet, *, sync: bool, file_mode: int,
+                         ) -> None:
+        """List ``recipients`` in the archive's identity record before a backup is sealed
+        to them (``--encrypt-to``)."""
 
 
 class DirectoryPlace(BackupPlace):
@@ -148,9 +156,15 @@ class DirectoryPlace(BackupPlace):
         return str(self.path / BACKUPS / backup_id)
 
     def new_backup(self, started: datetime, compress: CompressSpec, *, sync: bool,
-                   file_mode: int) -> BackupTarget:
+                   file_mode: int, recipients: RecipientSet | None = None) -> BackupTarget:
         return BackupDirectory.create(self.path, started, compress, sync=sync,
-                                      file_mode=file_mode)
+                                      file_mode=file_mode, recipients=recipients)
+
+    def adopt_recipients(self, recipients: RecipientSet, *, sync: bool, file_mode: int,
+                         ) -> None:
+        from receivewal.archive.directory import Archive  # noqa: PLC0415
+
+        Archive(self.path, sync=sync, file_mode=file_mode).adopt_recipients(recipients)
 
 
 @dataclass(frozen=True)
@@ -222,10 +236,16 @@ class BucketPlace(BackupPlace):
         return self.bucket.url.url(f"{BACKUPS}/{backup_id}")
 
     def new_backup(self, started: datetime, compress: CompressSpec, *, sync: bool,
-                   file_mode: int) -> BackupTarget:
+                   file_mode: int, recipients: RecipientSet | None = None) -> BackupTarget:
         from receivewal.backup.upload import BucketBackup  # noqa: PLC0415
 
-        return BucketBackup.create(self.bucket, started, compress)
+        return BucketBackup.create(self.bucket, started, compress, recipients)
+
+    def adopt_recipients(self, recipients: RecipientSet, *, sync: bool, file_mode: int,
+                         ) -> None:
+        """The identity object is create-only (``stream --upload-to`` writes it, with the
+        sets it knew): it is not rewritten; the backup's record and recipients objects say
+        to whom its files are sealed."""
 
 
 def open_place(archive: str) -> BackupPlace:

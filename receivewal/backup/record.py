@@ -71,8 +71,11 @@ class BackupRecord:
     archives: tuple[StoredArchive, ...]
     wal_spans: tuple[WalSpan, ...]
     manifest_name: str
-    manifest_sha256: str  # of the manifest file as stored
+    manifest_sha256: str  # of the manifest (its plaintext when sealed)
     database_bytes: int  # the size of the files the manifest lists
+    #: the age recipients every archive and the manifest are sealed to (``--encrypt-to``),
+    #: sorted; empty: stored plain
+    encrypted_to: tuple[str, ...] = ()
 
     @property
     def stored_bytes(self) -> int:
@@ -121,6 +124,8 @@ def record_to_json(record: BackupRecord) -> bytes:
         "manifest": {"name": record.manifest_name, "sha256": record.manifest_sha256},
         "database_bytes": record.database_bytes,
     }
+    if record.encrypted_to:
+        document["encryption"] = {"format": "age", "recipients": list(record.encrypted_to)}
     return (json.dumps(document, indent=1) + "\n").encode()
 
 
@@ -181,6 +186,19 @@ def _span_of(item: Any) -> WalSpan:
     return span
 
 
+def _encrypted_to(value: Any) -> tuple[str, ...]:
+    """The recipients of ``"encryption"`` (absent: a plain backup)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or value.get("format") != "age":
+        raise ValueError("'encryption' is not an age recipient list")
+    recipients = value["recipients"]
+    if not isinstance(recipients, list) or not recipients \
+            or not all(isinstance(r, str) for r in recipients):
+        raise TypeError("'encryption' lists no recipients")
+    return tuple(recipients)
+
+
 def _record_of(document: Any) -> BackupRecord:
     if not isinstance(document, dict) or document.get("format") != RECORD_FORMAT:
         raise ValueError(f"not a backup record of format {RECORD_FORMAT}")
@@ -203,6 +221,7 @@ def _record_of(document: Any) -> BackupRecord:
         manifest_name=_str(manifest, "name"),
         manifest_sha256=_str(manifest, "sha256"),
         database_bytes=_int(document, "database_bytes"),
+        encrypted_to=_encrypted_to(document.get("encryption")),
     )
     if not (is_timeline_id(record.timeline) and is_timeline_id(record.end_timeline)):
         raise ValueError("a timeline is not a timeline ID")

@@ -19,6 +19,7 @@ from receivewal.backup.catalog import EntryState
 from receivewal.backup.choice import RecoveryTarget, choose_backup, unusable
 from receivewal.backup.place import BackupPlace, BucketPlace, open_place
 from receivewal.backup.record import BackupRecord
+from receivewal.backup.sealing import readable_files
 from receivewal.backup.settings import (
     recovery_settings,
     restore_command,
@@ -48,6 +49,7 @@ class RecoverSettings:
     mapping: Mapping[str, str] = field(default_factory=dict)  # tablespace: old -> new
     restore_prefix: str = "receivewal restore"  # how the server runs receivewal restore
     sync: bool = True
+    identity: str | None = None  # --identity FILE: decrypts a sealed backup and the WAL
 
 
 def target_timeline(place: BackupPlace, target: RecoveryTarget, newest: int) -> int:
@@ -94,15 +96,25 @@ def run_recover(settings: RecoverSettings) -> tuple[BackupRecord, Unpacked, str]
     record = pick_backup(place, settings)
     for directory in tablespace_directories(record, settings.mapping).values():
         refuse_unless_empty(directory, "tablespace directory")
-    unpacked = unpack_backup(place.files(record.backup_id), record, settings.pgdata,
-                             mapping=settings.mapping, sync=settings.sync)
+    # a sealed backup: the key is checked before anything is written
+    files = readable_files(place.files(record.backup_id), record, settings.identity)
+    unpacked = unpack_backup(files, record, settings.pgdata, mapping=settings.mapping,
+                             sync=settings.sync)
     # the server runs restore_command in the data directory: a directory is named absolute
     archive = place.archive if isinstance(place, BucketPlace) \
         else str(Path(place.archive).absolute())
-    command = restore_command(settings.restore_prefix, archive)
+    identity = None if settings.identity is None else str(Path(settings.identity).absolute())
+    command = restore_command(settings.restore_prefix, archive, identity)
     write_recovery(settings.pgdata, recovery_settings(settings.target, settings.action,
                                                       command), sync=settings.sync)
     text = start_instructions(settings.pgdata, list(unpacked.tablespaces.values()))
+    recorded = place.identity()
+    if settings.identity is None and recorded is not None and recorded.recipient_sets:
+        newest = recorded.recipient_sets[-1].recipients
+        text += ("\nThe archive's WAL is encrypted (to " + newest.describe() + ", its identity "
+                 "record says): this restore_command has no --identity, so the server's "
+                 "restore calls cannot read sealed segments (exit 126) and recovery stops "
+                 "there; to read them, run recover again with --identity FILE.")
     if isinstance(place, BucketPlace):
         text += ("\nThe restore_command reads the bucket: the server's environment needs the "
                  "same object storage settings as this command (AWS_ENDPOINT_URL, "

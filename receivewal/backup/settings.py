@@ -22,10 +22,15 @@ ACTIONS = ("promote", "pause", "shutdown")
 MARK = "# added by receivewal recover"
 
 
-def restore_command(prefix: str, archive: str) -> str:
-    """``prefix -D ARCHIVE %f %p``: ``prefix`` runs ``receivewal restore`` (e.g.
-    ``receivewal restore`` or ``/usr/bin/python3 -m receivewal restore``)."""
-    return f"{prefix} -D {shlex.quote(archive).replace('%', '%%')} %f %p"
+def restore_command(prefix: str, archive: str, identity: str | None = None) -> str:
+    """``prefix -D ARCHIVE [--identity FILE] %f %p``: ``prefix`` runs ``receivewal restore``
+    (e.g. ``receivewal restore`` or ``/usr/bin/python3 -m receivewal restore``); ``identity``
+    (absolute) decrypts an encrypted WAL archive."""
+    def quoted(value: str) -> str:
+        return shlex.quote(value).replace("%", "%%")
+
+    key = f" --identity {quoted(identity)}" if identity is not None else ""
+    return f"{prefix} -D {quoted(archive)}{key} %f %p"
 
 
 def recovery_settings(target: RecoveryTarget, action: str, command: str

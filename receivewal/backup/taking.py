@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
 from receivewal.archive.identity import ArchiveIdentity, check_same_cluster
+from receivewal.archive.recipients import RecipientSet
 from receivewal.backup.command import BackupRequest
 from receivewal.backup.place import BackupPlace, open_place
 from receivewal.backup.record import BackupRecord
@@ -43,6 +44,7 @@ class BackupSettings:
     compress: CompressSpec = NO_COMPRESSION  # client-side, unless the server compresses
     wal_wait: float = 60.0  # seconds to wait for the backup's WAL in the archive
     sync: bool = True
+    encrypt_to: RecipientSet | None = None  # --encrypt-to: every file sealed to them
 
 
 def archive_identity(place: BackupPlace) -> ArchiveIdentity:
@@ -95,11 +97,15 @@ def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambd
         server = identify_server(conn)
         check_same_cluster(place.archive, identity, ArchiveIdentity(
             server.system_identifier, server.segment_size, server.timeline))
+        if settings.encrypt_to is not None:  # listed before anything is sealed to it
+            place.adopt_recipients(settings.encrypt_to, sync=settings.sync,
+                                   file_mode=server.file_mode)
         say(f"base backup of database system {server.system_identifier} started")
         record = take_backup_into(
             conn, settings.request,
             lambda started: place.new_backup(started, settings.compress, sync=settings.sync,
-                                             file_mode=server.file_mode),
+                                             file_mode=server.file_mode,
+                                             recipients=settings.encrypt_to),
             server, stopping=stopping,
             before_commit=lambda rec: wait_for_wal(place, rec, settings.wal_wait,
                                                    stopping=stopping, say=say))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
+from receivewal.archive.recipients import RecipientSet
 from receivewal.backup.command import (
     BackupRequest,
     base_backup_command,
@@ -28,7 +29,6 @@ from receivewal.backup.command import (
     parse_tablespaces,
 )
 from receivewal.backup.directory import BackupDirectory
-from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import BackupSink, Receipt, ReceivedBackup
 from receivewal.backup.record import BackupRecord, StoredArchive, WalSpan
 from receivewal.errors import ConnectionLost, ProtocolError, ServerError, StopRequested
@@ -44,6 +44,8 @@ class BackupTarget(BackupSink, Protocol):
 
     backup_id: str
     stored: list[StoredArchive]
+    recipients: RecipientSet | None  # --encrypt-to: the files are sealed to them
+    manifest_name: str  # the manifest as stored (backup_manifest, or .age when sealed)
 
     def write_manifest(self, data: bytes) -> str:
         """Store the manifest; its SHA-256."""
@@ -172,5 +174,6 @@ def backup_record(directory: BackupTarget, request: BackupRequest, server: Serve
         end_lsn=received.end.lsn, start_time=started, end_time=ended, archives=archives,
         wal_spans=tuple(WalSpan(r.timeline, r.start, r.end)
                         for r in received.manifest.wal_ranges),
-        manifest_name=MANIFEST_NAME, manifest_sha256=manifest_sha256,
-        database_bytes=received.database_bytes)
+        manifest_name=directory.manifest_name, manifest_sha256=manifest_sha256,
+        database_bytes=received.database_bytes,
+        encrypted_to=() if directory.recipients is None else directory.recipients.recipients)

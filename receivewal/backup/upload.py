@@ -14,14 +14,15 @@ import hashlib
 from datetime import datetime
 
 from receivewal.archive.bucket import Bucket, StreamUpload
-from receivewal.archive.codecs import Compressor
 from receivewal.archive.compression import CompressSpec, new_compressor
+from receivewal.archive.recipients import RecipientSet, recipients_file_text
 from receivewal.backup.directory import BACKUPS, backup_id_for
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
+from receivewal.backup.sealing import StoredForm, seal_small, sealed_name
 from receivewal.errors import ArchiveError
-from receivewal.wal.names import AtRest
+from receivewal.wal.names import RECIPIENTS_SUFFIX, AtRest
 
 _ATTEMPTS = 100
 
@@ -35,25 +36,29 @@ class _Open:
     """The archive being uploaded."""
 
     def __init__(self, info: ArchiveInfo, name: str, compression: str, upload: StreamUpload,
-                 compressor: Compressor | None) -> None:
+                 form: StoredForm) -> None:
         self.info, self.name, self.compression = info, name, compression
-        self.upload, self.compressor = upload, compressor
+        self.upload, self.form = upload, form
         self.received = 0
 
 
 class BucketBackup:
     """One backup being uploaded (a :class:`~receivewal.backup.transfer.BackupTarget`)."""
 
-    def __init__(self, bucket: Bucket, backup_id: str, compress: CompressSpec) -> None:
+    def __init__(self, bucket: Bucket, backup_id: str, compress: CompressSpec,
+                 recipients: RecipientSet | None = None) -> None:
         self.bucket = bucket
         self.backup_id = backup_id
         self.compress = compress
+        self.recipients = recipients  # --encrypt-to: every object sealed to them
+        self.manifest_name = sealed_name(MANIFEST_NAME, recipients)
         self.stored: list[StoredArchive] = []
         self.manifest_sha256 = ""
         self._open: _Open | None = None
 
     @classmethod
-    def create(cls, bucket: Bucket, started: datetime, compress: CompressSpec) -> BucketBackup:
+    def create(cls, bucket: Bucket, started: datetime, compress: CompressSpec,
+               recipients: RecipientSet | None = None) -> BucketBackup:
         """A new backup at a name no object of the prefix's ``backups/`` has yet."""
         taken = {name.removeprefix(f"{BACKUPS}/").split("/", 1)[0]
                  for name, _ in bucket.list_under(BACKUPS)}
@@ -61,7 +66,7 @@ class BucketBackup:
         for attempt in range(_ATTEMPTS):
             backup_id = f"{base}-{attempt}" if attempt else base
             if backup_id not in taken:
-                return cls(bucket, backup_id, compress)
+                return cls(bucket, backup_id, compress, recipients)
         raise ArchiveError(f"could not find a free backup name like {base} in "
                            f"{bucket.url.url(BACKUPS)}")
 
@@ -77,25 +82,25 @@ class BucketBackup:
         else:
             method = self.compress.method
             name, compressor = archive.name + AtRest(method).suffix, new_compressor(self.compress)
+        name = sealed_name(name, self.recipients)
+        self._put_recipients(name)
         upload = self.bucket.upload_stream(backup_key(self.backup_id, name))
-        self._open = _Open(archive, name, method, upload, compressor)
-        if compressor is not None:
-            upload.write(compressor.begin())
+        self._open = _Open(archive, name, method, upload,
+                           StoredForm(compressor, self.recipients))
+        upload.write(self._open.form.begin())
 
     def archive_bytes(self, data: memoryview) -> None:
         """The archive's next bytes (compressed when asked)."""
         current = self._open
         assert current is not None
         current.received += len(data)
-        current.upload.write(data if current.compressor is None
-                             else current.compressor.compress(data))
+        current.upload.write(current.form.update(data))
 
     def end_archive(self) -> None:
         """Complete the archive's upload."""
         current = self._open
         assert current is not None
-        if current.compressor is not None:
-            current.upload.write(current.compressor.finish())
+        current.upload.write(current.form.finish())
         stored = current.upload.finish()
         self._open = None
         self.stored.append(StoredArchive(current.name, current.info.tablespace_oid,
@@ -104,8 +109,11 @@ class BucketBackup:
 
     # -- the end -----------------------------------------------------------------------------
     def write_manifest(self, data: bytes) -> str:
-        """Upload the manifest, create-only; its SHA-256."""
-        self.bucket.put_new(backup_key(self.backup_id, MANIFEST_NAME), data)
+        """Upload the manifest, create-only (sealed with the archives); its plaintext's
+        SHA-256."""
+        self._put_recipients(self.manifest_name)
+        self.bucket.put_new(backup_key(self.backup_id, self.manifest_name),
+                            seal_small(data, self.recipients))
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
         return self.manifest_sha256
 
@@ -120,4 +128,11 @@ class BucketBackup:
         without a record (no backup: cleanup removes it)."""
         current, self._open = self._open, None
         if current is not None:
+            current.form.close()
             current.upload.abort()
+
+    def _put_recipients(self, name: str) -> None:
+        """The recipients object of the sealed object ``name``, before it (none when plain)."""
+        if self.recipients is not None:
+            self.bucket.put_new(backup_key(self.backup_id, name + RECIPIENTS_SUFFIX),
+                                recipients_file_text(self.recipients))

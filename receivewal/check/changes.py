@@ -35,9 +35,10 @@ from receivewal.check.analyze import is_uri, list_archive, opener_for, paralleli
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.logical.scan import scan_file
 from receivewal.logical.store import parse_file_name
+from receivewal.wal.names import ENCRYPTED_SUFFIX
 
 TASK_SCHEMA = ("log string, base string, file string, compression string, partial boolean, "
-               "file_bytes long")
+               "file_bytes long, identity string")
 LINES_SCHEMA = ("log string, file string, n long, line string, tx_time string, "
                 "tx_gid string, error string")
 BATCH_LINES = 8192
@@ -75,9 +76,26 @@ class ChangesResult:
 
 # -- executors ---------------------------------------------------------------------------------
 def _chunks(row: dict[str, Any]) -> Iterator[bytes]:
-    """The decompressed content of one file, a chunk at a time."""
-    with (opener_for(row["base"]) or open_local)(_path(row)) as fh:
-        yield from decompress_chunks(fh, row["compression"])
+    """The decompressed content of one file, a chunk at a time (a sealed one, ``.age``,
+    decrypted as it is read, through the row's identity file)."""
+    opener = opener_for(row["base"]) or open_local
+    path = _path(row)
+    with opener(path) as fh:
+        if not path.endswith(ENCRYPTED_SUFFIX):
+            yield from decompress_chunks(fh, row["compression"])
+            return
+        from receivewal.archive.encryption import decrypting_reader
+        from receivewal.archive.sealed import NoIdentity, Unsealer, read_recipients
+
+        recipients = read_recipients(path, opener)
+        unsealer = Unsealer(row.get("identity"))
+        if unsealer.key_file is None:
+            raise NoIdentity(path, recipients)
+        keys = unsealer.keys()
+        if recipients is not None:
+            keys.require(recipients, file=path)
+        with decrypting_reader(fh, keys, file=path, recipients=recipients) as plain:
+            yield from decompress_chunks(plain, row["compression"])
 
 
 def _path(row: dict[str, Any]) -> str:
@@ -134,7 +152,7 @@ def _batches(row: dict[str, Any]) -> Iterator[Any]:
             if len(columns["n"]) >= BATCH_LINES:
                 yield batch()
     except (OSError, ReceivewalError, UnicodeDecodeError) as exc:
-        error = f"{_path(row)}: {exc}"
+        error = str(exc) if f'"{_path(row)}"' in str(exc) else f"{_path(row)}: {exc}"
     if error is not None:
         for name, value in (("n", None), ("line", None), ("tx_time", None), ("tx_gid", None),
                             ("error", error)):
@@ -159,8 +177,9 @@ def lines_arrow_schema() -> Any:
 
 
 # -- the job -----------------------------------------------------------------------------------
-def plan_log(spark: Any, root: str) -> list[tuple[Any, ...]]:
-    """Task rows of one change log: its files, in name order."""
+def plan_log(spark: Any, root: str, identity: str | None = None) -> list[tuple[Any, ...]]:
+    """Task rows of one change log: its files, in name order (``identity``: the identity
+    file its sealed ones are read with)."""
     files = []
     for name, size in list_archive(spark, root):
         parsed = parse_file_name(name)
@@ -168,20 +187,21 @@ def plan_log(spark: Any, root: str) -> list[tuple[Any, ...]]:
             files.append((parsed[0], name, parsed[1], parsed[2], size))
     if not files:
         raise ArchiveError(f"{root} holds no change log files (<16 hex digits>.jsonl[.zst])")
-    return [(root, root.rstrip("/"), name, compression, partial, size)
+    return [(root, root.rstrip("/"), name, compression, partial, size, identity)
             for _, name, compression, partial, size in sorted(files)]
 
 
 def run_changes(spark: Any, roots: Iterable[str], output: Path, *,
-                report: bool = True) -> ChangesResult:
-    """Read every change log on Spark; write the tables and the report."""
+                report: bool = True, identity: str | None = None) -> ChangesResult:
+    """Read every change log on Spark (sealed files through the identity file
+    ``identity``); write the tables and the report."""
     from pyspark.sql import functions as sf
 
     began = time.perf_counter()
     output = output.resolve()
     output.mkdir(parents=True, exist_ok=True)
     roots = list(dict.fromkeys(roots))
-    rows = [row for root in roots for row in plan_log(spark, root)]
+    rows = [row for root in roots for row in plan_log(spark, root, identity)]
     tables = {name: str(output / name) for name in ("changes_per_hour", "change_files")}
     tasks = spark.createDataFrame(rows, TASK_SCHEMA).repartition(
         max(1, min(len(rows), parallelism(spark) * 4)))

@@ -75,14 +75,15 @@ def analyze_command(inputs: tuple[str, ...], output: Path, *, remote: str | None
     from receivewal.check import changes as change_logs  # noqa: PLC0415 - pyspark lazily
 
     roots = change_logs.resolved(inputs)
+    key_file = str(Path(identity).resolve()) if identity else None
     if changes:
         result = in_session(remote, master, lambda spark: change_logs.run_changes(
-            spark, roots, output))
+            spark, roots, output, identity=key_file))
         lines, status = change_logs.summary_lines(result), 0
     else:
         archives = in_session(remote, master, lambda spark: analyze.run_analyze(
             spark, roots, output, compressibility=not no_compressibility,
-            identity_file=str(Path(identity).resolve()) if identity else None))
+            identity_file=key_file))
         lines = analyze.summary_lines(archives)
         status = 0 if all(rep.recoverable for rep in archives.archives.values()) else 1
     status = deliver(lambda: click.echo("\n".join(lines)), status)

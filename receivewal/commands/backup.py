@@ -13,6 +13,8 @@ from types import FrameType
 import click
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, parse_compress_option
+from receivewal.archive.recipients import RecipientSet
+from receivewal.archive.sealed import ENCRYPT_TO_ENV
 from receivewal.backup.command import (
     MAX_RATE_LOWER,
     MAX_RATE_UPPER,
@@ -60,6 +62,16 @@ def _max_rate(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return int(number) * factor
 
 
+def _recipients(values: tuple[str, ...]) -> RecipientSet | None:
+    """--encrypt-to's set (None: not given), each checked before connecting (KeyFileError,
+    a ConfigurationError, naming a bad one)."""
+    if not values:
+        return None
+    from receivewal.archive.encryption import recipients_of  # noqa: PLC0415 - pyrage, if used
+
+    return recipients_of(values)
+
+
 def describe(record: BackupRecord, where: str) -> str:
     """What a complete backup says."""
     return (f"backup {record.backup_id} complete: {where}\n"
@@ -67,7 +79,8 @@ def describe(record: BackupRecord, where: str) -> str:
             f"{format_lsn(record.end_lsn)} (timeline {record.end_timeline}), "
             f"{len(record.wal_segments())} segments, all in the archive\n"
             f"  {record.database_bytes} bytes of database in {record.stored_bytes} bytes "
-            f"stored ({', '.join(a.name for a in record.archives)})")
+            f"stored ({', '.join(a.name for a in record.archives)})"
+            + (f"\n  sealed to {', '.join(record.encrypted_to)}" if record.encrypted_to else ""))
 
 
 @click.command("backup")
@@ -103,12 +116,19 @@ def describe(record: BackupRecord, where: str) -> str:
               envvar="RECEIVEWAL_WAL_WAIT", metavar="SECONDS",
               help="How long to wait for the archive to hold the backup's WAL, which the "
               "stream daemon archives, before giving the backup up (env RECEIVEWAL_WAL_WAIT).")
+@click.option("--encrypt-to", "encrypt_to", multiple=True, envvar=ENCRYPT_TO_ENV,
+              metavar="RECIPIENT",
+              help="Seal each stored tar and the manifest to this age X25519 recipient "
+              "(age1..., age-keygen's public key), as stream's --encrypt-to; repeatable: any "
+              f"of the recipients decrypts (env {ENCRYPT_TO_ENV}, whitespace between them). "
+              "recover and verify then need --identity.")
 @click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
 @retention_options
 def backup_command(*, archive: str, dbname: str | None, host: str | None, port: str | None,
                    username: str | None, label: str, fast: bool, max_rate: int,
                    compress: CompressSpec, server_compress: bool, wal_wait: float,
-                   no_sync: bool, keep_backups: str | None, recovery_window: str | None,
+                   encrypt_to: tuple[str, ...], no_sync: bool, keep_backups: str | None,
+                   recovery_window: str | None,
                    ) -> None:
     """Take a base backup over the replication protocol into the WAL archive (complete only
     once the archive holds its WAL from start to end)."""
@@ -122,7 +142,8 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
         base_backup_command(request)  # a label or rate the server would refuse: now
         settings = BackupSettings(archive, conninfo, request,
                                   NO_COMPRESSION if server_compress else compress,
-                                  wal_wait=wal_wait, sync=not no_sync)
+                                  wal_wait=wal_wait, sync=not no_sync,
+                                  encrypt_to=_recipients(encrypt_to))
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
     stop: list[int] = []

@@ -20,6 +20,7 @@ from typing import Any
 from receivewal.archive.compression import CompressSpec, parse_compress_option
 from receivewal.commands.options import (
     Lsn,
+    Repeated,
     option,
     same_option,
     setting_values,
@@ -131,6 +132,12 @@ class LogicalOptions:
         "64MB", "--file-size", setting="file_size", to_setting=parse_file_size,
         show_default=True, example="1MB",
         help="Complete a change file once it reaches this size (at a transaction's end).")
+    encrypt_to: Repeated = same_option(
+        "encrypt_to",
+        help="Seal each completed change file to this age X25519 recipient (age1..., "
+        "age-keygen's public key): P.jsonl[.zst] becomes P.jsonl[.zst].age beside "
+        "P.jsonl[.zst].age.recipients; the .partial being written stays plain. Repeatable: "
+        "any of the recipients decrypts. Needs pip install 'receivewal[encrypt]'.")
     compression: str = same_option("compression")
     receive_timeout: float = same_option("receive_timeout")
     reconnect_delay: float = same_option("reconnect_delay")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from receivewal.archive.sealed import IDENTITY_ENV
 from receivewal.backup.choice import (
     RecoveryTarget,
     TargetKind,
@@ -88,19 +89,24 @@ def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | 
               metavar="COMMAND",
               help="How the server runs 'receivewal restore' (default: this receivewal's "
               "path; env RECEIVEWAL_RESTORE_COMMAND_PREFIX).")
+@click.option("--identity", metavar="FILE", envvar=IDENTITY_ENV,
+              help="age identity file (age-keygen's) that decrypts a backup sealed with "
+              "backup --encrypt-to; the restore_command written passes it on (absolute), so "
+              f"an encrypted WAL archive is read too (env {IDENTITY_ENV}).")
 @click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
 def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: str | None,
                     target_lsn: str | None, target_xid: str | None, target_name: str | None,
                     target_immediate: bool, target_timeline: int | None, target_action: str,
                     mapping: dict[str, str], restore_command_prefix: str | None,
-                    no_sync: bool) -> None:
+                    identity: str | None, no_sync: bool) -> None:
     """Unpack a base backup into an empty PGDATA and set it up to recover from the archive
     (to a target, or to the archive's end); prints how to start the server."""
     target = read_target(target_time, target_lsn, target_xid, target_name,
                          immediate=target_immediate, timeline=target_timeline)
     settings = RecoverSettings(
         archive, pgdata.absolute(), backup_id, target, target_action, mapping,
-        restore_command_prefix or default_restore_prefix(), sync=not no_sync)
+        restore_command_prefix or default_restore_prefix(), sync=not no_sync,
+        identity=identity or None)
     try:
         record, unpacked, text = run_recover(settings)
     except ReceivewalError as exc:

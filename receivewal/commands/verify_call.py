@@ -113,7 +113,7 @@ def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | N
 
     report, results = verify_archive(archive, jobs=jobs, start_lsn=start_lsn(start),
                                      compressibility=compressibility, identity_file=identity)
-    backups = check_backups(archive) if _may_hold_backups(archive) else []
+    backups = check_backups(archive, identity) if _may_hold_backups(archive) else []
     failed = sum(1 for check in backups if check.failed)
     if as_json:
         import json  # noqa: PLC0415 - only for --json
@@ -140,11 +140,11 @@ def _may_hold_backups(archive: str) -> bool:
     return archive.startswith("s3://") or os.path.isdir(os.path.join(archive, "backups"))
 
 
-def check_backups(archive: str) -> list[BackupCheck]:
-    """Every backup of the archive, checked."""
+def check_backups(archive: str, identity: str | None = None) -> list[BackupCheck]:
+    """Every backup of the archive, checked (a sealed one through ``identity``)."""
     from receivewal.backup.audit import check_backups as check  # noqa: PLC0415
 
-    return check(archive)
+    return check(archive, identity)
 
 
 def run(call: Call) -> int:

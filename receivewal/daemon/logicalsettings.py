@@ -102,4 +102,4 @@ class LogicalSettings:
         return StoreSettings(file_size=self.file_size,
                              compression=self.files_compression.method,
                              level=self.files_compression.level, header=tuple(header),
-                             mode=mode, sync=self.base.sync)
+                             mode=mode, sync=self.base.sync, recipients=self.base.encrypt_to)

@@ -20,6 +20,7 @@ end of the last run on disk, so that the runs a resumed stream sends again are s
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -29,19 +30,25 @@ from typing import Any
 from receivewal.archive import durable
 from receivewal.archive.codecs import ZstdCompressor
 from receivewal.archive.compression import decompress_chunks
+from receivewal.archive.recipients import RecipientSet
+from receivewal.archive.sealed import seal_file
 from receivewal.errors import ArchiveError, ConfigurationError, DiskFullError
 from receivewal.logical import records
 from receivewal.logical.assembly import Run
 from receivewal.logical.relations import RelationInfo
 from receivewal.logical.scan import FileScan, scan_file
 from receivewal.logical.spool import clear_spool
+from receivewal.wal.names import ENCRYPTED_SUFFIX
 
 SUFFIX = ".jsonl"
 PARTIAL = ".partial"
 COMPRESSED = {"": "", "zstd": ".zst"}  # at-rest methods and their suffixes
 DEFAULT_FILE_SIZE = 64 << 20
 SPOOL = ".spool"
-_NAME = re.compile(r"^([0-9A-F]{16})\.jsonl(\.zst)?(\.partial)?$")
+_NAME = re.compile(r"^([0-9A-F]{16})\.jsonl(\.zst)?(\.age)?(\.partial)?$")
+#: The plain record of the sealed files' end: which file was sealed last and the end LSN of
+#: its last run (written before it is sealed: resuming after it needs no key).
+SEALED_THROUGH = ".sealed-through"
 _WRITE_BUFFER = 1 << 20
 _CHUNK = 1 << 20
 
@@ -58,6 +65,7 @@ class StoreSettings:
     header: tuple[tuple[str, Any], ...] = ()
     mode: int = 0o600
     sync: bool = True
+    recipients: RecipientSet | None = None  # --encrypt-to: completed files sealed to them
 
     def __post_init__(self) -> None:
         if self.compression not in COMPRESSED:
@@ -73,12 +81,18 @@ def file_name(lsn: int, compression: str = "", *, partial: bool = False) -> str:
 
 
 def parse_file_name(name: str) -> tuple[int, str, bool] | None:
-    """(LSN, compression, partial) of a change log file's name; None for other names (a
-    partial file is never compressed)."""
+    """(LSN, compression, partial) of a change log file's name (a sealed one's, ``.age``,
+    too: :func:`is_sealed`); None for other names (a partial file is never compressed nor
+    sealed)."""
     match = _NAME.match(name)
-    if match is None or (match.group(2) and match.group(3)):
+    if match is None or (match.group(4) and (match.group(2) or match.group(3))):
         return None
-    return int(match.group(1), 16), "zstd" if match.group(2) else "", bool(match.group(3))
+    return int(match.group(1), 16), "zstd" if match.group(2) else "", bool(match.group(4))
+
+
+def is_sealed(name: str) -> bool:
+    """Whether the change log file ``name`` is sealed (``--encrypt-to``)."""
+    return name.endswith(ENCRYPTED_SUFFIX)
 
 
 class ChangeLogStore:
@@ -128,7 +142,7 @@ class ChangeLogStore:
         clear_spool(self.spool)
         complete: dict[int, str] = {}
         partials: list[tuple[int, Path]] = []
-        for entry in sorted(os.listdir(self.directory)):
+        for entry in sorted(os.listdir(self.directory), key=is_sealed):  # sealed ones last
             if durable.is_temporary(entry):
                 (self.directory / entry).unlink()
                 continue
@@ -138,8 +152,10 @@ class ChangeLogStore:
             lsn, _, partial = parsed
             if partial:
                 partials.append((lsn, self.directory / entry))
-            else:
-                complete[lsn] = entry
+                continue
+            if is_sealed(entry) and lsn in complete:  # sealed whole; the crash came before
+                (self.directory / complete[lsn]).unlink()  # the plain file's unlink
+            complete[lsn] = entry
         for lsn, path in list(partials):
             if lsn in complete:  # compressed and renamed; the crash came before the unlink
                 path.unlink()
@@ -149,14 +165,53 @@ class ChangeLogStore:
                                + ", ".join(path.name for _, path in partials))
         self.last_name = max(complete, default=-1)
         if complete:
-            newest = self.directory / complete[max(complete)]
-            found = self._scan(newest)
-            self.written_through = found.last_end
-            self._check_header(newest, found)
+            self.written_through = self._newest_end(self.directory / complete[max(complete)])
         if partials:
             self._resume(*partials[0])
         durable.sync_path(self.directory, sync=self.settings.sync)
         self.durable_through = self.written_through
+
+    def _newest_end(self, newest: Path) -> int:
+        """The end LSN of the last run of the newest complete file: read from it, or for a
+        sealed one from :data:`SEALED_THROUGH`; a file whose sealing a crash interrupted is
+        sealed now."""
+        marked = self._sealed_through()
+        if is_sealed(newest.name):
+            if marked is None or marked[0] != newest.name:
+                raise ArchiveError(f"cannot resume the change log in {self.directory}: its "
+                                   f"newest file {newest.name} is sealed and "
+                                   f"{SEALED_THROUGH} does not say where it ends")
+            return marked[1]
+        found = self._scan(newest)
+        self._check_header(newest, found)
+        recipients = self.settings.recipients
+        if recipients is not None and marked is not None \
+                and marked[0] == newest.name + ENCRYPTED_SUFFIX:
+            seal_file(newest, recipients, mode=self.settings.mode, sync=self.settings.sync)
+        return found.last_end
+
+    def _sealed_through(self) -> tuple[str, int] | None:
+        """What :data:`SEALED_THROUGH` says: the file sealed last and its end LSN."""
+        path = self.directory / SEALED_THROUGH
+        try:
+            document = json.loads(path.read_bytes()[:4096])
+            return str(document["file"]), int(document["end_lsn"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ArchiveError(f"{path} is damaged: {exc}") from exc
+
+    def _seal(self, final: Path) -> Path:
+        """Seal the completed file ``final`` when ``--encrypt-to`` asks (its end recorded
+        first); the file's name now."""
+        recipients = self.settings.recipients
+        if recipients is None:
+            return final
+        record = {"file": final.name + ENCRYPTED_SUFFIX, "end_lsn": self.written_through}
+        durable.write_file_durably(self.directory, SEALED_THROUGH,
+                                   json.dumps(record).encode() + b"\n",
+                                   mode=self.settings.mode, sync=self.settings.sync)
+        return seal_file(final, recipients, mode=self.settings.mode, sync=self.settings.sync)
 
     def _scan(self, path: Path) -> FileScan:
         parsed = parse_file_name(path.name)
@@ -315,7 +370,7 @@ class ChangeLogStore:
             durable.finish_file(partial, final, fd=fd, close=True, sync=self.settings.sync)
         self._dirty = self._new_file = False
         self.durable_through = self.written_through
-        self._completed.append(final.name)
+        self._completed.append(self._seal(final).name)
 
     def _compress(self, partial: Path, final: Path) -> None:
         compressor = ZstdCompressor(self.settings.level)

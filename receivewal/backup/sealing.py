@@ -1,0 +1,151 @@
+"""How a backup's files are stored (issue 28 §4): compressed when asked, then sealed to the
+``--encrypt-to`` recipients when given, as they arrive; and a sealed backup read back.
+
+:class:`StoredForm` is what a backup directory and a bucket's backup push a tar's bytes
+through (a compressor's window and :class:`~receivewal.archive.encryption.Encryptor`'s: memory
+is bounded whatever the database's size). A sealed file is ``NAME.age`` with its recipients
+file ``NAME.age.recipients`` beside it, written first, as ``stream``'s sealed segments; the
+manifest is sealed too (``backup_manifest.age``). ``backup.json`` stays plain (recovery
+chooses a backup without a key) and says to whom the files are sealed (``encrypted_to``).
+
+:class:`SealedFiles` reads a sealed backup's files back through an identity file (``verify
+--identity``, ``recover --identity``): every ``*.age`` file decrypted as it streams, after its
+recipients file says the key is one of its recipients; :func:`require_key` is that check made
+before ``recover`` writes anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
+
+from receivewal.archive.codecs import Compressor
+from receivewal.archive.recipients import RecipientSet, parse_recipients_file, recipient_set
+from receivewal.archive.sealed import NoIdentity, Unsealer
+from receivewal.backup.record import BackupRecord
+from receivewal.backup.stored import BackupFiles
+from receivewal.errors import ArchiveError
+from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX
+
+if TYPE_CHECKING:
+    from receivewal.archive.encryption import Encryptor
+
+RECIPIENTS_CAP = 1 << 20
+
+
+class StoredForm:
+    """One file's bytes as stored: ``update`` returns what is ready, ``finish`` the rest."""
+
+    def __init__(self, compressor: Compressor | None, recipients: RecipientSet | None) -> None:
+        self.compressor = compressor
+        self.encryptor: Encryptor | None = None
+        if recipients is not None:
+            from receivewal.archive.encryption import Encryptor  # noqa: PLC0415 - pyrage
+
+            self.encryptor = Encryptor(recipients)
+
+    def _sealed(self, data: bytes | memoryview) -> bytes | memoryview:
+        return data if self.encryptor is None or not data else self.encryptor.update(data)
+
+    def begin(self) -> bytes | memoryview:
+        """The file's first bytes (a compressor's header), possibly none."""
+        return self._sealed(self.compressor.begin()) if self.compressor is not None else b""
+
+    def update(self, data: bytes | memoryview) -> bytes | memoryview:
+        """The stored bytes of the tar's next ``data`` that are ready."""
+        return self._sealed(data if self.compressor is None
+                            else self.compressor.compress(data))
+
+    def finish(self) -> bytes:
+        """The rest of the file."""
+        tail = bytes(self.compressor.finish()) if self.compressor is not None else b""
+        if self.encryptor is None:
+            return tail
+        return bytes(self._sealed(tail)) + self.encryptor.finish()
+
+    def close(self) -> None:
+        """Give an unfinished file up (the encryptor's thread stopped)."""
+        if self.encryptor is not None:
+            self.encryptor.close()
+
+
+def sealed_name(name: str, recipients: RecipientSet | None) -> str:
+    """The stored name of ``name``: ``name.age`` when it is sealed."""
+    return name + ENCRYPTED_SUFFIX if recipients is not None else name
+
+
+def seal_small(data: bytes, recipients: RecipientSet | None) -> bytes:
+    """A small file's stored bytes (the manifest)."""
+    if recipients is None:
+        return data
+    from receivewal.archive.encryption import encrypt_bytes  # noqa: PLC0415 - pyrage
+
+    return encrypt_bytes(data, recipients)
+
+
+@dataclass
+class SealedFiles:
+    """A backup's files with its ``*.age`` ones decrypted as read (a
+    :class:`~receivewal.backup.stored.BackupFiles`)."""
+
+    files: BackupFiles
+    unsealer: Unsealer
+
+    def where(self, name: str) -> str:
+        return self.files.where(name)
+
+    def recipients(self, name: str) -> RecipientSet:
+        """The set the recipients file of the sealed file ``name`` lists."""
+        where = self.files.where(name + RECIPIENTS_SUFFIX)
+        try:
+            data = self.files.read_small(name + RECIPIENTS_SUFFIX, RECIPIENTS_CAP)
+        except (OSError, ArchiveError) as exc:
+            raise ArchiveError(f'"{self.files.where(name)}" is sealed and its recipients file '
+                               f'"{where}" cannot be read: {exc}') from exc
+        return parse_recipients_file(data, where)
+
+    def require_key(self, name: str) -> RecipientSet:
+        """The recipients of the sealed file ``name``, once the identity holds one of their
+        keys (NoIdentity, NotARecipient, KeyFileError)."""
+        recipients = self.recipients(name)
+        if self.unsealer.key_file is None:
+            raise NoIdentity(self.files.where(name), recipients)
+        self.unsealer.keys().require(recipients, file=self.files.where(name))
+        return recipients
+
+    def open(self, name: str) -> BinaryIO:
+        if not name.endswith(ENCRYPTED_SUFFIX):
+            return self.files.open(name)
+        from receivewal.archive.encryption import decrypting_reader  # noqa: PLC0415
+
+        recipients = self.require_key(name)
+        return decrypting_reader(self.files.open(name), self.unsealer.keys(),
+                                 file=self.files.where(name), recipients=recipients)
+
+    def read_small(self, name: str, cap: int) -> bytes:
+        if not name.endswith(ENCRYPTED_SUFFIX):
+            return self.files.read_small(name, cap)
+        recipients = self.require_key(name)
+        from receivewal.archive.encryption import decrypt_bytes  # noqa: PLC0415
+
+        raw = self.files.read_small(name, cap + (cap >> 10) + 4096)
+        return decrypt_bytes(raw, self.unsealer.keys(), file=self.files.where(name),
+                             recipients=recipients)
+
+
+def sealed_to(record: BackupRecord) -> RecipientSet | None:
+    """The set the backup's files are sealed to, None when they are plain."""
+    return recipient_set(record.encrypted_to) if record.encrypted_to else None
+
+
+def readable_files(files: BackupFiles, record: BackupRecord, identity: str | None,
+                   ) -> BackupFiles:
+    """The backup's ``files`` as read through ``--identity`` ``identity`` (as they are when
+    the backup is plain). Before anything else is read, the key is checked against the
+    manifest's recipients: NoIdentity, NotARecipient or KeyFileError, one line naming the
+    file."""
+    if sealed_to(record) is None:
+        return files
+    sealed = SealedFiles(files, Unsealer(identity))
+    sealed.require_key(record.manifest_name)
+    return sealed

@@ -23,6 +23,7 @@ from receivewal.errors import ConnectionLost
 from receivewal.replication.copystream import CopyStream
 from receivewal.replication.link import COPY_DONE, CopyDone, ReplicationLink, WalRun
 from receivewal.replication.messages import PrimaryKeepalive
+from receivewal.replication.streampack import DEFAULT_MIN_SIZE
 from receivewal.replication.waiting import StopFlag
 
 STOP_DRAIN_SECONDS = 10.0  # how long the server gets to end the stream after we stopped
@@ -179,7 +180,8 @@ class CopyLoop:
 
     # -- what arrives ------------------------------------------------------------------------
     def _receive(self, run: WalRun, consumer: StreamConsumer) -> None:
-        if self.stream.algorithm != self.reported_algorithm or self.first_frame:
+        if self.stream.algorithm != self.reported_algorithm or (
+                self.first_frame and self._surely_plain(run)):
             self._report_compression()
         consumer.receive(run)
         self.unflushed = True
@@ -194,6 +196,13 @@ class CopyLoop:
         consumer.keepalive(keepalive.wal_end)
         if keepalive.reply_requested:
             self._send_status(consumer)
+
+    def _surely_plain(self, run: WalRun) -> bool:
+        """Whether a run of plain frames shows the stream plain: nothing was asked, or a
+        message is long enough that pg_streampack would have compressed it (at its default
+        min_size; a logical stream begins with shorter ones, a Begin, sent plain)."""
+        return not self.settings.compression or any(
+            len(payload) >= DEFAULT_MIN_SIZE for payload in run.payload)
 
     def _report_compression(self) -> None:
         """Say which stream we got: pg_streampack with an algorithm, or plain."""

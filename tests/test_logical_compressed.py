@@ -85,8 +85,9 @@ def test_a_change_log_received_through_the_compressing_relay_replays_into_the_pr
         primary: Primary, tmp_path: Path, algorithm: str) -> None:
     """The receiver runs until the slot is confirmed past the workload (its metrics scraped
     meanwhile), then SIGTERM: exit 0. Its log says the stream was ``algorithm`` and most
-    frames were compressed, the wire bytes under 70% of the plain stream's; the metrics carry
-    the algorithm; the change log replays into the primary's tables (text for zstd, binary
+    frames were compressed, the wire bytes under 70% of the plain stream's; the metrics and
+    ``receivewal status`` carry the algorithm and a compression ratio above 1.4, status in a
+    change log's words; the change log replays into the primary's tables (text for zstd, binary
     for lz4)."""
     out = tmp_path / "log"
     out.mkdir()
@@ -119,8 +120,18 @@ def test_a_change_log_received_through_the_compressing_relay_replays_into_the_pr
     assert wire < plain * 0.7, summary
     assert metrics[f'receivewal_compression_info{{algorithm="{algorithm}"}}'] == "1.0"
     assert 0 < float(metrics["receivewal_wire_bytes_total"]) <= wire
+    assert 0 < float(metrics["receivewal_wal_bytes_total"]) <= plain
+    assert float(metrics["receivewal_compression_ratio"]) > 1.4, metrics
+    assert "change log files" in metrics["HELP receivewal_segments_completed_total"]
     assert status.returncode == 0, status.stdout
-    assert f"{algorithm}: " in status.stdout
+    lines = status.stdout.splitlines()
+    compression = next(line for line in lines if line.startswith("compression:"))
+    assert compression.startswith(f"compression:       {algorithm}: "), lines
+    assert " plain in " in compression
+    assert float(compression.rsplit("(", 1)[1].split("x)")[0]) > 1.4, compression
+    assert any(line.startswith("files completed:   ") for line in lines), lines
+    assert any(line.startswith("change log:        ") for line in lines), lines
+    assert not [line for line in lines if "segment" in line or "backup" in line]
 
     records = read_log(out)
     assert {r["op"] for r in records} >= {"begin_prepare", "commit_prepared", "truncate",

@@ -23,7 +23,7 @@ from receivewal.errors import ConnectionLost
 from receivewal.replication.copystream import CopyStream
 from receivewal.replication.link import COPY_DONE, CopyDone, ReplicationLink, WalRun
 from receivewal.replication.messages import PrimaryKeepalive
-from receivewal.replication.streampack import DEFAULT_MIN_SIZE
+from receivewal.replication.streampack import DEFAULT_MIN_SIZE, XLOGDATA_HEADER_SIZE
 from receivewal.replication.waiting import StopFlag
 
 STOP_DRAIN_SECONDS = 10.0  # how long the server gets to end the stream after we stopped
@@ -108,6 +108,10 @@ class CopyLoop:
         self.settings = settings
         # scattered: a logical stream, whose runs may hold messages whatever their walStarts
         self.stream = CopyStream(link, settings.compression, scattered=scattered)
+        # what a message counts as received: its payload (WAL); a logical stream's small
+        # messages, their whole plain XLogData, header included (so that its compression
+        # ratio reads 1 when plain, as WAL's does)
+        self.message_overhead = XLOGDATA_HEADER_SIZE if scattered else 0
         self.events = events
         self.stop = stop
         self.clock = clock
@@ -186,7 +190,7 @@ class CopyLoop:
         consumer.receive(run)
         self.unflushed = True
         self.pending_wire += run.wire
-        self.pending_wal += run.size
+        self.pending_wal += run.size + self.message_overhead * len(run.payload)
         self.server_wal_end = run.wal_end
         if self._report(consumer):
             self._tick(consumer)

@@ -94,7 +94,8 @@ class Monitor:
         self._last_write: float | None = None
         self._write_failure: str | None = None
 
-        self._progress = ProgressLine.for_terminal() if progress else None
+        self._progress = ProgressLine.for_terminal(
+            "plain" if receiver == "logical" else "WAL") if progress else None
         self._uploads: UploadStatus | None = None  # what the last UploadsChanged said
         self.metrics = Metrics(clock)
         self.metrics_address: Address | None = None

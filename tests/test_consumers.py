@@ -15,7 +15,7 @@ from support.stopflag import Stop
 
 from receivewal.daemon.changefeed import ChangeFeed
 from receivewal.daemon.copyloop import STOPPED, CopyLoop, StreamConsumer
-from receivewal.daemon.events import CompressionKnown, Event, Flushed
+from receivewal.daemon.events import CompressionKnown, Event, Flushed, Received
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.settings import Settings
 from receivewal.logical.consumer import ChangeLogConsumer, PluginSettings
@@ -85,10 +85,10 @@ def test_the_copy_loop_feeds_a_change_log_through_a_thin_adapter(tmp_path: Path)
     assert [event.lsn for event in seen if isinstance(event, Flushed)][-1] == 0x430
 
 
-def compression_reports(tmp_path: Path, frames: list[bytes],
-                        compression: tuple[str, ...]) -> list[tuple[str | None, str]]:
-    """The CompressionKnown events (algorithm, requested) of the COPY loop fed ``frames``,
-    pg_streampack decoding as ``compression`` asks."""
+def loop_events(tmp_path: Path, frames: list[bytes],
+                compression: tuple[str, ...]) -> list[Event]:
+    """The events of the COPY loop fed ``frames`` of a logical stream, pg_streampack
+    decoding as ``compression`` asks."""
     tmp_path.mkdir(exist_ok=True)
     stop = Stop()
     conn = ScriptedConnection([*frames, keepalive(0x900, reply=False)], stop)
@@ -100,7 +100,7 @@ def compression_reports(tmp_path: Path, frames: list[bytes],
                               messages=False)
     feed: StreamConsumer = ChangeFeed(ChangeLogConsumer(store, PluginSettings(
         "pgoutput", options)), store, seen.append)
-    loop = CopyLoop(conn, settings, seen.append, stop)
+    loop = CopyLoop(conn, settings, seen.append, stop, scattered=True)  # as logicalsession
     loop.start("START_REPLICATION SLOT logical LOGICAL 0/0")
     try:
         assert loop.run(feed, 1) == STOPPED
@@ -108,7 +108,14 @@ def compression_reports(tmp_path: Path, frames: list[bytes],
         feed.close()
         store.close()
     assert len(runs(read_log(tmp_path))) == 1
-    return [(e.algorithm, e.requested) for e in seen if isinstance(e, CompressionKnown)]
+    return seen
+
+
+def compression_reports(tmp_path: Path, frames: list[bytes],
+                        compression: tuple[str, ...]) -> list[tuple[str | None, str]]:
+    """The CompressionKnown events (algorithm, requested) of the COPY loop fed ``frames``."""
+    return [(e.algorithm, e.requested) for e in loop_events(tmp_path, frames, compression)
+            if isinstance(e, CompressionKnown)]
 
 
 def transaction_frames() -> list[bytes]:
@@ -143,3 +150,17 @@ def test_a_plain_stream_is_reported_plain_once_a_frame_could_have_been_compresse
     assert compression_reports(tmp_path / "asked", transaction_frames(), ("zstd",)) == [
         (None, "zstd")]
     assert compression_reports(tmp_path / "not", transaction_frames(), ()) == [(None, "")]
+
+
+def test_a_logical_streams_bytes_count_its_messages_as_sent_plain(tmp_path: Path) -> None:
+    """What a logical stream received counts its messages whole, 25-byte header included, as
+    the server sends them uncompressed: so the ratio to the wire is 1 for a plain stream (its
+    many small messages would read 0.4 by their payloads) and the gain when compressed."""
+    plain = transaction_frames()
+    encoder = StreampackEncoder("zstd")
+    compressed = [bytes(encoder.encode(frame)) for frame in plain]
+    for name, frames in (("plain", plain), ("zstd", compressed)):
+        received = [e for e in loop_events(tmp_path / name, frames, ("zstd",))
+                    if isinstance(e, Received)]
+        assert sum(e.wal_bytes for e in received) == sum(map(len, plain))
+        assert sum(e.wire_bytes for e in received) == sum(map(len, frames))

@@ -23,6 +23,7 @@ from support.servers import PgServer
 from support.streams import RECEIVEWAL, start_receivewal, stop, wait_for
 from support.tcpproxy import TcpProxy
 
+from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.progress import ERASE, ClearingStream, ProgressLine, Sample, format_progress
 from receivewal.wal.lsn import parse_lsn
 
@@ -47,6 +48,7 @@ def test_line_shows_position_rates_ratio_and_eta_at_the_closing_pace() -> None:
     assert text == ("received 0/2E00000  server 0/5600000  wire 5.0 MB/s  WAL 15.0 MB/s  "
                     "ratio 3.00x  behind 40.0 MB  ETA 0:00:04")
     assert LINE.match(text)
+    assert format_progress([first, last], "plain") == text.replace("WAL 15.0", "plain 15.0")
 
 
 def test_line_says_caught_up_and_eta_unknown_while_falling_behind() -> None:
@@ -126,6 +128,21 @@ def test_for_terminal_takes_stderr_only_when_it_is_a_terminal(
 
 def current_stderr() -> object:
     return sys.stderr
+
+
+@pytest.mark.parametrize(("receiver", "carried"), [("wal", "WAL"), ("logical", "plain")])
+def test_a_monitors_line_names_what_its_receiver_carries(
+    tty: Tty, monkeypatch: pytest.MonkeyPatch, receiver: str, carried: str,
+) -> None:
+    """A logical receiver's messages are counted as sent plain: its line says so."""
+    monkeypatch.setattr(sys, "stderr", tty.slave)
+    monitor = Monitor(None, environ={}, progress=True, receiver=receiver)
+    try:
+        monitor.streaming_started(1, parse_lsn("0/3000000"))
+        monitor.tick(1.0)
+        assert f"  {carried} -  ratio" in tty.output()
+    finally:
+        monitor.close()
 
 
 # -- receivewal stream --progress on a real terminal ----------------------------------------

@@ -6,7 +6,7 @@ watchdog and restart checks take seconds instead of minutes; everything else is 
 PostgreSQL runs inside too (a transient unit on the namespace's own loopback).
 
 The tests share one booted system and run in order: start (server down first), streaming,
-restore as postgres, stop, kill -9, watchdog.
+restore as postgres, stop, kill -9, watchdog; then a logical instance of the same template.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def rig(deb: Path) -> Iterator[Rig]:
         pytest.fail("PostgreSQL server binaries are required (install postgresql or set PG_BIN)")
     base = make_shared_dir("receivewal-pg-")
     server = PgServer(base, "primary")
-    server.init()
+    server.init({"wal_level": "logical"})  # for the logical instance too
     with namespaced_systemd(limit=600) as system:
         system.run("dpkg", "-i", str(deb), timeout=300)
         system.write("/etc/receivewal/db1.env", "\n".join([
@@ -215,3 +215,49 @@ def test_watchdog_holds_and_kills_a_stopped_process(rig: Rig) -> None:
     assert "Watchdog timeout" in journal
     wait_for(lambda: rig.show("ActiveState")["ActiveState"] == "active", what="the restart")
     assert rig.show("MainPID")["MainPID"] != main
+
+
+def test_a_logical_instance_of_the_same_template_keeps_a_change_log(rig: Rig) -> None:
+    """RECEIVEWAL_COMMAND=logical in an instance's env file: the same unit streams a logical
+    slot into the instance's change log, under the same hardening; `receivewal status` as the
+    service's user words the state as a change log's; `systemctl stop` exits 0 with every
+    committed row in the log."""
+    unit, outdir = "receivewal@app.service", "/var/lib/receivewal/app"
+    rig.sql("CREATE TABLE items (id int PRIMARY KEY, name text)")
+    rig.sql("CREATE PUBLICATION pub FOR TABLE items")
+    rig.sql("SELECT pg_create_logical_replication_slot('app_log', 'pgoutput')")
+    rig.system.write("/etc/receivewal/app.env", "\n".join([
+        "PGHOST=127.0.0.1", f"PGPORT={rig.server.port}", "PGUSER=postgres",
+        "RECEIVEWAL_COMMAND=logical", "RECEIVEWAL_SLOT=app_log", "RECEIVEWAL_PUBLICATION=pub",
+        "RECEIVEWAL_STATUS_INTERVAL=1", "",
+    ]))
+    rig.system.write("/etc/receivewal/app.pgpass", "")
+    rig.system.run("systemctl", "start", unit, timeout=120)  # returns once READY=1 came
+    rig.sql("INSERT INTO items SELECT g, 'row ' || g FROM generate_series(1, 1000) g")
+    end = parse_lsn(rig.sql("SELECT pg_current_wal_lsn()"))
+    state_file = rig.inside(f"{outdir}/.receivewal-state.json")
+
+    def flushed() -> int:
+        value = json.loads(state_file.read_text()).get("flushed_lsn")
+        return 0 if value is None else parse_lsn(value)
+    wait_for(lambda: flushed() >= end, what="the change log to be confirmed past the insert")
+    status = rig.system.run("runuser", "-u", "receivewal", "--", "/usr/bin/receivewal",
+                            "status", "-D", outdir).stdout
+    lines = status.splitlines()
+    assert lines[0].startswith("RECEIVEWAL OK - streaming timeline 1"), status
+    assert any(line.startswith("change log:") for line in lines), status
+    assert not [line for line in lines if "segment" in line or "backup" in line], status
+    assert json.loads(state_file.read_text())["receiver"] == "logical"
+    rig.system.run("systemctl", "stop", unit, timeout=90)
+    assert rig.system.show(unit, "Result", "ExecMainStatus", "NRestarts") == {
+        "Result": "success", "ExecMainStatus": "0", "NRestarts": "0"}
+    records = [json.loads(line) for path in sorted(rig.inside(outdir).glob("*.jsonl*"))
+               for line in path.read_text().splitlines()]
+    assert sorted(int(r["new"]["id"]) for r in records if r["op"] == "insert") == \
+        list(range(1, 1001))
+    journal = rig.system.run("journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_UNIT={unit}",
+                             "+", f"UNIT={unit}").stdout
+    assert '"event": "streaming_started"' in journal
+    for refusal in ("SIGSYS", "status=31", "Bad system call", "Operation not permitted",
+                    "Permission denied"):
+        assert refusal not in journal, refusal

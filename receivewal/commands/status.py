@@ -40,7 +40,10 @@ from receivewal.daemon.health import (
 )
 from receivewal.daemon.state import State, state_to_dict
 from receivewal.errors import ReceivewalError
+from receivewal.logical.store import ChangeLogContents, change_log_contents
 from receivewal.wal.lsn import format_lsn
+
+Contents = ArchiveSummary | ChangeLogContents | str  # str: why it cannot be read
 
 
 @click.command("status")
@@ -74,7 +77,9 @@ def status_command(directory: Path, as_json: bool, max_age: float, upload_warnin
     verdict, state = check(directory, max_age, now, UploadLimits(upload_warning,
                                                                  upload_critical))
     try:
-        summary: ArchiveSummary | str = summarize(directory)
+        summary: Contents = (change_log_contents(directory)
+                             if state is not None and state.receiver == "logical"
+                             else summarize(directory))
     except (ReceivewalError, OSError) as exc:
         summary = f"cannot be read: {exc}"
     try:
@@ -88,14 +93,17 @@ def status_command(directory: Path, as_json: bool, max_age: float, upload_warnin
 
 
 def _print(verdict: Verdict, state: State | None, now: float,
-           summary: ArchiveSummary | str, *, as_json: bool) -> None:
+           summary: Contents, *, as_json: bool) -> None:
     if as_json:
+        contents = ({"change_log": _change_log_document(summary)}
+                    if isinstance(summary, ChangeLogContents) else
+                    {"archive": _archive_document(summary)})
         document = {
             "status": LABELS[verdict.code],
             "code": verdict.code,
             "summary": verdict.summary,
             "state": None if state is None else state_to_dict(state),
-            "archive": _archive_document(summary),
+            **contents,
         }
         click.echo(json.dumps(document, indent=2))
     else:
@@ -106,10 +114,18 @@ def _print(verdict: Verdict, state: State | None, now: float,
                 click.echo(line)
 
 
-def _archive_lines(summary: ArchiveSummary | str) -> list[tuple[str, str]]:
-    """The archive's oldest recoverable point and size, as ``status`` prints them."""
+def _archive_lines(summary: Contents) -> list[tuple[str, str]]:
+    """The archive's oldest recoverable point and size, or the change log's files, as
+    ``status`` prints them."""
     if isinstance(summary, str):
         return [("archive contents", summary)]
+    if isinstance(summary, ChangeLogContents):
+        partial = "none" if summary.partial is None else \
+            f"{summary.partial} ({human_bytes(summary.partial_bytes)})"
+        files = "file" if summary.files == 1 else "files"
+        return [("change log", f"{summary.files} complete {files} "
+                 f"{human_bytes(summary.bytes)} (newest {summary.newest or '-'}), "
+                 f"partial {partial}")]
     oldest = summary.oldest
     point = "none (no complete backup whose WAL the archive holds)" if oldest is None else \
         (f"{format_lsn(oldest.start_lsn)} on timeline {oldest.timeline}, "
@@ -119,6 +135,12 @@ def _archive_lines(summary: ArchiveSummary | str) -> list[tuple[str, str]]:
             ("archive size", f"{human_bytes(total)}: {summary.wal_files} WAL files "
              f"{human_bytes(summary.wal_bytes)}, {summary.backups} backups "
              f"{human_bytes(summary.backup_bytes)}")]
+
+
+def _change_log_document(summary: ChangeLogContents) -> dict[str, object]:
+    """The change log's files for ``--json``."""
+    return {"files": summary.files, "bytes": summary.bytes, "newest": summary.newest,
+            "partial": summary.partial, "partial_bytes": summary.partial_bytes}
 
 
 def _archive_document(summary: ArchiveSummary | str) -> dict[str, object]:

@@ -23,6 +23,7 @@ from receivewal.errors import ConnectionLost
 from receivewal.replication.copystream import CopyStream
 from receivewal.replication.link import COPY_DONE, CopyDone, ReplicationLink, WalRun
 from receivewal.replication.messages import PrimaryKeepalive
+from receivewal.replication.streampack import DEFAULT_MIN_SIZE, XLOGDATA_HEADER_SIZE
 from receivewal.replication.waiting import StopFlag
 
 STOP_DRAIN_SECONDS = 10.0  # how long the server gets to end the stream after we stopped
@@ -107,6 +108,10 @@ class CopyLoop:
         self.settings = settings
         # scattered: a logical stream, whose runs may hold messages whatever their walStarts
         self.stream = CopyStream(link, settings.compression, scattered=scattered)
+        # what a message counts as received: its payload (WAL); a logical stream's small
+        # messages, their whole plain XLogData, header included (so that its compression
+        # ratio reads 1 when plain, as WAL's does)
+        self.message_overhead = XLOGDATA_HEADER_SIZE if scattered else 0
         self.events = events
         self.stop = stop
         self.clock = clock
@@ -179,12 +184,13 @@ class CopyLoop:
 
     # -- what arrives ------------------------------------------------------------------------
     def _receive(self, run: WalRun, consumer: StreamConsumer) -> None:
-        if self.stream.algorithm != self.reported_algorithm or self.first_frame:
+        if self.stream.algorithm != self.reported_algorithm or (
+                self.first_frame and self._surely_plain(run)):
             self._report_compression()
         consumer.receive(run)
         self.unflushed = True
         self.pending_wire += run.wire
-        self.pending_wal += run.size
+        self.pending_wal += run.size + self.message_overhead * len(run.payload)
         self.server_wal_end = run.wal_end
         if self._report(consumer):
             self._tick(consumer)
@@ -194,6 +200,13 @@ class CopyLoop:
         consumer.keepalive(keepalive.wal_end)
         if keepalive.reply_requested:
             self._send_status(consumer)
+
+    def _surely_plain(self, run: WalRun) -> bool:
+        """Whether a run of plain frames shows the stream plain: nothing was asked, or a
+        message is long enough that pg_streampack would have compressed it (at its default
+        min_size; a logical stream begins with shorter ones, a Begin, sent plain)."""
+        return not self.settings.compression or any(
+            len(payload) >= DEFAULT_MIN_SIZE for payload in run.payload)
 
     def _report_compression(self) -> None:
         """Say which stream we got: pg_streampack with an algorithm, or plain."""

@@ -165,7 +165,8 @@ class StreamingStarted(Event):
 
 @dataclass(frozen=True, slots=True)
 class Received(Event):
-    """WAL up to ``end_lsn`` arrived since the last report: bytes on the wire and of WAL;
+    """WAL up to ``end_lsn`` arrived since the last report: bytes on the wire and of WAL
+    (a logical stream's: of its XLogData messages as they are plain, headers included);
     ``server_wal_end`` is the walEnd of the last XLogData."""
 
     end_lsn: int

@@ -177,7 +177,11 @@ def _ratio(wal: int, wire: int) -> str:
 
 
 def describe(state: State, now: float, extra: Sequence[tuple[str, str]] = ()) -> list[str]:
-    """The state as ``key: value`` lines for people, ``extra`` lines last."""
+    """The state as ``key: value`` lines for people, ``extra`` lines last. A logical
+    receiver's (``state.receiver``) speaks of messages and change files, not WAL and
+    segments."""
+    logical = state.receiver == "logical"
+    carried = "plain" if logical else "WAL"  # a logical stream's messages, headers included
     lines = [
         ("pid", f"{state.pid} on {state.hostname}"),
         ("phase", state.phase),
@@ -187,21 +191,24 @@ def describe(state: State, now: float, extra: Sequence[tuple[str, str]] = ()) ->
         ("system identifier", state.system_identifier or "-"),
         ("timeline", "-" if state.timeline is None else str(state.timeline)),
         ("slot", "-" if state.slot is None else
-         f"{state.slot} (restart_lsn {_lsn(state.slot_restart_lsn)})"),
+         f"{state.slot} ({'confirmed' if logical else 'restart_lsn'} "
+         f"{_lsn(state.slot_restart_lsn)})"),
         ("received", _lsn(state.received_lsn)),
         ("written", _lsn(state.written_lsn)),
         ("flushed", _lsn(state.flushed_lsn)),
         ("server WAL end", _lsn(state.server_wal_end)),
         ("last contact", _time(state.last_contact, now)),
-        ("compression", f"{state.compression or 'none'}: {_size(state.stream_wal_bytes)} WAL in "
-         f"{_size(state.stream_wire_bytes)} on the wire "
+        ("compression", f"{state.compression or 'none'}: {_size(state.stream_wal_bytes)} "
+         f"{carried} in {_size(state.stream_wire_bytes)} on the wire "
          f"({_ratio(state.stream_wal_bytes, state.stream_wire_bytes)}) this connection"),
-        ("since start", f"{_size(state.wal_bytes)} WAL in {_size(state.wire_bytes)} on the "
-         f"wire ({_ratio(state.wal_bytes, state.wire_bytes)})"),
-        ("segments completed", f"{state.segments_completed} (last {state.last_segment or '-'})"),
+        ("since start", f"{_size(state.wal_bytes)} {carried} in {_size(state.wire_bytes)} on "
+         f"the wire ({_ratio(state.wal_bytes, state.wire_bytes)})"),
+        ("files completed" if logical else "segments completed",
+         f"{state.segments_completed} (last {state.last_segment or '-'})"),
         ("reconnects", str(state.reconnects)),
-        ("archive", state.archive_warning or "-"),
     ]
+    if not logical or state.archive_warning is not None:
+        lines.append(("archive", state.archive_warning or "-"))
     error = state.last_error
     lines.append((
         "last error",

@@ -43,6 +43,11 @@ class LogicalReceiver:
         """The mode of the change files (the state file's too)."""
         return 0o600 if self.directory is None else self.directory.file_mode
 
+    @property
+    def kind(self) -> str:
+        """A change log (the state file's ``receiver``)."""
+        return "logical"
+
     def slot_command(self, conn: ReplicationLink, events: Listener) -> None:
         """--create-slot (--if-not-exists) or --drop-slot."""
         base = self.settings.base

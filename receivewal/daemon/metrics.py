@@ -158,12 +158,14 @@ class Metrics:
             return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value,
                                        created=self._started)
 
-        yield gauge("received_lsn", "End of the WAL received from the server (LSN)",
-                    self._received)
-        yield gauge("written_lsn", "End of the WAL written to the archive (LSN)", self._written)
+        yield gauge("received_lsn", "End of the WAL (or of a logical slot's messages) received "
+                    "from the server (LSN)", self._received)
+        yield gauge("written_lsn", "End of the WAL written to the archive (LSN); for a logical "
+                    "receiver, of what the slot sent that the change log has taken", self._written)
         yield gauge("flushed_lsn",
-                    "End of the WAL fsynced in the archive (LSN); reported to the server",
-                    self._flushed)
+                    "End of the WAL fsynced in the archive (LSN); for a logical receiver, the "
+                    "position the slot is confirmed to (its durable commits); reported to the "
+                    "server", self._flushed)
         yield gauge("server_wal_end_lsn",
                     "The server's WAL end: IDENTIFY_SYSTEM's, then the walEnd of every "
                     "XLogData and keepalive (LSN)",
@@ -179,15 +181,16 @@ class Metrics:
         yield counter("wire_bytes",
                       "Bytes of replication messages received on the wire (after compression)",
                       self._wire)
-        yield counter("wal_bytes", "Bytes of WAL payload received (after decompression)",
-                      self._wal)
-        yield gauge("compression_ratio", "WAL bytes per wire byte since start (1 when "
+        yield counter("wal_bytes", "Bytes of WAL payload received (after decompression); for a "
+                      "logical receiver, of its replication messages as sent plain (headers "
+                      "included)", self._wal)
+        yield gauge("compression_ratio", "wal_bytes per wire byte since start (1 when "
                     "uncompressed)", self._ratio())
         yield InfoMetricFamily(f"{PREFIX}_compression", "Compression of the current stream",
                                value={"algorithm": self._algorithm})
         yield counter("segments_completed",
-                      "WAL segments completed and renamed to their final name",
-                      self.segments_completed.value)
+                      "Files completed under their final name: WAL segments, or a logical "
+                      "receiver's change log files", self.segments_completed.value)
         yield counter("reconnects", "Reconnection attempts after a lost connection",
                       self.reconnects.value)
         yield from self._labelled(CounterMetricFamily, GaugeMetricFamily)
@@ -245,7 +248,8 @@ class Metrics:
         slots = self._slots
         restart = gauge_family(f"{PREFIX}_slot_restart_lsn",
                                "restart_lsn of the replication slot (LSN): read at connect, "
-                               "then the flush position last reported to the server",
+                               "then the flush position last reported to the server (a "
+                               "logical slot: the position confirmed to it)",
                                labels=("slot",))
         active = gauge_family(f"{PREFIX}_slot_active",
                               "1 while this daemon streams through the slot, else 0",

@@ -50,6 +50,8 @@ class Monitor:
     WATCHDOG_PID are read from (default: the process environment; ``{}`` turns systemd off).
     ``progress``: keep a progress line on stderr while streaming, if stderr is a terminal (the
     caller makes sure the logs there are not JSON).
+    ``receiver``: what the daemon receives, as the state file records it (``wal`` or
+    ``logical``: status words its files as segments or as a change log).
     Use :meth:`null` for a monitor with no side channel at all.
     """
 
@@ -63,6 +65,7 @@ class Monitor:
         environ: Mapping[str, str] | None = None,
         state_interval: float = 5.0,
         progress: bool = False,
+        receiver: str = "wal",
     ) -> None:
         env = os.environ if environ is None else environ
         self.directory = directory
@@ -71,7 +74,7 @@ class Monitor:
         self._clock = clock
         now = clock()
         self._state = State(pid=os.getpid(), hostname=socket.gethostname(), started_at=now,
-                            updated_at=now)
+                            updated_at=now, receiver=receiver)
         # Values that change per message are kept apart and merged in snapshot().
         self._received: int | None = None
         self._written: int | None = None
@@ -91,7 +94,8 @@ class Monitor:
         self._last_write: float | None = None
         self._write_failure: str | None = None
 
-        self._progress = ProgressLine.for_terminal() if progress else None
+        self._progress = ProgressLine.for_terminal(
+            "plain" if receiver == "logical" else "WAL") if progress else None
         self._uploads: UploadStatus | None = None  # what the last UploadsChanged said
         self.metrics = Metrics(clock)
         self.metrics_address: Address | None = None

@@ -6,7 +6,8 @@
     behind 98.2 MB  ETA 0:00:03
 
 (on one line): the end of the WAL received, the server's WAL end, what arrives per second on
-the wire and as WAL (over the last :data:`WINDOW_SECONDS`), WAL bytes per wire byte since start,
+the wire and as WAL (over the last :data:`WINDOW_SECONDS`), WAL bytes per wire byte since start
+(``receivewal logical``: ``plain`` in place of ``WAL``, its messages as sent uncompressed),
 how far behind the server we are and when we catch up at the current pace (``caught up``
 once received reaches the server's end; ``ETA -`` while the gap is not closing).
 
@@ -75,8 +76,9 @@ def _catch_up(first: Sample, last: Sample, elapsed: float) -> str:
     return f"behind {_size(behind)}  ETA {eta}"
 
 
-def format_progress(samples: list[Sample] | deque[Sample]) -> str:
-    """The progress line for ``samples`` (oldest first, the last one is now)."""
+def format_progress(samples: list[Sample] | deque[Sample], carried: str = "WAL") -> str:
+    """The progress line for ``samples`` (oldest first, the last one is now); ``carried``
+    names what the stream carries (``plain`` for a logical receiver's messages)."""
     first, last = samples[0], samples[-1]
     elapsed = last.at - first.at
 
@@ -90,7 +92,7 @@ def format_progress(samples: list[Sample] | deque[Sample]) -> str:
     server = "-" if last.server_wal_end is None else format_lsn(last.server_wal_end)
     ratio = f"{last.wal_bytes / last.wire_bytes:.2f}x" if last.wire_bytes else "-"
     return (f"received {received}  server {server}  wire {rate('wire_bytes')}  "
-            f"WAL {rate('wal_bytes')}  ratio {ratio}  {_catch_up(first, last, elapsed)}")
+            f"{carried} {rate('wal_bytes')}  ratio {ratio}  {_catch_up(first, last, elapsed)}")
 
 
 class ClearingStream:
@@ -122,18 +124,19 @@ class ClearingStream:
 class ProgressLine:
     """The line on the terminal ``stream`` (normally stderr). Use :meth:`for_terminal`."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, carried: str = "WAL") -> None:
         self.out = ClearingStream(stream)
+        self.carried = carried  # what the rate after the wire's is of (format_progress)
         self._samples: deque[Sample] = deque()
         self._last_draw: float | None = None
         self._installed: TextIO | None = None
 
     @classmethod
-    def for_terminal(cls) -> ProgressLine | None:
+    def for_terminal(cls, carried: str = "WAL") -> ProgressLine | None:
         """A line on stderr, in front of it for every writer; None when stderr is no terminal."""
         if not sys.stderr.isatty():
             return None
-        line = cls(sys.stderr)
+        line = cls(sys.stderr, carried)
         line._installed = sys.stderr
         # Loggers look sys.stderr up when they log (receivewal.logs): they write through us.
         sys.stderr = cast(TextIO, line.out)
@@ -152,7 +155,7 @@ class ProgressLine:
                 and 0 <= now - self._last_draw < DRAW_INTERVAL):
             return
         self._last_draw = now
-        self._draw(format_progress(samples))
+        self._draw(format_progress(samples, self.carried))
 
     def clear(self) -> None:
         """Erase the line (not streaming any more: the log says why)."""

@@ -32,6 +32,7 @@ _LSN_FIELDS = ("received_lsn", "written_lsn", "flushed_lsn", "server_wal_end", "
 _TIME_FIELDS = ("started_at", "updated_at", "last_contact", "upload_oldest_pending",
                 "upload_failing_since")
 _ERROR_FIELDS = ("last_error", "upload_error", "upload_stopped")
+RECEIVERS = ("wal", "logical")  # who wrote the state: stream (WAL), logical (a change log)
 _MAX_PID = (1 << 31) - 1  # pid_t
 _MAX_COUNT = 1 << 63
 
@@ -88,6 +89,7 @@ class State:
     hostname: str
     started_at: float
     updated_at: float
+    receiver: str = "wal"  # one of RECEIVERS; the file leaves it out for "wal", as before it
     phase: str = "starting"  # starting, waiting, streaming, reconnecting, stopping, stopped
     server: str | None = None
     system_identifier: str | None = None
@@ -149,6 +151,8 @@ def _epoch(text: str) -> float:
 def state_to_dict(state: State) -> dict[str, Any]:
     """The JSON-ready form of ``state`` (LSNs as ``X/X``, times as ISO 8601 UTC)."""
     data = asdict(state)
+    if data["receiver"] == "wal":  # stream's state file as it always was
+        del data["receiver"]
     for key in _LSN_FIELDS:
         if data[key] is not None:
             data[key] = format_lsn(data[key])
@@ -215,6 +219,8 @@ def _check_values(state: State) -> None:
             raise TypeError(f"{item.name} must be {kinds}, not {repr(value)[:40]}")
         if isinstance(value, int) and not 0 <= value < _MAX_COUNT:
             raise ValueError(f"{item.name} {str(value)[:40]} is out of range")
+    if state.receiver not in RECEIVERS:
+        raise ValueError(f"receiver {state.receiver[:40]!r} is not one of {', '.join(RECEIVERS)}")
     if not 0 < state.pid <= _MAX_PID:
         raise ValueError(f"pid {state.pid} is out of range")
     if state.timeline is not None and not is_timeline_id(state.timeline):

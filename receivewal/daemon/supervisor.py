@@ -93,6 +93,10 @@ class Receiver(Protocol):
     def file_mode(self) -> int:
         """The mode of the files it writes (the state file's too)."""
 
+    @property
+    def kind(self) -> str:
+        """What it receives, as the state file records it: ``wal`` or ``logical``."""
+
     def slot_command(self, conn: ReplicationLink, events: Listener) -> None:
         """--create-slot or --drop-slot: act on the slot (the daemon exits then)."""
 
@@ -162,7 +166,8 @@ class Supervisor:
         try:
             receiver.open(self.events)
             monitor = Monitor(self.settings.directory, self.settings.metrics_address,
-                              progress=self.settings.progress, file_mode=receiver.file_mode)
+                              progress=self.settings.progress, file_mode=receiver.file_mode,
+                              receiver=receiver.kind)
         except ReceivewalError as exc:
             self.events(Failed(str(exc)))
             receiver.close()

@@ -58,6 +58,11 @@ class WalReceiver:
         """The mode of the archive's files (the state file's too)."""
         return 0o600 if self.archive is None else self.archive.file_mode
 
+    @property
+    def kind(self) -> str:
+        """WAL segments (the state file's ``receiver``)."""
+        return "wal"
+
     def slot_command(self, conn: ReplicationLink, events: Listener) -> None:
         """--create-slot (--if-not-exists) or --drop-slot, as pg_receivewal acts on them."""
         slot = self.settings.slot

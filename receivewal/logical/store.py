@@ -385,3 +385,34 @@ class ChangeLogStore:
 def _failure(what: str, exc: OSError) -> ArchiveError:
     kind = DiskFullError if exc.errno == errno.ENOSPC else ArchiveError
     return kind(f"{what}: {exc}")
+
+
+@dataclass(frozen=True)
+class ChangeLogContents:
+    """What a change log directory holds, as ``status`` shows it."""
+
+    files: int = 0  # complete files
+    bytes: int = 0  # their size
+    newest: str | None = None  # the newest complete file's name
+    partial: str | None = None  # the partial file's name
+    partial_bytes: int = 0
+
+
+def change_log_contents(directory: Path) -> ChangeLogContents:
+    """Count the change log's files in ``directory`` (OSError if it cannot be listed; a file
+    gone meanwhile is left out)."""
+    files = size = partial_size = 0
+    newest = partial = None
+    for entry in sorted(os.listdir(directory)):
+        parsed = parse_file_name(entry)
+        if parsed is None:
+            continue
+        try:
+            length = (directory / entry).stat().st_size
+        except FileNotFoundError:  # completed or removed meanwhile
+            continue
+        if parsed[2]:
+            partial, partial_size = entry, length
+        else:
+            files, size, newest = files + 1, size + length, entry
+    return ChangeLogContents(files, size, newest, partial, partial_size)

@@ -42,6 +42,7 @@ from receivewal.wal.lsn import format_lsn
 
 ALGORITHMS = ("zstd", "lz4")
 """The names pg_streampack knows, in the module's default order of preference."""
+DEFAULT_MIN_SIZE = 32  # the module's pg_streampack.min_size: shorter WAL payloads go plain
 
 
 @functools.cache
@@ -351,7 +352,8 @@ class StreampackEncoder:
     One encoder per client connection; its state survives timeline switches.
     """
 
-    def __init__(self, algorithm: str, min_size: int = 32, zstd_level: int = 1) -> None:
+    def __init__(self, algorithm: str, min_size: int = DEFAULT_MIN_SIZE, zstd_level: int = 1,
+                 ) -> None:
         if algorithm not in ALGORITHMS:
             raise ConfigurationError(f"unknown pg_streampack algorithm {algorithm!r}")
         if min_size < 0:

@@ -314,7 +314,8 @@ class Bucket:
 
     def delete(self, name: str) -> None:
         """Remove ``PREFIX/name`` (gone already: done). The one deletion of the store, for
-        ``cleanup`` alone: every other writer only creates."""
+        ``cleanup`` and a backup given up (its own objects): every other writer only
+        creates."""
         if not name or name.startswith("/") or ".." in name.split("/"):
             raise ArchiveError(f"{name!r} is not a file name of the archive")
 

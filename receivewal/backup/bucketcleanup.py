@@ -1,10 +1,13 @@
 """``cleanup`` of an archive in a bucket (``s3://BUCKET/PREFIX``): the same plan as a
 directory's (:func:`~receivewal.backup.retention.plan_retention`), read and carried out
-through :class:`~receivewal.archive.bucket.Bucket` (whose ``delete`` is used here alone).
+through :class:`~receivewal.archive.bucket.Bucket` (whose ``delete`` is used here and by a
+bucket backup given up).
 
 The prefix holds the WAL files and the identity object; ``backups/<id>/`` holds each backup,
-``backup.json`` last. A backup without its record is kept: in a bucket, a backup being
-uploaded cannot be told from an interrupted one. A backup goes record first, so that a
+``backup.json`` last. A backup without its record is kept while it may still be uploading:
+in a bucket no lock tells it from an interrupted one; once it started more than
+:data:`~receivewal.backup.catalog.ABANDONED_AFTER` ago it is abandoned and removed
+(:func:`~receivewal.backup.catalog.abandoned`). A backup goes record first, so that a
 cleanup cut short leaves files without a record, never a record without its files. No daemon
 state is read: the daemon's slot and upload backlog are in its directory, not in the bucket.
 """
@@ -16,7 +19,7 @@ from collections import defaultdict
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.reading import HISTORY_FILE_CAP
-from receivewal.backup.catalog import BackupEntry, EntryState
+from receivewal.backup.catalog import BackupEntry, EntryState, unrecorded_in_bucket
 from receivewal.backup.cleanup import CleanupReport
 from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import RECORD_CAP, RECORD_NAME, record_from_json
@@ -65,7 +68,7 @@ def read_bucket(bucket: Bucket) -> tuple[ArchiveContents, dict[str, int],
 def _entry(bucket: Bucket, backup_id: str, names: list[str]) -> BackupEntry:
     record_name = f"{BACKUPS}/{backup_id}/{RECORD_NAME}"
     if record_name not in names:
-        return BackupEntry(backup_id, EntryState.UNKNOWN)
+        return unrecorded_in_bucket(backup_id)
     where = bucket.url.url(record_name)
     try:
         record = record_from_json(bucket.get_bytes(record_name, RECORD_CAP), where)

@@ -102,7 +102,7 @@ def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambd
                                              file_mode=server.file_mode),
             server, stopping=stopping,
             before_commit=lambda rec: wait_for_wal(place, rec, settings.wal_wait,
-                                                   stopping=stopping, say=say))
+                                                   stopping=stopping, say=say), say=say)
     finally:
         conn.close()
     return record, place.backup_where(record.backup_id)

@@ -4,8 +4,14 @@ The same names as a backup directory (:mod:`receivewal.backup.directory`): each 
 (compressed on the way when asked) is streamed into a create-only multipart upload
 (:class:`~receivewal.archive.bucket.StreamUpload`: memory is one part and a compressor's
 window, whatever the database's size), then the manifest, and the record last. Nothing is
-overwritten. A backup whose process dies leaves at most objects without a record, which
-recovery never takes for a backup, and unfinished multipart uploads, which are no objects.
+overwritten. A backup given up (an error, SIGTERM) aborts its upload in flight and removes
+what it uploaded, record first (best effort: :meth:`BucketBackup.abort` names what stays). A
+backup whose process dies leaves at most objects without a record, which recovery never takes
+for a backup and ``cleanup`` removes once the backup is abandoned
+(:func:`~receivewal.backup.catalog.abandoned`), and unfinished multipart uploads, which are no
+objects. Before its record, a backup checks that its objects are all still there: a backup
+that ran longer than that bound and whose objects cleanup took fails instead of recording a
+backup without its files.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from receivewal.backup.directory import BACKUPS, backup_id_for
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
-from receivewal.errors import ArchiveError
+from receivewal.errors import ArchiveError, ObjectNotFound, ReceivewalError
 from receivewal.wal.names import AtRest
 
 _ATTEMPTS = 100
@@ -51,6 +57,7 @@ class BucketBackup:
         self.stored: list[StoredArchive] = []
         self.manifest_sha256 = ""
         self._open: _Open | None = None
+        self._written: list[str] = []  # names stored, in order (the record last)
 
     @classmethod
     def create(cls, bucket: Bucket, started: datetime, compress: CompressSpec) -> BucketBackup:
@@ -96,6 +103,7 @@ class BucketBackup:
         assert current is not None
         if current.compressor is not None:
             current.upload.write(current.compressor.finish())
+        self._written.append(current.name)  # before finish: a lost reply may have stored it
         stored = current.upload.finish()
         self._open = None
         self.stored.append(StoredArchive(current.name, current.info.tablespace_oid,
@@ -105,19 +113,41 @@ class BucketBackup:
     # -- the end -----------------------------------------------------------------------------
     def write_manifest(self, data: bytes) -> str:
         """Upload the manifest, create-only; its SHA-256."""
+        self._written.append(MANIFEST_NAME)
         self.bucket.put_new(backup_key(self.backup_id, MANIFEST_NAME), data)
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
         return self.manifest_sha256
 
     def commit(self, record: BackupRecord) -> None:
-        """Upload the record, last: from now on the prefix holds a complete backup."""
+        """Upload the record, last: from now on the prefix holds a complete backup. Each
+        object is looked at first: one removed meanwhile (cleanup took the backup for an
+        abandoned one) is an error, never a record."""
         assert self._open is None
         assert record.backup_id == self.backup_id
+        for name in self._written:
+            try:
+                self.bucket.head(backup_key(self.backup_id, name))
+            except ObjectNotFound as exc:
+                raise ArchiveError(f"backup {self.backup_id} is not complete: "
+                                   f"{self.where(name)} was removed while the backup ran "
+                                   "(receivewal cleanup removes a backup without its record "
+                                   "once it is abandoned)") from exc
+        self._written.insert(0, RECORD_NAME)
         self.bucket.put_new(backup_key(self.backup_id, RECORD_NAME), record_to_json(record))
 
-    def abort(self) -> None:
-        """Give the backup up: the upload under way is dropped; what was uploaded stays,
-        without a record (no backup: cleanup removes it)."""
+    def abort(self) -> list[str]:
+        """Give the backup up: the upload under way is aborted, then what was uploaded is
+        removed, the record first (best effort); what could not be removed, one line each
+        (it has no record, so it is no backup: ``cleanup`` removes it once abandoned)."""
         current, self._open = self._open, None
         if current is not None:
             current.upload.abort()
+        left: list[str] = []
+        for name in self._written:
+            try:
+                self.bucket.delete(backup_key(self.backup_id, name))
+            except ReceivewalError as exc:
+                left.append(f"could not remove {self.where(name)} of the backup given up: "
+                            f"{exc}")
+        self._written = []
+        return left

@@ -268,3 +268,26 @@ def test_sigterm_aborts_the_bucket_upload_in_flight(world: World) -> None:
     assert "base backup stopped before it was complete" in stderr
     assert key not in uploads()
     assert world.objects(key.removeprefix(where).split("/")[0]) == []
+
+
+def test_no_password_and_a_forced_prompt_as_pg_basebackup(world: World) -> None:
+    """A role that needs a password: with -w the backup never prompts and fails with
+    libpq's reason; with -W the password is read first (no terminal: from standard input, as
+    the drop-in reads it) and the backup completes."""
+    dsn = f"host=127.0.0.1 port={world.pg.port} user=rep_pw dbname=postgres"
+    env = {**os.environ, **world.seaweed.env()}
+    env.pop("PGPASSWORD", None)
+    argv = [*RECEIVEWAL, "backup", "-D", str(world.archive), "-d", dsn, "--fast"]
+    refused = subprocess.run([*argv, "-w"], capture_output=True, text=True, timeout=60,
+                             env=env, input="", start_new_session=True, check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "Password:" not in refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("receivewal: error: "), refused.stderr
+    assert "password" in last, refused.stderr
+    done = subprocess.run([*argv, "-W"], capture_output=True, text=True, timeout=120, env=env,
+                          input=f"{PASSWORD}\n", start_new_session=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.startswith("Password: ")
+    assert " complete: " in done.stdout.splitlines()[0]
+    assert PASSWORD not in done.stdout + done.stderr

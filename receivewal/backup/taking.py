@@ -86,11 +86,13 @@ def wait_for_wal(place: BackupPlace, record: BackupRecord, wait: float, *,
 
 
 def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambda: False,
-               say: Callable[[str], None] = lambda _: None) -> tuple[BackupRecord, str]:
-    """Take the backup; its record and where it is."""
+               say: Callable[[str], None] = lambda _: None,
+               prompt: Callable[[], str | None] | None = None) -> tuple[BackupRecord, str]:
+    """Take the backup; its record and where it is. ``prompt`` is asked for a password once
+    when the server wants one the connection string lacks."""
     place = open_place(settings.archive)
     identity = archive_identity(place)
-    conn = ReplicationConnection.open(settings.conninfo)
+    conn = ReplicationConnection.open(settings.conninfo, prompt)
     try:
         server = identify_server(conn)
         check_same_cluster(place.archive, identity, ArchiveIdentity(

@@ -35,7 +35,7 @@ from receivewal.archive.compression import (
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_CAP, record_from_json
 from receivewal.backup.upload import BucketBackup
-from receivewal.errors import ArchiveError, StoreRefused
+from receivewal.errors import ArchiveError, ObjectConflict, StoreRefused
 
 pytestmark = pytest.mark.server
 
@@ -291,3 +291,24 @@ def test_no_password_and_a_forced_prompt_as_pg_basebackup(world: World) -> None:
     assert done.stderr.startswith("Password: ")
     assert " complete: " in done.stdout.splitlines()[0]
     assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_a_backup_given_up_never_removes_an_object_it_did_not_write(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer's object at the backup's name (two backups started in the same second
+    on two hosts): the create-only upload refuses it, and abort leaves it as it was."""
+    for key, value in world.seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    bucket = Bucket.connect(world.url)
+    target = BucketBackup.create(bucket, datetime(2032, 1, 1, tzinfo=UTC), NO_COMPRESSION)
+    key = f"{world.prefix}/backups/{target.backup_id}/base.tar"
+    client = world.seaweed.client()
+    client.put_object(Bucket=world.seaweed.bucket, Key=key, Body=b"the other backup's")
+    target.begin_archive(ArchiveInfo("base.tar", None, "", ""))
+    target.archive_bytes(memoryview(b"x" * 1024))
+    with pytest.raises(ObjectConflict):
+        target.end_archive()
+    assert target.abort() == []
+    body = client.get_object(Bucket=world.seaweed.bucket, Key=key)["Body"].read()
+    assert body == b"the other backup's"
+    client.delete_object(Bucket=world.seaweed.bucket, Key=key)

@@ -5,7 +5,8 @@ The same names as a backup directory (:mod:`receivewal.backup.directory`): each 
 (:class:`~receivewal.archive.bucket.StreamUpload`: memory is one part and a compressor's
 window, whatever the database's size), then the manifest, and the record last. Nothing is
 overwritten. A backup given up (an error, SIGTERM) aborts its upload in flight and removes
-what it uploaded, record first (best effort: :meth:`BucketBackup.abort` names what stays). A
+what it uploaded, record first (best effort: :meth:`BucketBackup.abort` names what stays;
+never an object another writer had put at one of its names, which create-only refused). A
 backup whose process dies leaves at most objects without a record, which recovery never takes
 for a backup and ``cleanup`` removes once the backup is abandoned
 (:func:`~receivewal.backup.catalog.abandoned`), and unfinished multipart uploads, which are no
@@ -16,7 +17,9 @@ backup without its files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from datetime import datetime
 
 from receivewal.archive.bucket import Bucket, StreamUpload
@@ -26,7 +29,7 @@ from receivewal.backup.directory import BACKUPS, backup_id_for
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
-from receivewal.errors import ArchiveError, ObjectNotFound, ReceivewalError
+from receivewal.errors import ArchiveError, ObjectConflict, ObjectNotFound, ReceivewalError
 from receivewal.wal.names import AtRest
 
 _ATTEMPTS = 100
@@ -103,8 +106,8 @@ class BucketBackup:
         assert current is not None
         if current.compressor is not None:
             current.upload.write(current.compressor.finish())
-        self._written.append(current.name)  # before finish: a lost reply may have stored it
-        stored = current.upload.finish()
+        with self._storing(current.name):
+            stored = current.upload.finish()
         self._open = None
         self.stored.append(StoredArchive(current.name, current.info.tablespace_oid,
                                          current.info.location, current.compression,
@@ -113,8 +116,8 @@ class BucketBackup:
     # -- the end -----------------------------------------------------------------------------
     def write_manifest(self, data: bytes) -> str:
         """Upload the manifest, create-only; its SHA-256."""
-        self._written.append(MANIFEST_NAME)
-        self.bucket.put_new(backup_key(self.backup_id, MANIFEST_NAME), data)
+        with self._storing(MANIFEST_NAME):
+            self.bucket.put_new(backup_key(self.backup_id, MANIFEST_NAME), data)
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
         return self.manifest_sha256
 
@@ -132,8 +135,22 @@ class BucketBackup:
                                    f"{self.where(name)} was removed while the backup ran "
                                    "(receivewal cleanup removes a backup without its record "
                                    "once it is abandoned)") from exc
-        self._written.insert(0, RECORD_NAME)
-        self.bucket.put_new(backup_key(self.backup_id, RECORD_NAME), record_to_json(record))
+        with self._storing(RECORD_NAME, first=True):
+            self.bucket.put_new(backup_key(self.backup_id, RECORD_NAME), record_to_json(record))
+
+    @contextlib.contextmanager
+    def _storing(self, name: str, *, first: bool = False) -> Iterator[None]:
+        """Remember ``name`` as this backup's, for :meth:`abort`: once stored, and when the
+        store failed otherwise than by refusing another writer's object (a lost reply may have
+        stored it); ``first``: removed before the others."""
+        try:
+            yield
+        except ObjectConflict:
+            raise  # another writer's object at that name: never this backup's to remove
+        except BaseException:
+            self._written.insert(0 if first else len(self._written), name)
+            raise
+        self._written.insert(0 if first else len(self._written), name)
 
     def abort(self) -> list[str]:
         """Give the backup up: the upload under way is aborted, then what was uploaded is

@@ -312,3 +312,35 @@ def test_a_backup_given_up_never_removes_an_object_it_did_not_write(
     body = client.get_object(Bucket=world.seaweed.bucket, Key=key)["Body"].read()
     assert body == b"the other backup's"
     client.delete_object(Bucket=world.seaweed.bucket, Key=key)
+
+
+def test_cleanup_aborts_the_multipart_uploads_of_an_abandoned_backup(world: World) -> None:
+    """A SIGKILLed backup's unfinished multipart upload (its parts are stored, no object):
+    under an ID of 8 days ago cleanup aborts it and names the backup; under a recent one it
+    stays."""
+    client = world.seaweed.client()
+    now = datetime.now(UTC)
+    old = (now - timedelta(days=8, minutes=5)).strftime("%Y%m%dT%H%M%SZ")
+    recent = (now - timedelta(minutes=5)).strftime("%Y%m%dT%H%M%SZ")
+    keys = {}
+    for backup_id in (old, recent):
+        key = f"{world.prefix}/backups/{backup_id}/base.tar.zst"
+        upload = client.create_multipart_upload(Bucket=world.seaweed.bucket, Key=key)
+        client.upload_part(Bucket=world.seaweed.bucket, Key=key, PartNumber=1,
+                           UploadId=upload["UploadId"], Body=b"part" * 1024)
+        keys[backup_id] = key
+
+    def uploads() -> set[str]:
+        listed = client.list_multipart_uploads(Bucket=world.seaweed.bucket,
+                                               Prefix=f"{world.prefix}/backups/")
+        return {item["Key"] for item in listed.get("Uploads", ())}
+
+    assert set(keys.values()) <= uploads()
+    done = world.run("cleanup", "-D", world.url, "--keep-backups", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"backup {old}: removed: an abandoned backup" in done.stdout, done.stdout
+    assert keys[old] not in uploads()
+    assert keys[recent] in uploads()
+    client.abort_multipart_upload(Bucket=world.seaweed.bucket, Key=keys[recent], UploadId=next(
+        item["UploadId"] for item in client.list_multipart_uploads(
+            Bucket=world.seaweed.bucket, Prefix=keys[recent]).get("Uploads", ())))

@@ -35,7 +35,7 @@ from receivewal.archive.compression import (
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_CAP, record_from_json
 from receivewal.backup.upload import BucketBackup
-from receivewal.errors import ArchiveError, ObjectConflict, StoreRefused
+from receivewal.errors import ArchiveError, ObjectConflict, StoreError, StoreRefused
 
 pytestmark = pytest.mark.server
 
@@ -344,3 +344,42 @@ def test_cleanup_aborts_the_multipart_uploads_of_an_abandoned_backup(world: Worl
     client.abort_multipart_upload(Bucket=world.seaweed.bucket, Key=keys[recent], UploadId=next(
         item["UploadId"] for item in client.list_multipart_uploads(
             Bucket=world.seaweed.bucket, Prefix=keys[recent]).get("Uploads", ())))
+
+
+def test_a_record_that_cannot_be_removed_keeps_its_files(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record was stored but its reply lost (an error), and the store then refuses to
+    remove it: abort names it and removes nothing else (never a record without its files)."""
+    for key, value in world.seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    bucket = Bucket.connect(world.url)
+    record = record_from_json(bucket.get_bytes(f"backups/{world.bucket_id}/backup.json",
+                                               RECORD_CAP), "the record")
+    target = BucketBackup.create(bucket, datetime(2033, 1, 1, tzinfo=UTC), NO_COMPRESSION)
+    target.begin_archive(ArchiveInfo("base.tar", None, "", ""))
+    target.archive_bytes(memoryview(b"x" * 1024))
+    target.end_archive()
+    target.write_manifest(b"{}")
+    real_put, real_delete = bucket.put_new, bucket.delete
+
+    def put_then_fail(name: str, source: Path | bytes) -> bool:
+        real_put(name, source)
+        raise StoreError("the store failed the request (the reply was lost)")
+
+    def refusing(name: str) -> None:
+        if name.endswith("/backup.json"):
+            raise StoreRefused("the store refused the request (AccessDenied)")
+        real_delete(name)
+
+    monkeypatch.setattr(bucket, "put_new", put_then_fail)
+    monkeypatch.setattr(bucket, "delete", refusing)
+    with pytest.raises(StoreError):
+        target.commit(dataclasses.replace(record, backup_id=target.backup_id))
+    left = target.abort()
+    assert len(left) == 1
+    assert left[0].startswith(f"could not remove {world.url}/backups/{target.backup_id}/"
+                              "backup.json of the backup given up: ")
+    assert sorted(key.rsplit("/", 1)[1] for key in world.objects(target.backup_id)) == [
+        "backup.json", "backup_manifest", "base.tar"]
+    for name in ("backup.json", "backup_manifest", "base.tar"):
+        real_delete(f"backups/{target.backup_id}/{name}")

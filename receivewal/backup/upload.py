@@ -60,7 +60,7 @@ class BucketBackup:
         self.stored: list[StoredArchive] = []
         self.manifest_sha256 = ""
         self._open: _Open | None = None
-        self._written: list[str] = []  # names stored, in order (the record last)
+        self._written: list[str] = []  # names stored, the record (if any) first
 
     @classmethod
     def create(cls, bucket: Bucket, started: datetime, compress: CompressSpec) -> BucketBackup:
@@ -166,5 +166,7 @@ class BucketBackup:
             except ReceivewalError as exc:
                 left.append(f"could not remove {self.where(name)} of the backup given up: "
                             f"{exc}")
+                if name == RECORD_NAME:  # its files stay with it: never a record without them
+                    break
         self._written = []
         return left

@@ -342,7 +342,8 @@ def test_cleanup_of_the_same_archive_in_a_bucket(promoted: Promoted, seaweed: Se
     assert run_cleanup("-D", str(local), "--keep-backups", "1").stdout == done.stdout
     expected = sorted(str(path.relative_to(local)) for path in local.rglob("*") if path.is_file())
     assert stored() == expected
-    assert not [name for name in stored() if promoted.older.backup_id in name]
+    assert not [name for name in stored()
+                if name.startswith(f"backups/{promoted.older.backup_id}/")]
 
 
 def test_a_recovery_window(promoted: Promoted) -> None:

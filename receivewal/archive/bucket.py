@@ -314,13 +314,47 @@ class Bucket:
 
     def delete(self, name: str) -> None:
         """Remove ``PREFIX/name`` (gone already: done). The one deletion of the store, for
-        ``cleanup`` alone: every other writer only creates."""
+        ``cleanup`` and a backup given up (its own objects): every other writer only
+        creates."""
         if not name or name.startswith("/") or ".." in name.split("/"):
             raise ArchiveError(f"{name!r} is not a file name of the archive")
 
         def attempt() -> None:
             try:
                 self.client.delete_object(Bucket=self.url.bucket, Key=self.key(name))
+            except self._library_errors as exc:
+                error = self._error(exc, name)
+                if not isinstance(error, ObjectNotFound):
+                    raise error from exc
+
+        self._retried(attempt)
+
+    def unfinished_uploads(self, folder: str) -> list[tuple[str, str]]:
+        """(name from the prefix, upload ID) of every multipart upload begun and neither
+        completed nor aborted under ``PREFIX/folder/``: what a killed backup left."""
+        base = f"{self.url.prefix}/" if self.url.prefix else ""
+
+        def attempt() -> list[tuple[str, str]]:
+            found: list[tuple[str, str]] = []
+            try:
+                pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                    Bucket=self.url.bucket, Prefix=f"{base}{folder}/")
+                for page in pages:
+                    found.extend((item["Key"][len(base):], str(item["UploadId"]))
+                                 for item in page.get("Uploads", ()))
+            except self._library_errors as exc:
+                raise self._error(exc, folder) from exc
+            return sorted(found)
+
+        return self._retried(attempt)
+
+    def abort_upload(self, name: str, upload_id: str) -> None:
+        """Abort the multipart upload ``upload_id`` of ``PREFIX/name`` (its parts are
+        dropped; gone already: done). For ``cleanup``, of a backup it removes."""
+        def attempt() -> None:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.url.bucket, Key=self.key(name),
+                                                   UploadId=upload_id)
             except self._library_errors as exc:
                 error = self._error(exc, name)
                 if not isinstance(error, ObjectNotFound):

@@ -1,10 +1,14 @@
 """``cleanup`` of an archive in a bucket (``s3://BUCKET/PREFIX``): the same plan as a
 directory's (:func:`~receivewal.backup.retention.plan_retention`), read and carried out
-through :class:`~receivewal.archive.bucket.Bucket` (whose ``delete`` is used here alone).
+through :class:`~receivewal.archive.bucket.Bucket` (whose ``delete`` is used here and by a
+bucket backup given up).
 
 The prefix holds the WAL files and the identity object; ``backups/<id>/`` holds each backup,
-``backup.json`` last. A backup without its record is kept: in a bucket, a backup being
-uploaded cannot be told from an interrupted one. A backup goes record first, so that a
+``backup.json`` last. A backup without its record is kept while it may still be uploading:
+in a bucket no lock tells it from an interrupted one; once it started more than
+:data:`~receivewal.backup.catalog.ABANDONED_AFTER` ago it is abandoned and removed
+(:func:`~receivewal.backup.catalog.abandoned`), with the multipart uploads it left unfinished
+(a backup of which only those are left is listed too). A backup goes record first, so that a
 cleanup cut short leaves files without a record, never a record without its files. No daemon
 state is read: the daemon's slot and upload backlog are in its directory, not in the bucket.
 """
@@ -16,12 +20,12 @@ from collections import defaultdict
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.reading import HISTORY_FILE_CAP
-from receivewal.backup.catalog import BackupEntry, EntryState
+from receivewal.backup.catalog import BackupEntry, EntryState, unrecorded_in_bucket
 from receivewal.backup.cleanup import CleanupReport
 from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import RECORD_CAP, RECORD_NAME, record_from_json
 from receivewal.backup.retention import ArchiveContents, Policy, plan_retention
-from receivewal.errors import ArchiveError
+from receivewal.errors import ArchiveError, StoreAccessDenied
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
 from receivewal.wal.names import parse_history_file_name, parse_segment_file_name
 from receivewal.wal.timeline import TimelineSwitch, parse_history
@@ -34,9 +38,13 @@ def read_bucket(bucket: Bucket) -> tuple[ArchiveContents, dict[str, int],
     files = dict(bucket.list_files())
     backups: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for name, size in bucket.list_under(BACKUPS):
-        parts = name.split("/")
-        if len(parts) >= 3 and parts[1] and not parts[1].startswith("."):
-            backups[parts[1]].append((name, size))
+        backup_id = _backup_of(name)
+        if backup_id:
+            backups[backup_id].append((name, size))
+    for name, _ in _unfinished(bucket):  # a killed backup's, maybe alone
+        backup_id = _backup_of(name)
+        if backup_id:
+            backups.setdefault(backup_id, [])
     entries = [_entry(bucket, backup_id, [n for n, _ in objects])
                for backup_id, objects in sorted(backups.items())]
     identity = bucket.read_identity()
@@ -62,10 +70,27 @@ def read_bucket(bucket: Bucket) -> tuple[ArchiveContents, dict[str, int],
     return contents, files, dict(backups)
 
 
+def _unfinished(bucket: Bucket) -> list[tuple[str, str]]:
+    """The unfinished multipart uploads under ``backups/``; none when the credentials may not
+    list them (s3:ListBucketMultipartUploads: the store's lifecycle rule is then their end)."""
+    try:
+        return bucket.unfinished_uploads(BACKUPS)
+    except StoreAccessDenied:
+        return []
+
+
+def _backup_of(name: str) -> str:
+    """The backup ID of an object named ``backups/<id>/...`` from the prefix; "" if none."""
+    parts = name.split("/")
+    if len(parts) >= 3 and parts[1] and not parts[1].startswith("."):
+        return parts[1]
+    return ""
+
+
 def _entry(bucket: Bucket, backup_id: str, names: list[str]) -> BackupEntry:
     record_name = f"{BACKUPS}/{backup_id}/{RECORD_NAME}"
     if record_name not in names:
-        return BackupEntry(backup_id, EntryState.UNKNOWN)
+        return unrecorded_in_bucket(backup_id)
     where = bucket.url.url(record_name)
     try:
         record = record_from_json(bucket.get_bytes(record_name, RECORD_CAP), where)
@@ -87,11 +112,15 @@ def apply_policy_to_bucket(url: str, policy: Policy, *, dry_run: bool = False
     freed = sum(size for b in plan.removed_backups for _, size in backups.get(b, []))
     freed += sum(sizes.get(name, 0) for name in plan.removed_files)
     if not dry_run:
+        removed = set(plan.removed_backups)
         for backup_id in plan.removed_backups:
             objects = sorted(backups.get(backup_id, []),
                              key=lambda item: not item[0].endswith("/" + RECORD_NAME))
             for name, _ in objects:
                 bucket.delete(name)
+        for name, upload_id in _unfinished(bucket):
+            if _backup_of(name) in removed:
+                bucket.abort_upload(name, upload_id)
         for name in plan.removed_files:
             bucket.delete(name)
     return CleanupReport(plan, tuple(plan.removed_files), freed, dry_run)

@@ -11,12 +11,18 @@ only once the record is written (or the directory removed). So a directory is ca
 interrupted only when it is not empty (its writer had the lock), the lock is free, and then
 still no record is there: a writer that dies never writes its record later. An empty
 directory may be a backup between its ``mkdir`` and its lock: it is left alone.
+
+In a bucket no lock tells a running upload from a dead one; a backup's ID is its start time
+(UTC), so one without a record that started more than :data:`ABANDONED_AFTER` ago is
+:attr:`EntryState.ABANDONED` (:func:`abandoned`), which retention removes; a backup still
+running that long finds its objects gone before it writes its record, and fails.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from pathlib import Path
 
@@ -34,6 +40,7 @@ class EntryState(Enum):
     RUNNING = "being written"
     INTERRUPTED = "interrupted (no record)"
     UNKNOWN = "no record, and whether it is being written cannot be told"
+    ABANDONED = "no record, started more than 7 days ago: abandoned"
     EMPTY = "empty: a backup starting, or one that never began"
     DAMAGED = "record unreadable"
 
@@ -50,6 +57,27 @@ class BackupEntry:
     def describe(self) -> str:
         """The entry's state in words."""
         return f"{self.state.value}: {self.problem}" if self.problem else self.state.value
+
+
+ABANDONED_AFTER = timedelta(days=7)  # far longer than a backup runs; EntryState.ABANDONED says it
+ID_TIME = "%Y%m%dT%H%M%SZ"  # directory.backup_id_for's format
+
+
+def abandoned(backup_id: str, now: datetime | None = None,
+              after: timedelta = ABANDONED_AFTER) -> bool:
+    """Whether a backup without its record, in a bucket, is abandoned: its ID (its start,
+    ``-N`` aside) is more than ``after`` before ``now``. An ID that is no time: never."""
+    try:
+        started = datetime.strptime(backup_id.split("-", 1)[0], ID_TIME).replace(tzinfo=UTC)
+    except ValueError:
+        return False
+    return (now or datetime.now(UTC)) - started > after
+
+
+def unrecorded_in_bucket(backup_id: str, now: datetime | None = None) -> BackupEntry:
+    """The entry of a bucket's backup without its record."""
+    state = EntryState.ABANDONED if abandoned(backup_id, now) else EntryState.UNKNOWN
+    return BackupEntry(backup_id, state)
 
 
 def read_catalog(archive: Path) -> list[BackupEntry]:

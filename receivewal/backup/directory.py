@@ -15,6 +15,7 @@ Memory is a compressor's window and one message at a time, whatever the database
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from datetime import datetime
@@ -190,9 +191,9 @@ class BackupDirectory:
             raise _os_error("write file", self.path / RECORD_NAME, exc) from exc
         self._unlock()
 
-    def abort(self) -> None:
+    def abort(self) -> list[str]:
         """Give the backup up: remove what was written and the directory (best effort: what
-        stays has no record, which retention removes)."""
+        stays has no record, which retention removes; nothing is reported)."""
         current, self._open = self._open, None
         if current is not None:
             current.form.close()
@@ -206,10 +207,9 @@ class BackupDirectory:
             (self.path / name).unlink(missing_ok=True)
             (self.path / (name + RECIPIENTS_SUFFIX)).unlink(missing_ok=True)
         self._unlock()
-        try:
+        with contextlib.suppress(OSError):
             self.path.rmdir()
-        except OSError:
-            return
+        return []
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:

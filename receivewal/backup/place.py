@@ -26,7 +26,7 @@ from receivewal.archive.objectstore import is_bucket_url
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sources import ArchiveSource, list_source, read_capped, recorded_identity
-from receivewal.backup.catalog import BackupEntry, EntryState, read_catalog
+from receivewal.backup.catalog import BackupEntry, EntryState, read_catalog, unrecorded_in_bucket
 from receivewal.backup.directory import BACKUPS, BackupDirectory
 from receivewal.backup.record import RECORD_CAP, RECORD_NAME, record_from_json
 from receivewal.backup.stored import BackupFiles, DirectoryFiles
@@ -217,7 +217,7 @@ class BucketPlace(BackupPlace):
 
     def _entry(self, backup_id: str, names: set[str]) -> BackupEntry:
         if RECORD_NAME not in names:
-            return BackupEntry(backup_id, EntryState.UNKNOWN)
+            return unrecorded_in_bucket(backup_id)
         files = BucketFiles(self.bucket, backup_id)
         where = files.where(RECORD_NAME)
         try:

@@ -135,6 +135,8 @@ def _judge_backups(complete: list[BackupRecord], policy: Policy
 def _judge_unfinished(entry: BackupEntry) -> Verdict:
     if entry.state is EntryState.INTERRUPTED:
         return Verdict(entry.backup_id, True, "an interrupted backup (no record, no writer)")
+    if entry.state is EntryState.ABANDONED:
+        return Verdict(entry.backup_id, True, f"an abandoned backup ({entry.state.value})")
     return Verdict(entry.backup_id, False, f"{entry.describe()}: not removed")
 
 

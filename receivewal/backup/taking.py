@@ -88,11 +88,13 @@ def wait_for_wal(place: BackupPlace, record: BackupRecord, wait: float, *,
 
 
 def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambda: False,
-               say: Callable[[str], None] = lambda _: None) -> tuple[BackupRecord, str]:
-    """Take the backup; its record and where it is."""
+               say: Callable[[str], None] = lambda _: None,
+               prompt: Callable[[], str | None] | None = None) -> tuple[BackupRecord, str]:
+    """Take the backup; its record and where it is. ``prompt`` is asked for a password once
+    when the server wants one the connection string lacks."""
     place = open_place(settings.archive)
     identity = archive_identity(place)
-    conn = ReplicationConnection.open(settings.conninfo)
+    conn = ReplicationConnection.open(settings.conninfo, prompt)
     try:
         server = identify_server(conn)
         check_same_cluster(place.archive, identity, ArchiveIdentity(
@@ -108,7 +110,7 @@ def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambd
                                              recipients=settings.encrypt_to),
             server, stopping=stopping,
             before_commit=lambda rec: wait_for_wal(place, rec, settings.wal_wait,
-                                                   stopping=stopping, say=say))
+                                                   stopping=stopping, say=say), say=say)
     finally:
         conn.close()
     return record, place.backup_where(record.backup_id)

@@ -53,8 +53,8 @@ class BackupTarget(BackupSink, Protocol):
     def commit(self, record: BackupRecord) -> None:
         """Store the record, last."""
 
-    def abort(self) -> None:
-        """Give the backup up."""
+    def abort(self) -> list[str]:
+        """Give the backup up: remove what was stored; what could not be, one line each."""
 
 
 class BackupLink(Protocol):
@@ -137,9 +137,11 @@ def take_backup_into(link: BackupLink, request: BackupRequest,
                      now: Callable[[], datetime] = lambda: datetime.now(UTC),
                      stopping: Callable[[], bool] = lambda: False,
                      before_commit: Callable[[BackupRecord], None] | None = None,
-                     on_progress: Callable[[int], None] | None = None) -> BackupRecord:
+                     on_progress: Callable[[int], None] | None = None,
+                     say: Callable[[str], None] = lambda _: None) -> BackupRecord:
     """:func:`take_backup` into the target ``open_target`` makes for the start time (a
-    directory, a bucket's backup); on any error the target is given up."""
+    directory, a bucket's backup); on any error the target is given up (``say`` is told
+    what of it could not be removed)."""
     started = now()
     directory = open_target(started)
     try:
@@ -155,7 +157,8 @@ def take_backup_into(link: BackupLink, request: BackupRequest,
             before_commit(record)
         directory.commit(record)
     except BaseException:
-        directory.abort()
+        for line in directory.abort():
+            say(line)
         raise
     return record
 

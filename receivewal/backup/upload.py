@@ -4,13 +4,22 @@ The same names as a backup directory (:mod:`receivewal.backup.directory`): each 
 (compressed on the way when asked) is streamed into a create-only multipart upload
 (:class:`~receivewal.archive.bucket.StreamUpload`: memory is one part and a compressor's
 window, whatever the database's size), then the manifest, and the record last. Nothing is
-overwritten. A backup whose process dies leaves at most objects without a record, which
-recovery never takes for a backup, and unfinished multipart uploads, which are no objects.
+overwritten. A backup given up (an error, SIGTERM) aborts its upload in flight and removes
+what it uploaded, record first (best effort: :meth:`BucketBackup.abort` names what stays;
+never an object another writer had put at one of its names, which create-only refused). A
+backup whose process dies leaves at most objects without a record, which recovery never takes
+for a backup and ``cleanup`` removes once the backup is abandoned
+(:func:`~receivewal.backup.catalog.abandoned`), and unfinished multipart uploads, which are no
+objects. Before its record, a backup checks that its objects are all still there: a backup
+that ran longer than that bound and whose objects cleanup took fails instead of recording a
+backup without its files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from datetime import datetime
 
 from receivewal.archive.bucket import Bucket, StreamUpload
@@ -21,7 +30,7 @@ from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
 from receivewal.backup.sealing import StoredForm, seal_small, sealed_name
-from receivewal.errors import ArchiveError
+from receivewal.errors import ArchiveError, ObjectConflict, ObjectNotFound, ReceivewalError
 from receivewal.wal.names import RECIPIENTS_SUFFIX, AtRest
 
 _ATTEMPTS = 100
@@ -55,6 +64,7 @@ class BucketBackup:
         self.stored: list[StoredArchive] = []
         self.manifest_sha256 = ""
         self._open: _Open | None = None
+        self._written: list[str] = []  # names stored, the record (if any) first
 
     @classmethod
     def create(cls, bucket: Bucket, started: datetime, compress: CompressSpec,
@@ -101,7 +111,8 @@ class BucketBackup:
         current = self._open
         assert current is not None
         current.upload.write(current.form.finish())
-        stored = current.upload.finish()
+        with self._storing(current.name):
+            stored = current.upload.finish()
         self._open = None
         self.stored.append(StoredArchive(current.name, current.info.tablespace_oid,
                                          current.info.location, current.compression,
@@ -112,27 +123,66 @@ class BucketBackup:
         """Upload the manifest, create-only (sealed with the archives); its plaintext's
         SHA-256."""
         self._put_recipients(self.manifest_name)
-        self.bucket.put_new(backup_key(self.backup_id, self.manifest_name),
-                            seal_small(data, self.recipients))
+        with self._storing(self.manifest_name):
+            self.bucket.put_new(backup_key(self.backup_id, self.manifest_name),
+                                seal_small(data, self.recipients))
         self.manifest_sha256 = hashlib.sha256(data).hexdigest()
         return self.manifest_sha256
 
     def commit(self, record: BackupRecord) -> None:
-        """Upload the record, last: from now on the prefix holds a complete backup."""
+        """Upload the record, last: from now on the prefix holds a complete backup. Each
+        object is looked at first: one removed meanwhile (cleanup took the backup for an
+        abandoned one) is an error, never a record."""
         assert self._open is None
         assert record.backup_id == self.backup_id
-        self.bucket.put_new(backup_key(self.backup_id, RECORD_NAME), record_to_json(record))
+        for name in self._written:
+            try:
+                self.bucket.head(backup_key(self.backup_id, name))
+            except ObjectNotFound as exc:
+                raise ArchiveError(f"backup {self.backup_id} is not complete: "
+                                   f"{self.where(name)} was removed while the backup ran "
+                                   "(receivewal cleanup removes a backup without its record "
+                                   "once it is abandoned)") from exc
+        with self._storing(RECORD_NAME, first=True):
+            self.bucket.put_new(backup_key(self.backup_id, RECORD_NAME), record_to_json(record))
 
-    def abort(self) -> None:
-        """Give the backup up: the upload under way is dropped; what was uploaded stays,
-        without a record (no backup: cleanup removes it)."""
+    @contextlib.contextmanager
+    def _storing(self, name: str, *, first: bool = False) -> Iterator[None]:
+        """Remember ``name`` as this backup's, for :meth:`abort`: once stored, and when the
+        store failed otherwise than by refusing another writer's object (a lost reply may have
+        stored it); ``first``: removed before the others."""
+        try:
+            yield
+        except ObjectConflict:
+            raise  # another writer's object at that name: never this backup's to remove
+        except BaseException:
+            self._written.insert(0 if first else len(self._written), name)
+            raise
+        self._written.insert(0 if first else len(self._written), name)
+
+    def abort(self) -> list[str]:
+        """Give the backup up: the upload under way is aborted, then what was uploaded is
+        removed, the record first (best effort); what could not be removed, one line each
+        (it has no record, so it is no backup: ``cleanup`` removes it once abandoned)."""
         current, self._open = self._open, None
         if current is not None:
             current.form.close()
             current.upload.abort()
+        left: list[str] = []
+        for name in self._written:
+            try:
+                self.bucket.delete(backup_key(self.backup_id, name))
+            except ReceivewalError as exc:
+                left.append(f"could not remove {self.where(name)} of the backup given up: "
+                            f"{exc}")
+                if name == RECORD_NAME:  # its files stay with it: never a record without them
+                    break
+        self._written = []
+        return left
 
     def _put_recipients(self, name: str) -> None:
         """The recipients object of the sealed object ``name``, before it (none when plain)."""
         if self.recipients is not None:
-            self.bucket.put_new(backup_key(self.backup_id, name + RECIPIENTS_SUFFIX),
-                                recipients_file_text(self.recipients))
+            with self._storing(name + RECIPIENTS_SUFFIX):
+                self.bucket.put_new(backup_key(self.backup_id, name + RECIPIENTS_SUFFIX),
+                                    recipients_file_text(self.recipients))

@@ -29,7 +29,9 @@ from receivewal.commands.cleanup import (
     report_lines,
     retention_options,
 )
+from receivewal.commands.options import read_password
 from receivewal.commands.verify import named_archive
+from receivewal.daemon.supervisor import prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.replication.connection import build_conninfo
 from receivewal.wal.lsn import format_lsn
@@ -123,20 +125,25 @@ def describe(record: BackupRecord, where: str) -> str:
               f"of the recipients decrypts (env {ENCRYPT_TO_ENV}, whitespace between them). "
               "recover and verify then need --identity.")
 @click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
+@click.option("-w", "--no-password", is_flag=True, help="Never prompt for a password.")
+@click.option("-W", "--password", "force_password", is_flag=True,
+              help="Prompt for a password before connecting.")
 @retention_options
 def backup_command(*, archive: str, dbname: str | None, host: str | None, port: str | None,
                    username: str | None, label: str, fast: bool, max_rate: int,
                    compress: CompressSpec, server_compress: bool, wal_wait: float,
                    encrypt_to: tuple[str, ...], no_sync: bool, keep_backups: str | None,
-                   recovery_window: str | None,
+                   recovery_window: str | None, no_password: bool, force_password: bool,
                    ) -> None:
     """Take a base backup over the replication protocol into the WAL archive (complete only
     once the archive holds its WAL from start to end)."""
     if server_compress and not compress.method:
         raise click.UsageError("--server-compress needs a method: --compress zstd, lz4 or gzip")
     policy = policy_after_backup(keep_backups, recovery_window)  # a bad value: before the backup
+    password = read_password() if force_password and not no_password else None
     try:
-        conninfo = build_conninfo(dbname, host=host, port=port, user=username)
+        conninfo = build_conninfo(dbname, host=host, port=port, user=username,
+                                  password=password)
         request = BackupRequest(label=label, fast=fast, max_rate=max_rate,
                                 server_compression=compress if server_compress else None)
         base_backup_command(request)  # a label or rate the server would refuse: now
@@ -155,6 +162,7 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
         signal.signal(signum, on_signal)
     try:
         record, where = run_backup(settings, stopping=lambda: bool(stop),
+                                   prompt=None if no_password else prompt_password,
                                    say=lambda line: click.echo(f"receivewal: {line}", err=True))
     except ReceivewalError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -7,6 +7,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 
 class TcpProxy:
@@ -30,6 +31,8 @@ class TcpProxy:
         self.forwarded = 0  # bytes passed on, both directions, every connection
         self.stall_at: int | None = None
         self.stalled = threading.Event()  # set when a stall_after() threshold is reached
+        # given what the server sends, before it is passed on: what the client gets instead
+        self.alter_downstream: Callable[[bytes], bytes] | None = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -63,6 +66,8 @@ class TcpProxy:
                     data = sock.recv(65536)
                     if not data:
                         return
+                    if sock is b and self.alter_downstream is not None:
+                        data = self.alter_downstream(data)
                     peers[sock].sendall(data)
                     self._count(len(data))
                     if self.bytes_per_second:

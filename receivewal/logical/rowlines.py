@@ -1,0 +1,240 @@
+"""pgoutput's row changes straight to change log lines: the hot path of a logical stream.
+
+Insert, Update and Delete are nearly every message of a busy stream. :class:`RowLines` reads
+such a message and writes its line (format 1, :mod:`receivewal.logical.records`) in one go,
+without the message dataclasses, the dict and the JSON encoder of the reference path
+(:class:`~receivewal.logical.pgoutput.PgoutputDecoder`,
+:class:`~receivewal.logical.assembly.Assembler`, :func:`receivewal.logical.records.row`). It
+takes a message only when it is exactly right and plain: a row of text, NULL and unchanged
+TOAST values of a relation announced with distinct column names, inside a transaction (or a
+stream block), every byte read. Anything else (binary values, a malformed or unexpected
+message, a relation never announced, text that is not UTF-8, a column count that is not the
+relation's) it leaves untouched to the reference path, which takes it or raises its error
+naming the LSN; it changes nothing before it is sure. The line is byte for byte the
+reference's (tests/test_logical_rowlines.py compares the two on varied rows): a JSON string
+of a UTF-8 value is its bytes in quotes unless a byte needs escaping (``"``, ``\\``, controls),
+and json's own escaping is used for a value that has one.
+"""
+
+from __future__ import annotations
+
+import re
+from json.encoder import encode_basestring  # json's own (C): what JSONEncoder uses
+from typing import TYPE_CHECKING
+
+from receivewal.wal.lsn import format_lsn
+
+if TYPE_CHECKING:
+    from receivewal.logical.assembly import Assembler, _Transaction
+    from receivewal.logical.pgoutput import PgoutputDecoder
+    from receivewal.logical.relations import RelationInfo
+
+_INSERT, _UPDATE, _DELETE = b"IUD"
+_ROW_CHANGES = frozenset(b"IUD")
+_NEW, _KEY, _OLD = b"NKO"
+_TEXT, _NULL, _UNCHANGED = b"tnu"
+_ESCAPED = re.compile(rb'[\x00-\x1f"\\]')  # the bytes json escapes (ensure_ascii=False)
+
+
+def _json(text: str) -> bytes:
+    """``text`` as json.dumps(..., ensure_ascii=False) writes it."""
+    return str(encode_basestring(text)).encode()
+
+
+class _Shape:
+    """What every line of one relation version repeats, rendered once."""
+
+    __slots__ = ("all_text", "count", "distinct", "key_flags", "keys", "names", "table",
+                 "template")
+
+    def __init__(self, info: RelationInfo) -> None:
+        names = [column.name for column in info.columns]
+        self.count = len(names)
+        self.names = names
+        self.distinct = len(set(names)) == len(names)  # else a dict of the row merges two
+        self.key_flags = [column.key for column in info.columns]
+        self.keys = [_json(name) + b":" for name in names]  # '"id":'
+        self.table = b',"schema":' + _json(info.schema) + b',"table":' + _json(info.table)
+        self.all_text = b"t" * len(names)
+        # every value text: one %-format ('"id":"%b","v":"%b"')
+        self.template = b",".join(key.replace(b"%", b"%%") + b'"%b"' for key in self.keys)
+
+
+class RowLines:
+    """Takes the plain row changes of one pgoutput connection (see the module's docstring)."""
+
+    def __init__(self, decoder: PgoutputDecoder, assembler: Assembler) -> None:
+        self.decoder = decoder
+        self.assembler = assembler
+        self._shapes: dict[int, _Shape] = {}  # by relation version
+
+    def take(self, lsn: int, data: bytes) -> bool:
+        """Write the line of the row change ``data`` that came at ``lsn``; False (nothing
+        done) when it is not one this path takes."""
+        tag = data[0]
+        if tag not in _ROW_CHANGES:
+            return False
+        found = self._target(data)
+        if found is None:
+            return False
+        txn, xid, info, shape, position = found
+        rows = _rows(tag, data, position, shape)
+        if rows is None:
+            return False
+        # sure now: the reference's bookkeeping (Assembler.feed, _target, _Transaction.add)
+        assembler = self.assembler
+        if lsn:
+            assembler.position = lsn
+            if assembler.current is not None and not assembler.current.lsn:
+                assembler.current.lsn = lsn
+        else:
+            lsn = assembler.position
+        if xid and xid != txn.xid and xid not in txn.subtransactions:
+            txn.subtransactions[xid] = txn.buffer.mark()
+        if info.name not in txn.first_versions:
+            txn.first_versions[info.name] = info
+        txn.buffer.add(info.version, _line(tag, lsn, txn.xid, shape, rows))
+        return True
+
+    def _target(self, data: bytes) -> tuple[_Transaction, int, RelationInfo, _Shape, int] | None:
+        """The transaction a row change goes to, the xid it carries (0: none, outside a
+        stream block), its relation, and where its tuples start; None if not plain."""
+        assembler = self.assembler
+        stream = assembler.stream
+        if self.decoder.in_stream != (stream is not None):
+            return None
+        xid, position = 0, 1
+        txn = assembler.current
+        if stream is not None:
+            xid, position = int.from_bytes(data[1:5], "big"), 5
+            txn = assembler.streams[stream] if xid else None
+        if txn is None or len(data) < position + 5:
+            return None
+        info = assembler.relations.lookup(int.from_bytes(data[position:position + 4], "big"),
+                                          stream)
+        if info is None:
+            return None
+        shape = self._shapes.get(info.version)
+        if shape is None:
+            shape = self._shapes[info.version] = _Shape(info)
+        if not shape.distinct:
+            return None
+        return txn, xid, info, shape, position + 4
+
+
+Rows = tuple[tuple[bytes, list[str]] | None, tuple[bytes, list[str]] | None]  # old, new
+
+
+def _rows(tag: int, data: bytes, position: int, shape: _Shape) -> Rows | None:
+    """The old and new rows of a row change whose tuples start at ``position``, rendered;
+    None if not plain."""
+    action = data[position]
+    old = None
+    if tag != _INSERT and action in (_KEY, _OLD):
+        read = _row(data, position + 1, shape, key_only=action == _KEY, old=True)
+        if read is None or read[2] >= len(data):
+            return None
+        old, position = read[:2], read[2]
+        action = data[position]
+    if tag == _DELETE:
+        return (old, None) if old is not None and position == len(data) else None
+    if action != _NEW:
+        return None
+    read = _row(data, position + 1, shape, key_only=False, old=False)
+    if read is None or read[2] != len(data):
+        return None
+    return old, read[:2]
+
+
+def _line(tag: int, lsn: int, xid: int, shape: _Shape, rows: Rows) -> bytes:
+    old, new = rows
+    head = b'{"op":"%b","lsn":"%b","xid":%d%b' % (
+        b"insert" if tag == _INSERT else b"update" if tag == _UPDATE else b"delete",
+        format_lsn(lsn).encode(), xid, shape.table)
+    if tag == _INSERT:
+        assert new is not None
+        values, unchanged = new
+        if unchanged:
+            return b'%b,"new":{%b},"unchanged_toast":%b}\n' % (head, values, _names(unchanged))
+        return b'%b,"new":{%b}}\n' % (head, values)
+    old_json = b"null" if old is None else b"{%b}" % old[0]
+    if tag == _DELETE:
+        return b'%b,"old":%b}\n' % (head, old_json)
+    assert new is not None
+    return b'%b,"old":%b,"new":{%b},"unchanged_toast":%b}\n' % (
+        head, old_json, new[0], _names(new[1]))
+
+
+def _names(names: list[str]) -> bytes:
+    return b"[" + b",".join(_json(name) for name in names) + b"]"
+
+
+def _row(data: bytes, position: int, shape: _Shape, *, key_only: bool, old: bool,
+         ) -> tuple[bytes, list[str], int] | None:
+    """The ``{...}`` members of the TupleData at ``position``, its unchanged TOAST columns
+    and where it ends; None when it is not plain (see the module's docstring)."""
+    read = _values(data, position, shape.count)
+    if read is None:
+        return None
+    kinds, raws, position = read
+    if kinds == shape.all_text and not key_only:
+        blob = b"".join(raws)  # type: ignore[arg-type]  # all text: no None
+        if blob.isascii() and not _ESCAPED.search(blob):
+            return shape.template % tuple(raws), [], position
+    rendered = _render(shape, kinds, raws, key_only=key_only, old=old)
+    return None if rendered is None else (*rendered, position)
+
+
+def _values(data: bytes, position: int, count: int,
+            ) -> tuple[bytearray, list[bytes | None], int] | None:
+    """A TupleData's kinds, values (None: NULL, unchanged) and end, when it has ``count``
+    columns of text, NULL or unchanged TOAST all there; else None."""
+    end = len(data)
+    if position + 2 > end or int.from_bytes(data[position:position + 2], "big") != count:
+        return None
+    position += 2
+    kinds = bytearray()
+    raws: list[bytes | None] = []
+    for _ in range(count):
+        if position >= end:
+            return None
+        kind = data[position]
+        if kind == _TEXT:
+            length = int.from_bytes(data[position + 1:position + 5], "big", signed=True)
+            position += 5
+            if position > end or length < 0 or position + length > end:
+                return None
+            raws.append(data[position:position + length])
+            position += length
+        elif kind in (_NULL, _UNCHANGED):
+            raws.append(None)
+            position += 1
+        else:
+            return None
+        kinds.append(kind)
+    return kinds, raws, position
+
+
+def _render(shape: _Shape, kinds: bytearray, raws: list[bytes | None], *, key_only: bool,
+            old: bool) -> tuple[bytes, list[str]] | None:
+    """A row's members and unchanged TOAST columns, value by value (records.row's rules)."""
+    members: list[bytes] = []
+    unchanged: list[str] = []
+    for number, (kind, raw) in enumerate(zip(kinds, raws, strict=True)):
+        if key_only and not shape.key_flags[number]:
+            continue
+        if kind == _UNCHANGED:
+            if old:
+                return None
+            unchanged.append(shape.names[number])
+        elif raw is None:
+            members.append(shape.keys[number] + b"null")
+        elif raw.isascii() and not _ESCAPED.search(raw):
+            members.append(b'%b"%b"' % (shape.keys[number], raw))
+        else:
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError:
+                return None
+            members.append(shape.keys[number] + _json(text))
+    return b",".join(members), unchanged

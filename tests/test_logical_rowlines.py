@@ -94,6 +94,8 @@ def test_varied_rows_give_the_reference_bytes(tmp_path: Path) -> None:
             w.update(REL, row(b"2", value, value, b"k"), old=row(b"1", value, b"x", b"k"),
                      old_kind="O"),
             w.update(REL, row(b"3", None, None, value)),
+            w.update(REL, row(b"4", value, value, value)),
+            w.update(REL + 1, row(b"4", value)),
             w.update(REL, row(b"3", "u", "u", value), old=row(b"3", "u", b"\xff", value)),
             w.delete(REL, row(str(i).encode(), None, None, value)),
             w.delete(REL, row(str(i).encode(), value, None, value), old_kind="O"),

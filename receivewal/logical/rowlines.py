@@ -22,10 +22,8 @@ import re
 from json.encoder import encode_basestring  # json's own (C): what JSONEncoder uses
 from typing import TYPE_CHECKING
 
-from receivewal.wal.lsn import format_lsn
-
 if TYPE_CHECKING:
-    from receivewal.logical.assembly import Assembler, _Transaction
+    from receivewal.logical.assembly import Assembler
     from receivewal.logical.pgoutput import PgoutputDecoder
     from receivewal.logical.relations import RelationInfo
 
@@ -42,14 +40,17 @@ def _json(text: str) -> bytes:
 
 
 class _Shape:
-    """What every line of one relation version repeats, rendered once."""
+    """What every line of one relation version repeats, rendered once: the JSON of its
+    names, and the %-format of a whole line whose values are all plain text (an Insert's, an
+    Update's without an old row): ``lsn`` (two %X), ``xid`` (%d), then each value (%b)."""
 
-    __slots__ = ("all_text", "count", "distinct", "key_flags", "keys", "names", "table",
-                 "template")
+    __slots__ = ("all_text", "count", "distinct", "insert_line", "key_flags", "keys", "name",
+                 "names", "table", "template", "update_line")
 
     def __init__(self, info: RelationInfo) -> None:
         names = [column.name for column in info.columns]
         self.count = len(names)
+        self.name = info.name
         self.names = names
         self.distinct = len(set(names)) == len(names)  # else a dict of the row merges two
         self.key_flags = [column.key for column in info.columns]
@@ -58,6 +59,12 @@ class _Shape:
         self.all_text = b"t" * len(names)
         # every value text: one %-format ('"id":"%b","v":"%b"')
         self.template = b",".join(key.replace(b"%", b"%%") + b'"%b"' for key in self.keys)
+        table = self.table.replace(b"%", b"%%")
+        self.insert_line = (b'{"op":"insert","lsn":"%X/%X","xid":%d' + table + b',"new":{'
+                            + self.template + b"}}\n")
+        self.update_line = (b'{"op":"update","lsn":"%X/%X","xid":%d' + table
+                            + b',"old":null,"new":{' + self.template
+                            + b'},"unchanged_toast":[]}\n')
 
 
 class RowLines:
@@ -68,58 +75,72 @@ class RowLines:
         self.assembler = assembler
         self._shapes: dict[int, _Shape] = {}  # by relation version
 
-    def take(self, lsn: int, data: bytes) -> bool:
+    def take(self, lsn: int, data: bytes) -> bool:  # noqa: PLR0911, PLR0912 - the hot path
         """Write the line of the row change ``data`` that came at ``lsn``; False (nothing
         done) when it is not one this path takes."""
         tag = data[0]
         if tag not in _ROW_CHANGES:
             return False
-        found = self._target(data)
-        if found is None:
-            return False
-        txn, xid, info, shape, position = found
-        rows = _rows(tag, data, position, shape)
-        if rows is None:
-            return False
-        # sure now: the reference's bookkeeping (Assembler.feed, _target, _Transaction.add)
-        assembler = self.assembler
-        if lsn:
-            assembler.position = lsn
-            if assembler.current is not None and not assembler.current.lsn:
-                assembler.current.lsn = lsn
-        else:
-            lsn = assembler.position
-        if xid and xid != txn.xid and xid not in txn.subtransactions:
-            txn.subtransactions[xid] = txn.buffer.mark()
-        if info.name not in txn.first_versions:
-            txn.first_versions[info.name] = info
-        txn.buffer.add(info.version, _line(tag, lsn, txn.xid, shape, rows))
-        return True
-
-    def _target(self, data: bytes) -> tuple[_Transaction, int, RelationInfo, _Shape, int] | None:
-        """The transaction a row change goes to, the xid it carries (0: none, outside a
-        stream block), its relation, and where its tuples start; None if not plain."""
         assembler = self.assembler
         stream = assembler.stream
         if self.decoder.in_stream != (stream is not None):
-            return None
-        xid, position = 0, 1
-        txn = assembler.current
-        if stream is not None:
+            return False
+        if stream is None:
+            xid, position, txn = 0, 1, assembler.current
+        else:  # a change inside a stream block carries its (sub)transaction's id
             xid, position = int.from_bytes(data[1:5], "big"), 5
             txn = assembler.streams[stream] if xid else None
         if txn is None or len(data) < position + 5:
-            return None
+            return False
         info = assembler.relations.lookup(int.from_bytes(data[position:position + 4], "big"),
                                           stream)
         if info is None:
-            return None
+            return False
         shape = self._shapes.get(info.version)
         if shape is None:
             shape = self._shapes[info.version] = _Shape(info)
         if not shape.distinct:
-            return None
-        return txn, xid, info, shape, position + 4
+            return False
+        position += 4
+        # sure once the rows are read: then the reference's bookkeeping (Assembler.feed)
+        written = lsn or assembler.position
+        values = plain_text_row(data, position + 1, shape.count) \
+            if tag != _DELETE and data[position] == _NEW else None
+        if values is not None:
+            line = (shape.insert_line if tag == _INSERT else shape.update_line) % (
+                written >> 32, written & 0xFFFFFFFF, txn.xid, *values)
+        else:
+            rows = _rows(tag, data, position, shape)
+            if rows is None:
+                return False
+            line = _line(tag, written, txn.xid, shape, rows)
+        if lsn:
+            assembler.position = lsn
+            current = assembler.current
+            if current is not None and not current.lsn:
+                current.lsn = lsn
+        if xid and xid != txn.xid and xid not in txn.subtransactions:
+            txn.subtransactions[xid] = txn.buffer.mark()
+        if shape.name not in txn.first_versions:
+            txn.first_versions[shape.name] = info
+        txn.buffer.add(info.version, line)
+        return True
+
+
+def python_plain_text_row(data: bytes, position: int, count: int) -> tuple[bytes, ...] | None:
+    """The values of the TupleData at ``position`` when it ends the message, has ``count``
+    columns, every one text of printable ASCII that JSON needs not escape; else None."""
+    read = _values(data, position, count)
+    if read is None or read[2] != len(data) or None in read[1]:
+        return None
+    raws: list[bytes] = read[1]  # type: ignore[assignment]  # no None: checked
+    blob = b"".join(raws)
+    if not blob.isascii() or _ESCAPED.search(blob):
+        return None
+    return tuple(raws)
+
+
+plain_text_row = python_plain_text_row
 
 
 Rows = tuple[tuple[bytes, list[str]] | None, tuple[bytes, list[str]] | None]  # old, new
@@ -148,9 +169,9 @@ def _rows(tag: int, data: bytes, position: int, shape: _Shape) -> Rows | None:
 
 def _line(tag: int, lsn: int, xid: int, shape: _Shape, rows: Rows) -> bytes:
     old, new = rows
-    head = b'{"op":"%b","lsn":"%b","xid":%d%b' % (
+    head = b'{"op":"%b","lsn":"%X/%X","xid":%d%b' % (
         b"insert" if tag == _INSERT else b"update" if tag == _UPDATE else b"delete",
-        format_lsn(lsn).encode(), xid, shape.table)
+        lsn >> 32, lsn & 0xFFFFFFFF, xid, shape.table)
     if tag == _INSERT:
         assert new is not None
         values, unchanged = new

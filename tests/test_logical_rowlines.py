@@ -4,7 +4,9 @@ records.py alone) give identical change log files, on varied rows (quotes, backs
 controls, unicode, NULLs, unchanged TOAST, old keys and rows, binary values, odd column
 names), streamed transactions with subtransactions aborted and two-phase ones; and a message
 it does not take (malformed, not UTF-8, a relation never announced) fails with the
-reference's error, naming the LSN. No server."""
+reference's error, naming the LSN. Each test runs with the compiled reader of a plain row
+(receivewal/logical/_rows.c) and with its pure-Python twin, which give the same answers on
+random bytes. No server."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from support import logical_wire as w
 from support.changelog import Message, open_store
 
 from receivewal.errors import ProtocolError
+from receivewal.logical import rowlines
 from receivewal.logical.consumer import ChangeLogConsumer, PluginSettings
 from receivewal.logical.pgoutput import PgoutputOptions
+from receivewal.wal.nativescan import load_native
 
 T0 = 849_000_000_000_000
 INT4, TEXT, BYTEA = 23, 25, 17
@@ -34,6 +38,20 @@ VALUES = [b"1", b"plain", b'say "hi"', b"back\\slash", b"tab\tnew\nline\x01\x1f"
           "caf\u00e9 \u2028 \U0001f600".encode(), b"\x7f", b""]
 EVERYTHING = PgoutputOptions(4, streaming="parallel", two_phase=True, binary=True,
                              messages=True)
+
+
+@pytest.fixture(params=["c", "python"])
+def row_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The reader of a plain row the fast path uses: compiled (skipped only where
+    receivewal.logical._rows is not built) or pure Python."""
+    if request.param == "c":
+        native = load_native("receivewal.logical._rows")
+        if native is None:
+            pytest.skip("the C extension receivewal.logical._rows is not built here")
+        monkeypatch.setattr(rowlines, "plain_text_row", native.plain_text_row)
+    else:
+        monkeypatch.setattr(rowlines, "plain_text_row", rowlines.python_plain_text_row)
+    return str(request.param)
 
 
 def write(directory: Path, messages: list[Message], options: PgoutputOptions, *,
@@ -81,6 +99,7 @@ def row(*values: bytes | str | None) -> list[w.Column]:
             ("t", v) for v in values]  # type: ignore[misc]
 
 
+@pytest.mark.usefixtures("row_reader")
 def test_varied_rows_give_the_reference_bytes(tmp_path: Path) -> None:
     """Inserts, updates (old key, old row, none; unchanged TOAST), deletes of every value in
     VALUES, in relations whose names need escaping (and one whose two columns share a name),
@@ -108,6 +127,7 @@ def test_varied_rows_give_the_reference_bytes(tmp_path: Path) -> None:
     assert b'"na\\"me\\\\":"tab\\tnew\\nline\\u0001\\u001f"' in data
 
 
+@pytest.mark.usefixtures("row_reader")
 def test_binary_values_streams_and_two_phase_give_the_reference_bytes(tmp_path: Path) -> None:
     """Binary values (left to the reference), two streamed transactions interleaved with
     changes of subtransactions, one of them aborted, a relation announced inside a stream, a
@@ -143,6 +163,7 @@ def test_binary_values_streams_and_two_phase_give_the_reference_bytes(tmp_path: 
     assert "\u00e9".encode() not in data  # the aborted subtransaction's update
 
 
+@pytest.mark.usefixtures("row_reader")
 @pytest.mark.parametrize(("name", "bad"), [
     ("not UTF-8", w.insert(REL, row(b"1", b"\xff", None, b"k"))),
     ("fewer columns", w.insert(REL, row(b"1", b"a", None))),
@@ -174,6 +195,7 @@ _value = st.none() | st.just("u") | _text
 Change = tuple[str, list[bytes | str | None]]
 
 
+@pytest.mark.usefixtures("row_reader")
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.sampled_from("IUOD"), st.lists(_value, min_size=4,
@@ -193,3 +215,29 @@ def test_random_rows_give_the_reference_bytes_or_its_error(
             changes.append(w.update(REL, columns, old=columns, old_kind="K" if kind == "U"
                                     else "O"))
     same_both_ways(tmp_path_factory.mktemp("rows"), txn(700, 0x10000, *changes))
+
+
+_row_bytes = st.lists(st.tuples(st.sampled_from(b"tnub"), st.binary(max_size=6)), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(columns=_row_bytes, prefix=st.binary(max_size=3), cut=st.integers(0, 3),
+       extra=st.integers(-1, 1), printable=st.booleans())
+def test_the_compiled_row_reader_answers_as_python(
+        *, columns: list[tuple[int, bytes]], prefix: bytes, cut: int, extra: int,
+        printable: bool) -> None:
+    """plain_text_row of C and of Python on TupleData built at random (any kind, any bytes,
+    printable ones often, the message cut short, a column count off by one): equal."""
+    native = load_native("receivewal.logical._rows")
+    if native is None:
+        pytest.skip("the C extension receivewal.logical._rows is not built here")
+    body = len(columns).to_bytes(2, "big")
+    for kind, raw in columns:
+        value = bytes(0x20 + b % 0x60 for b in raw) if printable else raw
+        body += bytes([kind]) + len(value).to_bytes(4, "big") + value
+    data = prefix + body
+    data = data[:len(data) - cut] if cut else data
+    count = max(0, len(columns) + extra)
+    for position in range(len(data) + 2):
+        assert native.plain_text_row(data, position, count) == \
+            rowlines.python_plain_text_row(data, position, count), (data, position, count)

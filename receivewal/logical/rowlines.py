@@ -22,6 +22,8 @@ import re
 from json.encoder import encode_basestring  # json's own (C): what JSONEncoder uses
 from typing import TYPE_CHECKING
 
+from receivewal.wal.nativescan import load_native, pure_python_forced
+
 if TYPE_CHECKING:
     from receivewal.logical.assembly import Assembler
     from receivewal.logical.pgoutput import PgoutputDecoder
@@ -140,7 +142,9 @@ def python_plain_text_row(data: bytes, position: int, count: int) -> tuple[bytes
     return tuple(raws)
 
 
-plain_text_row = python_plain_text_row
+# the same function compiled (receivewal/logical/_rows.c), when it is built and not forced off
+_native = None if pure_python_forced() else load_native("receivewal.logical._rows")
+plain_text_row = python_plain_text_row if _native is None else _native.plain_text_row
 
 
 Rows = tuple[tuple[bytes, list[str]] | None, tuple[bytes, list[str]] | None]  # old, new

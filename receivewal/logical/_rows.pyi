@@ -1,0 +1,3 @@
+# Types of the optional C extension receivewal/logical/_rows.c (see its header comment).
+
+def plain_text_row(data: bytes, position: int, count: int, /) -> tuple[bytes, ...] | None: ...

@@ -51,14 +51,17 @@ class ChangeFeed:
             pairs = zip(run.starts, run.payload, strict=True)
         else:  # each begins where the one before ended
             pairs = zip(_following(run), run.payload, strict=True)
+        received = self.received
         try:
             for lsn, payload in pairs:
                 receive(lsn, payload)
-                self.received = max(self.received, lsn)
+                received = max(received, lsn)
         except ChangeStreamError:
             raise
         except ProtocolError as exc:
             raise ChangeStreamError(str(exc)) from exc
+        finally:
+            self.received = received  # through the last message taken
 
     def keepalive(self, wal_end: int) -> None:
         """The server's WAL end: with no transaction open, the slot may move up to it."""

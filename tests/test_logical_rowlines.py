@@ -4,7 +4,7 @@ records.py alone) give identical change log files, on varied rows (quotes, backs
 controls, unicode, NULLs, unchanged TOAST, old keys and rows, binary values, odd column
 names), streamed transactions with subtransactions aborted and two-phase ones; and a message
 it does not take (malformed, not UTF-8, a relation never announced) fails with the
-reference's error, naming the LSN. Each test runs with the compiled reader of a plain row
+reference's error, naming the LSN. Each test runs with the compiled line of a plain row
 (receivewal/logical/_rows.c) and with its pure-Python twin, which give the same answers on
 random bytes. No server."""
 
@@ -42,15 +42,15 @@ EVERYTHING = PgoutputOptions(4, streaming="parallel", two_phase=True, binary=Tru
 
 @pytest.fixture(params=["c", "python"])
 def row_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The reader of a plain row the fast path uses: compiled (skipped only where
+    """The line of a plain row the fast path uses: compiled (skipped only where
     receivewal.logical._rows is not built) or pure Python."""
     if request.param == "c":
         native = load_native("receivewal.logical._rows")
         if native is None:
             pytest.skip("the C extension receivewal.logical._rows is not built here")
-        monkeypatch.setattr(rowlines, "plain_text_row", native.plain_text_row)
+        monkeypatch.setattr(rowlines, "plain_text_line", native.plain_text_line)
     else:
-        monkeypatch.setattr(rowlines, "plain_text_row", rowlines.python_plain_text_row)
+        monkeypatch.setattr(rowlines, "plain_text_line", rowlines.python_plain_text_line)
     return str(request.param)
 
 
@@ -223,11 +223,12 @@ _row_bytes = st.lists(st.tuples(st.sampled_from(b"tnub"), st.binary(max_size=6))
 @settings(max_examples=300, deadline=None)
 @given(columns=_row_bytes, prefix=st.binary(max_size=3), cut=st.integers(0, 3),
        extra=st.integers(-1, 1), printable=st.booleans())
-def test_the_compiled_row_reader_answers_as_python(
+def test_the_compiled_line_is_pythons(
         *, columns: list[tuple[int, bytes]], prefix: bytes, cut: int, extra: int,
         printable: bool) -> None:
-    """plain_text_row of C and of Python on TupleData built at random (any kind, any bytes,
-    printable ones often, the message cut short, a column count off by one): equal."""
+    """plain_text_line of C and of Python on TupleData built at random (any kind, any bytes,
+    printable ones often, the message cut short, a column count off by one, keys and pieces
+    with % in them, every position): equal."""
     native = load_native("receivewal.logical._rows")
     if native is None:
         pytest.skip("the C extension receivewal.logical._rows is not built here")
@@ -237,7 +238,9 @@ def test_the_compiled_row_reader_answers_as_python(
         body += bytes([kind]) + len(value).to_bytes(4, "big") + value
     data = prefix + body
     data = data[:len(data) - cut] if cut else data
-    count = max(0, len(columns) + extra)
+    keys = tuple(b'%s"k%d":"' % (b"," if i else b"", i) for i in range(len(columns) + extra))
+    lsn, xid = (1 << 64) - 1 - len(data), (1 << 32) - 1 - cut
     for position in range(len(data) + 2):
-        assert native.plain_text_row(data, position, count) == \
-            rowlines.python_plain_text_row(data, position, count), (data, position, count)
+        arguments = (data, position, keys, b'{"op":"%d","lsn":"', lsn, xid, b',"t%":{', b"}}\n")
+        assert native.plain_text_line(*arguments) == \
+            rowlines.python_plain_text_line(*arguments), arguments

@@ -18,6 +18,7 @@ and json's own escaping is used for a value that has one.
 
 from __future__ import annotations
 
+import functools
 import re
 from json.encoder import encode_basestring  # json's own (C): what JSONEncoder uses
 from typing import TYPE_CHECKING
@@ -43,11 +44,11 @@ def _json(text: str) -> bytes:
 
 class _Shape:
     """What every line of one relation version repeats, rendered once: the JSON of its
-    names, and the %-format of a whole line whose values are all plain text (an Insert's, an
-    Update's without an old row): ``lsn`` (two %X), ``xid`` (%d), then each value (%b)."""
+    names, and the pieces of a line whose values are all plain text (an Insert's, an Update's
+    without an old row) around its LSN, xid and values (see :func:`python_plain_text_line`)."""
 
-    __slots__ = ("all_text", "count", "distinct", "insert_line", "key_flags", "keys", "name",
-                 "names", "table", "template", "update_line")
+    __slots__ = ("count", "distinct", "insert_table", "key_flags", "keys", "name",
+                 "names", "quoted_keys", "table", "update_table")
 
     def __init__(self, info: RelationInfo) -> None:
         names = [column.name for column in info.columns]
@@ -58,15 +59,15 @@ class _Shape:
         self.key_flags = [column.key for column in info.columns]
         self.keys = [_json(name) + b":" for name in names]  # '"id":'
         self.table = b',"schema":' + _json(info.schema) + b',"table":' + _json(info.table)
-        self.all_text = b"t" * len(names)
-        # every value text: one %-format ('"id":"%b","v":"%b"')
-        self.template = b",".join(key.replace(b"%", b"%%") + b'"%b"' for key in self.keys)
-        table = self.table.replace(b"%", b"%%")
-        self.insert_line = (b'{"op":"insert","lsn":"%X/%X","xid":%d' + table + b',"new":{'
-                            + self.template + b"}}\n")
-        self.update_line = (b'{"op":"update","lsn":"%X/%X","xid":%d' + table
-                            + b',"old":null,"new":{' + self.template
-                            + b'},"unchanged_toast":[]}\n')
+        # '"id":"', ',"v":"', ...: each value follows its key, a quote follows each value
+        self.quoted_keys = tuple((b"," if number else b"") + key + b'"'
+                                 for number, key in enumerate(self.keys))
+        self.insert_table = self.table + b',"new":{'
+        self.update_table = self.table + b',"old":null,"new":{'
+
+
+_INSERT_LEAD, _UPDATE_LEAD = b'{"op":"insert","lsn":"', b'{"op":"update","lsn":"'
+_INSERT_TAIL, _UPDATE_TAIL = b"}}\n", b'},"unchanged_toast":[]}\n'
 
 
 class RowLines:
@@ -106,12 +107,14 @@ class RowLines:
         position += 4
         # sure once the rows are read: then the reference's bookkeeping (Assembler.feed)
         written = lsn or assembler.position
-        values = plain_text_row(data, position + 1, shape.count) \
-            if tag != _DELETE and data[position] == _NEW else None
-        if values is not None:
-            line = (shape.insert_line if tag == _INSERT else shape.update_line) % (
-                written >> 32, written & 0xFFFFFFFF, txn.xid, *values)
-        else:
+        line = None
+        if tag == _INSERT and data[position] == _NEW:
+            line = plain_text_line(data, position + 1, shape.quoted_keys, _INSERT_LEAD,
+                                   written, txn.xid, shape.insert_table, _INSERT_TAIL)
+        elif tag == _UPDATE and data[position] == _NEW:
+            line = plain_text_line(data, position + 1, shape.quoted_keys, _UPDATE_LEAD,
+                                   written, txn.xid, shape.update_table, _UPDATE_TAIL)
+        if line is None:
             rows = _rows(tag, data, position, shape)
             if rows is None:
                 return False
@@ -142,9 +145,30 @@ def python_plain_text_row(data: bytes, position: int, count: int) -> tuple[bytes
     return tuple(raws)
 
 
+def python_plain_text_line(  # noqa: PLR0917 - the compiled function's arguments
+        data: bytes, position: int, keys: tuple[bytes, ...], lead: bytes, lsn: int, xid: int,
+        table: bytes, tail: bytes) -> bytes | None:
+    """The line of a plain row (:func:`python_plain_text_row` of ``len(keys)`` columns):
+    ``lead``, the LSN, ``","xid":``, the xid, ``table``, each key with its value and a
+    closing quote, ``tail``; None when the row is not plain."""
+    values = python_plain_text_row(data, position, len(keys))
+    if values is None:
+        return None
+    return _line_format(lead, table, keys, tail) % (lsn >> 32, lsn & 0xFFFFFFFF, xid, *values)
+
+
+@functools.lru_cache(maxsize=256)
+def _line_format(lead: bytes, table: bytes, keys: tuple[bytes, ...], tail: bytes) -> bytes:
+    """:func:`python_plain_text_line`'s line as one %-format of the LSN, xid and values."""
+    def literal(text: bytes) -> bytes:
+        return text.replace(b"%", b"%%")
+    return (literal(lead) + b'%X/%X","xid":%d' + literal(table)
+            + b"".join(literal(key) + b'%b"' for key in keys) + literal(tail))
+
+
 # the same function compiled (receivewal/logical/_rows.c), when it is built and not forced off
 _native = None if pure_python_forced() else load_native("receivewal.logical._rows")
-plain_text_row = python_plain_text_row if _native is None else _native.plain_text_row
+plain_text_line = python_plain_text_line if _native is None else _native.plain_text_line
 
 
 Rows = tuple[tuple[bytes, list[str]] | None, tuple[bytes, list[str]] | None]  # old, new
@@ -202,10 +226,6 @@ def _row(data: bytes, position: int, shape: _Shape, *, key_only: bool, old: bool
     if read is None:
         return None
     kinds, raws, position = read
-    if kinds == shape.all_text and not key_only:
-        blob = b"".join(raws)  # type: ignore[arg-type]  # all text: no None
-        if blob.isascii() and not _ESCAPED.search(blob):
-            return shape.template % tuple(raws), [], position
     rendered = _render(shape, kinds, raws, key_only=key_only, old=old)
     return None if rendered is None else (*rendered, position)
 

@@ -4,16 +4,16 @@
  *   plain_text_line(data, position, keys, lead, lsn, xid, table, tail)
  *       when the TupleData that starts at position in data is plain, the whole change log
  *       line of it; None otherwise. Plain: len(keys) columns (at most 1664, PostgreSQL's
- *       limit), each of kind 't' with a length that fits, its bytes all printable ASCII that
- *       JSON writes as they are (0x20..0x7f but '"' and '\\'), and the row ends exactly
- *       where data ends. The line: lead, the LSN as
- *       %X/%X, '","xid":', xid in decimal, table, then for each column its key (the JSON of
- *       its name, a colon and the opening quote; a comma before all but the first) its value
- *       and a closing quote, then tail; None when the row is not plain.
+ *       limit), each NULL ('n') or text ('t') with a length that fits and bytes all
+ *       printable ASCII that JSON writes as they are (0x20..0x7f but '"' and '\\'), and the
+ *       row ends exactly where data ends. The line: lead, the LSN as %X/%X, '","xid":', xid
+ *       in decimal, table, then for each column its key (the JSON of its name, a colon and
+ *       the opening quote; a comma before all but the first), its value and a closing quote
+ *       (a NULL: the key without its opening quote, then null), then tail.
  *
- * It is receivewal/logical/rowlines.py's python_plain_text_line, which is the reference (the tests
- * run both): C never decides anything Python would not; a row it returns None for goes the
- * pure-Python way (which takes NULLs, unchanged TOAST, escapes and UTF-8, or leaves the
+ * It is receivewal/logical/rowlines.py's python_plain_text_line, which is the reference (the
+ * tests run both): C never decides anything Python would not; a row it returns None for goes
+ * the value-by-value way (which takes unchanged TOAST, escapes and UTF-8, or leaves the
  * message to the reference decoder and its errors). It reads only within data.
  */
 #define PY_SSIZE_T_CLEAN
@@ -38,6 +38,12 @@ read_plain(const unsigned char *data, Py_ssize_t end, Py_ssize_t position, Py_ss
         return -1;
     position += 2;
     for (Py_ssize_t i = 0; i < count; i++) {
+        if (end - position >= 1 && data[position] == 'n') { /* NULL */
+            spans[i].start = -1;
+            spans[i].length = 0;
+            position += 1;
+            continue;
+        }
         if (end - position < 5 || data[position] != 't')
             return -1;
         uint32_t length = (uint32_t)data[position + 1] << 24 | (uint32_t)data[position + 2] << 16
@@ -102,7 +108,13 @@ rows_plain_text_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_TypeError, "keys must be bytes");
             return NULL;
         }
-        size += PyBytes_GET_SIZE(key) + spans[i].length + 1;
+        if (PyBytes_GET_SIZE(key) < 1) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "a key ends with the value's opening quote");
+            return NULL;
+        }
+        /* a value and its closing quote; NULL: null instead of both quotes */
+        size += PyBytes_GET_SIZE(key) + (spans[i].start < 0 ? 3 : spans[i].length + 1);
     }
     PyObject *line = PyBytes_FromStringAndSize(NULL, size);
     if (line == NULL) {
@@ -118,6 +130,13 @@ rows_plain_text_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     out += table_len;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *key = PyTuple_GET_ITEM(keys, i);
+        if (spans[i].start < 0) { /* the key without its opening quote, then null */
+            memcpy(out, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key) - 1);
+            out += PyBytes_GET_SIZE(key) - 1;
+            memcpy(out, "null", 4);
+            out += 4;
+            continue;
+        }
         memcpy(out, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key));
         out += PyBytes_GET_SIZE(key);
         memcpy(out, (const char *)view.buf + spans[i].start, (size_t)spans[i].length);

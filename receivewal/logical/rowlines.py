@@ -44,8 +44,9 @@ def _json(text: str) -> bytes:
 
 class _Shape:
     """What every line of one relation version repeats, rendered once: the JSON of its
-    names, and the pieces of a line whose values are all plain text (an Insert's, an Update's
-    without an old row) around its LSN, xid and values (see :func:`python_plain_text_line`)."""
+    names, and the pieces of a line whose values are all plain text or NULL (an Insert's, an
+    Update's without an old row) around its LSN, xid and values (see
+    :func:`python_plain_text_line`)."""
 
     __slots__ = ("count", "distinct", "insert_table", "key_flags", "keys", "name",
                  "names", "quoted_keys", "table", "update_table")
@@ -132,14 +133,16 @@ class RowLines:
         return True
 
 
-def python_plain_text_row(data: bytes, position: int, count: int) -> tuple[bytes, ...] | None:
-    """The values of the TupleData at ``position`` when it ends the message, has ``count``
-    columns, every one text of printable ASCII that JSON needs not escape; else None."""
+def python_plain_text_row(data: bytes, position: int, count: int,
+                          ) -> tuple[bytes | None, ...] | None:
+    """The values of the TupleData at ``position`` (None: NULL) when it ends the message,
+    has ``count`` columns, every one NULL or text of printable ASCII that JSON needs not
+    escape; else None."""
     read = _values(data, position, count)
-    if read is None or read[2] != len(data) or None in read[1]:
+    if read is None or read[2] != len(data) or _UNCHANGED in read[0]:
         return None
-    raws: list[bytes] = read[1]  # type: ignore[assignment]  # no None: checked
-    blob = b"".join(raws)
+    raws = read[1]
+    blob = b"".join(raw for raw in raws if raw is not None)
     if not blob.isascii() or _ESCAPED.search(blob):
         return None
     return tuple(raws)
@@ -150,11 +153,18 @@ def python_plain_text_line(  # noqa: PLR0917 - the compiled function's arguments
         table: bytes, tail: bytes) -> bytes | None:
     """The line of a plain row (:func:`python_plain_text_row` of ``len(keys)`` columns):
     ``lead``, the LSN, ``","xid":``, the xid, ``table``, each key with its value and a
-    closing quote, ``tail``; None when the row is not plain."""
+    closing quote (a NULL: the key without its opening quote, then ``null``), ``tail``; None
+    when the row is not plain."""
     values = python_plain_text_row(data, position, len(keys))
     if values is None:
         return None
-    return _line_format(lead, table, keys, tail) % (lsn >> 32, lsn & 0xFFFFFFFF, xid, *values)
+    if None not in values:
+        return _line_format(lead, table, keys, tail) % (lsn >> 32, lsn & 0xFFFFFFFF, xid,
+                                                        *values)
+    members = b"".join(key[:-1] + b"null" if value is None else key + value + b'"'
+                       for key, value in zip(keys, values, strict=True))
+    return b'%b%X/%X","xid":%d%b%b%b' % (lead, lsn >> 32, lsn & 0xFFFFFFFF, xid, table,
+                                          members, tail)
 
 
 @functools.lru_cache(maxsize=256)

@@ -227,8 +227,8 @@ def test_the_compiled_line_is_pythons(
         *, columns: list[tuple[int, bytes]], prefix: bytes, cut: int, extra: int,
         printable: bool) -> None:
     """plain_text_line of C and of Python on TupleData built at random (any kind, any bytes,
-    printable ones and well-formed NULLs often, the message cut short, a column count off by one, keys and pieces
-    with % in them, every position): equal."""
+    printable ones and well-formed NULLs often, the message cut short, a column count off by
+    one, keys and pieces with % in them, every position): equal."""
     native = load_native("receivewal.logical._rows")
     if native is None:
         pytest.skip("the C extension receivewal.logical._rows is not built here")

@@ -58,7 +58,8 @@ class ChangeFeed:
         try:
             for lsn, payload in pairs:
                 receive(lsn, payload)
-                received = max(received, lsn)
+                if lsn > received:  # noqa: PLR1730 - per message: a comparison, not a call
+                    received = lsn
         except ChangeStreamError:
             raise
         except ProtocolError as exc:

@@ -25,7 +25,7 @@ from receivewal.logical.pgoutput import PgoutputOptions
 from receivewal.wal.nativescan import load_native
 
 T0 = 849_000_000_000_000
-INT4, TEXT, BYTEA = 23, 25, 17
+INT4, TEXT, BYTEA, FLOAT8, UUID, UNKNOWN = 23, 25, 17, 701, 2950, 99999
 REL = 16384
 COLUMNS: list[tuple[bool | int, str, int, int]] = [
     (True, "id", INT4, -1), (False, 'na"me\\', TEXT, -1), (False, "bödy%s", TEXT, -1),
@@ -36,6 +36,9 @@ ODD = w.relation(REL + 1, 'sch"ema', "t\u00e4ble\n",
 BIN = w.relation(REL + 2, "public", "bin", [(True, "id", INT4, -1), (False, "b", BYTEA, -1)])
 VALUES = [b"1", b"plain", b'say "hi"', b"back\\slash", b"tab\tnew\nline\x01\x1f", b"%s %b %%",
           "caf\u00e9 \u2028 \U0001f600".encode(), b"\x7f", b""]
+TYPED = w.relation(REL + 4, "public", "typed", [
+    (True, "id", INT4, -1), (False, "t", TEXT, -1), (False, "f", FLOAT8, -1),
+    (False, "u", UUID, -1), (False, "x", UNKNOWN, -1)])
 EVERYTHING = PgoutputOptions(4, streaming="parallel", two_phase=True, binary=True,
                              messages=True)
 
@@ -246,3 +249,31 @@ def test_the_compiled_line_is_pythons(
         arguments = (data, position, keys, b'{"op":"%d","lsn":"', lsn, xid, b',"t%":{', b"}}\n")
         assert native.plain_text_line(*arguments) == \
             rowlines.python_plain_text_line(*arguments), arguments
+
+
+@pytest.mark.usefixtures("row_reader")
+@pytest.mark.parametrize("bad", [False, True])
+def test_binary_rows_give_the_reference_bytes_or_its_error(tmp_path: Path, bad: bool) -> None:
+    """Binary values of converted types (int4, text with quotes and unicode, float8, uuid)
+    and of a type not converted ({"binary_b64": ...}), in inserts, updates with an old row and
+    deletes; with ``bad``, an int4 of 3 bytes: the reference's bytes, or its error at the
+    same LSN with the transaction before it written."""
+    def b(*values: bytes | str | None) -> list[w.Column]:
+        return [("n", None) if v is None else ("u", None) if v == "u" else
+                ("b", v) for v in values]  # type: ignore[misc]
+    uuid = bytes(range(16))
+    changes = [TYPED,
+               w.insert(REL + 4, b(b"\0\0\0\1", 'q"\\ \u00e9\n'.encode(),
+                                   b"\x3f\xf0\0\0\0\0\0\0", uuid, b"\xff\x00")),
+               w.insert(REL + 4, b(b"\0\0\0\2", None, None, None, None)),
+               w.update(REL + 4, b(b"\0\0\0\2", b"x", "u", uuid, b""),
+                        old=b(b"\0\0\0\2", None, None, None, b"\x01"), old_kind="O"),
+               w.delete(REL + 4, b(b"\0\0\0\1", None, None, None, None))]
+    if bad:
+        changes.append(w.insert(REL + 4, b(b"\0\0\1", None, None, None, None)))
+    messages = [*txn(700, 0x10000, PLAIN, w.insert(REL, row(b"1", b"a", None, b"k"))),
+                *txn(701, 0x20000, *changes)]
+    data, error = same_both_ways(tmp_path, messages, PgoutputOptions(2, binary=True))
+    assert b'"binary_b64":"/wA="' in data or bad
+    assert (error is not None) == bad
+    assert (b'"xid":701' in data) != bad

@@ -5,11 +5,12 @@ such a message and writes its line (format 1, :mod:`receivewal.logical.records`)
 without the message dataclasses, the dict and the JSON encoder of the reference path
 (:class:`~receivewal.logical.pgoutput.PgoutputDecoder`,
 :class:`~receivewal.logical.assembly.Assembler`, :func:`receivewal.logical.records.row`). It
-takes a message only when it is exactly right and plain: a row of text, NULL and unchanged
-TOAST values of a relation announced with distinct column names, inside a transaction (or a
-stream block), every byte read. Anything else (binary values, a malformed or unexpected
-message, a relation never announced, text that is not UTF-8, a column count that is not the
-relation's) it leaves untouched to the reference path, which takes it or raises its error
+takes a message only when it is exactly right: a row of text, binary (when agreed), NULL and
+unchanged TOAST values of a relation announced with distinct column names, inside a
+transaction (or a stream block), every byte read. Anything else (a malformed or unexpected
+message, a relation never announced, text that is not UTF-8, a binary value that is not one of
+its type, a column count that is not the relation's) it leaves untouched to the reference
+path, which takes it or raises its error
 naming the LSN; it changes nothing before it is sure. The line is byte for byte the
 reference's (tests/test_logical_rowlines.py compares the two on varied rows): a JSON string
 of a UTF-8 value is its bytes in quotes unless a byte needs escaping (``"``, ``\\``, controls),
@@ -18,11 +19,13 @@ and json's own escaping is used for a value that has one.
 
 from __future__ import annotations
 
+import base64
 import functools
 import re
 from json.encoder import encode_basestring  # json's own (C): what JSONEncoder uses
 from typing import TYPE_CHECKING
 
+from receivewal.logical.binary import binary_to_text
 from receivewal.wal.nativescan import load_native, pure_python_forced
 
 if TYPE_CHECKING:
@@ -33,7 +36,7 @@ if TYPE_CHECKING:
 _INSERT, _UPDATE, _DELETE = b"IUD"
 _ROW_CHANGES = frozenset(b"IUD")
 _NEW, _KEY, _OLD = b"NKO"
-_TEXT, _NULL, _UNCHANGED = b"tnu"
+_TEXT, _BINARY, _NULL, _UNCHANGED = b"tbnu"
 _ESCAPED = re.compile(rb'[\x00-\x1f"\\]')  # the bytes json escapes (ensure_ascii=False)
 
 
@@ -49,7 +52,7 @@ class _Shape:
     :func:`python_plain_text_line`)."""
 
     __slots__ = ("count", "distinct", "insert_table", "key_flags", "keys", "name",
-                 "names", "quoted_keys", "table", "update_table")
+                 "names", "quoted_keys", "table", "type_ids", "update_table")
 
     def __init__(self, info: RelationInfo) -> None:
         names = [column.name for column in info.columns]
@@ -58,6 +61,7 @@ class _Shape:
         self.names = names
         self.distinct = len(set(names)) == len(names)  # else a dict of the row merges two
         self.key_flags = [column.key for column in info.columns]
+        self.type_ids = [column.type_id for column in info.columns]
         self.keys = [_json(name) + b":" for name in names]  # '"id":'
         self.table = b',"schema":' + _json(info.schema) + b',"table":' + _json(info.table)
         # '"id":"', ',"v":"', ...: each value follows its key, a quote follows each value
@@ -116,7 +120,7 @@ class RowLines:
             line = plain_text_line(data, position + 1, shape.quoted_keys, _UPDATE_LEAD,
                                    written, txn.xid, shape.update_table, _UPDATE_TAIL)
         if line is None:
-            rows = _rows(tag, data, position, shape)
+            rows = _rows(tag, data, position, shape, binary=self.decoder.options.binary)
             if rows is None:
                 return False
             line = _line(tag, written, txn.xid, shape, rows)
@@ -184,13 +188,15 @@ plain_text_line = python_plain_text_line if _native is None else _native.plain_t
 Rows = tuple[tuple[bytes, list[str]] | None, tuple[bytes, list[str]] | None]  # old, new
 
 
-def _rows(tag: int, data: bytes, position: int, shape: _Shape) -> Rows | None:
+def _rows(tag: int, data: bytes, position: int, shape: _Shape, *, binary: bool,
+          ) -> Rows | None:
     """The old and new rows of a row change whose tuples start at ``position``, rendered;
     None if not plain."""
     action = data[position]
     old = None
     if tag != _INSERT and action in (_KEY, _OLD):
-        read = _row(data, position + 1, shape, key_only=action == _KEY, old=True)
+        read = _row(data, position + 1, shape, key_only=action == _KEY, old=True,
+                    binary=binary)
         if read is None or read[2] >= len(data):
             return None
         old, position = read[:2], read[2]
@@ -199,7 +205,7 @@ def _rows(tag: int, data: bytes, position: int, shape: _Shape) -> Rows | None:
         return (old, None) if old is not None and position == len(data) else None
     if action != _NEW:
         return None
-    read = _row(data, position + 1, shape, key_only=False, old=False)
+    read = _row(data, position + 1, shape, key_only=False, old=False, binary=binary)
     if read is None or read[2] != len(data):
         return None
     return old, read[:2]
@@ -229,10 +235,10 @@ def _names(names: list[str]) -> bytes:
 
 
 def _row(data: bytes, position: int, shape: _Shape, *, key_only: bool, old: bool,
-         ) -> tuple[bytes, list[str], int] | None:
+         binary: bool) -> tuple[bytes, list[str], int] | None:
     """The ``{...}`` members of the TupleData at ``position``, its unchanged TOAST columns
     and where it ends; None when it is not plain (see the module's docstring)."""
-    read = _values(data, position, shape.count)
+    read = _values(data, position, shape.count, binary=binary)
     if read is None:
         return None
     kinds, raws, position = read
@@ -240,10 +246,24 @@ def _row(data: bytes, position: int, shape: _Shape, *, key_only: bool, old: bool
     return None if rendered is None else (*rendered, position)
 
 
-def _values(data: bytes, position: int, count: int,
+def _binary(type_id: int | None, raw: bytes) -> bytes | None:
+    """A binary value's JSON as records.py writes it: its text where binary.py converts the
+    type, else ``{"binary_b64": ...}``; None when it is not a valid value of its type (the
+    reference path raises the error)."""
+    try:
+        text = None if type_id is None else binary_to_text(type_id, raw)
+    except ValueError:
+        return None
+    if text is None:
+        return b'{"binary_b64":"%b"}' % base64.b64encode(raw)
+    return _json(text)
+
+
+def _values(data: bytes, position: int, count: int, *, binary: bool = False,
             ) -> tuple[bytearray, list[bytes | None], int] | None:
     """A TupleData's kinds, values (None: NULL, unchanged) and end, when it has ``count``
-    columns of text, NULL or unchanged TOAST all there; else None."""
+    columns of text (or binary, when ``binary`` was agreed), NULL or unchanged TOAST all
+    there; else None."""
     end = len(data)
     if position + 2 > end or int.from_bytes(data[position:position + 2], "big") != count:
         return None
@@ -254,7 +274,7 @@ def _values(data: bytes, position: int, count: int,
         if position >= end:
             return None
         kind = data[position]
-        if kind == _TEXT:
+        if kind == _TEXT or (kind == _BINARY and binary):
             length = int.from_bytes(data[position + 1:position + 5], "big", signed=True)
             position += 5
             if position > end or length < 0 or position + length > end:
@@ -284,6 +304,11 @@ def _render(shape: _Shape, kinds: bytearray, raws: list[bytes | None], *, key_on
             unchanged.append(shape.names[number])
         elif raw is None:
             members.append(shape.keys[number] + b"null")
+        elif kind == _BINARY:
+            value = _binary(shape.type_ids[number], raw)
+            if value is None:
+                return None
+            members.append(shape.keys[number] + value)
         elif raw.isascii() and not _ESCAPED.search(raw):
             members.append(b'%b"%b"' % (shape.keys[number], raw))
         else:

@@ -85,10 +85,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 # Reinstall when the package definition or a C extension's source changes: the editable
-# install compiles receivewal/wal/_scan.c and receivewal/replication/_recv.c in place
+# install compiles receivewal/wal/_scan.c, receivewal/replication/_recv.c and
+# receivewal/logical/_rows.c in place
 # (optional: without a compiler they are skipped and the pure-Python paths run).
 stamp="$VENV/.installed-$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/receivewal/wal/_scan.c \
-  "$ROOT"/receivewal/replication/_recv.c | sha256sum | cut -c1-16)-${RECEIVEWAL_EXTRAS:-test}"
+  "$ROOT"/receivewal/replication/_recv.c "$ROOT"/receivewal/logical/_rows.c | sha256sum | cut -c1-16)-${RECEIVEWAL_EXTRAS:-test}"
 if [ ! -e "$stamp" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[${RECEIVEWAL_EXTRAS:-test}]"
   touch "$stamp"

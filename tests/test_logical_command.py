@@ -187,15 +187,17 @@ def test_the_pure_python_path_writes_the_same_change_log(primary: Primary,
     assert len(logs[0]) > 1000
 
 
-def read_messages(primary: Primary, slot: str, *, native: bool) -> tuple[list[Message], int]:
+def read_messages(primary: Primary, slot: str, *, native: bool,
+                  ) -> tuple[list[Message], int, dict[int, int]]:
     """Every message the slot sends up to the workload's end, as the logical session reads
-    them (runs whatever their walStarts), through the compiled loop or Python's; and the most
-    messages one run held."""
+    them (runs whatever their walStarts), through the compiled loop or Python's; the most
+    messages one run held; and each run's walEnd by the number of its last message."""
     conn = ReplicationConnection.open(replication_dsn(primary.pg, "app"))
     if not native:
         conn.native = None  # the pure Python path, for this connection
     got: list[Message] = []
     longest = 0
+    ends: dict[int, int] = {}
     try:
         assert (conn.native is not None) == native
         conn.start_copy_both(start_logical_replication_command(
@@ -211,8 +213,9 @@ def read_messages(primary: Primary, slot: str, *, native: bool) -> tuple[list[Me
                 got += [(lsn, bytes(payload)) for lsn, payload in zip(starts, message.payload,
                                                                       strict=True)]
                 longest = max(longest, len(starts))
+                ends[len(got) - 1] = message.wal_end
             elif isinstance(message, PrimaryKeepalive) and message.wal_end >= primary.end:
-                return got, longest
+                return got, longest, ends
         raise TimeoutError(f"slot {slot} did not reach the end")
     finally:
         conn.close()
@@ -222,10 +225,11 @@ def read_messages(primary: Primary, slot: str, *, native: bool) -> tuple[list[Me
 def test_the_compiled_loop_hands_a_logical_stream_over_in_runs(primary: Primary) -> None:
     """Asked for scattered runs, the compiled receive loop hands a logical stream's messages
     over many at a time, each with its own walStart: the same messages at the same LSNs as
-    Python's path, one by one."""
-    compiled, longest = read_messages(primary, "runs_c", native=True)
-    pure, single = read_messages(primary, "runs_py", native=False)
+    Python's path, one by one, and each run's walEnd its last message's."""
+    compiled, longest, compiled_ends = read_messages(primary, "runs_c", native=True)
+    pure, single, pure_ends = read_messages(primary, "runs_py", native=False)
     assert compiled == pure
+    assert compiled_ends == {number: pure_ends[number] for number in compiled_ends}
     assert len(compiled) > 1000
     assert single == 1
     assert longest > 1

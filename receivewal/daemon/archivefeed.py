@@ -14,6 +14,7 @@ the end of the last segment uploaded.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.directory import Archive
@@ -66,7 +67,9 @@ class ArchiveFeed:
 
     def receive(self, run: WalRun) -> None:
         """Write the run's WAL (a gap or an overlap raises before anything is written)."""
-        self.writer.write(run.wal_start, run.payload)
+        # a physical stream's runs follow on: views of libpq's buffers (only a scattered run,
+        # a logical stream's, is handed over as bytes)
+        self.writer.write(run.wal_start, cast("list[memoryview]", run.payload))
 
     def keepalive(self, wal_end: int) -> None:
         """Nothing to do: the server's WAL end is the monitor's to show."""

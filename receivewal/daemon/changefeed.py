@@ -18,6 +18,8 @@ the slot would send it again on every connection, so the daemon exits instead of
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from receivewal.daemon.events import ChangeFileCompleted, Flushed, Listener
 from receivewal.errors import ChangeStreamError, ProtocolError
 from receivewal.logical.consumer import ChangeLogConsumer
@@ -47,18 +49,23 @@ class ChangeFeed:
     def receive(self, run: WalRun) -> None:
         """Each message of the run into the change log, with its own walStart."""
         receive = self.consumer.receive
+        pairs: Iterator[tuple[int, bytes | memoryview]]
         if run.starts is not None:  # a scattered run: each message's walStart listed
             pairs = zip(run.starts, run.payload, strict=True)
         else:  # each begins where the one before ended
             pairs = zip(_following(run), run.payload, strict=True)
+        received = self.received
         try:
             for lsn, payload in pairs:
                 receive(lsn, payload)
-                self.received = max(self.received, lsn)
+                if lsn > received:  # noqa: PLR1730 - per message: a comparison, not a call
+                    received = lsn
         except ChangeStreamError:
             raise
         except ProtocolError as exc:
             raise ChangeStreamError(str(exc)) from exc
+        finally:
+            self.received = received  # through the last message taken
 
     def keepalive(self, wal_end: int) -> None:
         """The server's WAL end: with no transaction open, the slot may move up to it."""

@@ -165,9 +165,12 @@ class Assembler:
             yield None, first
             if txn.origin is not None:
                 yield None, txn.origin
+            seen, info = NO_RELATION, None  # a version looked up once per lines in a row
             for version, line in txn.buffer.entries():
-                yield (None if version == NO_RELATION else self.relations.version(version),
-                       line)
+                if version != seen:
+                    seen = version
+                    info = None if version == NO_RELATION else self.relations.version(version)
+                yield info, line
             yield None, last
         return Run(name_lsn, end_lsn, list(txn.first_versions.values()), lines())
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from receivewal.logical.assembly import MEMORY_LIMIT, Assembler
 from receivewal.logical.pglogical import PglogicalDecoder
 from receivewal.logical.pgoutput import PgoutputDecoder, PgoutputOptions
+from receivewal.logical.rowlines import RowLines
 from receivewal.logical.store import ChangeLogStore
 
 PLUGINS = ("pgoutput", "pglogical_output")
@@ -62,12 +63,18 @@ class ChangeLogConsumer:
         self.store = store
         self.decoder = plugin.decoder()
         self.assembler = Assembler(store, store.spool, memory_limit)
+        # pgoutput's plain row changes go straight to their lines; the rest, the reference way
+        self.rows = RowLines(self.decoder, self.assembler) \
+            if isinstance(self.decoder, PgoutputDecoder) else None
         self.confirmed = store.durable_through
         self._idle = 0  # a keepalive's walEnd received while no transaction was open
 
     def receive(self, wal_start: int, payload: bytes | memoryview) -> None:
         """Take one XLogData message (see the module's docstring)."""
-        self.assembler.feed(wal_start, self.decoder.decode(wal_start, payload))
+        data = bytes(payload)
+        if data and self.rows is not None and self.rows.take(wal_start, data):
+            return
+        self.assembler.feed(wal_start, self.decoder.decode(wal_start, data))
 
     def keepalive(self, wal_end: int) -> None:
         """Note a keepalive's walEnd (see the module's docstring)."""

@@ -275,10 +275,7 @@ class ChangeLogStore:
                 self._start_file(run.name_lsn)
             for needed in run.relations:
                 self._describe(needed)
-            for info, line in run.lines:
-                if info is not None:
-                    self._describe(info)
-                self._write(line)
+            self._write_lines(run)
         except OSError as exc:
             self._broken = True
             raise _failure(f"cannot write the change log in {self.directory}", exc) from exc
@@ -315,6 +312,24 @@ class ChangeLogStore:
             os.close(self._fd)
             self._fd = None
         return through
+
+    def _write_lines(self, run: Run) -> None:
+        """:meth:`_write` of each line, after the relation line its version needs (looked
+        for once per run of lines made with the same version: a file is never started
+        inside a run)."""
+        described: RelationInfo | None = None
+        pending, added = self._pending, 0
+        try:
+            for info, line in run.lines:
+                if info is not described and info is not None:
+                    self._describe(info)
+                    described = info
+                pending += line
+                added += len(line)
+                if len(pending) >= _WRITE_BUFFER:
+                    self._flush_pending()
+        finally:
+            self._size += added
 
     def _describe(self, info: RelationInfo) -> None:
         """Write a relation line unless the file already describes the table so."""

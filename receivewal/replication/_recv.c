@@ -19,13 +19,15 @@
  *       Python's path, which stops at --endpos after the message that reached it), or
  *       nothing more has arrived. payloads is
  *       a list of memoryviews of the messages' WAL bytes, left in the buffers libpq allocated
- *       (freed with PQfreemem once the last view is gone): nothing is copied here. wal_end is
- *       the last message's walEnd, wire the messages' CopyData bytes. The message that ends
- *       a batch otherwise is handed back as other: its CopyData payload as bytes (a
- *       keepalive, a pg_streampack-compressed or malformed XLogData, one that does not follow
- *       on, anything unknown; Python parses and refuses as it does on its own path), -1 for
- *       the end of the server's COPY stream, -2 when libpq reports an error (Python reads
- *       libpq's message); None when the batch ended for another reason.
+ *       (freed with PQfreemem once the last view is gone): nothing is copied here; with
+ *       scattered, a list of bytes (a logical stream's messages are small and read whole: a
+ *       copy costs less than a view and its owner, and libpq's buffer is freed at once).
+ *       wal_end is the last message's walEnd, wire the messages' CopyData bytes. The
+ *       message that ends a batch otherwise is handed back as other: its CopyData payload as
+ *       bytes (a keepalive, a pg_streampack-compressed or malformed XLogData, one that does
+ *       not follow on, anything unknown; Python parses and refuses as it does on its own
+ *       path), -1 for the end of the server's COPY stream, -2 when libpq reports an error
+ *       (Python reads libpq's message); None when the batch ended for another reason.
  *
  * The XLogData layout is the replication protocol's: 'w', walStart u64, walEnd u64, sendTime
  * i64 (big-endian; pg_streampack sets sendTime's top bit on the frames it compressed), WAL.
@@ -175,7 +177,15 @@ recv_read(PyObject *module, PyObject *args)
             pq_freemem(buf);
             break;
         }
-        PyObject *view = payload_view(buf, XLOGDATA_HEADER, n - XLOGDATA_HEADER);
+        uint64_t message_end = be64(m + 9); /* read before a scattered run frees buf */
+        /* scattered: bytes (see the header comment); WAL stays in libpq's buffers */
+        PyObject *view;
+        if (scattered) {
+            view = PyBytes_FromStringAndSize(buf + XLOGDATA_HEADER, n - XLOGDATA_HEADER);
+            pq_freemem(buf);
+        }
+        else
+            view = payload_view(buf, XLOGDATA_HEADER, n - XLOGDATA_HEADER);
         if (view == NULL || PyList_Append(payloads, view) < 0) {
             Py_XDECREF(view);
             Py_DECREF(payloads);
@@ -195,7 +205,7 @@ recv_read(PyObject *module, PyObject *args)
         }
         if (count == 0)
             wal_start = start;
-        wal_end = be64(m + 9);
+        wal_end = message_end;
         next_lsn = start + (uint64_t)(n - XLOGDATA_HEADER);
         wal_bytes += n - XLOGDATA_HEADER;
         wire += n;

@@ -39,11 +39,12 @@ class WalRun:
     loop's: of the buffers libpq allocated, nothing copied); ``wal_end`` is the last
     message's walEnd, ``wire`` the messages' CopyData bytes. A scattered run (a logical
     stream's, asked for with ``read_batch(..., scattered=True)``) lists each message's own
-    walStart in ``starts``: they need not follow on."""
+    walStart in ``starts``: they need not follow on; the compiled loop hands its messages
+    over as bytes (small, and read whole by the change log: a copy costs less than a view)."""
 
     wal_start: int
     wal_end: int
-    payload: list[memoryview]
+    payload: list[memoryview] | list[bytes]
     wire: int
     starts: list[int] | None = None
 

@@ -26,6 +26,7 @@ from json.encoder import encode_basestring  # json's own (C): what JSONEncoder u
 from typing import TYPE_CHECKING
 
 from receivewal.logical.binary import binary_to_text
+from receivewal.wal.lsn import lsn_halves
 from receivewal.wal.nativescan import load_native, pure_python_forced
 
 if TYPE_CHECKING:
@@ -163,11 +164,11 @@ def python_plain_text_line(  # noqa: PLR0917 - the compiled function's arguments
     if values is None:
         return None
     if None not in values:
-        return _line_format(lead, table, keys, tail) % (lsn >> 32, lsn & 0xFFFFFFFF, xid,
+        return _line_format(lead, table, keys, tail) % (*lsn_halves(lsn), xid,
                                                         *values)
     members = b"".join(key[:-1] + b"null" if value is None else key + value + b'"'
                        for key, value in zip(keys, values, strict=True))
-    return b'%b%X/%X","xid":%d%b%b%b' % (lead, lsn >> 32, lsn & 0xFFFFFFFF, xid, table,
+    return b'%b%X/%X","xid":%d%b%b%b' % (lead, *lsn_halves(lsn), xid, table,
                                           members, tail)
 
 
@@ -215,7 +216,7 @@ def _line(tag: int, lsn: int, xid: int, shape: _Shape, rows: Rows) -> bytes:
     old, new = rows
     head = b'{"op":"%b","lsn":"%X/%X","xid":%d%b' % (
         b"insert" if tag == _INSERT else b"update" if tag == _UPDATE else b"delete",
-        lsn >> 32, lsn & 0xFFFFFFFF, xid, shape.table)
+        *lsn_halves(lsn), xid, shape.table)
     if tag == _INSERT:
         assert new is not None
         values, unchanged = new

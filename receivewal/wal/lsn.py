@@ -49,6 +49,11 @@ def join_lsn(high: int, low: int) -> int:
     return high << 32 | low
 
 
+def lsn_halves(lsn: int) -> tuple[int, int]:
+    """The two 32-bit halves PostgreSQL prints as %X/%X (for a line built as one format)."""
+    return lsn >> 32, lsn & 0xFFFFFFFF
+
+
 def format_lsn(lsn: int) -> str:
     """Print an LSN the way PostgreSQL does (``%X/%X``)."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"

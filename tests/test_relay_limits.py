@@ -306,7 +306,9 @@ def test_clients_still_negotiating_do_not_count_toward_max_connections(pg: PgSer
         samples = relay_metrics(metrics_port)
     assert errors == [""] * 6
     assert samples[("receivewal_relay_clients_served_total", ())] == 6
-    assert samples[("receivewal_relay_startup_evicted_total", ())] >= 6
+    # each client needs a place the idle ones hold, unless the 2 s deadline freed one first
+    # (a loaded machine: CI saw 5 evictions for 6 clients)
+    assert samples[("receivewal_relay_startup_evicted_total", ())] >= 1
     assert samples[("receivewal_relay_refused_total", (("reason", "too_many_connections"),))] == 0
 
 

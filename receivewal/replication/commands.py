@@ -47,13 +47,18 @@ def parse_size(text: str) -> int:
     return int(number) * _UNITS[unit]
 
 
-def identify_server(conn: ReplicationLink) -> ServerInfo:
-    """IDENTIFY_SYSTEM plus the settings the archive depends on."""
+def _identify_system(conn: ReplicationLink) -> tuple[str | None, ...]:
+    """IDENTIFY_SYSTEM's one row: systemid, timeline, xlogpos, dbname (any may be NULL)."""
     rows = conn.query("IDENTIFY_SYSTEM")
     if len(rows) != 1 or len(rows[0]) < 4:
         raise ServerError(f"could not identify system: got {len(rows)} rows, expected 1 row "
                           "with 4 or more fields")
-    sysid, tli, xlogpos, dbname = rows[0][:4]
+    return tuple(rows[0][:4])
+
+
+def identify_server(conn: ReplicationLink) -> ServerInfo:
+    """IDENTIFY_SYSTEM plus the settings the archive depends on."""
+    sysid, tli, xlogpos, dbname = _identify_system(conn)
     if dbname is not None:
         raise ServerError("replication connection is unexpectedly database specific "
                           f'(database "{dbname}"): physical streaming needs replication=true')
@@ -83,11 +88,7 @@ class DatabaseInfo:
 
 def identify_database(conn: ReplicationLink) -> DatabaseInfo:
     """IDENTIFY_SYSTEM on a database connection: the database must be named."""
-    rows = conn.query("IDENTIFY_SYSTEM")
-    if len(rows) != 1 or len(rows[0]) < 4:
-        raise ServerError(f"could not identify system: got {len(rows)} rows, expected 1 row "
-                          "with 4 or more fields")
-    sysid, tli, xlogpos, dbname = rows[0][:4]
+    sysid, tli, xlogpos, dbname = _identify_system(conn)
     if sysid is None or tli is None or xlogpos is None:
         raise ServerError("could not identify system: IDENTIFY_SYSTEM returned NULLs")
     if dbname is None:

@@ -127,15 +127,8 @@ def read_logical_slot(conn: ReplicationLink, slot: str) -> LogicalSlot:
 def create_logical_slot(conn: ReplicationLink, slot: str, plugin: str, *, two_phase: bool,
                         if_not_exists: bool) -> bool:
     """CREATE_REPLICATION_SLOT ... LOGICAL; False when it existed and that was allowed."""
-    command = create_logical_slot_command(slot, plugin, two_phase=two_phase,
-                                          server_version=conn.server_version)
-    try:
-        conn.query(command)
-    except ServerError as exc:
-        if if_not_exists and exc.sqlstate == "42710":  # duplicate_object
-            return False
-        raise
-    return True
+    return _create_slot(conn, create_logical_slot_command(
+        slot, plugin, two_phase=two_phase, server_version=conn.server_version), if_not_exists)
 
 
 def read_slot(conn: ReplicationLink, slot: str) -> tuple[int, int] | None:
@@ -164,6 +157,12 @@ def create_slot(conn: ReplicationLink, slot: str, *, reserve_wal: bool,
                 if_not_exists: bool) -> bool:
     """CREATE_REPLICATION_SLOT ... PHYSICAL; False when it existed and that was allowed."""
     command = f"CREATE_REPLICATION_SLOT {slot} PHYSICAL" + (" RESERVE_WAL" if reserve_wal else "")
+    return _create_slot(conn, command, if_not_exists)
+
+
+def _create_slot(conn: ReplicationLink, command: str, if_not_exists: bool) -> bool:
+    """Run a CREATE_REPLICATION_SLOT ``command``; False when the slot existed and
+    ``if_not_exists`` allows that."""
     try:
         conn.query(command)
     except ServerError as exc:

@@ -21,7 +21,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from receivewal.archive.compression import CompressSpec, new_compressor
+from receivewal.archive.compression import CompressSpec
 from receivewal.archive.durable import (
     create_temporary,
     finish_file,
@@ -35,9 +35,9 @@ from receivewal.archive.sealed import write_recipients_file
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
-from receivewal.backup.sealing import StoredForm, seal_small, sealed_name
+from receivewal.backup.sealing import StoredForm, seal_small, sealed_name, stored_archive
 from receivewal.errors import ArchiveError
-from receivewal.wal.names import RECIPIENTS_SUFFIX, AtRest
+from receivewal.wal.names import RECIPIENTS_SUFFIX
 
 BACKUPS = "backups"
 FILE_MODE = 0o600  # 0o640 when the server's data directory is group-readable, as for WAL
@@ -114,12 +114,7 @@ class BackupDirectory:
     # -- the sink ----------------------------------------------------------------------------
     def begin_archive(self, archive: ArchiveInfo) -> None:
         """Open the file for ``archive``."""
-        if archive.compression or not self.compress.method:
-            name, method, compressor = archive.name, archive.compression, None
-        else:
-            method = self.compress.method
-            name, compressor = archive.name + AtRest(method).suffix, new_compressor(self.compress)
-        name = sealed_name(name, self.recipients)
+        name, method, form = stored_archive(archive, self.compress, self.recipients)
         target = self.path / name
         try:
             if self.recipients is not None:  # the recipients file first, as stream's
@@ -129,7 +124,7 @@ class BackupDirectory:
         except OSError as exc:
             raise _os_error("create file", target, exc) from exc
         self._open = _Open(archive, name, method, fd=fd, tmp=tmp,
-                           form=StoredForm(compressor, self.recipients))
+                           form=form)
         self._write(self._open.form.begin())
 
     def archive_bytes(self, data: memoryview) -> None:

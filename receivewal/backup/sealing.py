@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 from receivewal.archive.codecs import Compressor
+from receivewal.archive.compression import CompressSpec, new_compressor
 from receivewal.archive.recipients import RecipientSet, parse_recipients_file, recipient_set
 from receivewal.archive.sealed import NoIdentity, Unsealer
+from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.stored import BackupFiles
 from receivewal.errors import ArchiveError
-from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX
+from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, AtRest
 
 if TYPE_CHECKING:
     from receivewal.archive.encryption import Encryptor
@@ -73,6 +75,19 @@ def sealed_name(name: str, recipients: RecipientSet | None) -> str:
     """The stored name of ``name``: ``name.age`` when it is sealed."""
     return name + ENCRYPTED_SUFFIX if recipients is not None else name
 
+
+
+def stored_archive(archive: ArchiveInfo, compress: CompressSpec,
+                   recipients: RecipientSet | None) -> tuple[str, str, StoredForm]:
+    """How a received archive is stored, in a directory or a bucket alike: its stored name,
+    its compression ("" for none) and the form that writes it. Compressed here unless the
+    server compressed it or none was asked; sealed when there are recipients."""
+    if archive.compression or not compress.method:
+        name, method, compressor = archive.name, archive.compression, None
+    else:
+        method = compress.method
+        name, compressor = archive.name + AtRest(method).suffix, new_compressor(compress)
+    return sealed_name(name, recipients), method, StoredForm(compressor, recipients)
 
 def seal_small(data: bytes, recipients: RecipientSet | None) -> bytes:
     """A small file's stored bytes (the manifest)."""

@@ -23,15 +23,15 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from receivewal.archive.bucket import Bucket, StreamUpload
-from receivewal.archive.compression import CompressSpec, new_compressor
+from receivewal.archive.compression import CompressSpec
 from receivewal.archive.recipients import RecipientSet, recipients_file_text
 from receivewal.backup.directory import BACKUPS, backup_id_for
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
-from receivewal.backup.sealing import StoredForm, seal_small, sealed_name
+from receivewal.backup.sealing import StoredForm, seal_small, sealed_name, stored_archive
 from receivewal.errors import ArchiveError, ObjectConflict, ObjectNotFound, ReceivewalError
-from receivewal.wal.names import RECIPIENTS_SUFFIX, AtRest
+from receivewal.wal.names import RECIPIENTS_SUFFIX
 
 _ATTEMPTS = 100
 
@@ -87,16 +87,10 @@ class BucketBackup:
     # -- the sink ----------------------------------------------------------------------------
     def begin_archive(self, archive: ArchiveInfo) -> None:
         """Start the upload of ``archive``."""
-        if archive.compression or not self.compress.method:
-            name, method, compressor = archive.name, archive.compression, None
-        else:
-            method = self.compress.method
-            name, compressor = archive.name + AtRest(method).suffix, new_compressor(self.compress)
-        name = sealed_name(name, self.recipients)
+        name, method, form = stored_archive(archive, self.compress, self.recipients)
         self._put_recipients(name)
         upload = self.bucket.upload_stream(backup_key(self.backup_id, name))
-        self._open = _Open(archive, name, method, upload,
-                           StoredForm(compressor, self.recipients))
+        self._open = _Open(archive, name, method, upload, form)
         upload.write(self._open.form.begin())
 
     def archive_bytes(self, data: memoryview) -> None:

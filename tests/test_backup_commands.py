@@ -25,7 +25,13 @@ from support.backups import give_to_postgres, loaded_primary, start_pgbench, sta
 from support.postgres_user import S3_PACKAGES, install_for_postgres, readable_by_postgres
 from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
-from support.streams import RECEIVEWAL, receivewal, start_receivewal, stop, wait_for
+from support.streams import (
+    RECEIVEWAL,
+    receivewal,
+    start_streaming,
+    stop,
+    wait_for,
+)
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.compression import decompress_chunks, new_compressor, parse_compress_option
@@ -87,12 +93,8 @@ def world(seaweed: SeaweedS3) -> Iterator[World]:
         archive.mkdir()
         url = f"s3://{seaweed.bucket}/backups-test"
         log = base / "stream.log"
-        streamer = start_receivewal("stream", "-D", str(archive), "-d", pg.dsn, "--upload-to",
-                                    url, "--log-format", "json", env=seaweed.env(),
-                                    stderr_path=log)
-        wait_for(lambda: '"streaming_started"' in log.read_text() or streamer.poll() is not None,
-                 what="streaming")
-        assert streamer.poll() is None, log.read_text()
+        streamer = start_streaming("-D", str(archive), "-d", pg.dsn, "--upload-to", url,
+                                   log=log, env=seaweed.env())
         world = World(base, pg, seaweed, archive, url, tablespace, "", "", "", "",
                       install_for_postgres(base, S3_PACKAGES))
         load = start_pgbench(pg, 240)  # stopped once both backups are taken

@@ -22,7 +22,13 @@ from pathlib import Path
 import pytest
 from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir, server_user_ids
-from support.streams import RECEIVEWAL, receivewal, start_receivewal, stop, wait_for
+from support.streams import (
+    RECEIVEWAL,
+    receivewal,
+    start_streaming,
+    stop,
+    wait_for,
+)
 from support.tcpproxy import TcpProxy
 
 from receivewal.archive.bucket import Bucket
@@ -87,12 +93,8 @@ def world(seaweed: SeaweedS3) -> Iterator[World]:
         archive.mkdir()
         url = f"s3://{seaweed.bucket}/harden"
         log = base / "stream.log"
-        streamer = start_receivewal("stream", "-D", str(archive), "-d", pg.dsn, "--upload-to",
-                                    url, "--log-format", "json", env=seaweed.env(),
-                                    stderr_path=log)
-        wait_for(lambda: '"streaming_started"' in log.read_text() or streamer.poll() is not None,
-                 what="streaming")
-        assert streamer.poll() is None, log.read_text()
+        streamer = start_streaming("-D", str(archive), "-d", pg.dsn, "--upload-to", url,
+                                   log=log, env=seaweed.env())
         world = World(base, pg, seaweed, archive, url, "harden", "")
         done = world.run("backup", "-D", url, "-d", pg.dsn, "--fast", timeout=180)
         assert done.returncode == 0, done.stderr

@@ -25,7 +25,7 @@ from support.backups import give_to_postgres, start_recovered
 from support.postgres_user import S3_PACKAGES, install_for_postgres, readable_by_postgres
 from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
-from support.streams import receivewal, start_receivewal, stop, wait_for
+from support.streams import receivewal, start_streaming, stop, wait_for
 
 from receivewal.archive.sealed import ENCRYPT_TO_ENV
 
@@ -75,12 +75,8 @@ def world(seaweed: SeaweedS3) -> Iterator[World]:
         archive.mkdir()
         url = f"s3://{seaweed.bucket}/sealed-backups"
         log = base / "stream.log"
-        streamer = start_receivewal("stream", "-D", str(archive), "-d", pg.dsn, "--upload-to",
-                                    url, "--encrypt-to", key.recipient, "--log-format", "json",
-                                    env=seaweed.env(), stderr_path=log)
-        wait_for(lambda: '"streaming_started"' in log.read_text() or streamer.poll() is not None,
-                 what="streaming")
-        assert streamer.poll() is None, log.read_text()
+        streamer = start_streaming("-D", str(archive), "-d", pg.dsn, "--upload-to", url,
+                                   "--encrypt-to", key.recipient, log=log, env=seaweed.env())
         world = World(base, pg, seaweed, archive, url, key, other, "", "", "",
                       install_for_postgres(base, ("pyrage", *S3_PACKAGES)))
         world.local_id = backup_id_of(world.run(

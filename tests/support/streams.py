@@ -47,6 +47,17 @@ def wait_for(predicate: object, timeout: float = 60, what: str = "condition") ->
         time.sleep(0.05)
 
 
+def start_streaming(*args: str, log: Path, env: dict[str, str] | None = None,
+                    ) -> subprocess.Popen[bytes]:
+    """Start ``receivewal stream ARGS --log-format json`` (its log into ``log``) and wait
+    until it streams; an exit before that fails with its log."""
+    proc = start_receivewal("stream", *args, "--log-format", "json", env=env, stderr_path=log)
+    wait_for(lambda: '"streaming_started"' in log.read_text() or proc.poll() is not None,
+             what="streaming")
+    assert proc.poll() is None, log.read_text()
+    return proc
+
+
 def wal_files(directory: Path) -> list[str]:
     """Segment file names (complete and partial) in an archive, sorted."""
     return sorted(n for n in os.listdir(directory) if len(n.split(".")[0]) == 24)

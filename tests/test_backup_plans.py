@@ -293,6 +293,49 @@ def test_a_policy_that_keeps_nothing_is_refused() -> None:
         plan_retention(contents(complete(B_MID), FILES), RecoveryWindow(timedelta(0), NOW))
 
 
+#: the same archive sealed (``stream --encrypt-to``): each complete segment ``F.age`` (after
+#: its compression suffix) with ``F.age.recipients`` beside it; the .partial stays as written
+SEALED = [*(name for n in range(1, 10) for name in (seg(1, n, ".zst.age"),
+                                                   seg(1, n, ".zst.age.recipients"))),
+          *(name for n in range(8, 13) for name in (seg(2, n, ".age"),
+                                                   seg(2, n, ".age.recipients"))),
+          seg(2, 13, ".partial"), history_file_name(2), ".receivewal-archive.json"]
+
+
+def test_sealed_segments_and_their_recipients_files_are_judged_as_plain_ones() -> None:
+    """Issue 31 §3 / 32 §8: the plan of a sealed archive is the plain one's, each segment's
+    recipients file going (or staying) with it, for the same reason."""
+    plain = plan_retention(contents(complete(B_MID, B_NEW), FILES), KeepBackups(1))
+    sealed = plan_retention(contents(complete(B_MID, B_NEW), SEALED), KeepBackups(1))
+    assert sealed.removed_backups == ["mid"]
+    assert sealed.removed_files == [
+        *(name for n in range(1, 10) for name in (seg(1, n, ".zst.age"),
+                                                  seg(1, n, ".zst.age.recipients"))),
+        seg(2, 8, ".age"), seg(2, 8, ".age.recipients")]
+    reasons = {v.name: v.reason for v in sealed.files}
+    for verdict in plain.files:
+        if len(verdict.name.split(".")[0]) == 24 and not verdict.name.endswith(".partial"):
+            sealed_name = verdict.name.removesuffix(".zst") + (
+                ".zst.age" if verdict.name.startswith("00000001") else ".age")
+            assert reasons[sealed_name] == reasons[sealed_name + ".recipients"] == \
+                verdict.reason
+    assert reasons[seg(2, 13, ".partial")] == "a .partial"
+
+
+def test_a_sealed_segment_waiting_for_its_upload_keeps_its_recipients_file() -> None:
+    """The backlog names ``F.age``: its recipients file stays with it; a recipients file left
+    alone (its segment removed by a cleanup cut short) goes as its segment would."""
+    files = [name for name in SEALED if name != seg(1, 2, ".zst.age")]
+    backlog = frozenset({seg(1, 3, ".zst.age")})
+    plan = plan_retention(
+        ArchiveContents(complete(B_MID, B_NEW), files, HISTORY_2, 2, SEG, None, backlog,
+                        "s3://b/p"), KeepBackups(1))
+    reasons = {v.name: (v.remove, v.reason) for v in plan.files}
+    assert reasons[seg(1, 3, ".zst.age")] == reasons[seg(1, 3, ".zst.age.recipients")] == \
+        (False, "waiting for its upload to s3://b/p")
+    assert reasons[seg(1, 2, ".zst.age.recipients")][0] is True
+
+
 # -- pg_archivecleanup's rule ------------------------------------------------------------------
 def test_archive_cleanup_removes_what_sorts_before_the_oldest_kept_file() -> None:
     plan = plan_archive_cleanup(FILES, seg(2, 9))
@@ -300,6 +343,17 @@ def test_archive_cleanup_removes_what_sorts_before_the_oldest_kept_file() -> Non
         [*(seg(1, n, ".zst") for n in range(1, 9)), seg(2, 8)]
     assert {v.name: v.remove for v in plan}[seg(2, 13, ".partial")] is False
     assert history_file_name(2) not in {v.name for v in plan}
+
+
+def test_archive_cleanup_removes_sealed_segments_with_their_recipients_files() -> None:
+    """``cleanup -D DIR %r`` on a sealed archive: ``F.age`` and ``F.age.recipients`` are
+    judged as ``F``."""
+    plan = plan_archive_cleanup(SEALED, seg(2, 9))
+    assert [v.name for v in plan if v.remove] == [
+        *(name for n in range(1, 9) for name in (seg(1, n, ".zst.age"),
+                                                 seg(1, n, ".zst.age.recipients"))),
+        seg(2, 8, ".age"), seg(2, 8, ".age.recipients")]
+    assert {v.name: v.remove for v in plan}[seg(2, 9, ".age.recipients")] is False
 
 
 @pytest.mark.parametrize(("argument", "name"), [

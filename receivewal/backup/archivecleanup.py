@@ -5,7 +5,8 @@ As pg_archivecleanup does, the argument may be a WAL file name, the same with ``
 a backup history file name (``...XXXXXXXX.backup``: its first 24 characters count); receivewal
 also takes a compression suffix. Every segment file whose name, without the timeline (the
 characters after the first eight), sorts before the argument's is removed, whatever its
-timeline and compression; with ``-x EXT``, a name that ends with ``EXT`` too, judged without it.
+timeline, compression and sealing (a sealed segment ``F.age`` and its ``F.age.recipients`` are
+judged as ``F``); with ``-x EXT``, a name that ends with ``EXT`` too, judged without it.
 Unlike pg_archivecleanup, a ``.partial`` is never removed (in a
 receivewal archive it is the segment the daemon is writing), and neither is a history file.
 """
@@ -17,7 +18,13 @@ from collections.abc import Sequence
 
 from receivewal.backup.retention import Verdict
 from receivewal.errors import ConfigurationError
-from receivewal.wal.names import PARTIAL_SUFFIX, is_wal_file_name, looks_like_segment
+from receivewal.wal.names import (
+    ENCRYPTED_SUFFIX,
+    PARTIAL_SUFFIX,
+    RECIPIENTS_SUFFIX,
+    is_wal_file_name,
+    looks_like_segment,
+)
 
 _BACKUP_HISTORY = re.compile(r"([0-9A-F]{24})\.[0-9A-F]{8}\.backup")
 
@@ -44,6 +51,7 @@ def plan_archive_cleanup(files: Sequence[str], argument: str, extension: str = "
     verdicts = []
     for name in sorted(files):
         judged = name[:-len(extension)] if extension and name.endswith(extension) else name
+        judged = judged.removesuffix(RECIPIENTS_SUFFIX).removesuffix(ENCRYPTED_SUFFIX)
         if not looks_like_segment(judged):
             continue
         if judged.endswith(PARTIAL_SUFFIX):

@@ -27,7 +27,7 @@ from receivewal.backup.record import RECORD_CAP, RECORD_NAME, record_from_json
 from receivewal.backup.retention import ArchiveContents, Policy, plan_retention
 from receivewal.errors import ArchiveError, StoreAccessDenied
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
-from receivewal.wal.names import parse_history_file_name, parse_segment_file_name
+from receivewal.wal.names import parse_archive_segment_name, parse_history_file_name
 from receivewal.wal.timeline import TimelineSwitch, parse_history
 
 
@@ -63,7 +63,7 @@ def read_bucket(bucket: Bucket) -> tuple[ArchiveContents, dict[str, int],
                                    f"{exc}") from exc
     timelines = [1, *histories, *(r.end_timeline for r in records)]
     timelines += [parsed.timeline for name in files
-                  if (parsed := parse_segment_file_name(name, size)) is not None]
+                  if (parsed := parse_archive_segment_name(name, size)) is not None]
     if identity is not None:
         timelines.append(identity.timeline)
     contents = ArchiveContents(entries, sorted(files), histories, max(timelines), size)

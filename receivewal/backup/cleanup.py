@@ -34,7 +34,7 @@ from receivewal.backup.record import RECORD_NAME
 from receivewal.backup.retention import ArchiveContents, Policy, RetentionPlan, plan_retention
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
-from receivewal.wal.names import parse_history_file_name, parse_segment_file_name
+from receivewal.wal.names import parse_archive_segment_name, parse_history_file_name
 from receivewal.wal.timeline import TimelineSwitch, parse_history
 
 
@@ -137,7 +137,7 @@ def read_archive(archive: Path, holds: Holds = Holds()) -> ArchiveContents:
     histories = read_histories(archive, names)
     timelines = [holds.timeline or 1, *histories, *(r.end_timeline for r in records)]
     timelines += [parsed.timeline for name in names
-                  if (parsed := parse_segment_file_name(name, size)) is not None]
+                  if (parsed := parse_archive_segment_name(name, size)) is not None]
     if identity is not None:
         timelines.append(identity.timeline)
     destination = holds.upload_to or recorded_destination(archive)

@@ -7,18 +7,19 @@ complete backup is always kept, and nothing at all is removed from an archive wi
 backup being written, or one whose record cannot be read, is kept; an interrupted one (no
 record, no writer) is removed.
 
-Then the WAL, following the timeline history. For every kept backup that starts at ``S`` on
-timeline ``T``, and for every timeline ``X`` whose history passes through ``T`` at ``S``
-(``X`` is ``T`` or a descendant that forked from it after ``S``), the WAL from ``S`` on along
-``X``'s history stays: the segments of each ancestor from ``S`` (or where that ancestor began)
-to where ``X``'s line left it, and ``X``'s own from where it began. The current timeline's
-line stays from the oldest kept backup's start. Whatever the policy, these stay too: every
-``.partial``, every history file, every segment of a timeline whose history file is missing
-(its line is unknown; when it is the current timeline, no WAL is removed at all), and every
-segment from the replication slot's restart position on, and every segment still waiting for
-its upload (``stream --upload-to``'s backlog). Everything else, a segment no kept
-backup and no timeline needs, is removed.
-"""
+Then the WAL, following the timeline history. A segment is judged whatever its form (plain,
+compressed, sealed), and a sealed segment's recipients file (``F.recipients``) with it: they go
+together, and one left alone (a removal cut short, a seal cut short) goes as its segment would.
+For every kept backup that starts at ``S`` on timeline ``T``, and for every timeline ``X``
+whose history passes through ``T`` at ``S`` (``X`` is ``T`` or a descendant that forked from it
+after ``S``), the WAL from ``S`` on along ``X``'s history stays: the segments of each ancestor
+from ``S`` (or where that ancestor began) to where ``X``'s line left it, and ``X``'s own from
+where it began. The current timeline's line stays from the oldest kept backup's start. Whatever
+the policy, these stay too: every ``.partial``, every history file, every segment of a timeline
+whose history file is missing (its line is unknown; when it is the current timeline, no WAL is
+removed at all), and every segment from the replication slot's restart position on, and every
+segment still waiting for its upload (``stream --upload-to``'s backlog). Everything else, a
+segment no kept backup and no timeline needs, is removed."""
 
 from __future__ import annotations
 
@@ -30,7 +31,13 @@ from receivewal.backup.catalog import BackupEntry, EntryState
 from receivewal.backup.record import BackupRecord, utc_text
 from receivewal.errors import ConfigurationError
 from receivewal.wal.lsn import format_lsn, segment_of
-from receivewal.wal.names import SegmentFile, parse_history_file_name, parse_segment_file_name
+from receivewal.wal.names import (
+    RECIPIENTS_SUFFIX,
+    SegmentFile,
+    parse_archive_segment_name,
+    parse_encrypted_segment_name,
+    parse_history_file_name,
+)
 from receivewal.wal.timeline import TimelineSwitch
 
 Span = tuple[int, int, int | None]  # timeline, first LSN, LSN where the line left it (None: never)
@@ -187,6 +194,15 @@ def _needed(contents: ArchiveContents, kept: list[BackupRecord],
     return needed
 
 
+def segment_judged(name: str, segment_size: int) -> SegmentFile | None:
+    """The segment a file of the archive is judged as: a segment file in any of its forms
+    (plain, compressed, sealed, ``.partial``), or a sealed segment's recipients file
+    (``F.recipients``: judged as ``F``, so that it goes with it); None for any other name."""
+    if name.endswith(RECIPIENTS_SUFFIX):
+        return parse_encrypted_segment_name(name.removesuffix(RECIPIENTS_SUFFIX), segment_size)
+    return parse_archive_segment_name(name, segment_size)
+
+
 def _judge_files(contents: ArchiveContents, kept: list[BackupRecord]) -> list[Verdict]:
     size = contents.segment_size
     segments: list[tuple[str, SegmentFile]] = []
@@ -194,7 +210,7 @@ def _judge_files(contents: ArchiveContents, kept: list[BackupRecord]) -> list[Ve
     for name in sorted(contents.files):
         if parse_history_file_name(name) is not None:
             verdicts.append(Verdict(name, False, "a history file"))
-        elif (parsed := parse_segment_file_name(name, size)) is not None:
+        elif (parsed := segment_judged(name, size)) is not None:
             if parsed.partial:
                 verdicts.append(Verdict(name, False, "a .partial"))
             else:
@@ -220,7 +236,7 @@ def _judge_segment(name: str, parsed: SegmentFile, contents: ArchiveContents,
     if parsed.timeline != 1 and parsed.timeline not in contents.histories:
         return Verdict(name, False, f"timeline {parsed.timeline} has no history file: what "
                                     "it needs is unknown")
-    if name in contents.backlog:
+    if name.removesuffix(RECIPIENTS_SUFFIX) in contents.backlog:
         return Verdict(name, False, f"waiting for its upload to {contents.backlog_to}")
     if contents.slot_restart is not None and \
             parsed.segno >= segment_of(contents.slot_restart, size):

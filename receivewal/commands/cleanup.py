@@ -40,6 +40,7 @@ from receivewal.backup.retention import Policy, Verdict
 from receivewal.check.sizes import human_bytes
 from receivewal.daemon.state import read_state
 from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.wal.names import RECIPIENTS_SUFFIX
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 EXIT_CODES = """\b
@@ -113,15 +114,23 @@ def report_lines(report: CleanupReport) -> list[str]:
     lines += [f"{run}: {removed if verdict.remove else 'kept'}: {verdict.reason}"
               for run, verdict in _runs(report.plan.files)]
     backups = len(report.plan.removed_backups)
-    files = len(report.removed_files)
-    total = (f"{removed} {backups} backup{'s' * (backups != 1)} and {files} WAL "
-             f"file{'s' * (files != 1)} ({human_bytes(report.freed_bytes)})")
+    total = (f"{removed} {backups} backup{'s' * (backups != 1)} and "
+             f"{_wal_files(report.removed_files)} ({human_bytes(report.freed_bytes)})")
     kept_backups = sum(not v.remove for v in report.plan.backups)
-    kept_files = sum(not v.remove for v in report.plan.files)
+    kept_files = _wal_files(v.name for v in report.plan.files if not v.remove)
     lines.append(f"{total}; kept {kept_backups} backup{'s' * (kept_backups != 1)} and "
-                 f"{kept_files} WAL file{'s' * (kept_files != 1)}"
-                 + ("; --dry-run: nothing was removed" if report.dry_run else ""))
+                 f"{kept_files}" + ("; --dry-run: nothing was removed" if report.dry_run else ""))
     return lines
+
+
+def _wal_files(names: Iterable[str]) -> str:
+    """``N WAL files``, and ``with M recipients files`` when sealed segments' are among
+    ``names``."""
+    listed = list(names)
+    recipients = sum(name.endswith(RECIPIENTS_SUFFIX) for name in listed)
+    files = len(listed) - recipients
+    return f"{files} WAL file{'s' * (files != 1)}" + (
+        f" with {recipients} recipients file{'s' * (recipients != 1)}" if recipients else "")
 
 
 def _runs(verdicts: Iterable[Verdict]) -> list[tuple[str, Verdict]]:

@@ -5,6 +5,7 @@ and pg_archivecleanup's rule."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -257,6 +258,11 @@ def test_the_slot_and_unknown_histories_keep_their_segments() -> None:
     assert plan.removed_files == [seg(1, 1, ".zst"), seg(1, 2, ".zst")]
     reasons = {v.name: v.reason for v in plan.files}
     assert reasons[seg(1, 3, ".zst")] == "the replication slot restarts at 0/3000064"
+    asked = plan_retention(replace(contents(complete(B_OLD, B_MID), files, slot=3 * SEG + 100),
+                                   slot="archiver"), KeepBackups(1))
+    assert asked.removed_files == plan.removed_files
+    assert {v.name: v.reason for v in asked.files}[seg(1, 3, ".zst")] == \
+        'the replication slot "archiver" restarts at 0/3000064, as its server says'
     assert reasons[seg(3, 12)] == "timeline 3 has no history file: what it needs is unknown"
     blind = plan_retention(contents(complete(B_OLD, B_MID), files, current=3), KeepBackups(1))
     assert blind.removed_backups == ["old"]

@@ -16,8 +16,11 @@ removed."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +31,7 @@ from support.backups import give_to_postgres, replication_link, start_recovered
 from support.postgres_user import install_for_postgres, readable_by_postgres
 from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
-from support.streams import receivewal, start_streaming, stop, wait_for
+from support.streams import receivewal, slot_restart_lsn, start_streaming, stop, wait_for
 
 from receivewal.archive.identity import IDENTITY_FILE
 from receivewal.backup.choice import RecoveryTarget, TargetKind
@@ -40,8 +43,9 @@ from receivewal.backup.retention import KeepBackups
 from receivewal.backup.settings import recovery_settings, restore_command
 from receivewal.backup.transfer import take_backup
 from receivewal.backup.unpack import unpack_backup, write_recovery
+from receivewal.daemon.state import State, write_state
 from receivewal.replication.commands import identify_server
-from receivewal.wal.lsn import parse_lsn, segment_of
+from receivewal.wal.lsn import format_lsn, parse_lsn, segment_of
 from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, history_file_name
 from receivewal.wal.timeline import parse_history
 
@@ -55,6 +59,7 @@ FORMS = ("plain", "zstd", "sealed")
 @dataclass
 class Matrix:
     base: Path
+    primary: PgServer  # timeline 1's server, still running (the slot test)
     pristine: dict[tuple[str, str], Path] = field(default_factory=dict)  # (history, form)
     backups: dict[str, BackupRecord] = field(default_factory=dict)  # b0, b1 (1), b2 (2)
 
@@ -125,7 +130,7 @@ def matrix() -> Iterator[Matrix]:
         key = new_identity_file(base / "key.txt")
         holder = base / "taken"
         holder.mkdir()
-        built = Matrix(base)
+        built = Matrix(base, primary)
         primary.sql("CREATE TABLE rows (what text)")
         daemons = stream_all(primary, base, "tl1", {
             "plain": (), "zstd": ("-Z", "zstd"), "sealed": ("--encrypt-to", key.recipient)})
@@ -139,7 +144,6 @@ def matrix() -> Iterator[Matrix]:
         write_segments(primary, 3)  # timeline 1 goes on past the target: the branch left behind
         stop_all(daemons, last_complete(primary))
         daemons = {}
-        primary.stop()
         for form in FORMS:
             one = base / "pristine" / "one" / form
             shutil.copytree(base / "tl1" / form, one)
@@ -315,3 +319,69 @@ def test_cleanup_removes_exactly_what_no_kept_backup_needs(
     segments = sum(not name.endswith(RECIPIENTS_SUFFIX) for name in files)
     assert done.stdout.splitlines()[-1].startswith(
         f"removed {len(backups)} backup{'s' * (len(backups) != 1)} and {segments} WAL files")
+
+
+def test_the_slot_hold_is_the_servers_position_when_a_connection_is_given(matrix: Matrix
+                                                                          ) -> None:
+    """Issue 31 §9: the state file records the slot's position as the daemon last reported
+    it; once that daemon is gone the slot may have moved on (or been dropped) and the file
+    never learns it, so cleanup kept WAL from a stale position for ever. With ``--dbname``
+    cleanup reads the slot the state file names from the server (READ_REPLICATION_SLOT), on
+    the archive's own cluster: its position there is what it holds; a slot the server no
+    longer has holds nothing."""
+    archive = matrix.base / "cases" / "slot"
+    shutil.copytree(matrix.pristine["one", "plain"], archive)
+    names = listed_directory(archive)
+    _, files = expected(matrix, "one", 1, archive, names)
+    stale = (segment_named(files[2]) or (0, 0))[1] * SEGMENT + 40  # inside the third to go
+    now = time.time()
+    write_state(archive, State(pid=os.getpid(), hostname="gone", started_at=now,
+                               updated_at=now, phase="stopped", slot="archiver",
+                               slot_restart_lsn=stale, timeline=1))
+    pg = matrix.primary
+    pg.sql("SELECT pg_create_physical_replication_slot('archiver', true)")
+    try:  # where a receiver that confirmed everything leaves it
+        pg.sql("SELECT pg_replication_slot_advance('archiver', pg_current_wal_lsn())")
+        server = slot_restart_lsn(pg, "archiver")
+        assert segment_of(server, SEGMENT) > segment_of(matrix.backups["b1"].start_lsn, SEGMENT)
+
+        from_file = receivewal("cleanup", "-D", str(archive), "--keep-backups", "1", "-n")
+        assert from_file.returncode == 0, from_file.stderr
+        assert f"kept: the replication slot restarts at {format_lsn(stale)}" in from_file.stdout
+        assert "removed 1 backup and 2 WAL files" in from_file.stdout.replace("would remove",
+                                                                              "removed")
+
+        asked = receivewal("cleanup", "-D", str(archive), "--keep-backups", "1",
+                           "--dbname", pg.dsn)
+        assert asked.returncode == 0, asked.stderr
+        assert "replication slot" not in asked.stdout
+        assert asked.stdout.splitlines()[-1].startswith(
+            f"removed 1 backup and {len(files)} WAL files")
+        assert listed_directory(archive) == [name for name in names
+                                             if name not in files and not name.startswith(
+                                                 f"{BACKUPS}/{matrix.backups['b0'].backup_id}/")]
+        assert f'replication slot "archiver" restarts at {format_lsn(server)}' in asked.stderr
+    finally:
+        pg.sql("SELECT pg_drop_replication_slot('archiver')")
+    gone = receivewal("cleanup", "-D", str(archive), "--keep-backups", "1", "-n",
+                      "--dbname", pg.dsn)
+    assert gone.returncode == 0, gone.stderr
+    assert 'replication slot "archiver" does not exist on the server' in gone.stderr
+    assert "replication slot" not in gone.stdout
+
+    # another cluster's server says nothing of this archive's slot: one line, nothing removed
+    other = matrix.base / "cases" / "slot-other"
+    shutil.copytree(matrix.pristine["one", "plain"], other)
+    identity = json.loads((other / IDENTITY_FILE).read_text())
+    ours, identity["system_identifier"] = identity["system_identifier"], "7000000000000000001"
+    (other / IDENTITY_FILE).write_text(json.dumps(identity))
+    write_state(other, State(pid=os.getpid(), hostname="gone", started_at=now, updated_at=now,
+                             phase="stopped", slot="archiver", slot_restart_lsn=stale,
+                             timeline=1))
+    before = listed_directory(other)
+    foreign = receivewal("cleanup", "-D", str(other), "--keep-backups", "1", "--dbname", pg.dsn)
+    assert foreign.returncode == 1
+    assert foreign.stderr.count("\n") == 1, foreign.stderr
+    assert "belongs to database system 7000000000000000001, but the server is database " \
+           f"system {ours}" in foreign.stderr
+    assert listed_directory(other) == before

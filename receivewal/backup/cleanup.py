@@ -11,8 +11,9 @@ directory through :mod:`receivewal.archive.durable`.
 :func:`apply_policy` is the whole of ``cleanup --keep-backups | --recovery-window``, and what
 ``backup`` runs after a backup when a policy is set: it reads the archive, takes what the
 running daemon holds (:class:`Holds`: its slot's restart position and its timeline, as the
-state file says; the command line reads that) and the upload backlog, plans, and removes
-(nothing with ``dry_run``).
+state file says; the command line reads that, and with a connection asks the server where the
+slot is now, :func:`read_server_slot`) and the upload backlog, plans, and removes (nothing with
+``dry_run``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from receivewal.archive.directory import Archive
 from receivewal.archive.durable import sync_path
+from receivewal.archive.identity import ArchiveIdentity, check_same_cluster
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
 from receivewal.archive.sources import decide_segment_size, list_directory, recorded_identity
 from receivewal.archive.uploads import pending_files, read_upload_record, recorded_destination
@@ -106,11 +108,52 @@ def apply_plan(archive: Path, plan: RetentionPlan, *, sync: bool = True) -> list
 @dataclass(frozen=True)
 class Holds:
     """What the daemon streaming into the archive holds on to (its state file says):
-    the slot's restart position, the timeline it streams, where it uploads."""
+    the slot's restart position, the timeline it streams, where it uploads; and the slot's
+    name (``slot_restart`` is then what the server said of it, when
+    :func:`read_server_slot` asked)."""
 
     slot_restart: int | None = None
     timeline: int | None = None
     upload_to: str | None = None
+    slot: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerSlot:
+    """A physical replication slot as its server reports it now (READ_REPLICATION_SLOT)."""
+
+    name: str
+    exists: bool
+    restart: int | None  # its restart_lsn; None when it reserves no WAL or does not exist
+
+
+def read_server_slot(conninfo: str, slot: str, archive: Path, *,
+                     timeout: float = 30.0) -> ServerSlot:
+    """The slot ``slot`` as the server at ``conninfo`` reports it, once the server is shown to
+    be the archive's own cluster (its identity record, when it has one). Raises
+    ConnectionLost (no answer), ServerError (not a physical slot) and ForeignArchive
+    (another cluster's server, whose slots say nothing of this archive)."""
+    from receivewal.replication.commands import (  # noqa: PLC0415 - psycopg only if asked
+        identify_server,
+        read_slot,
+        slot_exists,
+    )
+    from receivewal.replication.connection import ReplicationConnection  # noqa: PLC0415
+
+    names = [name for name, _ in list_directory(archive)]
+    identity = recorded_identity(str(archive), names)
+    conn = ReplicationConnection.open(conninfo, timeout=timeout)
+    try:
+        server = identify_server(conn)
+        if identity is not None:
+            check_same_cluster(f'archive directory "{archive}"', identity, ArchiveIdentity(
+                server.system_identifier, server.segment_size, server.timeline))
+        if not slot_exists(conn, slot):
+            return ServerSlot(slot, exists=False, restart=None)
+        position = read_slot(conn, slot)
+    finally:
+        conn.close()
+    return ServerSlot(slot, exists=True, restart=None if position is None else position[0])
 
 
 @dataclass(frozen=True)
@@ -147,7 +190,7 @@ def read_archive(archive: Path, holds: Holds = Holds()) -> ArchiveContents:
         record = read_upload_record(directory, destination)
         backlog = frozenset(p.name for p in pending_files(directory, record, size))
     return ArchiveContents(catalog, names, histories, max(timelines), size,
-                           holds.slot_restart, backlog, destination or "")
+                           holds.slot_restart, backlog, destination or "", holds.slot or "")
 
 
 def apply_policy(archive: Path, policy: Policy, holds: Holds = Holds(), *,

@@ -84,6 +84,7 @@ class ArchiveContents:
     slot_restart: int | None = None
     backlog: frozenset[str] = frozenset()  # files waiting for their upload (--upload-to)
     backlog_to: str = ""  # where they go
+    slot: str = ""  # the slot's name when its server said where it restarts ("": unasked)
 
 
 @dataclass(frozen=True)
@@ -240,8 +241,10 @@ def _judge_segment(name: str, parsed: SegmentFile, contents: ArchiveContents,
         return Verdict(name, False, f"waiting for its upload to {contents.backlog_to}")
     if contents.slot_restart is not None and \
             parsed.segno >= segment_of(contents.slot_restart, size):
-        return Verdict(name, False, "the replication slot restarts at "
-                                    f"{format_lsn(contents.slot_restart)}")
+        where = format_lsn(contents.slot_restart)
+        return Verdict(name, False, f'the replication slot "{contents.slot}" restarts at '
+                                    f"{where}, as its server says" if contents.slot else
+                                    f"the replication slot restarts at {where}")
     for (tli, begin, end), why in needed:
         if tli == parsed.timeline and segment_of(begin, size) <= parsed.segno and \
                 (end is None or parsed.segno <= segment_of(end, size)):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,7 +28,13 @@ from typing import Any, TypeVar
 import click
 
 from receivewal.backup.archivecleanup import plan_archive_cleanup
-from receivewal.backup.cleanup import CleanupReport, Holds, apply_policy, remove_files
+from receivewal.backup.cleanup import (
+    CleanupReport,
+    Holds,
+    apply_policy,
+    read_server_slot,
+    remove_files,
+)
 from receivewal.backup.policy import (
     KEEP_BACKUPS_ENV,
     RECOVERY_WINDOW_ENV,
@@ -39,7 +46,8 @@ from receivewal.backup.policy import (
 from receivewal.backup.retention import Policy, Verdict
 from receivewal.check.sizes import human_bytes
 from receivewal.daemon.state import read_state
-from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.errors import ConfigurationError, ForeignArchive, ReceivewalError
+from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import RECIPIENTS_SUFFIX
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -54,7 +62,40 @@ def daemon_holds(directory: Path) -> Holds:
     if state is None:
         return Holds()
     return Holds(state.slot_restart_lsn if state.slot is not None else None, state.timeline,
-                 state.upload_to)
+                 state.upload_to, state.slot)
+
+
+def slot_holds(directory: Path, conninfo: str | None, slot: str | None = None,
+               say: Callable[[str], None] = lambda _: None) -> Holds:
+    """:func:`daemon_holds`, with the slot's restart position as its server reports it now
+    when ``conninfo`` is given: the state file has the position the daemon last reported, as
+    of its last write, and never learns where the slot went after the daemon stopped (moved
+    on, dropped). ``slot`` names it when the state file does not. What the server said, or why
+    it was not asked, goes to ``say``; without an answer, the state file's position stays (it
+    keeps more WAL, never less). ForeignArchive when the server is another cluster's."""
+    holds = daemon_holds(directory)
+    name = slot or holds.slot
+    if conninfo is None and slot is not None:
+        say(f'replication slot "{slot}": no connection to ask its server where it restarts '
+            "(--dbname)")
+    if conninfo is None or name is None:
+        return replace(holds, slot=None)
+    try:
+        found = read_server_slot(conninfo, name, directory)
+    except ForeignArchive:
+        raise
+    except ReceivewalError as exc:
+        kept = "the daemon's state file's" if holds.slot_restart is not None else "no"
+        say(f'could not read replication slot "{name}" from the server ({exc}): {kept} '
+            "position holds WAL")
+        return replace(holds, slot=None)
+    if not found.exists:
+        say(f'replication slot "{name}" does not exist on the server: it holds no WAL')
+    elif found.restart is None:
+        say(f'replication slot "{name}" reserves no WAL on the server')
+    else:
+        say(f'replication slot "{name}" restarts at {format_lsn(found.restart)} on the server')
+    return replace(holds, slot_restart=found.restart, slot=name)
 
 
 def retention_options(command: Command) -> Command:
@@ -177,10 +218,24 @@ def _policy(keep_backups: str | None, recovery_window: str | None) -> Policy:
 @click.option("-x", "extension", metavar="EXT", default="",
               help="With OLDESTKEPTWALFILE: clean up files with this extension too, as "
               "pg_archivecleanup -x does (compressed segments are judged anyway).")
+@click.option("--dbname", metavar="CONNSTR", envvar="RECEIVEWAL_DBNAME",
+              help="With a policy: ask the archive's server where the daemon's replication "
+              "slot restarts now (the state file has where it was; env RECEIVEWAL_DBNAME, "
+              "as stream's -d).")
+@click.option("--host", envvar="RECEIVEWAL_HOST",
+              help="The server's host, for --dbname (env RECEIVEWAL_HOST).")
+@click.option("--port", envvar="RECEIVEWAL_PORT",
+              help="The server's port, for --dbname (env RECEIVEWAL_PORT).")
+@click.option("--username", envvar="RECEIVEWAL_USERNAME",
+              help="Connect as this user, for --dbname (env RECEIVEWAL_USERNAME).")
+@click.option("--slot", metavar="NAME", envvar="RECEIVEWAL_SLOT",
+              help="The daemon's replication slot, when its state file does not name it "
+              "(env RECEIVEWAL_SLOT, as stream's -S).")
 def cleanup_command(  # noqa: PLR0917 - click passes each option by position
         arguments: tuple[str, ...], directory: str | None,
                     keep_backups: str | None, recovery_window: str | None, dry_run: bool,
-                    debug: bool, extension: str) -> None:
+                    debug: bool, extension: str, dbname: str | None, host: str | None,
+                    port: str | None, username: str | None, slot: str | None) -> None:
     """Remove the backups a retention policy (--keep-backups N or --recovery-window D) no
     longer needs and the WAL before the oldest kept backup, following the timeline history;
     never a .partial, a history file, WAL the daemon's slot still needs or a file waiting for
@@ -206,11 +261,27 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
     if debug or extension:
         raise _usage("-d and -x go with OLDESTKEPTWALFILE (pg_archivecleanup's form)")
     policy = _policy(keep_backups, recovery_window)
+    conninfo = _conninfo(dbname, host, port, username)
     try:
-        report = apply_policy(path, policy, daemon_holds(path), dry_run=dry_run)
+        holds = slot_holds(path, conninfo, slot,
+                           lambda line: click.echo(f"receivewal: {line}", err=True))
+        report = apply_policy(path, policy, holds, dry_run=dry_run)
     except ReceivewalError as exc:
         raise click.ClickException(f"{exc}; cleanup stopped there") from exc
     click.echo("\n".join(report_lines(report)))
+
+
+def _conninfo(dbname: str | None, host: str | None, port: str | None,
+              username: str | None) -> str | None:
+    """The replication connection string the options make; None when none is given."""
+    if dbname is None and host is None and port is None and username is None:
+        return None
+    from receivewal.replication.connection import build_conninfo  # noqa: PLC0415 - psycopg
+
+    try:
+        return build_conninfo(dbname, host=host, port=port, user=username)
+    except ConfigurationError as exc:
+        raise _usage(str(exc)) from exc
 
 
 def _bucket_cleanup(url: str, arguments: tuple[str, ...], keep_backups: str | None,

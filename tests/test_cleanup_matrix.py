@@ -44,6 +44,7 @@ from receivewal.backup.retention import KeepBackups
 from receivewal.backup.settings import recovery_settings, restore_command
 from receivewal.backup.transfer import take_backup
 from receivewal.backup.unpack import unpack_backup, write_recovery
+from receivewal.commands.cleanup import daemon_holds
 from receivewal.daemon.state import State, write_state
 from receivewal.replication.commands import identify_server
 from receivewal.wal.lsn import format_lsn, parse_lsn, segment_of
@@ -360,6 +361,10 @@ def test_the_slot_hold_is_the_servers_position_when_a_connection_is_given(matrix
         assert f"kept: the replication slot restarts at {format_lsn(stale)}" in from_file.stdout
         assert "removed 1 backup and 2 WAL files" in from_file.stdout.replace("would remove",
                                                                               "removed")
+        # what backup --keep-backups applies: the state file's position, said as such
+        held = apply_policy(archive, KeepBackups(1), daemon_holds(archive), dry_run=True)
+        assert f"the replication slot restarts at {format_lsn(stale)}" in \
+            {v.reason for v in held.plan.files}
 
         asked = receivewal("cleanup", "-D", str(archive), "--keep-backups", "1",
                            "--dbname", pg.dsn)

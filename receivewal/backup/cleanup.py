@@ -109,8 +109,8 @@ def apply_plan(archive: Path, plan: RetentionPlan, *, sync: bool = True) -> list
 class Holds:
     """What the daemon streaming into the archive holds on to (its state file says):
     the slot's restart position, the timeline it streams, where it uploads; and the slot's
-    name (``slot_restart`` is then what the server said of it, when
-    :func:`read_server_slot` asked)."""
+    name when ``slot_restart`` is what its server said (:func:`read_server_slot`), None when
+    it is the state file's."""
 
     slot_restart: int | None = None
     timeline: int | None = None

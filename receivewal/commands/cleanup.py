@@ -45,7 +45,7 @@ from receivewal.backup.policy import (
 )
 from receivewal.backup.retention import Policy, Verdict
 from receivewal.check.sizes import human_bytes
-from receivewal.daemon.state import read_state
+from receivewal.daemon.state import State, read_state
 from receivewal.errors import ConfigurationError, ForeignArchive, ReceivewalError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import RECIPIENTS_SUFFIX
@@ -58,11 +58,14 @@ Exit codes: 0 done; 1 an error while reading or removing; 2 a usage error."""
 def daemon_holds(directory: Path) -> Holds:
     """What the daemon streaming into ``directory`` holds on to, as its state file says
     (nothing when there is none); ArchiveError when the state file cannot be read."""
-    state = read_state(directory)
+    return _holds_of(read_state(directory))
+
+
+def _holds_of(state: State | None) -> Holds:
     if state is None:
         return Holds()
     return Holds(state.slot_restart_lsn if state.slot is not None else None, state.timeline,
-                 state.upload_to, state.slot)
+                 state.upload_to)
 
 
 def slot_holds(directory: Path, conninfo: str | None, slot: str | None = None,
@@ -73,13 +76,14 @@ def slot_holds(directory: Path, conninfo: str | None, slot: str | None = None,
     on, dropped). ``slot`` names it when the state file does not. What the server said, or why
     it was not asked, goes to ``say``; without an answer, the state file's position stays (it
     keeps more WAL, never less). ForeignArchive when the server is another cluster's."""
-    holds = daemon_holds(directory)
-    name = slot or holds.slot
+    state = read_state(directory)
+    holds = _holds_of(state)
+    name = slot or (state.slot if state is not None else None)
     if conninfo is None and slot is not None:
         say(f'replication slot "{slot}": no connection to ask its server where it restarts '
             "(--dbname)")
     if conninfo is None or name is None:
-        return replace(holds, slot=None)
+        return holds
     try:
         found = read_server_slot(conninfo, name, directory)
     except ForeignArchive:
@@ -88,7 +92,7 @@ def slot_holds(directory: Path, conninfo: str | None, slot: str | None = None,
         kept = "the daemon's state file's" if holds.slot_restart is not None else "no"
         say(f'could not read replication slot "{name}" from the server ({exc}): {kept} '
             "position holds WAL")
-        return replace(holds, slot=None)
+        return holds
     if not found.exists:
         say(f'replication slot "{name}" does not exist on the server: it holds no WAL')
     elif found.restart is None:

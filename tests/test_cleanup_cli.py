@@ -35,6 +35,10 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
      "give either a retention policy or OLDESTKEPTWALFILE, not both"),
     (("-D", "{dir}", "-d", "--keep-backups", "1"), "-d and -x go with OLDESTKEPTWALFILE"),
     (("--keep-backups", "1"), "give the archive: -D ARCHIVE"),
+    (("-D", "{dir}", "--keep-backups", "1", "--slot", "x; DROP"),
+     'replication slot name "x; DROP" is invalid'),
+    (("-D", "{dir}", "--keep-backups", "1", "--dbname", "host='unclosed"),
+     "invalid connection string"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
                                           message: str) -> None:

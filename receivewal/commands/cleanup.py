@@ -45,6 +45,7 @@ from receivewal.backup.policy import (
 )
 from receivewal.backup.retention import Policy, Verdict
 from receivewal.check.sizes import human_bytes
+from receivewal.daemon.settings import SLOT_NAME_RE
 from receivewal.daemon.state import State, read_state
 from receivewal.errors import ConfigurationError, ForeignArchive, ReceivewalError
 from receivewal.wal.lsn import format_lsn
@@ -84,6 +85,9 @@ def slot_holds(directory: Path, conninfo: str | None, slot: str | None = None,
             "(--dbname)")
     if conninfo is None or name is None:
         return holds
+    if not SLOT_NAME_RE.match(name):
+        raise ConfigurationError(f'replication slot name "{name}" is invalid: use at most 63 '
+                                 "lower case letters, numbers and underscores")
     try:
         found = read_server_slot(conninfo, name, directory)
     except ForeignArchive:
@@ -266,6 +270,9 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
         raise _usage("-d and -x go with OLDESTKEPTWALFILE (pg_archivecleanup's form)")
     policy = _policy(keep_backups, recovery_window)
     conninfo = _conninfo(dbname, host, port, username)
+    if slot is not None and not SLOT_NAME_RE.match(slot):
+        raise _usage(f'replication slot name "{slot}" is invalid: use at most 63 lower case '
+                     "letters, numbers and underscores")
     try:
         holds = slot_holds(path, conninfo, slot,
                            lambda line: click.echo(f"receivewal: {line}", err=True))

@@ -224,6 +224,10 @@ class ChangeLogStore:
                 found = scan_file(chunks)
             except ArchiveError as exc:  # the compressed stream is damaged
                 raise ArchiveError(f"{path} is damaged: {exc}") from exc
+        if found.corrupt:  # never cut: the runs after the damage may be the only copy
+            raise ArchiveError(f"{path} is damaged: {found.corrupt}; nothing was changed "
+                               "(put the file right, or move it away and start with "
+                               "--accept-gap to go on from the slot with the gap recorded)")
         if found.stopped and not partial:
             raise ArchiveError(f"{path} is damaged: {found.stopped}")
         if found.header is not None and found.header.get("format") != records.FORMAT:

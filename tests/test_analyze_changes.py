@@ -389,3 +389,12 @@ def test_a_partial_file_damaged_in_the_middle_is_an_error_naming_the_line(
                                            r"change log record; change log records follow it "
                                            r"\(from line 15, up to 0/C0B0\)"):
         run_changes(spark, [str(log)], tmp_path / "out", report=False)
+    # a gap line (--accept-gap) is a line of its own that readers take, in either kind of file
+    gap = {"op": "gap", "lsn": "0/D000", "from_lsn": "0/C0B0", "slot": "s",
+           "recorded_at": "2026-11-26T11:00:00.000000Z"}
+    (log / "0000000000001080.jsonl").write_bytes(b"".join([*lines, record_lines(gap)]))
+    partial.unlink()
+    (log / "000000000000D000.jsonl.partial").write_bytes(
+        b"".join([lines[0], record_lines(gap), lines[1]]))
+    done = run_changes(spark, [str(log)], tmp_path / "out", report=False)
+    assert done.logs[str(log)]["transactions"] == 13

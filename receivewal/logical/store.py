@@ -213,7 +213,7 @@ class ChangeLogStore:
         run ends before it (nothing was open: every transaction committed before ``lsn`` is
         in the log); before the server is told. Nothing to do when the log proves it."""
         self.flush()
-        if lsn <= max(self.durable_through, self.held_through) and not self.new_log:
+        if lsn <= self.held_through and not self.new_log:
             return
         try:
             self._record(CONFIRMED_THROUGH, {"log_end": self.durable_through, "confirmed": lsn})

@@ -359,3 +359,42 @@ def test_a_prepared_transaction_rolled_back_is_not_counted(spark: Any, tmp_path:
     with pytest.raises(ArchiveError, match=r"0000000003000000\.jsonl: line 1 is a change log "
                                            r"of format 2, not 1$"):
         run_changes(spark, [str(log)], tmp_path / "out", report=False)
+
+
+def test_a_partial_file_damaged_in_the_middle_is_an_error_naming_the_line(
+        spark: Any, tmp_path: Path) -> None:
+    """A damaged line in the middle of a ``.partial``, valid transactions after it: one error
+    naming the file and the line (as the same damage in a complete file gives), never the
+    first four of twelve transactions counted as if the rest were a torn tail."""
+    log = tmp_path / "torn"
+    log.mkdir()
+    row = {"schema": "public", "table": "t"}
+    lines = [json.dumps({"op": "header", "format": 1, "plugin": "pgoutput"}).encode() + b"\n"]
+    for xid in range(12):
+        at = 0x1000 * (xid + 1)
+        when = f"2026-11-26T10:00:{xid:02}.000000Z"
+        lines.append(record_lines(
+            {"op": "begin", "lsn": f"0/{at:X}", "xid": xid, "commit_lsn": f"0/{at + 0x80:X}",
+             "commit_time": when},
+            {"op": "insert", "lsn": f"0/{at + 8:X}", "xid": xid, **row,
+             "new": {"id": str(xid)}},
+            {"op": "commit", "lsn": f"0/{at + 0x80:X}", "xid": xid,
+             "commit_lsn": f"0/{at + 0x80:X}", "end_lsn": f"0/{at + 0xB0:X}",
+             "commit_time": when}))
+    data = b"".join(lines).splitlines(keepends=True)
+    data[13] = b'{"op":"begin","lsn":"0/5\x00\x00\n'  # the fifth transaction's begin
+    partial = log / "0000000000001080.jsonl.partial"
+    partial.write_bytes(b"".join(data))
+    with pytest.raises(ArchiveError, match=rf"^{partial}: line 14 \(at byte \d+\) is not a "
+                                           r"change log record; change log records follow it "
+                                           r"\(from line 15, up to 0/C0B0\)"):
+        run_changes(spark, [str(log)], tmp_path / "out", report=False)
+    # a gap line (--accept-gap) is a line of its own that readers take, in either kind of file
+    gap = {"op": "gap", "lsn": "0/D000", "from_lsn": "0/C0B0", "slot": "s",
+           "recorded_at": "2026-11-26T11:00:00.000000Z"}
+    (log / "0000000000001080.jsonl").write_bytes(b"".join([*lines, record_lines(gap)]))
+    partial.unlink()
+    (log / "000000000000D000.jsonl.partial").write_bytes(
+        b"".join([lines[0], record_lines(gap), lines[1]]))
+    done = run_changes(spark, [str(log)], tmp_path / "out", report=False)
+    assert done.logs[str(log)]["transactions"] == 13

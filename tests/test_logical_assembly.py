@@ -460,3 +460,27 @@ def test_a_failed_write_leaves_no_spool_file(tmp_path: Path) -> None:
     with pytest.raises(ArchiveError, match="No space left"):
         assembler.feed(*decoded[-1])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_truncate_comes_after_the_relation_lines_of_its_tables(tmp_path: Path) -> None:
+    """A TRUNCATE of tables the file has not described yet (the first transaction of a file,
+    a truncate alone): each table's relation line comes before it, as docs/changelog.md says a
+    reader can rely on (a reader following the docs refused the file)."""
+    other = w.relation(16390, "public", "other", [(True, "id", INT4, -1)])
+    store = open_store(tmp_path)
+    consume(store, [
+        (0, ITEMS), (0, other),
+        *txn(700, 0x200, w.truncate([16384, 16390], cascade=True)),
+        *txn(701, 0x400, w.insert(16390, [("t", b"1")]))]).close()
+    store.close()
+    described: set[tuple[str, str]] = set()
+    for record in read_log(tmp_path):
+        if record["op"] == "relation":
+            described.add((record["schema"], record["table"]))
+        elif record["op"] == "truncate":
+            assert {tuple(name) for name in record["tables"]} <= described, record
+        elif "table" in record:
+            assert (record["schema"], record["table"]) in described, record
+    assert [r["op"] for r in read_log(tmp_path)] == [
+        "header", "relation", "relation", "begin", "truncate", "commit", "begin", "insert",
+        "commit"]

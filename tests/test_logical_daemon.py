@@ -38,7 +38,8 @@ class Server(ScriptedConnection):
     """A scripted logical walsender: IDENTIFY_SYSTEM on database app, the slot as given."""
 
     def __init__(self, script: list[bytes | WalRun], stop: Stop,
-                 slot: tuple[str | None, ...] | None = ("logical", "pgoutput", "app", "reserved"),
+                 slot: tuple[str | None, ...] | None = (
+                     "logical", "pgoutput", "app", "reserved", "0/0"),
                  ) -> None:
         super().__init__(script, stop)
         self.slot = slot
@@ -186,10 +187,10 @@ def test_a_scattered_run_keeps_each_messages_own_lsn(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("slot", "words"), [
     (None, 'replication slot "logical" does not exist'),
-    (("logical", "pgoutput", "app", "lost"), 'replication slot "logical" is invalidated'),
-    (("physical", None, None, "reserved"), "is a physical slot, not logical"),
-    (("logical", "test_decoding", "app", "reserved"), 'uses plugin "test_decoding"'),
-    (("logical", "pgoutput", "other", "reserved"), 'belongs to database "other"'),
+    (("logical", "pgoutput", "app", "lost", "0/0"), 'replication slot "logical" is invalidated'),
+    (("physical", None, None, "reserved", "0/0"), "is a physical slot, not logical"),
+    (("logical", "test_decoding", "app", "reserved", "0/0"), 'uses plugin "test_decoding"'),
+    (("logical", "pgoutput", "other", "reserved", "0/0"), 'belongs to database "other"'),
 ])
 def test_a_slot_that_cannot_stream_is_an_error_at_once(
         tmp_path: Path, slot: tuple[str | None, ...] | None, words: str) -> None:
@@ -225,7 +226,7 @@ def test_a_change_log_of_another_slot_is_not_resumed(tmp_path: Path) -> None:
     connects, naming the file and the slot it was written with (resuming would skip this
     slot's changes up to where the other one's ended)."""
     first = Server([build_xlogdata(0x1000, 0x1000, 0, ITEMS), *transaction(0x1100, 701, "one")],
-                   Stop(), slot=("logical", "pgoutput", "app", "reserved"))
+                   Stop(), slot=("logical", "pgoutput", "app", "reserved", "0/0"))
     other = settings(tmp_path)
     other = LogicalSettings(replace(other.base, slot="other"), publications=("pub",),
                             proto_version=1)

@@ -5,6 +5,7 @@ transaction exactly once, in commit order."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -360,3 +361,66 @@ def reference_of(tmp_path: Path, messages: list[Message]) -> list[list[dict[str,
     consume(store, messages).close()
     store.close()
     return runs(read_log(directory))
+
+
+def test_a_damaged_line_followed_by_records_is_corruption_not_a_torn_tail(
+        tmp_path: Path) -> None:
+    """One line in the middle of the partial file damaged: the store does not open, naming
+    the file, the line and the LSNs on both sides, and changes nothing (cutting there would
+    lose every later run the slot had already confirmed). Damage with nothing readable after
+    it (a torn tail, zeros and all) is cut as before."""
+    store = open_store(tmp_path)
+    consume(store, WORK).close()
+    store.close()
+    (partial,) = log_files(tmp_path)
+    lines = partial.read_bytes().splitlines(keepends=True)
+    ends = [n for n, line in enumerate(lines) if b'"op":"commit"' in line]
+    middle = ends[len(ends) // 2]
+    whole_through = json.loads(lines[middle])["end_lsn"]
+    damaged = b"".join([*lines[:middle + 1], b'{"op":"insert","lsn":"0/1\x00\n',
+                        *lines[middle + 2:]])
+    partial.write_bytes(damaged)
+    with pytest.raises(ArchiveError) as refused:
+        open_store(tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{partial} is damaged: line {middle + 2} (at byte ")
+    assert f"change log records follow it (from line {middle + 3}, up to " in message
+    assert f"the file is whole through {whole_through})" in message
+    assert "not a torn tail" in message
+    assert partial.read_bytes() == damaged
+    # a whole line out of place (a commit outside a run) is no torn tail either, even last
+    out_of_place = b"".join([*lines[:middle + 1], lines[ends[-1]]])
+    partial.write_bytes(out_of_place)
+    with pytest.raises(ArchiveError, match=rf"line {middle + 2} .* is out of place .* it is a "
+                                           "whole line, not a torn tail"):
+        open_store(tmp_path)
+    assert partial.read_bytes() == out_of_place
+    # what a crash leaves after the last whole line: garbage, zeros, a cut line
+    torn = b"".join([*lines[:middle + 1], b"\x00" * 300, b"\n\xff\xfe\n", lines[middle + 1][:9]])
+    partial.write_bytes(torn)
+    store = open_store(tmp_path)
+    assert store.written_through == parse_lsn(whole_through)
+    store.close()
+    assert partial.read_bytes() == b"".join(lines[:middle + 1])
+
+
+def test_analyzes_reader_refuses_the_same_damage_in_a_partial_file(tmp_path: Path) -> None:
+    """``analyze --changes`` reads a ``.partial`` up to its last complete run through
+    :func:`receivewal.check.changes.file_lines`: a damaged line followed by records is an
+    error naming the line there too (Spark's end-to-end case: tests/test_analyze_changes.py)."""
+    from receivewal.check.changes import file_lines  # noqa: PLC0415 - analyze's reader
+
+    store = open_store(tmp_path)
+    consume(store, WORK[:40]).close()
+    store.close()
+    (partial,) = log_files(tmp_path)
+    row = {"base": str(tmp_path), "file": partial.name, "compression": "", "partial": True}
+    whole = list(file_lines(row))
+    lines = partial.read_bytes().splitlines(keepends=True)
+    assert whole == [line.rstrip(b"\n") for line in lines]
+    partial.write_bytes(b"".join([*lines[:3], b"garbage\n", *lines[4:]]))
+    with pytest.raises(ArchiveError, match=r"^line 4 \(at byte \d+\) is not a change log "
+                                           r"record; change log records follow it"):
+        list(file_lines(row))
+    partial.write_bytes(b"".join([*lines[:-1], b"garbage\n", lines[-1][:5]]))  # a torn tail
+    assert list(file_lines(row))[-1] != b"garbage"

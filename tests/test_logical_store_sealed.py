@@ -106,3 +106,48 @@ def test_a_sealed_newest_file_without_its_record_is_refused(tmp_path: Path,
     with pytest.raises(ArchiveError, match=f"its newest file {newest} is sealed and "
                                            f"{SEALED_THROUGH} does not say where it ends"):
         open_store(log, **SETTINGS)
+
+
+@pytest.mark.parametrize("compression", ["", "zstd"])
+def test_a_kill_between_the_rename_and_the_sealing_leaves_no_plain_file(
+        tmp_path: Path, key: KeyPair, compression: str) -> None:
+    """SIGKILLed once the completed file has its final name (its ``.partial`` still there
+    when compressed), before ``.sealed-through`` named it: the next open removes the
+    ``.partial``, seals the plain file (a sealed log never keeps one at rest) and resumes
+    after it; each transaction once."""
+    settings = {**SETTINGS, "compression": compression}
+    expected = reference(tmp_path, **settings)
+    log = tmp_path / "log"
+    log.mkdir()
+    store = open_store(log, **settings, recipients=recipient_set([key.recipient]))
+    consume(store, WORK[:len(WORK) // 2]).close()
+    store.close()
+    partial = log_files(log)[-1]
+    assert partial.name.endswith(".partial")
+    data = partial.read_bytes()
+    final = partial.with_name(partial.name.removesuffix(".partial")
+                              + (".zst" if compression else ""))
+    final.write_bytes(zstandard.ZstdCompressor().compress(data) if compression else data)
+    if not compression:  # renamed: no .partial left
+        partial.unlink()
+    store = open_store(log, **settings, recipients=recipient_set([key.recipient]))
+    store.close()
+    assert not final.exists()
+    assert not partial.exists()
+    assert final.with_name(final.name + ".age").exists()
+    assert json.loads((log / SEALED_THROUGH).read_text())["file"] == final.name + ".age"
+    store = open_store(log, **settings, recipients=recipient_set([key.recipient]))
+    consume(store, WORK).close()
+    store.close()
+    assert not [p for p in log_files(log) if not p.name.endswith((".age", ".partial"))]
+    got = []
+    for path in log_files(log):
+        if path.name.endswith(".age"):
+            data = decrypt_bytes(path.read_bytes(), load_identity_file(str(key.path)),
+                                 file=str(path))
+            if compression:
+                data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+            got += [json.loads(line) for line in data.splitlines()]
+        else:
+            got += file_records(path)
+    assert runs(got) == expected

@@ -72,7 +72,7 @@ WRITES_OTHER = {
     "backup/upload.py::BucketBackup._put_recipients": "a sealed backup file's recipients object",
     "backup/upload.py::BucketBackup.write_manifest": "a base backup's manifest, in a bucket",
     "backup/upload.py::BucketBackup.commit": "a base backup's record, in a bucket",
-    "logical/store.py::ChangeLogStore._seal": "a change log file sealed (no WAL)",
+    "logical/store.py::ChangeLogStore._record": "a change log's small records (no WAL)",
 }
 
 

@@ -5,7 +5,8 @@ The driver lists each change log directory as ``analyze`` lists a WAL archive (a
 ``s3://`` with boto3; a Hadoop URI with Spark's ``binaryFile`` source) and keeps the files
 named as the log names them (``.jsonl``, ``.jsonl.zst``, and the ``.partial`` being written,
 read as a WAL archive's ``.partial`` segment is: up to the end of its last complete
-transaction, :func:`receivewal.logical.scan.scan_file`). The executors read the files
+transaction, :func:`receivewal.logical.scan.scan_file`; a damaged line followed by records is
+an error naming it, as in a complete file, never a torn tail). The executors read the files
 (``mapInArrow`` over one row per file): each opens its file with the archive's opener,
 decompresses it a chunk at a time and hands back its lines in Arrow batches, never the whole
 file, each line with the time and gid of the ``begin`` before it (only those lines are parsed
@@ -104,8 +105,15 @@ def _path(row: dict[str, Any]) -> str:
 
 def file_lines(row: dict[str, Any]) -> Iterator[bytes]:
     """The lines of one file without their newlines, read in chunks (a ``.partial`` up to the
-    end of its last complete run: read once to find it, then again)."""
-    left = scan_file(_chunks(row)).good_size if row["partial"] else None
+    end of its last complete run: read once to find it, then again). A ``.partial`` with a
+    damaged line followed by records is an ArchiveError naming the line: damage inside the
+    file, not a torn tail (a complete file's damaged line is found by Spark's parse)."""
+    left = None
+    if row["partial"]:
+        found = scan_file(_chunks(row))
+        if found.corrupt:
+            raise ArchiveError(found.corrupt)
+        left = found.good_size
     tail = b""
     for whole in _chunks(row):
         chunk = whole if left is None else whole[:left]

@@ -114,6 +114,12 @@ class LogicalOptions:
     origin: str | None = option(
         None, "--origin", setting="origin", choices=ORIGINS,
         help="Changes from any origin, or only those with none (PostgreSQL 16).")
+    accept_gap: bool = option(
+        False, "--accept-gap", setting="accept_gap",
+        help="When the slot was confirmed past the end of the change log (its files damaged "
+        "or removed, the slot created again), go on from the slot and record the gap in the "
+        "log as a line of its own (op gap) instead of refusing to start. Give it once, for "
+        "the start that needs it.")
     status_interval: float = same_option("status_interval")
     no_sync: bool = same_option(
         "no_sync",

@@ -3,7 +3,10 @@
 Per connection (``replication=database``): IDENTIFY_SYSTEM (the connection must name its
 database), the slot read from pg_replication_slots (it must exist, be logical, of the
 plugin asked for, in this database, and not invalidated: each is an error that retrying
-cannot cure), then ``START_REPLICATION SLOT s LOGICAL <lsn> (options)`` at the change log's
+cannot cure), the slot's ``confirmed_flush_lsn`` against what the change log holds (a slot
+confirmed past the log's end would never send the transactions in between again: refused,
+naming both LSNs, unless --accept-gap records the gap in the log; a new log begins at the
+slot's position), then ``START_REPLICATION SLOT s LOGICAL <lsn> (options)`` at the change log's
 ``written_through`` (the server skips what committed before it; a run it sends again anyway
 is skipped by its end LSN) and the COPY loop
 (:mod:`receivewal.daemon.copyloop`) feeding the change log
@@ -12,6 +15,7 @@ is skipped by its end LSN) and the COPY loop
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable
 
@@ -19,11 +23,12 @@ from receivewal.daemon import events as ev
 from receivewal.daemon.changefeed import ChangeFeed
 from receivewal.daemon.copyloop import CopyLoop
 from receivewal.daemon.logicalsettings import LogicalSettings
-from receivewal.errors import ConfigurationError, ConnectionLost
+from receivewal.errors import ArchiveError, ConfigurationError, ConnectionLost
 from receivewal.logical.consumer import ChangeLogConsumer
 from receivewal.logical.store import ChangeLogStore
 from receivewal.replication.commands import (
     DatabaseInfo,
+    LogicalSlot,
     identify_database,
     read_logical_slot,
     start_logical_replication_command,
@@ -65,6 +70,31 @@ class LogicalSession:
             raise ConfigurationError(f'replication slot "{slot_name}" belongs to database '
                                      f'"{slot.database}", not "{info.database}"')
         self.settings.start_options(info.version)  # a protocol the server lacks: exit now
+        self._check_slot_against_log(self.store, slot_name, slot)
+
+    def _check_slot_against_log(self, store: ChangeLogStore, name: str,
+                                slot: LogicalSlot) -> None:
+        """The slot's confirmed position against what the change log holds: a slot confirmed
+        past it is a gap (ArchiveError, not retried) unless --accept-gap records it; a new
+        log notes where it begins."""
+        confirmed = slot.confirmed_flush or 0
+        if store.new_log:
+            store.mark_confirmed(confirmed)  # it begins at the slot: nothing before is its
+            return
+        held = store.held_through
+        if confirmed <= held:
+            return
+        if not self.settings.accept_gap:
+            raise ArchiveError(
+                f'replication slot "{name}" was confirmed through {format_lsn(confirmed)}, but '
+                f"the change log in {store.directory} holds transactions only up to "
+                f"{format_lsn(held)}: what committed between {format_lsn(held)} and "
+                f"{format_lsn(confirmed)} is not in the log and the slot will not send it "
+                "again (change files damaged, removed or restored from an older copy, or the "
+                "slot dropped and created again); nothing was written. Start once with "
+                "--accept-gap to go on from the slot with the gap recorded in the log")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        store.write_gap(held, confirmed, name, now)
 
     def run(self) -> str:
         """Stream from the change log's end; return "stopped" or "endpos"."""

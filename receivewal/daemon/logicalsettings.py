@@ -42,6 +42,7 @@ class LogicalSettings:
     origin: str | None = None  # "any" or "none"; None: the server's default
     file_size: int = DEFAULT_FILE_SIZE
     files_compression: CompressSpec = NO_COMPRESSION
+    accept_gap: bool = False  # a slot confirmed past the log: go on, the gap recorded
 
     def validate(self) -> LogicalSettings:
         """Raise ConfigurationError for what cannot run (the base's checks too)."""

@@ -44,7 +44,9 @@ class Run:
 
     ``relations`` are the tables its lines need described, as they were at their first change;
     ``lines`` pairs each line with the relation version it was made with (None: none), and
-    must be read once. ``name_lsn`` names a file the run starts (its commit LSN).
+    must be read once; an empty line asks only for its table's description there (a
+    truncate's tables, each before the truncate line). ``name_lsn`` names a file the run
+    starts (its commit LSN).
     """
 
     name_lsn: int
@@ -319,6 +321,8 @@ class Assembler:
     def _truncate(self, lsn: int, message: m.Truncate) -> None:
         txn = self._target(lsn, message.xid, "Truncate")
         tables = [self._relation(lsn, relation_id) for relation_id in message.relation_ids]
+        for info in tables:  # no line: each table described, as it is now, before the truncate
+            txn.add(info, b"")
         txn.add(None, records.truncate(lsn, txn.xid, tables, message))
 
     def _message(self, lsn: int, message: m.Message) -> None:

@@ -16,7 +16,9 @@ the same idea, issue 26):
 ``flush() -> int``
     fsyncs what was written and returns the LSN the slot may be confirmed to (the ``flush``
     and ``apply`` fields of the standby status update): the end of the last durable run,
-    or a keepalive's walEnd as above; never less than before.
+    or a keepalive's walEnd as above (recorded durably first in the store's
+    ``.confirmed-through``, which the start-up check of the slot reads); never less than
+    before.
 ``close()``
     The connection ended: transactions still open are dropped (the server sends them
     again from the slot) and their spool files removed. The store stays open for the next
@@ -83,8 +85,13 @@ class ChangeLogConsumer:
             self._idle = max(self._idle, wal_end)
 
     def flush(self) -> int:
-        """Make what was written durable; the LSN the slot may be confirmed to."""
-        self.confirmed = max(self.confirmed, self.store.flush(), self._idle)
+        """Make what was written durable; the LSN the slot may be confirmed to (a keepalive's
+        walEnd beyond the last run recorded durably first: the start-up check of the slot
+        counts the log as holding it)."""
+        durable = self.store.flush()
+        if self._idle > max(durable, self.confirmed):
+            self.store.mark_confirmed(self._idle)
+        self.confirmed = max(self.confirmed, durable, self._idle)
         return self.confirmed
 
     def close(self) -> None:

@@ -66,18 +66,28 @@ _RUN_STARTS = ("begin", "begin_prepare")
 def run_end(record: dict[str, Any]) -> int | None:
     """Where the run that ``record`` ends ends in the WAL (what a resumed stream is compared
     with), None when it ends no run: a commit's or a prepare's end LSN, a rollback's, a
-    non-transactional message's LSN plus one."""
+    non-transactional message's LSN plus one, a gap's LSN (where the slot had been confirmed
+    to)."""
     op = record.get("op")
     if op in _RUN_ENDS:
         return parse_lsn(record[_RUN_ENDS[op]])
     if op == "message" and record.get("transactional") is False:
         return parse_lsn(record["lsn"]) + 1
+    if op == "gap":
+        return parse_lsn(record["lsn"])
     return None
 
 
 def starts_run(record: dict[str, Any]) -> bool:
     """Whether ``record`` opens a run that a later line ends (begin, begin_prepare)."""
     return record.get("op") in _RUN_STARTS
+
+
+def gap(lsn: int, from_lsn: int, slot: str, recorded_at: str) -> bytes:
+    """A gap accepted with --accept-gap: what committed after ``from_lsn`` (where the log
+    ended) and up to ``lsn`` (where the slot had been confirmed to) is not in the log."""
+    return encode({"op": "gap", "lsn": format_lsn(lsn), "from_lsn": format_lsn(from_lsn),
+                   "slot": slot, "recorded_at": recorded_at})
 
 
 def begin(lsn: int, xid: int, commit_lsn: int, commit_time: int) -> bytes:

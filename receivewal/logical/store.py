@@ -15,6 +15,15 @@ recovers from a crash at any point: it removes leftover temporary files and a pa
 whose compressed copy was completed, cuts the partial file after its last complete run (a
 file with no complete run goes), and reports in :attr:`~ChangeLogStore.written_through` the
 end of the last run on disk, so that the runs a resumed stream sends again are skipped.
+
+What the log holds is checked against the slot at every start (the session compares the
+slot's ``confirmed_flush_lsn`` with :attr:`~ChangeLogStore.held_through`): a slot confirmed
+past the log's end means transactions the slot will never send again are missing from it.
+The log itself proves it holds everything up to its last run's end; beyond that, a slot
+confirmed to a keepalive's walEnd while nothing was open is proven by
+:data:`CONFIRMED_THROUGH` (:meth:`ChangeLogStore.mark_confirmed`, made durable before the
+server is told), which says where the log ended when it was written, so that a log that has
+since lost its newest runs (a damaged ``.partial`` moved away) does not count it.
 """
 
 from __future__ import annotations
@@ -49,6 +58,10 @@ _NAME = re.compile(r"^([0-9A-F]{16})\.jsonl(\.zst)?(\.age)?(\.partial)?$")
 #: The plain record of the sealed files' end: which file was sealed last and the end LSN of
 #: its last run (written before it is sealed: resuming after it needs no key).
 SEALED_THROUGH = ".sealed-through"
+#: Where the slot was confirmed beyond the log's last run (a keepalive's walEnd while nothing
+#: was open; a new log's start, the slot's position then) and where the log ended then (plain
+#: JSON): what the start-up check of the slot counts the log as holding.
+CONFIRMED_THROUGH = ".confirmed-through"
 _WRITE_BUFFER = 1 << 20
 _CHUNK = 1 << 20
 
@@ -104,6 +117,8 @@ class ChangeLogStore:
         self.written_through = 0  # end LSN of the last run written (durable or not)
         self.durable_through = 0  # end LSN of the last run fsynced
         self.last_name = -1  # the LSN in the newest file's name
+        self._beyond = 0  # where the slot was confirmed past the runs (CONFIRMED_THROUGH)
+        self.new_log = True  # neither a change file nor CONFIRMED_THROUGH when opened
         self._fd: int | None = None
         self._partial: Path | None = None
         self._size = 0  # the partial file's size, pending bytes included
@@ -170,11 +185,55 @@ class ChangeLogStore:
             self._resume(*partials[0])
         durable.sync_path(self.directory, sync=self.settings.sync)
         self.durable_through = self.written_through
+        marked = self._confirmed_through()
+        self.new_log = self.last_name == -1 and marked is None
+        if marked is not None and marked[0] <= self.written_through:  # else the log lost runs
+            self._beyond = marked[1]
+
+    @property
+    def held_through(self) -> int:
+        """Up to where the log holds every transaction the slot sent: the end of its last run,
+        or further where :data:`CONFIRMED_THROUGH` proves it."""
+        return max(self.written_through, self._beyond)
+
+    def _confirmed_through(self) -> tuple[int, int] | None:
+        """What :data:`CONFIRMED_THROUGH` says: (where the log ended, where the slot was
+        confirmed to)."""
+        path = self.directory / CONFIRMED_THROUGH
+        try:
+            document = json.loads(path.read_bytes()[:4096])
+            return int(document["log_end"]), int(document["confirmed"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ArchiveError(f"{path} is damaged: {exc}") from exc
+
+    def mark_confirmed(self, lsn: int) -> None:
+        """Record, durably, that the slot may be confirmed to ``lsn`` though the log's last
+        run ends before it (nothing was open: every transaction committed before ``lsn`` is
+        in the log); before the server is told. Nothing to do when the log proves it."""
+        self.flush()
+        if lsn <= self.held_through and not self.new_log:
+            return
+        try:
+            self._record(CONFIRMED_THROUGH, {"log_end": self.durable_through, "confirmed": lsn})
+        except OSError as exc:
+            raise _failure(f"cannot write {self.directory / CONFIRMED_THROUGH}", exc) from exc
+        self.new_log = False
+        self._beyond = max(self._beyond, lsn)
+
+    def write_gap(self, from_lsn: int, lsn: int, slot: str, recorded_at: str) -> None:
+        """--accept-gap: a line of its own saying that what committed after ``from_lsn``
+        and up to ``lsn`` is not in the log, written as a run that ends at ``lsn`` (the
+        stream resumes there), and made durable."""
+        self.write_run(Run(lsn, lsn, [], iter([(None, records.gap(lsn, from_lsn, slot,
+                                                                   recorded_at))])))
+        self.flush()
 
     def _newest_end(self, newest: Path) -> int:
         """The end LSN of the last run of the newest complete file: read from it, or for a
-        sealed one from :data:`SEALED_THROUGH`; a file whose sealing a crash interrupted is
-        sealed now."""
+        sealed one from :data:`SEALED_THROUGH`; with --encrypt-to, a plain one (a kill came
+        after it was completed, before or while it was sealed) is sealed now."""
         marked = self._sealed_through()
         if is_sealed(newest.name):
             if marked is None or marked[0] != newest.name:
@@ -185,8 +244,10 @@ class ChangeLogStore:
         found = self._scan(newest)
         self._check_header(newest, found)
         recipients = self.settings.recipients
-        if recipients is not None and marked is not None \
-                and marked[0] == newest.name + ENCRYPTED_SUFFIX:
+        if recipients is not None:  # a kill came after it was completed, before it was sealed
+            if marked != (newest.name + ENCRYPTED_SUFFIX, found.last_end):
+                self._record(SEALED_THROUGH, {"file": newest.name + ENCRYPTED_SUFFIX,
+                                              "end_lsn": found.last_end})
             seal_file(newest, recipients, mode=self.settings.mode, sync=self.settings.sync)
         return found.last_end
 
@@ -207,11 +268,15 @@ class ChangeLogStore:
         recipients = self.settings.recipients
         if recipients is None:
             return final
-        record = {"file": final.name + ENCRYPTED_SUFFIX, "end_lsn": self.written_through}
-        durable.write_file_durably(self.directory, SEALED_THROUGH,
-                                   json.dumps(record).encode() + b"\n",
-                                   mode=self.settings.mode, sync=self.settings.sync)
+        self._record(SEALED_THROUGH, {"file": final.name + ENCRYPTED_SUFFIX,
+                                      "end_lsn": self.written_through})
         return seal_file(final, recipients, mode=self.settings.mode, sync=self.settings.sync)
+
+    def _record(self, name: str, document: dict[str, Any]) -> None:
+        """Write the small plain record ``name`` (:data:`SEALED_THROUGH`,
+        :data:`CONFIRMED_THROUGH`) durably. Raises OSError."""
+        durable.write_file_durably(self.directory, name, json.dumps(document).encode() + b"\n",
+                                   mode=self.settings.mode, sync=self.settings.sync)
 
     def _scan(self, path: Path) -> FileScan:
         parsed = parse_file_name(path.name)
@@ -224,6 +289,10 @@ class ChangeLogStore:
                 found = scan_file(chunks)
             except ArchiveError as exc:  # the compressed stream is damaged
                 raise ArchiveError(f"{path} is damaged: {exc}") from exc
+        if found.corrupt:  # never cut: the runs after the damage may be the only copy
+            raise ArchiveError(f"{path} is damaged: {found.corrupt}; nothing was changed "
+                               "(put the file right, or move it away and start with "
+                               "--accept-gap to go on from the slot with the gap recorded)")
         if found.stopped and not partial:
             raise ArchiveError(f"{path} is damaged: {found.stopped}")
         if found.header is not None and found.header.get("format") != records.FORMAT:

@@ -104,24 +104,27 @@ class LogicalSlot:
     plugin: str
     database: str
     wal_status: str | None  # reserved, extended, unreserved, lost (None: not reserved yet)
+    confirmed_flush: int | None = None  # confirmed_flush_lsn (None: not set yet)
 
 
 def read_logical_slot(conn: ReplicationLink, slot: str) -> LogicalSlot:
-    """The logical slot ``slot``; ConfigurationError when it does not exist, is physical, or
+    """The logical slot ``slot``, with the position the server was last told is flushed
+    (``confirmed_flush_lsn``); ConfigurationError when it does not exist, is physical, or
     was invalidated (its WAL removed: it can never stream again)."""
-    rows = conn.query("SELECT slot_type, plugin, database, wal_status FROM "  # noqa: S608 - a
-                      "pg_catalog.pg_replication_slots WHERE slot_name = "  # quoted literal
-                      + quote_literal(slot))
+    rows = conn.query("SELECT slot_type, plugin, database, wal_status, "  # noqa: S608 - a
+                      "confirmed_flush_lsn FROM pg_catalog.pg_replication_slots "  # quoted
+                      "WHERE slot_name = " + quote_literal(slot))  # literal
     if not rows:
         raise ConfigurationError(f'replication slot "{slot}" does not exist (create it with '
                                  "--create-slot)")
-    slot_type, plugin, database, wal_status = rows[0][:4]
+    slot_type, plugin, database, wal_status, confirmed = rows[0][:5]
     if slot_type != "logical" or plugin is None or database is None:
         raise ConfigurationError(f'replication slot "{slot}" is a {slot_type} slot, not logical')
     if wal_status == "lost":
         raise ConfigurationError(f'replication slot "{slot}" is invalidated: the server removed '
                                  "WAL it needs (wal_status lost); drop it and create it again")
-    return LogicalSlot(plugin, database, wal_status)
+    return LogicalSlot(plugin, database, wal_status,
+                       None if confirmed is None else parse_lsn(confirmed))
 
 
 def create_logical_slot(conn: ReplicationLink, slot: str, plugin: str, *, two_phase: bool,

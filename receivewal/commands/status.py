@@ -41,6 +41,7 @@ from receivewal.daemon.health import (
 from receivewal.daemon.state import State, state_to_dict
 from receivewal.errors import ReceivewalError
 from receivewal.logical.store import ChangeLogContents, change_log_contents
+from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
 
 Contents = ArchiveSummary | ChangeLogContents | str  # str: why it cannot be read
@@ -105,13 +106,13 @@ def _print(verdict: Verdict, state: State | None, now: float,
             "state": None if state is None else state_to_dict(state),
             **contents,
         }
-        click.echo(json.dumps(document, indent=2))
+        click.echo(redacted(json.dumps(document, indent=2)))
     else:
-        click.echo(verdict.summary)
+        click.echo(redacted(verdict.summary))
         if state is not None:
             click.echo("")
             for line in describe(state, now, _archive_lines(summary)):
-                click.echo(line)
+                click.echo(redacted(line))
 
 
 def _archive_lines(summary: Contents) -> list[tuple[str, str]]:

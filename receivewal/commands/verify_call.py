@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 
 from receivewal.commands.plain import FLAG, Option, Plain, read_options
+from receivewal.secrets import is_private_key, key_given_as_file, redacted
 
 TYPE_CHECKING = False  # typing itself costs the call a few ms
 if TYPE_CHECKING:
@@ -156,13 +157,17 @@ def run(call: Call) -> int:
         StoreError,
     )
 
+    if call.identity and is_private_key(call.identity):
+        _echo(f"receivewal: error: {key_given_as_file('--identity (or RECEIVEWAL_IDENTITY)')}",
+              sys.stderr)
+        return 1
     try:
         try:
             text, status = verify_text(call.archive, as_json=call.as_json, jobs=call.jobs,
                                        start=call.start, compressibility=call.compressibility,
                                        identity=call.identity)
         except (ArchiveError, ConfigurationError, StoreError) as exc:
-            _echo(f"receivewal: error: {exc}", sys.stderr)
+            _echo(redacted(f"receivewal: error: {exc}"), sys.stderr)
             return 1
         return deliver(lambda: _echo(text, sys.stdout), status)
     except (EOFError, KeyboardInterrupt):  # click: a new line, then the group's one line

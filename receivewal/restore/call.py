@@ -30,6 +30,7 @@ import time
 
 from receivewal.errors import ReceivewalError
 from receivewal.restore import served
+from receivewal.secrets import is_private_key, key_given_as_file, redacted
 from receivewal.wal.leannames import is_segment_name
 
 TYPE_CHECKING = False
@@ -101,6 +102,9 @@ def run(call: Call) -> int:
     """Restore the file; the exit status for PostgreSQL."""
     if not call.directory:  # it would name the current directory
         return _say("error: the archive directory (-D) is empty", DAMAGED)
+    if call.identity and is_private_key(call.identity):
+        return _say(f"error: {key_given_as_file('--identity (or RECEIVEWAL_IDENTITY)')}",
+                    DAMAGED)
     if is_bucket_url(call.directory):
         call.deadline = time.monotonic() + restore_timeout()
     spooled = call.window > 0 and bool(call.target) and is_segment_name(call.wal_name)
@@ -274,7 +278,8 @@ def source_id(directory: str) -> str:
 
 
 def _say(message: str, status: int) -> int:
-    sys.stderr.write(f"receivewal restore: {message}\n")
+    """Write ``message`` to stderr (PostgreSQL's server log), its secrets masked."""
+    sys.stderr.write(f"receivewal restore: {redacted(message)}\n")
     sys.stderr.flush()
     return status
 

@@ -40,8 +40,8 @@ def redact_secrets(_logger: object, _method: str, event: Any) -> Any:
     for key, value in event.items():
         if isinstance(value, str):
             event[key] = redacted(value)
-        elif isinstance(value, BaseException):
-            event[key] = redacted(str(value))
+        elif isinstance(value, BaseException) and redacted(text := str(value)) != text:
+            event[key] = redacted(text)  # else the exception stays as the renderer shows it
     return event
 
 

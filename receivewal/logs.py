@@ -8,6 +8,8 @@ from typing import Any
 
 import structlog
 
+from receivewal.secrets import redacted
+
 
 def configure_logging(verbose: int = 0, json: bool | None = None) -> None:
     """Log to stderr; ``verbose`` 0 = info, 1+ = debug. JSON unless stderr is a terminal."""
@@ -15,6 +17,7 @@ def configure_logging(verbose: int = 0, json: bool | None = None) -> None:
     if json is None:
         json = not sys.stderr.isatty()
     processors: list[Any] = [
+        redact_secrets,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
@@ -29,6 +32,17 @@ def configure_logging(verbose: int = 0, json: bool | None = None) -> None:
         logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
+
+
+def redact_secrets(_logger: object, _method: str, event: Any) -> Any:
+    """structlog processor: every text of an event through :func:`~receivewal.secrets.redacted`
+    (a path or URL an error quotes may hold a password or a private key an operator gave)."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = redacted(value)
+        elif isinstance(value, BaseException) and redacted(text := str(value)) != text:
+            event[key] = redacted(text)  # else the exception stays as the renderer shows it
+    return event
 
 
 def _stderr_logger(*_args: Any) -> structlog.PrintLogger:

@@ -193,3 +193,64 @@ def test_a_spool_record_is_never_written_through_a_file_at_its_temporary_name(
     spoolfiles.record_wanted(str(spool), name_of(4))
     assert precious.read_text() == "keep me"
     assert spoolfiles.wanted(str(spool)) == name_of(4)
+
+
+# -- issue 31, item 10 -----------------------------------------------------------------------------
+def spool_filled(tmp_path: Path) -> tuple[Path, Path, Spool]:
+    """An archive of cluster SYSID, a call for segment 3 with prefetch on, and the live
+    filler's spool holding segments 4 and 5."""
+    archive = tmp_path / "archive"
+    fill_archive(archive, SYSID, range(3, 8))
+    pg_wal = tmp_path / "pg_wal"
+    pg_wal.mkdir()
+    target = pg_wal / "RECOVERYXLOG"
+    assert restore(archive, name_of(3), target).returncode == 0
+    spool = Spool.beside(target, source_id(str(archive)))
+    wait_until(lambda: {name_of(4), name_of(5)} <= set(os.listdir(spool.dir)),
+               "the filler to spool segments 4 and 5")
+    return archive, target, spool
+
+
+def swap_in(archive: Path, sysid: int) -> None:
+    """Put another archive directory of cluster ``sysid`` at ``archive``'s path (rename)."""
+    other = archive.with_name("incoming")
+    fill_archive(other, sysid, range(3, 8))
+    archive.rename(archive.with_name("old"))
+    other.rename(archive)
+
+
+def test_an_archive_swapped_for_another_clusters_under_a_live_filler_is_refused(
+        tmp_path: Path) -> None:
+    """The filler of cluster X's archive still lives with segments 4 and 5 spooled when the
+    directory at that path is swapped for cluster Y's archive: the next calls exit 126 naming
+    both systems, and nothing is written to %p (before: segment 4 came from the old spool,
+    exit 0, and the later calls restored Y's WAL into X's recovery)."""
+    assert spoolfiles.IDENTITY_FILE == IDENTITY
+    archive, target, _spool = spool_filled(tmp_path)
+    before = target.read_bytes()
+    swap_in(archive, OTHER)
+    try:
+        for segno in (4, 6):
+            done = restore(archive, name_of(segno), target)
+            assert done.returncode == 126, done.stderr
+            assert f"now holds database system {OTHER}'s WAL" in done.stderr, done.stderr
+            assert f"were system {SYSID}'s" in done.stderr, done.stderr
+            assert "Traceback" not in done.stderr
+            assert target.read_bytes() == before
+    finally:
+        kill_the_filler(target.parent)
+
+
+def test_the_same_clusters_archive_put_back_at_the_path_is_still_served(
+        tmp_path: Path) -> None:
+    """A copy of the same cluster's archive put at the path (another directory, another
+    identity file, the same system) is not a mismatch: the spooled segment is served."""
+    archive, target, _spool = spool_filled(tmp_path)
+    swap_in(archive, SYSID)
+    try:
+        done = restore(archive, name_of(4), target)
+        assert done.returncode == 0, done.stderr
+        assert "from the prefetch spool" in done.stderr
+        assert target.read_bytes() == wal_segment(4)
+    finally:
+        kill_the_filler(target.parent)

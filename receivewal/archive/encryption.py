@@ -54,6 +54,7 @@ from receivewal.archive.recipients import (
     require_readable,
 )
 from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.secrets import is_private_key, key_given_as_file
 
 #: The most plaintext an :class:`Encryptor` or a :func:`decrypting_reader` holds between its
 #: caller and pyrage's thread.
@@ -138,7 +139,11 @@ def load_identity_file(path: str) -> Keys:
     """The X25519 identities of the file at ``path``, as ``age-keygen`` writes it: lines
     ``AGE-SECRET-KEY-1...``, blank lines and ``#`` comments. A FIFO works (``<(...)``).
     KeyFileError naming the file (and line) when it is missing, unreadable, too large or
-    holds anything else, or no identity at all."""
+    holds anything else, or no identity at all; one that is a key itself (given instead of
+    its file) is refused without being shown."""
+    if is_private_key(path):
+        raise KeyFileError(key_given_as_file("the identity file (--identity, "
+                                             "RECEIVEWAL_IDENTITY)"))
     try:
         with open(path, "rb") as fh:
             data = fh.read(IDENTITY_FILE_CAP + 1)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.secrets import redacted
 
 SCHEME = "s3://"
 # S3's rules for bucket names (3-63 characters: lowercase letters, digits, dots, hyphens,
@@ -50,8 +51,8 @@ def is_bucket_url(text: str) -> bool:
 def parse_bucket_url(text: str) -> BucketUrl:
     """Split ``s3://BUCKET/PREFIX`` (the prefix may be empty); ConfigurationError saying why."""
     def refuse(reason: str) -> ConfigurationError:
-        return ConfigurationError(f'invalid object storage URL "{text[:200]!s}": {reason} '
-                                  "(expected s3://BUCKET/PREFIX)")
+        return ConfigurationError(f'invalid object storage URL "{redacted(text[:200])!s}": '
+                                  f"{reason} (expected s3://BUCKET/PREFIX)")
 
     if not text.startswith(SCHEME):
         raise refuse("not an s3:// URL")
@@ -60,6 +61,12 @@ def parse_bucket_url(text: str) -> BucketUrl:
     if "?" in text or "#" in text:
         raise refuse("a query or fragment (? or #) is not part of a bucket URL")
     bucket, _, prefix = text[len(SCHEME):].partition("/")
+    if "@" in bucket:  # s3://KEY:SECRET@bucket: never echoed, never used
+        raise ConfigurationError("invalid object storage URL: credentials in it (USER@ or "
+                                 "USER:PASSWORD@) are not accepted (not shown): give "
+                                 "s3://BUCKET/PREFIX and the credentials as boto3 takes them "
+                                 "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+                                 "or a role)")
     if not bucket:
         raise refuse("no bucket name")
     if not _BUCKET_NAME.fullmatch(bucket) or ".." in bucket:

@@ -4,7 +4,9 @@ Each complete backup is read back whole against its manifest
 (:func:`~receivewal.backup.stored.verify_backup`: every file there once, of its size and
 checksum), must be of the archive's system, and the archive must hold every WAL segment from
 its start to its end. A record that cannot be read fails too. A backup being written, or one
-interrupted (no record), is no backup: it is named, not checked, and fails nothing. A backup
+interrupted (no record), is no backup: it is named, not checked, and fails nothing; an
+interrupted one is reported as such (``interrupted``, with the bytes it leaves in a
+directory), since it still uses disk or objects until ``cleanup`` removes it. A backup
 sealed with ``backup --encrypt-to`` is read through ``--identity``; without one (or with a key
 that is none of its recipients') its files are not checked, which is said, and its WAL is.
 """
@@ -23,14 +25,21 @@ from receivewal.backup.stored import Verified, verify_backup
 from receivewal.errors import ArchiveError, StoreError
 from receivewal.wal.lsn import format_lsn
 
+INTERRUPTED = "interrupted"
+
 
 @dataclass(frozen=True)
 class BackupCheck:
     """What verify found of one directory (or prefix) of ``backups/``."""
 
     backup_id: str
-    state: str  # "verified", "FAILED" or what an incomplete one is
+    state: str  # "verified", "sealed", "FAILED", "interrupted" or what another incomplete is
     detail: str
+    bytes: int | None = None  # an interrupted backup's bytes in a directory
+
+    @property
+    def interrupted(self) -> bool:
+        return self.state == INTERRUPTED
 
     @property
     def failed(self) -> bool:
@@ -54,14 +63,24 @@ def check_backups(archive: str, key_file: str | None = None) -> list[BackupCheck
             for entry in entries]
 
 
+def _without_record(entry: BackupEntry) -> BackupCheck:
+    """What verify says of a directory (or prefix) of ``backups/`` without a usable record."""
+    if entry.state is EntryState.DAMAGED:
+        return BackupCheck(entry.backup_id, "FAILED", entry.describe())
+    if entry.interrupted:
+        size = "" if entry.bytes is None else f", {entry.bytes} bytes on disk"
+        return BackupCheck(entry.backup_id, INTERRUPTED,
+                           f"{entry.describe()}{size}: no recovery starts from it, not checked "
+                           "(receivewal cleanup removes it)", entry.bytes)
+    return BackupCheck(entry.backup_id, "not a backup", f"{entry.describe()}, not checked")
+
+
 def check_entry(place: BackupPlace, entry: BackupEntry, system_identifier: str | None,
                 held: set[str], key_file: str | None = None) -> BackupCheck:
     """One backup checked (see the module's docstring)."""
     record = entry.record
-    if entry.state is EntryState.DAMAGED:
-        return BackupCheck(entry.backup_id, "FAILED", entry.describe())
-    if record is None:
-        return BackupCheck(entry.backup_id, "not a backup", f"{entry.describe()}, not checked")
+    if entry.state is EntryState.DAMAGED or record is None:
+        return _without_record(entry)
     if system_identifier is not None and record.system_identifier != system_identifier:
         return BackupCheck(entry.backup_id, "FAILED",
                            f"of database system {record.system_identifier}, the archive's is "

@@ -53,10 +53,18 @@ class BackupEntry:
     state: EntryState
     record: BackupRecord | None = None
     problem: str = ""  # a damaged record's problem
+    bytes: int | None = None  # an interrupted one's files in a directory (disk it still uses)
 
     def describe(self) -> str:
         """The entry's state in words."""
         return f"{self.state.value}: {self.problem}" if self.problem else self.state.value
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether this is a backup that stopped before its record (SIGKILL, a crash, the
+        host down) and nobody writes any more: no recovery starts from it, it holds disk or
+        objects until ``cleanup`` removes it."""
+        return self.state in (EntryState.INTERRUPTED, EntryState.ABANDONED)
 
 
 ABANDONED_AFTER = timedelta(days=7)  # far longer than a backup runs; EntryState.ABANDONED says it
@@ -111,7 +119,21 @@ def read_entry(path: Path) -> BackupEntry:
         return BackupEntry(path.name, EntryState.RUNNING)
     if empty:
         return BackupEntry(path.name, EntryState.EMPTY)
-    return _complete(path) or BackupEntry(path.name, EntryState.INTERRUPTED)
+    return _complete(path) or BackupEntry(path.name, EntryState.INTERRUPTED,
+                                          bytes=tree_bytes(path))
+
+
+def tree_bytes(path: Path) -> int:
+    """The bytes of the regular files under ``path`` (0 when there is none)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+            total += info.st_size
+    return total
 
 
 def _complete(path: Path) -> BackupEntry | None:

@@ -1,6 +1,9 @@
 """What an archive directory holds, in a few numbers: the bytes of its WAL files and of its
 backups, and the oldest recoverable point (files read: the listing, the backups' records).
 
+The interrupted backups (a ``receivewal backup`` killed before its record) are listed with
+the disk they use: no recovery starts from them, and ``cleanup`` removes them.
+
 The oldest recoverable point is the start of the oldest complete backup whose WAL from its
 start through its end (its manifest's WAL ranges) is all in the archive: a recovery from it
 can reach any point from its end on that the archive's WAL reaches. ``status`` shows it, and
@@ -9,13 +12,12 @@ the daemon's metrics (the WAL receiver measures, the monitor keeps the numbers).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from receivewal.archive.sources import list_directory
-from receivewal.backup.catalog import read_catalog
+from receivewal.backup.catalog import read_catalog, tree_bytes
 from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord
 from receivewal.wal.names import (
@@ -36,6 +38,13 @@ class ArchiveSummary:
     backups: int  # complete backups
     backup_bytes: int  # every file under backups/, complete or not
     oldest: BackupRecord | None
+    #: the interrupted backups (no record, no writer): each one's ID and bytes on disk
+    interrupted: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def interrupted_bytes(self) -> int:
+        """The disk the interrupted backups use (in ``backup_bytes`` too)."""
+        return sum(size for _, size in self.interrupted)
 
     @property
     def oldest_lsn(self) -> int | None:
@@ -52,8 +61,10 @@ def summarize(archive: Path) -> ArchiveSummary:
     """The summary of the archive directory ``archive``; ArchiveError when it cannot be
     listed."""
     listing = list_directory(archive)
-    records = sorted((e.record for e in read_catalog(archive) if e.record is not None),
+    catalog = read_catalog(archive)
+    records = sorted((e.record for e in catalog if e.record is not None),
                      key=lambda r: (r.start_lsn, r.start_time))
+    interrupted = tuple((e.backup_id, e.bytes or 0) for e in catalog if e.interrupted)
     wal = [(name, length) for name, length in listing
            if looks_like_segment(name) or parse_history_file_name(name) is not None]
     present: set[str] = set()
@@ -65,17 +76,4 @@ def summarize(archive: Path) -> ArchiveSummary:
                 present.add(wal_file_name(parsed.timeline, parsed.segno, size))
     oldest = next((r for r in records if all(n in present for n in r.wal_segments())), None)
     return ArchiveSummary(len(wal), sum(length for _, length in wal), len(records),
-                          _tree_bytes(archive / BACKUPS), oldest)
-
-
-def _tree_bytes(path: Path) -> int:
-    """The bytes of the regular files under ``path`` (0 when there is none)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                info = os.lstat(os.path.join(root, name))
-            except FileNotFoundError:
-                continue
-            total += info.st_size
-    return total
+                          tree_bytes(archive / BACKUPS), oldest, interrupted)

@@ -18,6 +18,7 @@ from receivewal.archive.durable import scratch_directory
 from receivewal.commands.output import deliver
 from receivewal.commands.verify import named_archive
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
+from receivewal.secrets import is_private_key, key_given_as_file
 
 T = TypeVar("T")
 EXIT_CODES = """\b
@@ -66,6 +67,8 @@ def analyze_command(inputs: tuple[str, ...], output: Path, *, remote: str | None
     Needs the spark extra: pip install 'receivewal[spark]' (pyspark, pyarrow, matplotlib;
     Java for the embedded session).
     """
+    if identity and is_private_key(identity):
+        raise click.ClickException(key_given_as_file("--identity (or RECEIVEWAL_IDENTITY)"))
     try:
         import pyspark  # noqa: F401, PLC0415 - only to fail early with a clear message
     except ImportError as exc:

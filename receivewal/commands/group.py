@@ -18,6 +18,7 @@ import click
 
 from receivewal import __version__
 from receivewal.commands.output import NOT_A_VERDICT
+from receivewal.secrets import redacted
 
 #: Subcommands and where they live; each module is imported only when its command runs, so
 #: the daemon does not pay at start-up for Spark, the relay or the verifier.
@@ -80,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("receivewal: error: aborted", err=True)
         return 1
     except click.UsageError as exc:
-        click.echo(f"receivewal: error: {exc.format_message()}", err=True)
+        click.echo(redacted(f"receivewal: error: {exc.format_message()}"), err=True)
         return usage_status(exc, sys.argv[1:] if argv is None else argv)
     except click.ClickException as exc:
-        click.echo(f"receivewal: error: {exc.format_message()}", err=True)
+        click.echo(redacted(f"receivewal: error: {exc.format_message()}"), err=True)
         return 1
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)

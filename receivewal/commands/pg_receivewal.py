@@ -59,6 +59,7 @@ from receivewal.daemon.startpoint import SegmentFileRejected
 from receivewal.daemon.supervisor import Supervisor, prompt_password
 from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import CommandLineError, ReceivewalError
+from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn, scan_lsn
 
 PROGNAME = "pg_receivewal"
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         opts, directory = parse_args(args)
         settings = check_args(opts, directory)
     except getopt.GetoptError as exc:
-        sys.stderr.write(f"{sys.argv[0]}: {getopt_message(exc)}\n")
+        sys.stderr.write(redacted(f"{sys.argv[0]}: {getopt_message(exc)}\n"))
         _hint()
         return 1
     except UsageError as exc:
@@ -275,7 +276,7 @@ def getopt_message(exc: getopt.GetoptError) -> str:
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"{PROGNAME}: error: {message}\n")
+    sys.stderr.write(redacted(f"{PROGNAME}: error: {message}\n"))
 
 
 def _hint() -> None:
@@ -314,13 +315,13 @@ class PgReceivewalMessages:
         line = self.message(method, dict(event))
         if line is None:
             raise structlog.DropEvent
-        return f"{PROGNAME}: {line}"
+        return redacted(f"{PROGNAME}: {line}")
 
     def on_event(self, event: Event) -> None:
         """Print the line of a typed event of the daemon, if it has one."""
         line = self.event_line(event)
         if line is not None:
-            print(f"{PROGNAME}: {line}", file=sys.stderr, flush=True)
+            print(redacted(f"{PROGNAME}: {line}"), file=sys.stderr, flush=True)
 
     def event_line(self, event: Event) -> str | None:  # noqa: PLR0911
         """pg_receivewal's words for a typed event; its LSNs are the event's numbers."""

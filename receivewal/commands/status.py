@@ -41,6 +41,7 @@ from receivewal.daemon.health import (
 from receivewal.daemon.state import State, state_to_dict
 from receivewal.errors import ReceivewalError
 from receivewal.logical.store import ChangeLogContents, change_log_contents
+from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
 
 Contents = ArchiveSummary | ChangeLogContents | str  # str: why it cannot be read
@@ -105,13 +106,13 @@ def _print(verdict: Verdict, state: State | None, now: float,
             "state": None if state is None else state_to_dict(state),
             **contents,
         }
-        click.echo(json.dumps(document, indent=2))
+        click.echo(redacted(json.dumps(document, indent=2)))
     else:
-        click.echo(verdict.summary)
+        click.echo(redacted(verdict.summary))
         if state is not None:
             click.echo("")
             for line in describe(state, now, _archive_lines(summary)):
-                click.echo(line)
+                click.echo(redacted(line))
 
 
 def _archive_lines(summary: Contents) -> list[tuple[str, str]]:
@@ -131,10 +132,17 @@ def _archive_lines(summary: Contents) -> list[tuple[str, str]]:
         (f"{format_lsn(oldest.start_lsn)} on timeline {oldest.timeline}, "
          f"{utc_text(oldest.start_time)} (backup {oldest.backup_id})")
     total = summary.wal_bytes + summary.backup_bytes
-    return [("oldest recoverable", point),
-            ("archive size", f"{human_bytes(total)}: {summary.wal_files} WAL files "
-             f"{human_bytes(summary.wal_bytes)}, {summary.backups} backups "
-             f"{human_bytes(summary.backup_bytes)}")]
+    lines = [("oldest recoverable", point),
+             ("archive size", f"{human_bytes(total)}: {summary.wal_files} WAL files "
+              f"{human_bytes(summary.wal_bytes)}, {summary.backups} backups "
+              f"{human_bytes(summary.backup_bytes)}")]
+    if summary.interrupted:
+        ids = ", ".join(backup_id for backup_id, _ in summary.interrupted)
+        lines.append(("interrupted backups",
+                      f"{len(summary.interrupted)}, {human_bytes(summary.interrupted_bytes)}: "
+                      f"{ids} (no record: no recovery starts from them; receivewal cleanup "
+                      "removes them)"))
+    return lines
 
 
 def _change_log_document(summary: ChangeLogContents) -> dict[str, object]:
@@ -151,6 +159,9 @@ def _archive_document(summary: ArchiveSummary | str) -> dict[str, object]:
     return {
         "wal_files": summary.wal_files, "wal_bytes": summary.wal_bytes,
         "backups": summary.backups, "backup_bytes": summary.backup_bytes,
+        "interrupted_backups": [{"backup_id": backup_id, "bytes": size}
+                                for backup_id, size in summary.interrupted],
+        "interrupted_bytes": summary.interrupted_bytes,
         "oldest_recoverable": None if oldest is None else {
             "backup_id": oldest.backup_id, "lsn": format_lsn(oldest.start_lsn),
             "timeline": oldest.timeline, "time": utc_text(oldest.start_time)},

@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 
 from receivewal.commands.plain import FLAG, Option, Plain, read_options
+from receivewal.secrets import is_private_key, key_given_as_file, redacted
 
 TYPE_CHECKING = False  # typing itself costs the call a few ms
 if TYPE_CHECKING:
@@ -115,21 +116,35 @@ def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | N
                                      compressibility=compressibility, identity_file=identity)
     backups = check_backups(archive, identity) if _may_hold_backups(archive) else []
     failed = sum(1 for check in backups if check.failed)
+    interrupted = [check for check in backups if check.interrupted]
     if as_json:
         import json  # noqa: PLC0415 - only for --json
 
         document = report_json(report, results)
         if backups:
             document["backups"] = [{"backup_id": c.backup_id, "state": c.state,
-                                    "detail": c.detail} for c in backups]
+                                    "detail": c.detail,
+                                    **({} if c.bytes is None else {"bytes": c.bytes})}
+                                   for c in backups]
+            document["interrupted_backups"] = len(interrupted)
         text = json.dumps(document, indent=2)
     else:
         lines = report_lines(report, archive, results)
         if backups:
-            lines[-1:-1] = [f"backups: {len(backups)}, {failed} FAILED",
+            lines[-1:-1] = [f"backups: {len(backups)}, {failed} FAILED"
+                            + _interrupted_words(interrupted),
                             *("  " + check.line() for check in backups)]
         text = "\n".join(lines)
     return text, 0 if report.recoverable and not failed else 1
+
+
+def _interrupted_words(interrupted: list[BackupCheck]) -> str:
+    """How many backups were interrupted, and the bytes they leave, for the backups' line."""
+    if not interrupted:
+        return ""
+    known = [c.bytes for c in interrupted if c.bytes is not None]
+    size = f" ({sum(known)} bytes)" if known else ""
+    return f", {len(interrupted)} interrupted{size}: not recoverable from, not an error"
 
 
 def _may_hold_backups(archive: str) -> bool:
@@ -156,13 +171,17 @@ def run(call: Call) -> int:
         StoreError,
     )
 
+    if call.identity and is_private_key(call.identity):
+        _echo(f"receivewal: error: {key_given_as_file('--identity (or RECEIVEWAL_IDENTITY)')}",
+              sys.stderr)
+        return 1
     try:
         try:
             text, status = verify_text(call.archive, as_json=call.as_json, jobs=call.jobs,
                                        start=call.start, compressibility=call.compressibility,
                                        identity=call.identity)
         except (ArchiveError, ConfigurationError, StoreError) as exc:
-            _echo(f"receivewal: error: {exc}", sys.stderr)
+            _echo(redacted(f"receivewal: error: {exc}"), sys.stderr)
             return 1
         return deliver(lambda: _echo(text, sys.stdout), status)
     except (EOFError, KeyboardInterrupt):  # click: a new line, then the group's one line

@@ -30,6 +30,7 @@ import time
 
 from receivewal.errors import ReceivewalError
 from receivewal.restore import served
+from receivewal.secrets import is_private_key, key_given_as_file, redacted
 from receivewal.wal.leannames import is_segment_name
 
 TYPE_CHECKING = False
@@ -99,11 +100,12 @@ def restore_timeout() -> float:
 
 def run(call: Call) -> int:
     """Restore the file; the exit status for PostgreSQL."""
-    if not call.directory:  # it would name the current directory
-        return _say("error: the archive directory (-D) is empty", DAMAGED)
+    spooled = call.window > 0 and bool(call.target) and is_segment_name(call.wal_name)
+    refusal = _refusal(call, spooled=spooled)
+    if refusal is not None:
+        return _say(f"error: {refusal}", DAMAGED)
     if is_bucket_url(call.directory):
         call.deadline = time.monotonic() + restore_timeout()
-    spooled = call.window > 0 and bool(call.target) and is_segment_name(call.wal_name)
     waiting = _waiting(call)
     taken = spooled and served.take_spooled(call, waiting)
     if not taken and served.askable(call):
@@ -129,6 +131,17 @@ def run(call: Call) -> int:
         except (OSError, ReceivewalError):
             pass
     return 0
+
+
+def _refusal(call: Call, *, spooled: bool) -> str | None:
+    """Why the call is refused before anything is looked for, or None: an empty -D (it would
+    name the current directory), a private key given as --identity (never shown), another
+    cluster's archive put at the path under a live filler (:func:`served.swapped_archive`)."""
+    if not call.directory:
+        return "the archive directory (-D) is empty"
+    if call.identity and is_private_key(call.identity):
+        return key_given_as_file("--identity (or RECEIVEWAL_IDENTITY)")
+    return served.swapped_archive(call) if spooled else None
 
 
 def _surely_absent(call: Call) -> bool:
@@ -274,7 +287,8 @@ def source_id(directory: str) -> str:
 
 
 def _say(message: str, status: int) -> int:
-    sys.stderr.write(f"receivewal restore: {message}\n")
+    """Write ``message`` to stderr (PostgreSQL's server log), its secrets masked."""
+    sys.stderr.write(f"receivewal restore: {redacted(message)}\n")
     sys.stderr.flush()
     return status
 

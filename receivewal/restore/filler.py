@@ -302,10 +302,13 @@ class Spool:
         """Whether the server is still recovering (a signal file is still there)."""
         return signal_file is None or any((signal_file.parent / s).exists() for s in _SIGNALS)
 
-    def record_source(self, system_identifier: str, segment_size: str) -> None:
-        """Record the archive's system identifier and segment size ("-" while not known) and
-        this spool's exact source: a call serves nothing the record does not match."""
-        spoolfiles.record_source(str(self.dir), system_identifier, segment_size, self.source)
+    def record_source(self, system_identifier: str, segment_size: str,
+                      fingerprint: str = "-") -> None:
+        """Record the archive's system identifier and segment size ("-" while not known), a
+        local archive's fingerprint and this spool's exact source: a call serves nothing the
+        record does not match, and a call finding another archive at the path refuses."""
+        spoolfiles.record_source(str(self.dir), system_identifier, segment_size, self.source,
+                                 fingerprint)
 
     def _write_window(self, names: list[str]) -> None:
         spoolfiles.write_window(str(self.dir), names)

@@ -102,6 +102,7 @@ def fetcher(directory: str, spool: Spool, identity_file: str | None = None,
     from receivewal.archive.identity import ArchiveIdentity  # noqa: PLC0415
     from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415
     from receivewal.restore.local import archive_segment_size, restore_file  # noqa: PLC0415
+    from receivewal.restore.spoolfiles import archive_fingerprint  # noqa: PLC0415
     from receivewal.restore.writing import NotInArchive  # noqa: PLC0415
     from receivewal.wal.pageheader import (  # noqa: PLC0415
         SIZE_OF_LONG_PHD,
@@ -111,6 +112,7 @@ def fetcher(directory: str, spool: Spool, identity_file: str | None = None,
     restore: Callable[[str, Path, int | None, int], object]
     decide: Callable[[], int]
     identity: ArchiveIdentity | None
+    fingerprint = "-" if is_bucket_url(directory) else archive_fingerprint(directory)
     try:
         if is_bucket_url(directory):
             from receivewal.restore.remote import BucketSource  # noqa: PLC0415
@@ -135,7 +137,7 @@ def fetcher(directory: str, spool: Spool, identity_file: str | None = None,
     except (ReceivewalError, OSError):
         return lambda name, path: None
     pinned = None if identity is None else int(identity.system_identifier)
-    spool.record_source(_or_dash(pinned), _or_dash(size))
+    spool.record_source(_or_dash(pinned), _or_dash(size), fingerprint)
 
     def fetch(name: str, path: Path) -> bool | None:
         nonlocal pinned, size
@@ -143,7 +145,7 @@ def fetcher(directory: str, spool: Spool, identity_file: str | None = None,
             decided = size if identity is not None else decide()
             if decided != size:
                 size = decided
-                spool.record_source(_or_dash(pinned), str(size))
+                spool.record_source(_or_dash(pinned), str(size), fingerprint)
             assert size is not None
             restore(name, path, pinned, size)
         except NotInArchive:
@@ -158,7 +160,7 @@ def fetcher(directory: str, spool: Spool, identity_file: str | None = None,
                 header = None
             if header is not None:
                 pinned = header.system_identifier
-                spool.record_source(str(pinned), str(size))
+                spool.record_source(str(pinned), str(size), fingerprint)
         return True
 
     return fetch

@@ -7,7 +7,10 @@ on a call's lean path (see :mod:`receivewal.restore`), and paths are strings.
 
 A spooled file is served only while the filler that spooled it is alive (it holds the spool's
 lock), and only to a call for the same source whose first page header names the recorded
-system: a spool no live filler owns (a killed filler's) is emptied, never served.
+system: a spool no live filler owns (a killed filler's) is emptied, never served. While a
+filler lives, each call first compares the local archive's fingerprint with the one the filler
+recorded (two ``stat`` calls): another archive put at the same path, of another database
+system, makes the call refuse (:func:`swapped_archive`).
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from receivewal.archive import durable
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.restore.spoolfiles import (
     answered,
+    archive_fingerprint,
     ask_question,
     busy,
     make_spool_dir,
     record_wanted,
     recorded_source,
+    source_record,
     spool_dir,
     spool_root,
     usable,
@@ -97,6 +102,37 @@ def take_spooled(call: Call, notice: Notice | None = None) -> bool:
     except OSError:
         return False
     return take(directory, name, call.target, source)
+
+
+def swapped_archive(call: Call) -> str | None:
+    """Why the call must refuse, when a live filler spools for it from a local archive whose
+    directory now holds another database system's WAL than the one the filler recorded (the
+    archive at the path was replaced: its spooled files, and its own, belong to different
+    clusters); None otherwise. Two ``stat`` calls and a small read while the archive is the
+    one the filler found; its identity record is read only when the fingerprint differs."""
+    if call.from_bucket:
+        return None
+    source = call.source
+    directory = spool_dir(call.target, source)
+    record = source_record(directory)
+    if (record is None or record[3] != source or not record[0].isdigit()
+            or archive_fingerprint(call.directory) == record[2]
+            or not busy(os.path.dirname(directory))):
+        return None
+    from pathlib import Path  # noqa: PLC0415 - only when the archive changed
+
+    from receivewal.archive.directory import Archive  # noqa: PLC0415
+
+    try:
+        identity = Archive(Path(call.directory)).read_identity()
+    except (OSError, ReceivewalError):
+        return None  # the call's own restore reports it
+    if identity is None or identity.system_identifier == record[0]:
+        return None
+    return (f'the archive "{call.directory}" was replaced while this recovery restores from '
+            f"it: it now holds database system {identity.system_identifier}'s WAL, the "
+            f"segments restored before were system {record[0]}'s (nothing served; point "
+            "restore_command at the recovery's own archive)")
 
 
 def askable(call: Call) -> bool:

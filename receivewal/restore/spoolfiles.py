@@ -4,7 +4,8 @@ The spool lives next to ``%p``, in ``pg_wal/.receivewal/prefetch`` (:data:`SPOOL
 directory per archive, named by a digest of where the archive is (:func:`spool_dir`). Its
 files: the spooled segments and history files (complete files only: the filler checks each
 (:func:`~receivewal.archive.segmentcheck.checked_segment`), writes it under a temporary name and
-renames it), ``.source`` (the system identifier and the segment size of the archive, and the
+renames it), ``.source`` (the system identifier and the segment size of the archive, the
+fingerprint of a local archive as the filler found it (:func:`archive_fingerprint`), and the
 exact source the filler fills it from), ``.window`` (the names the filler is fetching, in
 order), ``.wanted`` (the last segment a call asked for: the filler keeps the segments after it
 spooled), ``.ask`` and
@@ -33,7 +34,9 @@ SPOOL_DIR = os.path.join(*SPOOL_PARTS)
 LOCK_FILE = ".lock"
 WINDOW_FILE = ".window"
 WANTED_FILE = ".wanted"
-SOURCE_FILE = ".source"  # "SYSID\nSEGMENT_SIZE\nSOURCE\n": "-" for what is not known yet
+SOURCE_FILE = ".source"  # "SYSID\nSEGMENT_SIZE\nFINGERPRINT\nSOURCE\n": "-" for what is not
+# known yet (a bucket's fingerprint is always "-")
+IDENTITY_FILE = ".receivewal-archive.json"  # archive.identity's, spelled here for the lean path
 ASK_FILE = ".ask"  # a call's question to the filler: "NAME TOKEN"
 ANSWER_FILE = ".answer"  # the filler's answer: "NAME TOKEN absent" or "NAME TOKEN failed"
 
@@ -89,27 +92,54 @@ def make_spool_dir(directory: str) -> None:
 
 
 def record_source(directory: str, system_identifier: str, segment_size: str,
-                  source: str) -> None:
+                  source: str, fingerprint: str = "-") -> None:
     """Record whose WAL the spool holds: the archive's system identifier and its segment size
-    (as the filler decided it: "-" while not known) and the exact source (the filler's, before
-    it spools anything)."""
-    _write_bytes(directory, SOURCE_FILE, b"%s\n%s\n%s\n" % (
-        system_identifier.encode(), segment_size.encode(), _encoded(source)))
+    (as the filler decided it: "-" while not known), the local archive's ``fingerprint`` as
+    the filler found it before reading its identity, and the exact source (the filler's,
+    before it spools anything)."""
+    _write_bytes(directory, SOURCE_FILE, b"%s\n%s\n%s\n%s\n" % (
+        system_identifier.encode(), segment_size.encode(), fingerprint.encode(),
+        _encoded(source)))
 
 
-def recorded_source(directory: str) -> tuple[str, str, str] | None:
-    """The system identifier, the segment size and the source recorded in the spool, or
-    None."""
+def source_record(directory: str) -> tuple[str, str, str, str] | None:
+    """The system identifier, the segment size, the fingerprint and the source recorded in
+    the spool, or None."""
     try:
         with open(os.path.join(directory, SOURCE_FILE), "rb") as fh:
             text = fh.read(8192)
     except OSError:
         return None
-    lines = text.split(b"\n", 2)
-    if len(lines) < 3 or not lines[2].endswith(b"\n"):
+    lines = text.split(b"\n", 3)
+    if len(lines) < 4 or not lines[3].endswith(b"\n"):
         return None
     return (lines[0].decode("ascii", "replace"), lines[1].decode("ascii", "replace"),
-            lines[2][:-1].decode("utf-8", "surrogateescape"))
+            lines[2].decode("ascii", "replace"), lines[3][:-1].decode("utf-8", "surrogateescape"))
+
+
+def recorded_source(directory: str) -> tuple[str, str, str] | None:
+    """The system identifier, the segment size and the source recorded in the spool, or
+    None."""
+    record = source_record(directory)
+    return None if record is None else (record[0], record[1], record[3])
+
+
+def archive_fingerprint(archive: str) -> str:
+    """What tells a local archive directory from another put at the same path, for two
+    ``stat`` calls: the directory's device and inode, and its identity file's inode, size
+    and modification time ("-" for each part that is missing). The identity file is only ever
+    replaced by a rename (a new inode), as a swapped directory has another inode."""
+    parts = []
+    for path, fields in ((archive, ("st_dev", "st_ino")),
+                         (os.path.join(archive, IDENTITY_FILE),
+                          ("st_ino", "st_size", "st_mtime_ns"))):
+        try:
+            info = os.stat(path)
+        except OSError:
+            parts.append("-")
+            continue
+        parts.append(":".join(str(getattr(info, field)) for field in fields))
+    return "/".join(parts)
 
 
 def busy(root: str) -> bool:

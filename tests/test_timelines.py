@@ -111,23 +111,53 @@ def test_restart_on_older_timeline_follows_to_the_new_one(pg: PgServer,
         standby.stop("immediate")
 
 
-def test_archive_off_the_server_history_is_refused(pg: PgServer, archive_dir: Path) -> None:
-    """An archive on timeline 1 past the point where the server's timeline 2 forked."""
+@pytest.mark.parametrize("segments", [3, 0])
+def test_archive_past_the_fork_goes_on_with_the_promoted_standby(pg: PgServer,
+                                                                  archive_dir: Path,
+                                                                  segments: int) -> None:
+    """The archive holds timeline 1 past the point where the server's timeline 2 forked from
+    it (the old primary went on writing, ``segments`` segments on, or within the fork's
+    segment: a ``.partial`` holding WAL past the fork): timeline 1's files stay as they are,
+    and timeline 2 is streamed from the segment holding the fork, equal to the server's own
+    files (issue 31: this was refused, "the archive continues timeline 1 at ...")."""
     standby = pg.make_standby("standby")
+    pg.generate_wal(1)
+    before_fork = pg.endpos_inside_the_wal()
+    assert receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-E", before_fork,
+                      "-n").returncode == 0
     wait_replayed(pg, standby)
     standby.promote()
-    standby.generate_wal(1)
-    # the old primary goes on writing timeline 1 past the fork
-    pg.generate_wal(3)
+    endpos = standby.endpos_inside_the_wal()
+    # the old primary goes on writing timeline 1 past the fork, into the archive
+    pg.generate_wal(segments)
     ahead = pg.mid_segment_lsn()
     assert receivewal("stream", "-D", str(archive_dir), "-d", pg.dsn, "-E", ahead,
                       "-n").returncode == 0
+    tl1 = {n: (archive_dir / n).read_bytes() for n in wal_files(archive_dir)}
     try:
-        done = receivewal("stream", "-D", str(archive_dir), "-d", standby.dsn, "-n")
+        done = receivewal("stream", "-D", str(archive_dir), "-d", standby.dsn, "-E", endpos,
+                          "-n")
+        assert done.returncode == 0, done.stderr
+        assert "timeline_forked_inside_archive" in done.stderr, done.stderr
+        fork = lsn_to_int((standby.pg_wal / "00000002.history").read_text().split()[1])
+        assert (archive_dir / "00000002.history").read_text() == \
+            (standby.pg_wal / "00000002.history").read_text()
+        assert {n: (archive_dir / n).read_bytes() for n in wal_files(archive_dir)
+                if n.startswith("00000001")} == tl1
+        if not segments:  # the old timeline's .partial, past the fork, kept as it was
+            assert [n for n in tl1 if n.endswith(PARTIAL)] == \
+                [f"00000001{0:08X}{fork >> 24:08X}{PARTIAL}"]
+        tl2 = [n for n in wal_files(archive_dir) if n.startswith("00000002")]
+        assert tl2[0].removesuffix(PARTIAL)[8:] == f"{0:08X}{fork >> 24:08X}"
+        for name in tl2:
+            body = (archive_dir / name).read_bytes()
+            server = (standby.pg_wal / name.removesuffix(PARTIAL)).read_bytes()
+            if name.endswith(PARTIAL):  # up to the end it received
+                server = server[:lsn_to_int(endpos) % (16 << 20)]
+                body = body[:len(server)]
+            assert body == server, name
     finally:
         standby.stop("immediate")
-    assert done.returncode == 1
-    assert "forked from it at" in done.stderr
 
 
 def test_pitr_from_archive_replays_through_the_timeline_switch(

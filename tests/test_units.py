@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from receivewal.archive.layout import check_continuity, choose_start, plan_writes, resume_order
+from receivewal.archive.layout import (
+    before_its_timeline,
+    check_continuity,
+    choose_start,
+    on_path,
+    plan_writes,
+    resume_order,
+)
 from receivewal.commands.pg_receivewal import UsageError
 from receivewal.daemon.proctitle import argument_area, scrubbed_area
 from receivewal.daemon.settings import Settings
@@ -45,7 +52,13 @@ from receivewal.wal.names import (
     parse_segment_file_name,
     wal_file_name,
 )
-from receivewal.wal.timeline import check_follows, parse_history, timeline_of
+from receivewal.wal.timeline import (
+    check_follows,
+    describe_fork,
+    parse_history,
+    timeline_of,
+    timeline_spans,
+)
 
 SEG = 16 << 20
 
@@ -198,6 +211,31 @@ def test_archive_must_lie_on_the_server_history() -> None:
         check_follows(4, 0x1000000, [], 5)
     with pytest.raises(ArchiveError, match="ahead"):
         check_follows(4, 0x1000000, entries, 3)
+
+
+def test_segments_on_a_server_history_and_another_branch() -> None:
+    """Along the history 1 until 0/3000A00, 2 until 0/5000000, 3: timeline 1's files up to the
+    fork's segment, timeline 2's from it to its end, 3's from 0/5000000; timeline 1 past its
+    fork is another branch (kept, never resumed from); a timeline 2 file from before 0/3000A00
+    proves the archive's timeline 2 is not the server's."""
+    spans = timeline_spans(parse_history("1\t0/3000A00\tx\n2\t0/5000000\ty\n", 3), 3)
+    assert [(s.timeline, s.begin, s.end) for s in spans] == \
+        [(1, 0, 0x3000A00), (2, 0x3000A00, 0x5000000), (3, 0x5000000, None)]
+
+    def on(tli: int, segno: int) -> bool:
+        return on_path(SegmentFile(segno, tli), spans, SEG)
+
+    assert [on(1, n) for n in (1, 2, 3, 4)] == [True, True, True, False]
+    assert [on(2, n) for n in (2, 3, 4, 5)] == [False, True, True, False]
+    assert [on(3, n) for n in (4, 5, 9)] == [False, True, True]
+    assert not on(4, 5)
+    assert before_its_timeline([SegmentFile(n, 1) for n in range(1, 9)]
+                               + [SegmentFile(3, 2), SegmentFile(6, 2)], spans, SEG) is None
+    found = before_its_timeline([SegmentFile(2, 2)], spans, SEG)
+    assert found is not None
+    assert (found[0], found[1].timeline) == (SegmentFile(2, 2), 2)
+    assert describe_fork(3, parse_history("1\t0/3000A00\tx\n2\t0/5000000\ty\n", 3)) == \
+        "timeline 3 forked from timeline 2 at 0/5000000 (after timeline 1 until 0/3000A00)"
 
 
 def test_settings_refuse_what_pg_receivewal_refuses(tmp_path: Path) -> None:

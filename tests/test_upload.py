@@ -386,3 +386,59 @@ def test_confirm_after_upload_never_moves_the_slot_back_to_an_old_backlog(
         assert slot_restart_lsn(pg, "kept") == kept
     finally:
         assert stop(proc) == 0
+
+
+def test_confirm_after_upload_after_a_fork_inside_the_archive_holds_the_slot(
+        pg: PgServer, seaweed: SeaweedS3, prefix: str, tmp_path: Path) -> None:
+    """The archive (and the bucket) hold timeline 1 well past the point where a promoted
+    standby's timeline 2 forked from it (issue 31: such an archive goes on with the new
+    primary). With --confirm-after upload on the new primary, the end of timeline 1's uploads
+    is no measure of timeline 2's: while the store is down, nothing of timeline 2 is uploaded
+    and the slot stays where it was created; once the store is back and timeline 2's segments
+    are up, it moves on."""
+    url = f"s3://{seaweed.bucket}/{prefix}"
+    standby = pg.make_standby("standby")
+    try:
+        pg.generate_wal(1)
+        before_fork = pg.endpos_inside_the_wal()
+        archive = tmp_path / "archive"
+        archive.mkdir()
+        done = receivewal("stream", "-D", str(archive), "-d", pg.dsn, "-E", before_fork, "-n",
+                          "--upload-to", url, env=store_env(seaweed))
+        assert done.returncode == 0, done.stderr
+        lsn = pg.current_lsn()
+        wait_for(lambda: standby.sql(f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'") == "t",
+                 what="replay")
+        standby.promote()
+        pg.generate_wal(4)  # the old primary goes on, into the archive and the bucket
+        ahead = pg.endpos_inside_the_wal()
+        done = receivewal("stream", "-D", str(archive), "-d", pg.dsn, "-E", ahead, "-n",
+                          "--upload-to", url, env=store_env(seaweed))
+        assert done.returncode == 0, done.stderr
+        assert uploaded_all(seaweed, prefix, archive)
+        standby.sql("SELECT pg_create_physical_replication_slot('held', true)")
+        created = slot_restart_lsn(standby, "held")
+        seaweed.kill()
+        proc = None
+        try:
+            proc = stream(standby, archive, url, tmp_path / "log", "-S", "held",
+                          "--confirm-after", "upload", "-s", "0.2", env=store_env(seaweed))
+            standby.generate_wal(1, table="on_two")
+            last = standby.sql("SELECT pg_walfile_name(pg_current_wal_lsn() - 1)")
+            wait_for(lambda: last in complete_segments(archive), what="local streaming")
+            asked = standby.sql("SELECT now()")
+            wait_for(lambda: standby.sql(
+                "SELECT count(*) FROM pg_stat_replication WHERE reply_time > "
+                f"'{asked}'") == "1", what="a status update after that")
+            assert slot_restart_lsn(standby, "held") == created
+            seaweed.start()
+            wait_for(lambda: last in keys(seaweed, prefix), timeout=60, what="timeline 2 up")
+            wait_for(lambda: slot_restart_lsn(standby, "held") > created,
+                     what="the slot to move")
+        finally:
+            if seaweed.process is None:
+                seaweed.start()
+            if proc is not None:
+                assert stop(proc) == 0
+    finally:
+        standby.stop("immediate")

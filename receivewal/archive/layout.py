@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from receivewal.errors import ProtocolError
 from receivewal.wal.lsn import format_lsn, round_down_to_segment, segment_start
 from receivewal.wal.names import SegmentFile, wal_file_name
+from receivewal.wal.timeline import TimelineSpan
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,3 +139,28 @@ def island_names(files: Iterable[SegmentFile], resume: SegmentFile | None, segme
                       wal_file_name(tli, last + 1, segment_size),
                       wal_file_name(tli, missing, segment_size)))
     return found
+
+
+def on_path(segment: SegmentFile, spans: list[TimelineSpan], segment_size: int) -> bool:
+    """Whether ``segment`` holds WAL of the history ``spans`` (a server's, see
+    :func:`~receivewal.wal.timeline.timeline_spans`): its timeline is on it, and the segment
+    holds some of that timeline's part. A segment past the point where its timeline forked
+    on that history belongs to another branch; the segment holding the fork is on it twice,
+    once per timeline (the newer one's file also holds the older one's WAL up to the fork)."""
+    start = segment_start(segment.segno, segment_size)
+    return any(span.timeline == segment.timeline and start + segment_size > span.begin
+               and (span.end is None or start < span.end) for span in spans)
+
+
+def before_its_timeline(files: Iterable[SegmentFile], spans: list[TimelineSpan],
+                        segment_size: int) -> tuple[SegmentFile, TimelineSpan] | None:
+    """A segment of a timeline on the history ``spans`` that lies wholly before that timeline
+    began there, with the span: proof that the archive's timeline of that ID is another
+    branch than the server's (a timeline's first file is the one holding its fork). None when
+    there is none."""
+    begins = {span.timeline: span for span in spans}
+    for segment in sorted(files):
+        span = begins.get(segment.timeline)
+        if span is not None and segment_start(segment.segno + 1, segment_size) <= span.begin:
+            return segment, span
+    return None

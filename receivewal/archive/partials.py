@@ -88,6 +88,17 @@ def valid_wal(data: bytes, name: str, segment: SegmentFile, segment_size: int) -
     return max(0, min(scanner.result().valid_end - start, len(data)))
 
 
+def partial_end(archive: Archive, segment: SegmentFile, segment_size: int) -> int:
+    """The LSN where the valid WAL of the ``.partial`` file ``segment`` ends (read once, at
+    start-up, when a fork lies in its segment). Raises ArchiveError."""
+    path = archive.directory / segment.file_name(segment_size)
+    try:
+        data = read_partial(path, segment, segment_size)
+    except OSError as exc:
+        raise os_error(exc, f'cannot read "{path}"') from exc
+    return segment.start_lsn(segment_size) + valid_wal(data, path.name, segment, segment_size)
+
+
 def rank_partials(forms: Iterable[tuple[Path, SegmentFile]], segment_size: int,
                   ) -> tuple[list[PartialFile], Conflict | None]:
     """The ``.partial`` files of one segment, the longest valid WAL first (the newest first

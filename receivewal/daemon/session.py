@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from receivewal.archive.directory import Archive
@@ -106,9 +107,10 @@ class Session:
     def _stream_timeline(self, timeline: int, lsn: int) -> TimelineEnd | str:
         assert self.start is not None
         info = self.start.info
-        confirm = self.uploads.confirmable if self.uploads is not None \
-            and self.settings.confirm_after == "upload" else None  # the slot keeps what is
-        # not uploaded
+        confirm: Callable[[int], int] | None = None  # with --confirm-after upload, the slot
+        # keeps what is not uploaded (of this timeline)
+        if self.uploads is not None and self.settings.confirm_after == "upload":
+            confirm = partial(self.uploads.confirmable, timeline=timeline)
         kept = self.previous[1] if self.previous and self.previous[0] == timeline else 0
         self.feed = feed = ArchiveFeed.open(self.archive, info.segment_size, timeline, lsn,
                                             compress=self.settings.at_rest, events=self.events,

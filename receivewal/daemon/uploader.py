@@ -64,6 +64,7 @@ from receivewal.archive.uploads import (
     pending_files,
     read_upload_record,
     segment_end,
+    upload_order,
     write_upload_record,
 )
 from receivewal.daemon.events import Event, EventStream, HistoryFileWritten, SegmentCompleted
@@ -153,6 +154,9 @@ class Uploader:
         self._status = UploadStatus(str(bucket.url))
         events.post(UploadsChanged(self._status))
         self._floor = 0  # where the current session streams from
+        # the timeline of the last segment uploaded (uploaded_end is on it): after a fork
+        # inside the archive the old timeline's uploads say nothing of the new one's
+        self._uploaded_timeline: int | None = None
         self._unsubscribe: Callable[[], None] = lambda: None  # from the event stream
 
     # -- the session's side ------------------------------------------------------------------
@@ -170,7 +174,10 @@ class Uploader:
         self._record = read_upload_record(self.archive, str(self.bucket.url))
         end = None if self._record.segment is None else \
             segment_end(self._record.segment, self.segment_size)
-        self._update(uploaded_end=end)
+        with self._wake:
+            self._uploaded_timeline = None if self._record.segment is None else \
+                upload_order(self._record.segment, self.segment_size)[0]
+            self._recount(uploaded_end=end)
         for pending in pending_files(self.archive, self._record, self.segment_size,
                                      listing):
             self._enqueue(pending)
@@ -220,10 +227,14 @@ class Uploader:
         """The session streams from ``lsn``: the server still had WAL there."""
         self._floor = lsn
 
-    def confirmable(self, flush: int) -> int:
-        """The flush position to report with --confirm-after upload (see
-        :func:`confirmable_flush`)."""
-        return confirmable_flush(flush, self._status.uploaded_end, self._floor)
+    def confirmable(self, flush: int, timeline: int) -> int:
+        """The flush position on ``timeline`` to report with --confirm-after upload (see
+        :func:`confirmable_flush`): nothing while the last segment uploaded is of an older
+        timeline (after a fork inside the archive its end lies on another branch, past WAL
+        of ``timeline`` that is not uploaded)."""
+        with self._wake:
+            end = self._status.uploaded_end if self._uploaded_timeline == timeline else None
+        return confirmable_flush(flush, end, self._floor)
 
     def status(self) -> UploadStatus:
         """A consistent snapshot (any thread)."""
@@ -378,8 +389,11 @@ class Uploader:
             self._pending.popleft()
             self._queued.discard(item.name)
             status = self._status
-            end = status.uploaded_end if history else \
-                max(status.uploaded_end or 0, segment_end(item.name, self.segment_size))
+            end = status.uploaded_end
+            if not history and record.segment == item.name:  # the newest in upload order:
+                # its end, even behind the last one's (a fork inside the archive)
+                end = segment_end(item.name, self.segment_size)
+                self._uploaded_timeline = upload_order(item.name, self.segment_size)[0]
             self._recount(uploaded_files=status.uploaded_files + 1,
                           uploaded_bytes=status.uploaded_bytes + item.size,
                           last_uploaded=item.name, uploaded_end=end)

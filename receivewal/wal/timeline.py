@@ -100,3 +100,44 @@ def check_follows(archive_timeline: int, archive_lsn: int, history: list[Timelin
             f"the archive continues timeline {archive_timeline} at {format_lsn(archive_lsn)}, "
             f"but the server's timeline {server_timeline} forked from it at {format_lsn(end)}"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineSpan:
+    """Where ``timeline`` lies on a server's history: from ``begin`` to ``end`` (None: it is
+    the server's current timeline, still written)."""
+
+    timeline: int
+    begin: int
+    end: int | None
+
+
+def timeline_spans(history: list[TimelineSwitch], current: int) -> list[TimelineSpan]:
+    """The timelines of ``current``'s history (``history``), oldest first, each with the WAL
+    it holds on that history: the path a recovery of ``current`` follows."""
+    spans = []
+    begin = 0
+    for entry in history:
+        spans.append(TimelineSpan(entry.timeline, begin, entry.switchpoint))
+        begin = entry.switchpoint
+    spans.append(TimelineSpan(current, begin, None))
+    return spans
+
+
+def ancestors_of(timeline: int, history: list[TimelineSwitch]) -> list[TimelineSwitch]:
+    """What the history file of ``timeline`` (on the history ``history``) must list: the
+    switches of its ancestors."""
+    return [entry for entry in history if entry.timeline < timeline]
+
+
+def describe_fork(timeline: int, entries: list[TimelineSwitch]) -> str:
+    """How ``timeline`` came about by its history ``entries``, in words."""
+    if not entries:
+        return f"timeline {timeline} has no parent"
+    *earlier, parent = entries
+    said = f"timeline {timeline} forked from timeline {parent.timeline} at " \
+        f"{format_lsn(parent.switchpoint)}"
+    if earlier:
+        said += " (after " + ", ".join(f"timeline {e.timeline} until {format_lsn(e.switchpoint)}"
+                                       for e in earlier) + ")"
+    return said

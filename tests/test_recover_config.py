@@ -1,0 +1,209 @@
+"""``receivewal recover`` decides the recovery whatever the backup holds, against a real
+PostgreSQL 15 whose WAL ``receivewal stream`` archives (issue 31, items 1, 7 and 8).
+
+A server that was itself recovered keeps its recovery's ``recovery_target_time`` and
+``recovery_target_action`` in ``postgresql.auto.conf`` (PostgreSQL ignores them without
+recovery.signal), and its backups carry them: here they are planted with ALTER SYSTEM before
+a backup, and in postgresql.conf before another. ``recover`` without a target from either
+reaches every row committed after the backup, and says what it removed and what it overrode.
+The ``restore_command`` it writes names the receivewal that runs, not the first on PATH. A
+target time after the archive's last commit is refused before anything is written, naming
+that commit's time."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from support.backups import give_to_postgres, start_recovered
+from support.postgres_user import install_for_postgres, readable_by_postgres
+from support.servers import PgServer, make_shared_dir
+from support.streams import RECEIVEWAL, receivewal, start_streaming, stop, wait_for
+
+pytestmark = pytest.mark.server
+
+_names = itertools.count()
+OLD_TARGET = "2001-02-03 04:05:06+00"  # a recovery target long past: before every backup
+
+
+@dataclass
+class World:
+    base: Path
+    pg: PgServer
+    archive: Path
+    prefix: str  # restore_command's prefix, runnable by the server user
+    auto_conf_backup: str  # its postgresql.auto.conf holds an old recovery's settings
+    main_conf_backup: str  # its postgresql.conf sets recovery_target_time
+    rows: str  # count(*) of t once everything is archived
+    last_insert: datetime  # now() of the last transaction that wrote t
+
+
+def backup_id_of(stdout: str) -> str:
+    first = stdout.splitlines()[0]
+    assert first.startswith("backup "), stdout
+    assert " complete: " in first, stdout
+    return first.split()[1]
+
+
+def archived(world_pg: PgServer, archive: Path) -> None:
+    """Switch WAL and wait until the archive holds the segment that was current."""
+    last = world_pg.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
+    world_pg.switch_wal()
+    wait_for((archive / last).exists, timeout=120, what=f"{last} archived")
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    base = make_shared_dir("receivewal-recoverconf-")
+    pg = PgServer(base, "primary")
+    streamer = None
+    try:
+        pg.init(initdb_args=("--wal-segsize=1",))
+        pg.start()
+        archive = base / "archive"
+        archive.mkdir()
+        streamer = start_streaming("-D", str(archive), "-d", pg.dsn, log=base / "stream.log")
+        pg.sql("CREATE TABLE t (id int)")
+        pg.sql("INSERT INTO t VALUES (1)")
+        # what a server recovered to a time keeps (PostgreSQL ignores it without
+        # recovery.signal), and a primary_conninfo of a standby it once was
+        for name, value in (("restore_command", "false"), ("recovery_target_time", OLD_TARGET),
+                            ("recovery_target_action", "promote"),
+                            ("primary_conninfo", "host=gone")):
+            pg.sql(f"ALTER SYSTEM SET {name} = '{value}'")
+        done = receivewal("backup", "-D", str(archive), "-d", pg.dsn, "--fast", "--label",
+                          "auto-conf", timeout=180)
+        assert done.returncode == 0, done.stderr
+        auto_conf_backup = backup_id_of(done.stdout)
+        pg.sql("INSERT INTO t SELECT g FROM generate_series(2, 7) g")
+        pg.sql("ALTER SYSTEM RESET ALL")
+        with (pg.datadir / "postgresql.conf").open("a") as conf:
+            conf.write(f"recovery_target_time = '{OLD_TARGET}'\n")
+        done = receivewal("backup", "-D", str(archive), "-d", pg.dsn, "--fast", "--label",
+                          "main-conf", timeout=180)
+        assert done.returncode == 0, done.stderr
+        main_conf_backup = backup_id_of(done.stdout)
+        for n in range(8, 14):  # one transaction each, after both backups
+            pg.sql(f"INSERT INTO t VALUES ({n})")
+        last_insert = datetime.fromisoformat(pg.sql(
+            "INSERT INTO t VALUES (14) RETURNING now()"))
+        archived(pg, archive)
+        readable_by_postgres(archive)
+        yield World(base, pg, archive, install_for_postgres(base), auto_conf_backup,
+                    main_conf_backup, pg.sql("SELECT count(*) FROM t"), last_insert)
+    finally:
+        if streamer is not None:
+            stop(streamer)
+        pg.stop("immediate")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def recover_latest(world: World, backup_id: str) -> str:
+    """``recover BACKUP-ID`` without a target, the server started: every row of t is there.
+    The command's output."""
+    name = f"recovered-{next(_names)}"
+    pgdata = world.base / name
+    done = receivewal("recover", backup_id, "--to", str(pgdata), "-D", str(world.archive),
+                      "--restore-command-prefix", world.prefix, "--no-sync", timeout=180)
+    assert done.returncode == 0, done.stderr
+    give_to_postgres(pgdata)
+    server = start_recovered(world.base, name)
+    try:
+        assert server.sql("SELECT count(*) FROM t") == world.rows == "14"
+    finally:
+        server.stop("immediate")
+    return done.stdout
+
+
+def test_an_old_recovery_target_in_postgresql_auto_conf_is_removed(world: World) -> None:
+    """The backup's postgresql.auto.conf holds an old recovery's restore_command, target time,
+    action and a primary_conninfo: recover removes them, says so, and the recovery reaches
+    the end of the archive (before: it stopped at the old target, right after the backup's
+    consistent point, and lost the 13 rows written after it)."""
+    out = recover_latest(world, world.auto_conf_backup)
+    removed = [line.split(": ", 1)[1] for line in out.splitlines()
+               if line.startswith("removed from postgresql.auto.conf")]
+    assert removed == ["restore_command = 'false'", f"recovery_target_time = '{OLD_TARGET}'",
+                       "recovery_target_action = 'promote'", "primary_conninfo = 'host=gone'"]
+
+
+def test_a_recovery_target_in_postgresql_conf_is_named_and_overridden(world: World) -> None:
+    """postgresql.conf sets recovery_target_time: recover names the file, the line and the
+    setting, and its own settings in postgresql.auto.conf (read after it, the last occurrence
+    winning) override it: every row is there."""
+    out = recover_latest(world, world.main_conf_backup)
+    overridden = [line for line in out.splitlines() if line.startswith("overridden by")]
+    assert len(overridden) == 1, out
+    assert re.search(rf"/postgresql\.conf:\d+: recovery_target_time = '{re.escape(OLD_TARGET)}'$",
+                     overridden[0]), overridden
+
+
+def test_restore_command_names_the_receivewal_that_runs(world: World, tmp_path: Path) -> None:
+    """A PATH whose first ``receivewal`` is another program: the restore_command names the
+    running one, run as ``python -m receivewal`` (this Python, and PYTHONPATH where the package
+    comes from) or as its console script (that script), and runs."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "receivewal").write_text("#!/bin/sh\necho 'not this receivewal' >&2\nexit 3\n")
+    (fake / "receivewal").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin"}
+    script = shutil.which("receivewal")
+    assert script is not None
+    assert Path(script).resolve().parent != fake
+    for argv in (RECEIVEWAL, [script]):
+        pgdata = tmp_path / f"pgdata-{next(_names)}"
+        done = subprocess.run([*argv, "recover", "--to", str(pgdata), "-D", str(world.archive),
+                               "--no-sync"], capture_output=True, text=True, check=False,
+                              env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr
+        line = next(line for line in (pgdata / "postgresql.auto.conf").read_text().splitlines()
+                    if line.startswith("restore_command = "))
+        command = line.removeprefix("restore_command = '").removesuffix("'")
+        assert str(fake) not in command, command
+        if argv == RECEIVEWAL:
+            assert f"{sys.executable} -m receivewal restore -D " in command, command
+        else:
+            assert command.startswith(f"{Path(script).resolve()} restore -D "), command
+        prefix = command.split(" -D ", 1)[0]
+        helped = subprocess.run(["/bin/sh", "-c", f"{prefix} --help"], capture_output=True,
+                                text=True, check=False, env={**os.environ, **env}, cwd=pgdata)
+        assert helped.returncode == 0, helped.stderr
+        assert "restore" in helped.stdout
+
+
+def test_a_target_time_after_the_archives_last_commit_is_refused(world: World) -> None:
+    """--target-time a day after the last commit: exit 1 before anything is written, one line
+    naming the archive's last commit (the last INSERT's, in the last segment archived);
+    --target-beyond-archive accepts it; a time before that commit is accepted."""
+    pgdata = world.base / f"late-{next(_names)}"
+    late = world.last_insert + timedelta(days=1)
+    done = receivewal("recover", "--to", str(pgdata), "-D", str(world.archive),
+                      "--target-time", late.isoformat(), "--no-sync")
+    assert done.returncode == 1, done.stdout
+    line = done.stderr.strip()
+    assert "\n" not in line, line
+    assert "Traceback" not in line
+    assert line.startswith("receivewal: error: the target time ")
+    assert "recovery ended before configured recovery target was reached" in line
+    said = line.split("last commit or abort at ", 1)[1].split(" ", 1)[0]
+    last = datetime.fromisoformat(said)
+    assert world.last_insert <= last < world.last_insert + timedelta(minutes=5), line
+    assert not pgdata.exists()
+    done = receivewal("recover", "--to", str(pgdata), "-D", str(world.archive),
+                      "--target-time", late.isoformat(), "--target-beyond-archive",
+                      "--no-sync")
+    assert done.returncode == 0, done.stderr
+    early = world.base / f"early-{next(_names)}"
+    done = receivewal("recover", "--to", str(early), "-D", str(world.archive),
+                      "--target-time", (last - timedelta(microseconds=1)).isoformat(),
+                      "--no-sync")
+    assert done.returncode == 0, done.stderr

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -45,6 +46,7 @@ class World:
     main_conf_backup: str  # its postgresql.conf sets recovery_target_time
     rows: str  # count(*) of t once everything is archived
     last_insert: datetime  # now() of the last transaction that wrote t
+    between: str  # a time after row 10 committed and before row 11
 
 
 def backup_id_of(stdout: str) -> str:
@@ -94,12 +96,16 @@ def world() -> Iterator[World]:
         main_conf_backup = backup_id_of(done.stdout)
         for n in range(8, 14):  # one transaction each, after both backups
             pg.sql(f"INSERT INTO t VALUES ({n})")
+            if n == 10:
+                time.sleep(1.1)
+                between = pg.sql("SELECT clock_timestamp()")
+                time.sleep(1.1)
         last_insert = datetime.fromisoformat(pg.sql(
             "INSERT INTO t VALUES (14) RETURNING now()"))
         archived(pg, archive)
         readable_by_postgres(archive)
         yield World(base, pg, archive, install_for_postgres(base), auto_conf_backup,
-                    main_conf_backup, pg.sql("SELECT count(*) FROM t"), last_insert)
+                    main_conf_backup, pg.sql("SELECT count(*) FROM t"), last_insert, between)
     finally:
         if streamer is not None:
             stop(streamer)
@@ -207,3 +213,50 @@ def test_a_target_time_after_the_archives_last_commit_is_refused(world: World) -
                       "--target-time", (last - timedelta(microseconds=1)).isoformat(),
                       "--no-sync")
     assert done.returncode == 0, done.stderr
+
+
+def test_the_backup_of_a_server_recovered_to_a_time_recovers_to_its_end(world: World) -> None:
+    """The loop as a DBA runs it: recover to a time between rows 10 and 11, the server
+    promoted; its WAL streamed into a second archive and a backup of it taken there (its
+    postgresql.auto.conf holds that recovery's target, as recover wrote it); rows written
+    after that backup; then recover latest from the second archive: every row is there (before:
+    it stopped at the first recovery's target, right after the backup, without them)."""
+    first = f"generation-{next(_names)}"
+    done = receivewal("recover", "--to", str(world.base / first), "-D", str(world.archive),
+                      "--target-time", world.between, "--restore-command-prefix", world.prefix,
+                      "--no-sync", timeout=180)
+    assert done.returncode == 0, done.stderr
+    give_to_postgres(world.base / first)
+    server = start_recovered(world.base, first)
+    streamer = None
+    try:
+        assert server.sql("SELECT count(*) FROM t") == "10"
+        assert "recovery_target_time" in (server.datadir / "postgresql.auto.conf").read_text()
+        second = world.base / f"archive-{first}"
+        second.mkdir()
+        streamer = start_streaming("-D", str(second), "-d", server.dsn,
+                                   log=world.base / f"{first}-stream.log")
+        done = receivewal("backup", "-D", str(second), "-d", server.dsn, "--fast", timeout=180)
+        assert done.returncode == 0, done.stderr
+        backup_id = backup_id_of(done.stdout)
+        for n in range(100, 106):
+            server.sql(f"INSERT INTO t VALUES ({n})")
+        archived(server, second)
+        readable_by_postgres(second)
+    finally:
+        if streamer is not None:
+            stop(streamer)
+        server.stop("immediate")
+    name = f"generation-{next(_names)}"
+    done = receivewal("recover", "--to", str(world.base / name), "-D", str(second),
+                      "--restore-command-prefix", world.prefix, "--no-sync", timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"backup {backup_id} "), done.stdout
+    give_to_postgres(world.base / name)
+    recovered = start_recovered(world.base, name)
+    try:
+        assert recovered.sql("SELECT count(*) FROM t") == "16"
+    finally:
+        recovered.stop("immediate")
+    assert "removed from postgresql.auto.conf (the backup's): recovery_target_time = " \
+        in done.stdout, done.stdout

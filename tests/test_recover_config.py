@@ -121,6 +121,9 @@ def recover_latest(world: World, backup_id: str) -> str:
     done = receivewal("recover", backup_id, "--to", str(pgdata), "-D", str(world.archive),
                       "--restore-command-prefix", world.prefix, "--no-sync", timeout=180)
     assert done.returncode == 0, done.stderr
+    # the closing lines say how the same archive goes on with the promoted server
+    assert f"the same archive goes on with it: receivewal stream -D {world.archive} against " \
+        "the new primary, with a new slot" in done.stdout, done.stdout
     give_to_postgres(pgdata)
     server = start_recovered(world.base, name)
     try:

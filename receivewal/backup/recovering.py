@@ -178,8 +178,10 @@ def run_recover(settings: RecoverSettings) -> Recovered:
         text += ("\nThe restore_command reads the bucket: the server's environment needs the "
                  "same object storage settings as this command (AWS_ENDPOINT_URL, "
                  "credentials, AWS_REGION...), e.g. in the service's environment file.")
+    stream = f"-D DIR --upload-to {archive}" if isinstance(place, BucketPlace) \
+        else f"-D {archive}"
     text += ("\nOnce it has promoted (on a new timeline), the same archive goes on with it: "
-             f"receivewal stream -D {archive} against the new primary, with a new slot "
-             "(--slot NAME --create-slot); its backups go into the same archive, and a later "
-             "recover latest follows the newest timeline.")
+             f"receivewal stream {stream} against the new primary, with a new slot (--slot "
+             "NAME --create-slot-if-missing); its backups go into the same archive, and a "
+             "later recover latest follows the newest timeline.")
     return Recovered(record, unpacked, config, text)

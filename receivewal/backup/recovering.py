@@ -6,7 +6,13 @@ The backup is the one named, or the newest one a recovery to the target can star
 target timeline's history, its WAL in the archive, ending before a time or LSN target). It is
 unpacked into the empty data directory, checked against its manifest on the way
 (:mod:`receivewal.backup.unpack`), and the recovery settings are written with a
-``restore_command`` that reads this very archive through ``receivewal restore``.
+``restore_command`` that reads this very archive through ``receivewal restore``: recover's
+block alone decides the recovery, whatever recovery settings the backup inherited.
+
+A time target after the last commit or abort the archive's WAL holds on the way to the target
+timeline is refused before anything is written (:mod:`receivewal.backup.reach`): PostgreSQL
+would replay the whole archive and stop with FATAL "recovery ended before configured recovery
+target was reached"; ``beyond_archive`` accepts it (the WAL up to it will still come).
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from receivewal.archive.sealed import NoIdentity
 from receivewal.backup.catalog import EntryState
 from receivewal.backup.choice import RecoveryTarget, choose_backup, unusable
 from receivewal.backup.place import BackupPlace, BucketPlace, open_place
-from receivewal.backup.record import BackupRecord
+from receivewal.backup.reach import last_transaction, replayed_segments
+from receivewal.backup.record import BackupRecord, utc_text
 from receivewal.backup.sealing import readable_files
 from receivewal.backup.settings import (
     recovery_settings,
@@ -26,6 +34,7 @@ from receivewal.backup.settings import (
     start_instructions,
 )
 from receivewal.backup.unpack import (
+    RecoveryConfig,
     Unpacked,
     refuse_unless_empty,
     tablespace_directories,
@@ -33,6 +42,7 @@ from receivewal.backup.unpack import (
     write_recovery,
 )
 from receivewal.errors import ArchiveError
+from receivewal.wal.lsn import format_lsn
 
 LATEST = "latest"
 
@@ -50,6 +60,18 @@ class RecoverSettings:
     restore_prefix: str = "receivewal restore"  # how the server runs receivewal restore
     sync: bool = True
     identity: str | None = None  # --identity FILE: decrypts a sealed backup and the WAL
+    beyond_archive: bool = False  # a time target after the archive's last commit is accepted
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What recover did: the backup, where it went, what it changed in the configuration,
+    and what the operator is told next."""
+
+    record: BackupRecord
+    unpacked: Unpacked
+    config: RecoveryConfig
+    text: str
 
 
 def target_timeline(place: BackupPlace, target: RecoveryTarget, newest: int) -> int:
@@ -88,9 +110,42 @@ def pick_backup(place: BackupPlace, settings: RecoverSettings) -> BackupRecord:
                          has_wal=held.__contains__).record
 
 
-def run_recover(settings: RecoverSettings) -> tuple[BackupRecord, Unpacked, str]:
-    """Unpack and prepare the recovery; the backup, where it went, and how to start the
-    server."""
+def check_reach(place: BackupPlace, record: BackupRecord, settings: RecoverSettings
+                ) -> str | None:
+    """Refuse a time target the archive's WAL never reaches (ArchiveError naming its last
+    commit), unless ``beyond_archive``; a warning when its WAL cannot be read without a key."""
+    target = settings.target
+    if target.time is None or settings.beyond_archive:
+        return None
+    identity = place.identity()
+    assert identity is not None  # pick_backup refused an archive without one
+    timeline = target_timeline(place, target, identity.timeline)
+    segments = replayed_segments(record, timeline, place.histories(),
+                                 place.held(identity.segment_size).__contains__)
+    try:
+        last = last_transaction(place.source(), segments, identity.segment_size,
+                                settings.identity)
+    except NoIdentity:
+        return ("The archive's WAL is sealed and recover has no --identity: it could not read "
+                "the time of the archive's last commit. A --target-time after it makes the "
+                "server replay the whole archive and stop with FATAL \"recovery ended before "
+                "configured recovery target was reached\".")
+    if last is not None and target.time < last.time:
+        return None
+    where = "holds no commit or abort after the backup starts" if last is None else (
+        f"ends with its last commit or abort at {utc_text(last.time)} (LSN "
+        f"{format_lsn(last.lsn)} in {last.segment})")
+    raise ArchiveError(
+        f"the target time {utc_text(target.time)} is not reached: the archive's WAL on "
+        f"timeline {timeline} {where}, and PostgreSQL would replay all of it and stop with "
+        "FATAL \"recovery ended before configured recovery target was reached\"; recover "
+        "without a target to the end of the archive, or add --target-beyond-archive when the "
+        "WAL up to the target will reach the archive before the server replays it")
+
+
+def run_recover(settings: RecoverSettings) -> Recovered:
+    """Unpack and prepare the recovery; the backup, where it went, what the configuration
+    lost, and how to start the server."""
     place = open_place(settings.archive)
     refuse_unless_empty(settings.pgdata, "data directory")
     record = pick_backup(place, settings)
@@ -98,6 +153,7 @@ def run_recover(settings: RecoverSettings) -> tuple[BackupRecord, Unpacked, str]
         refuse_unless_empty(directory, "tablespace directory")
     # a sealed backup: the key is checked before anything is written
     files = readable_files(place.files(record.backup_id), record, settings.identity)
+    warning = check_reach(place, record, settings)
     unpacked = unpack_backup(files, record, settings.pgdata, mapping=settings.mapping,
                              sync=settings.sync)
     # the server runs restore_command in the data directory: a directory is named absolute
@@ -105,9 +161,12 @@ def run_recover(settings: RecoverSettings) -> tuple[BackupRecord, Unpacked, str]
         else str(Path(place.archive).absolute())
     identity = None if settings.identity is None else str(Path(settings.identity).absolute())
     command = restore_command(settings.restore_prefix, archive, identity)
-    write_recovery(settings.pgdata, recovery_settings(settings.target, settings.action,
-                                                      command), sync=settings.sync)
+    config = write_recovery(settings.pgdata, recovery_settings(settings.target,
+                                                               settings.action, command),
+                            sync=settings.sync)
     text = start_instructions(settings.pgdata, list(unpacked.tablespaces.values()))
+    if warning is not None:
+        text += "\n" + warning
     recorded = place.identity()
     if settings.identity is None and recorded is not None and recorded.recipient_sets:
         newest = recorded.recipient_sets[-1].recipients
@@ -119,4 +178,10 @@ def run_recover(settings: RecoverSettings) -> tuple[BackupRecord, Unpacked, str]
         text += ("\nThe restore_command reads the bucket: the server's environment needs the "
                  "same object storage settings as this command (AWS_ENDPOINT_URL, "
                  "credentials, AWS_REGION...), e.g. in the service's environment file.")
-    return record, unpacked, text
+    stream = f"-D DIR --upload-to {archive}" if isinstance(place, BucketPlace) \
+        else f"-D {archive}"
+    text += ("\nOnce it has promoted (on a new timeline), the same archive goes on with it: "
+             f"receivewal stream {stream} against the new primary, with a new slot (--slot "
+             "NAME --create-slot-if-missing); its backups go into the same archive, and a "
+             "later recover latest follows the newest timeline.")
+    return Recovered(record, unpacked, config, text)

@@ -4,12 +4,23 @@
 path is quoted for the shell that runs the command and its ``%`` doubled (PostgreSQL expands
 ``%f``, ``%p``, ``%r`` and ``%%`` in it). The settings are appended to ``postgresql.auto.conf``
 with each value quoted as ALTER SYSTEM writes it (a quote or a backslash doubled); a value that
-holds a newline or a zero byte is refused. ``recovery_target_timeline`` is left at its default
-(``latest``) unless the target names one; ``recovery_target_action`` is written with any target.
+holds a newline or a zero byte is refused.
+
+A recovery's outcome is decided by recover's block alone, whatever the backup holds: a backup
+of a server that was itself recovered carries that recovery's ``restore_command`` and target
+in its ``postgresql.auto.conf`` (PostgreSQL ignores them without ``recovery.signal``), and they
+would stop this recovery at the old target. :func:`without_recovery_settings` drops every line
+of :data:`RECOVERY_SETTINGS` from the backup's ``postgresql.auto.conf``, and the block writes
+each of them, those it does not use empty (their default): PostgreSQL reads
+``postgresql.auto.conf`` after ``postgresql.conf`` and whatever it includes, and takes the last
+occurrence of a setting, so the same settings in those files are overridden, not applied (the
+target kinds not used come first and the one used last: PostgreSQL refuses a second kind set
+after another).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -20,6 +31,18 @@ from receivewal.wal.lsn import format_lsn
 
 ACTIONS = ("promote", "pause", "shutdown")
 MARK = "# added by receivewal recover"
+#: The settings recover decides, every one written by its block: what a recovered server's
+#: backup inherits of them is removed from ``postgresql.auto.conf``.
+TARGET_KINDS = ("recovery_target", "recovery_target_time", "recovery_target_xid",
+                "recovery_target_lsn", "recovery_target_name")
+RECOVERY_SETTINGS = ("restore_command", *TARGET_KINDS, "recovery_target_inclusive",
+                     "recovery_target_timeline", "recovery_target_action",
+                     "recovery_end_command", "archive_cleanup_command", "primary_conninfo",
+                     "primary_slot_name")
+# a configuration line's name, as PostgreSQL's lexer reads one (case does not matter)
+_NAME = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_$.]*)\s*(?:=|\s|'|$)")
+_INCLUDE = re.compile(r"\s*(include_if_exists|include_dir|include)(?![A-Za-z0-9_$.])"
+                      r"\s*=?\s*(?:'([^']*)'|([^\s#']+))", re.IGNORECASE)
 
 
 def restore_command(prefix: str, archive: str, identity: str | None = None) -> str:
@@ -39,22 +62,67 @@ def recovery_settings(target: RecoveryTarget, action: str, command: str
     if action not in ACTIONS:
         raise ConfigurationError(f"invalid target action {action!r}: one of "
                                  f"{', '.join(ACTIONS)}")
-    settings = [("restore_command", command)]
+    chosen: tuple[str, str] | None = None
     if target.kind is TargetKind.IMMEDIATE:
-        settings.append(("recovery_target", "immediate"))
+        chosen = ("recovery_target", "immediate")
     elif target.time is not None:
-        settings.append(("recovery_target_time", utc_text(target.time)))
+        chosen = ("recovery_target_time", utc_text(target.time))
     elif target.lsn is not None:
-        settings.append(("recovery_target_lsn", format_lsn(target.lsn)))
+        chosen = ("recovery_target_lsn", format_lsn(target.lsn))
     elif target.xid is not None:
-        settings.append(("recovery_target_xid", str(target.xid)))
+        chosen = ("recovery_target_xid", str(target.xid))
     elif target.name is not None:
-        settings.append(("recovery_target_name", target.name))
-    if target.timeline is not None:
-        settings.append(("recovery_target_timeline", str(target.timeline)))
+        chosen = ("recovery_target_name", target.name)
+    settings = [("restore_command", command)]
+    settings += [(name, "") for name in ("recovery_end_command", "archive_cleanup_command",
+                                         "primary_conninfo", "primary_slot_name")]
+    # the kinds not used first, empty: PostgreSQL refuses a second kind set after another
+    settings += [(name, "") for name in TARGET_KINDS if chosen is None or name != chosen[0]]
+    if chosen is not None:
+        settings.append(chosen)
+    settings += [("recovery_target_inclusive", "on"),
+                 ("recovery_target_timeline", "latest" if target.timeline is None
+                  else str(target.timeline))]
     if target.kind is not TargetKind.LATEST:
         settings.append(("recovery_target_action", action))
+    else:  # without a target PostgreSQL ignores it: written only to override an inherited one
+        settings.append(("recovery_target_action", "promote"))
     return settings
+
+
+def setting_name(line: str) -> str | None:
+    """The setting a configuration file's line sets, in lower case (PostgreSQL's names are
+    case-insensitive); None for a blank or comment line."""
+    match = _NAME.match(line)
+    return None if match is None else match.group(1).lower()
+
+
+def without_recovery_settings(text: str) -> tuple[str, list[str]]:
+    """``postgresql.auto.conf``'s ``text`` without the lines that set one of
+    :data:`RECOVERY_SETTINGS` (and without an earlier recover's mark); what is left, and the
+    lines removed (as they were)."""
+    kept: list[str] = []
+    removed: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if setting_name(line) in RECOVERY_SETTINGS:
+            removed.append(line.rstrip("\r\n"))
+        elif line.rstrip("\r\n") != MARK:
+            kept.append(line)
+    return "".join(kept), removed
+
+
+def recovery_lines(text: str) -> list[tuple[int, str]]:
+    """The lines (number, text) of a configuration file that set one of
+    :data:`RECOVERY_SETTINGS`."""
+    return [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1)
+            if setting_name(line) in RECOVERY_SETTINGS]
+
+
+def include_directives(text: str) -> list[tuple[str, str]]:
+    """The ``include``, ``include_if_exists`` and ``include_dir`` lines of a configuration
+    file: (directive in lower case, the path as written)."""
+    return [(m.group(1).lower(), m.group(2) or m.group(3)) for m in
+            (_INCLUDE.match(line) for line in text.splitlines()) if m is not None]
 
 
 def quote_setting(value: str) -> str:

@@ -10,8 +10,11 @@ each listed file once: a backup damaged at rest is refused), written with ``O_EX
 fsynced through :mod:`receivewal.archive.durable`. A ``tablespace_map`` is rewritten with the
 mapped directories: PostgreSQL makes the ``pg_tblspc`` links from it when it starts.
 
-:func:`write_recovery` appends the recovery settings to ``postgresql.auto.conf`` and writes
-``recovery.signal`` (and removes a ``standby.signal`` the backup may hold).
+:func:`write_recovery` rewrites ``postgresql.auto.conf`` without the recovery settings the
+backup inherited (a backup of a recovered server holds that recovery's target) and appends
+recover's own block (:mod:`receivewal.backup.settings`), writes ``recovery.signal`` (and
+removes a ``standby.signal`` the backup may hold). It names what it removed, and the same
+settings in ``postgresql.conf`` and the files it includes, which the block overrides.
 """
 
 from __future__ import annotations
@@ -30,7 +33,12 @@ from receivewal.archive.durable import (
 )
 from receivewal.archive.reading import read_small_file
 from receivewal.backup.record import BackupRecord, StoredArchive
-from receivewal.backup.settings import auto_conf_lines
+from receivewal.backup.settings import (
+    auto_conf_lines,
+    include_directives,
+    recovery_lines,
+    without_recovery_settings,
+)
 from receivewal.backup.stored import (
     BackupFiles,
     manifest_check,
@@ -42,6 +50,8 @@ from receivewal.errors import ArchiveError, ConfigurationError
 
 TABLESPACE_MAP = "tablespace_map"
 AUTO_CONF = "postgresql.auto.conf"
+MAIN_CONF = "postgresql.conf"
+_INCLUDE_DEPTH = 10  # PostgreSQL's own limit of nested configuration files
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -246,16 +256,57 @@ def _rewrite_tablespace_map(pgdata: Path, targets: Mapping[int, Path], *, sync: 
                        sync=sync)
 
 
-def write_recovery(pgdata: Path, settings: list[tuple[str, str]], *, sync: bool = True) -> None:
-    """Append ``settings`` to ``postgresql.auto.conf``, write ``recovery.signal``, remove a
-    ``standby.signal``."""
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """What :func:`write_recovery` found: the lines it removed from ``postgresql.auto.conf``,
+    and the lines of ``postgresql.conf`` (or a file it includes) that set one of the recovery
+    settings, each as ``file:line: text`` (recover's block overrides them)."""
+
+    removed: tuple[str, ...]
+    overridden: tuple[str, ...]
+
+
+def write_recovery(pgdata: Path, settings: list[tuple[str, str]], *,
+                   sync: bool = True) -> RecoveryConfig:
+    """Rewrite ``postgresql.auto.conf`` without the recovery settings it holds and with
+    ``settings`` appended, write ``recovery.signal``, remove a ``standby.signal``."""
     try:
-        current = read_small_file(pgdata / AUTO_CONF)
+        current = read_small_file(pgdata / AUTO_CONF).decode("utf-8", "surrogateescape")
     except FileNotFoundError:
-        current = b""
-    if current and not current.endswith(b"\n"):
-        current += b"\n"
-    write_file_durably(pgdata, AUTO_CONF, current + auto_conf_lines(settings).encode(),
-                       sync=sync)
+        current = ""
+    kept, removed = without_recovery_settings(current)
+    if kept and not kept.endswith("\n"):
+        kept += "\n"
+    write_file_durably(pgdata, AUTO_CONF, (kept + auto_conf_lines(settings))
+                       .encode("utf-8", "surrogateescape"), sync=sync)
     (pgdata / "standby.signal").unlink(missing_ok=True)
     write_file_durably(pgdata, "recovery.signal", b"", sync=sync)
+    return RecoveryConfig(tuple(removed), tuple(_configured(pgdata / MAIN_CONF, set())))
+
+
+def _configured(path: Path, seen: set[Path], depth: int = 0) -> list[str]:
+    """The recovery settings' lines in the configuration file ``path`` and the files it
+    includes, in the order PostgreSQL reads them (a file it cannot read: said as such)."""
+    if path in seen or depth > _INCLUDE_DEPTH:
+        return []
+    seen.add(path)
+    try:
+        text = read_small_file(path).decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return []
+    except (OSError, ArchiveError) as exc:
+        return [f"{path}: not read ({getattr(exc, 'strerror', None) or exc})"]
+    found = [f"{path}:{number}: {line}" for number, line in recovery_lines(text)]
+    for directive, written in include_directives(text):
+        target = path.parent / written
+        if directive == "include_dir":
+            try:
+                names = sorted(p for p in target.iterdir()
+                               if p.name.endswith(".conf") and not p.name.startswith("."))
+            except OSError:
+                continue
+            for name in names:
+                found += _configured(name, seen, depth + 1)
+        else:
+            found += _configured(target, seen, depth + 1)
+    return found

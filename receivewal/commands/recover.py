@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
+import site
 import sys
 from pathlib import Path
 
 import click
 
+import receivewal
 from receivewal.archive.sealed import IDENTITY_ENV
 from receivewal.backup.choice import (
     RecoveryTarget,
@@ -26,12 +29,23 @@ from receivewal.wal.lsn import format_lsn
 
 
 def default_restore_prefix() -> str:
-    """How the server runs this receivewal's restore: the console script on PATH, else this
-    Python with ``-m receivewal``."""
-    script = shutil.which("receivewal")
-    if script is not None:
-        return f"{shlex.quote(str(Path(script).resolve()))} restore"
-    return f"{shlex.quote(sys.executable)} -m receivewal restore"
+    """How the server runs the receivewal that is running now, not whichever ``receivewal``
+    comes first on PATH (another installation, another version): the program itself when it
+    was started as one (a console script, the .deb's ``/usr/bin/receivewal``: ``sys.argv[0]``
+    resolved), else, under ``python -m receivewal``, this Python with ``-m receivewal`` and,
+    when the package does not come from that Python's own site directories (a checkout, a
+    ``PYTHONPATH``), ``PYTHONPATH`` naming where it does come from."""
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if program is not None and program.name != "__main__.py" and program.suffix != ".py":
+        found = shutil.which(str(program)) if program.parent == Path() else str(program)
+        if found is not None and os.access(found, os.X_OK):
+            return f"{shlex.quote(str(Path(found).resolve()))} restore"
+    command = f"{shlex.quote(str(Path(sys.executable).absolute()))} -m receivewal restore"
+    root = Path(receivewal.__file__).resolve().parent.parent
+    own = {Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages())}
+    if root not in own:
+        command = f"PYTHONPATH={shlex.quote(str(root))} {command}"
+    return command
 
 
 def _mapping(ctx: click.Context, param: click.Parameter, values: tuple[str, ...],
@@ -93,12 +107,16 @@ def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | 
               help="age identity file (age-keygen's) that decrypts a backup sealed with "
               "backup --encrypt-to; the restore_command written passes it on (absolute), so "
               f"an encrypted WAL archive is read too (env {IDENTITY_ENV}).")
+@click.option("--target-beyond-archive", "beyond_archive", is_flag=True,
+              help="Accept a --target-time after the archive's last commit (the WAL up to it "
+              "will reach the archive before the server replays it); refused otherwise, as "
+              "PostgreSQL would end with FATAL at the archive's end.")
 @click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
 def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: str | None,
                     target_lsn: str | None, target_xid: str | None, target_name: str | None,
                     target_immediate: bool, target_timeline: int | None, target_action: str,
                     mapping: dict[str, str], restore_command_prefix: str | None,
-                    identity: str | None, no_sync: bool) -> None:
+                    identity: str | None, beyond_archive: bool, no_sync: bool) -> None:
     """Unpack a base backup into an empty PGDATA and set it up to recover from the archive
     (to a target, or to the archive's end); prints how to start the server."""
     target = read_target(target_time, target_lsn, target_xid, target_name,
@@ -106,14 +124,19 @@ def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: 
     settings = RecoverSettings(
         archive, pgdata.absolute(), backup_id, target, target_action, mapping,
         restore_command_prefix or default_restore_prefix(), sync=not no_sync,
-        identity=identity or None)
+        identity=identity or None, beyond_archive=beyond_archive)
     try:
-        record, unpacked, text = run_recover(settings)
+        done = run_recover(settings)
     except ReceivewalError as exc:
         raise click.ClickException(str(exc)) from exc
+    record, unpacked = done.record, done.unpacked
     click.echo(f"backup {record.backup_id} (WAL from {format_lsn(record.start_lsn)} to "
                f"{format_lsn(record.end_lsn)}, ended {record.end_time.isoformat()}) unpacked: "
                f"{unpacked.files} files, {unpacked.bytes} bytes")
     click.echo(f"recovery target: {target.describe()}"
                + (f", then {target_action}" if target.kind is not TargetKind.LATEST else ""))
-    click.echo(text)
+    for line in done.config.removed:
+        click.echo(f"removed from postgresql.auto.conf (the backup's): {line}")
+    for line in done.config.overridden:
+        click.echo(f"overridden by recover's settings in postgresql.auto.conf: {line}")
+    click.echo(done.text)

@@ -19,10 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.backups import give_to_postgres, start_recovered
 from support.postgres_user import install_for_postgres, readable_by_postgres
 from support.recovery import copy_of, recover_or_stop
 from support.servers import SERVER_MAJORS, PgServer, make_shared_dir
-from support.streams import assert_identical_to_server, complete_segments, log_events, receivewal
+from support.streams import (
+    assert_identical_to_server,
+    complete_segments,
+    log_events,
+    receivewal,
+    start_streaming,
+    stop,
+)
 from support.walgen import name_of, wal_segment
 
 from receivewal.wal.majors import PAGE_MAGICS, known_majors, server_major_problem
@@ -128,6 +136,36 @@ def test_a_restarted_daemon_accepts_its_own_files(setup: Setup) -> None:
     after = assert_identical_to_server(setup.archive, setup.primary)
     assert after[:len(before)] == before
     assert len(after) > len(before)
+
+
+def test_backup_and_recover_reach_the_rows_written_after_the_backup(setup: Setup) -> None:
+    """``receivewal backup`` while the daemon streams (BASE_BACKUP, the manifest of the
+    server's version checked), then ``receivewal recover`` of it into a new PGDATA: the server
+    recovers through ``receivewal restore`` and holds the row written after the backup."""
+    daemon = start_streaming("-D", str(setup.archive), "-d", setup.primary.dsn, "-S", "arch",
+                             log=setup.base / "daemon.log")
+    try:
+        done = receivewal("backup", "-D", str(setup.archive), "-d", setup.primary.dsn, "--fast",
+                          "--wal-wait", "120", timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        setup.primary.sql("CREATE TABLE after_backup (n int)")
+        setup.primary.sql("INSERT INTO after_backup VALUES (7)")
+        setup.primary.switch_wal()
+        setup.primary.switch_wal()
+    finally:
+        assert stop(daemon) == 0, (setup.base / "daemon.log").read_text()[-3000:]
+    pgdata = setup.base / "from-backup"
+    done = receivewal("recover", "latest", "--to", str(pgdata), "-D", str(setup.archive),
+                      "--restore-command-prefix", setup.command, "--no-sync", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    readable_by_postgres(setup.archive)
+    give_to_postgres(pgdata)
+    server = start_recovered(setup.base, "from-backup", major=setup.major)
+    try:
+        assert server.sql("SELECT n FROM after_backup") == "7"
+        assert server.sql("SELECT count(*) FROM marker") == str(MARKERS)
+    finally:
+        server.stop("immediate")
 
 
 def run_restore(archive: Path, name: str, target: Path) -> subprocess.CompletedProcess[str]:

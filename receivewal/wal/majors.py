@@ -7,15 +7,17 @@ Of the format facts the WAL readers assume, only the page magic (``XLOG_PAGE_MAG
 resource manager ids of ``rmgrlist.h`` (0 to 21, custom 128 to 255), the XLOG record kinds the
 checks recognise (switch, checkpoints, end of recovery, overwritten contrecord: 17 adds
 ``XLOG_CHECKPOINT_REDO``, which nothing here reads), the longest record a reader accepts, the
-timeline history format, and the BASE_BACKUP options receivewal sends (the ones 15 introduced).
-17 and 18 write backup manifests of version 2, which add ``System-Identifier``; a manifest is
-kept as the server sent it.
+timeline history format, and the BASE_BACKUP options receivewal sends (15's option list). 17
+and 18 write backup manifests of version 2, which add ``System-Identifier``: backup/manifest.py
+reads both versions.
 
 Where an archive's major comes from: the magic of a segment's first page says it (every page of
-a segment carries its first page's magic), so archives written before the major was recorded
-read the same, and a segment of a major not listed here is refused with one line naming its
-magic and the majors known. A server says its major when a connection starts
-(``server_version``); :func:`server_major_problem` refuses one not listed here.
+a segment carries its first page's magic). Nothing records it, and nothing needs to: an archive
+holds one database system (the system identifier of its identity record, checked by the daemon,
+restore and verify), and a system never changes major in place (pg_upgrade makes a new one), so
+archives written before this module read as they are. A segment of a major not listed here is
+refused with one line naming its magic and the majors known. A server says its major when a
+connection starts (``server_version``); :func:`server_major_problem` refuses one not listed.
 
 On restore's lean path (imported by :mod:`receivewal.wal.pageheader`): plain data, no imports.
 """

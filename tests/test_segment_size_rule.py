@@ -24,6 +24,7 @@ from receivewal.restore.filler import Spool
 from receivewal.restore.local import archive_segment_size
 from receivewal.restore.remote import BucketSource
 from receivewal.wal import pageheader
+from receivewal.wal.majors import PAGE_MAGICS
 from receivewal.wal.names import wal_file_name
 
 MIB = 1 << 20
@@ -34,7 +35,7 @@ def segment(size_stated: int, page_address: int, file_size: int) -> bytes:
     """A segment file's bytes: a long page header stating ``size_stated`` and
     ``page_address``, zeros after it."""
     head = bytearray(file_size)
-    pageheader.SHORT_HEADER.pack_into(head, 0, pageheader.XLOG_PAGE_MAGIC,
+    pageheader.SHORT_HEADER.pack_into(head, 0, PAGE_MAGICS[15],
                                       pageheader.XLP_LONG_HEADER, 1, page_address, 0)
     pageheader.LONG_FIELDS.pack_into(head, pageheader.SIZE_OF_SHORT_PHD, SYSID, size_stated,
                                      pageheader.XLOG_BLCKSZ)

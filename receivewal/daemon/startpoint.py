@@ -41,7 +41,7 @@ from receivewal.archive.syncer import restart_point
 from receivewal.daemon import events as ev
 from receivewal.daemon.events import Event, SessionMonitor
 from receivewal.daemon.settings import Settings
-from receivewal.errors import ArchiveError, ServerError
+from receivewal.errors import ArchiveError, ConfigurationError, ServerError
 from receivewal.replication.commands import (
     ServerInfo,
     create_slot,
@@ -52,6 +52,7 @@ from receivewal.replication.commands import (
 )
 from receivewal.replication.link import ReplicationLink
 from receivewal.wal.lsn import format_lsn, round_down_to_segment
+from receivewal.wal.majors import server_major_problem
 from receivewal.wal.names import SegmentFile, history_file_name
 from receivewal.wal.timeline import (
     TimelineSwitch,
@@ -205,6 +206,9 @@ def find_start(conn: ReplicationLink, archive: Archive, listing: Listing, settin
     identity, the server's timeline history against the archive's history files and
     segments; only then are ``.partial`` files settled and the history file written."""
     info = identify_server(conn)
+    unknown = server_major_problem(info.version)  # its WAL would be refused on every restart
+    if unknown is not None:
+        raise ConfigurationError(unknown)
     identity = ArchiveIdentity(info.system_identifier, info.segment_size, info.timeline)
     # before the uploader's thread starts: it writes the upload record
     events(FileModeChosen(archive.adopt_file_mode(info.file_mode)))

@@ -36,7 +36,7 @@ LEAN = frozenset({
     "receivewal.restore", "receivewal.restore.call", "receivewal.restore.served",
     "receivewal.restore.spoolfiles", "receivewal.restore.absence",
     "receivewal.archive", "receivewal.archive.durable",
-    "receivewal.wal", "receivewal.wal.lsn", "receivewal.wal.pageheader",
+    "receivewal.wal", "receivewal.wal.lsn", "receivewal.wal.pageheader", "receivewal.wal.majors",
     "receivewal.wal.leannames",
 })
 

@@ -4,9 +4,11 @@
  * The pure-Python scanner in receivewal/wal/reader.py and receivewal/wal/pages.py is the
  * reference; this module does the same work for the common case only:
  *
- *   check_pages(buf, n_pages, start_lsn, timeline, segment_size)
+ *   check_pages(buf, n_pages, start_lsn, timeline, segment_size, magic)
  *       checks page headers from the first page on and stops at the first page that has
- *       anything to report (Python goes on from there and reports it);
+ *       anything to report (Python goes on from there and reports it); every page must carry
+ *       ``magic``, the segment's (Python decides it: the first page's when that is a known
+ *       major's, receivewal/wal/majors.py; 0, which no page matches, when it is not);
  *   walk(buf, pos, end_data, page_ok, start_lsn, have_prev, prev, data_len, partial,
  *        counts, rec_bytes, fpi_bytes, lsns)
  *       walks records from pos while each one is accepted without a finding, and stops at
@@ -16,8 +18,8 @@
  *       slicing-by-8 in software otherwise.
  *
  * Both paths therefore give the same results: C never reports, it only skips ahead over
- * what Python would accept silently. The layouts are PostgreSQL 15's (xlog_internal.h,
- * xlogrecord.h).
+ * what Python would accept silently. The layouts are PostgreSQL 15's to 18's, the same in each
+ * (xlog_internal.h, xlogrecord.h); only the page magic differs, and it comes as a parameter.
  *
  * Bounds: both functions read whole pages only, and only pages that lie in the buffer (and,
  * for walk, in the page list) they are handed, whatever n_pages, end_data or pos say; a
@@ -41,7 +43,6 @@
 #define PAGE_MASK (BLCKSZ - 1)
 #define SHORT_PHD 24
 #define RECORD_HEADER 24
-#define PAGE_MAGIC 0xD110
 #define XLP_FIRST_IS_CONTRECORD 0x0001
 #define XLP_LONG_HEADER 0x0002
 #define XLP_FIRST_IS_OVERWRITE_CONTRECORD 0x0008
@@ -223,8 +224,9 @@ scan_check_pages(PyObject *self, PyObject *args)
     Py_buffer view;
     Py_ssize_t n_pages;
     unsigned long long start_lsn;
-    unsigned long timeline, segment_size;
-    if (!PyArg_ParseTuple(args, "y*nKkk", &view, &n_pages, &start_lsn, &timeline, &segment_size))
+    unsigned long timeline, segment_size, page_magic;
+    if (!PyArg_ParseTuple(args, "y*nKkkk", &view, &n_pages, &start_lsn, &timeline, &segment_size,
+                          &page_magic))
         return NULL;
     const uint8_t *buf = view.buf;
     /* only whole pages of the buffer: never trust n_pages (nor let n_pages * BLCKSZ overflow) */
@@ -241,7 +243,7 @@ scan_check_pages(PyObject *self, PyObject *args)
         unsigned magic = u16(h), info = u16(h + 2);
         uint32_t tli = u32(h + 4), rem = u32(h + 16);
         uint64_t addr = u64(h + 8), lsn = start_lsn + (uint64_t) p * BLCKSZ;
-        if (magic != PAGE_MAGIC || (info & ~XLP_ALL_FLAGS) || addr != lsn || tli == 0 ||
+        if (magic != page_magic || (info & ~XLP_ALL_FLAGS) || addr != lsn || tli == 0 ||
             tli > timeline || tli < prev_tli)
             break;
         if (p == 0) {

@@ -1,6 +1,7 @@
 # Types of the optional C extension receivewal/wal/_scan.c (see its header comment).
 
-def check_pages(buf: bytes, n_pages: int, start_lsn: int, timeline: int, segment_size: int, /
+def check_pages(buf: bytes, n_pages: int, start_lsn: int, timeline: int, segment_size: int,
+                magic: int, /
                 ) -> tuple[int, int | None, list[tuple[int, int]], list[int], list[int]]: ...
 def walk(buf: bytes, pos: int, end_data: int, page_ok: bytes, start_lsn: int, have_prev: bool,
          prev: int, data_len: int, partial: bool, counts: list[int], rec_bytes: list[int],

@@ -2,7 +2,9 @@
 
 Every 8 kB page of a segment starts with a short header (magic, flags, timeline, page address,
 continuation length); the first page of a segment has the long one, which adds the system
-identifier, the segment size and the block size. Layouts are PostgreSQL 15's.
+identifier, the segment size and the block size. The layouts are the same from PostgreSQL 15
+to 18; the magic is each major's own (:mod:`receivewal.wal.majors`): a segment's first page
+carries a known major's, every other page the first page's.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import struct
 
 from receivewal.errors import ConfigurationError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size, format_lsn
+from receivewal.wal.majors import MAJOR_OF_MAGIC, magic_problem
 
 TYPE_CHECKING = False  # typing stays off restore's lean path
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-XLOG_PAGE_MAGIC = 0xD110  # PostgreSQL 15
 XLOG_BLCKSZ = 8192
 SIZE_OF_SHORT_PHD = 24
 SIZE_OF_LONG_PHD = 40
@@ -111,11 +113,23 @@ def first_page_problem(
         segment_size=segment_size, system_identifier=system_identifier) or None
 
 
-def page_identity_problem(magic: int, page_address: int, address: int) -> str:
+def segment_magic(head: bytes | memoryview) -> int | None:
+    """The magic a segment's pages carry: its first page's, when that is a known major's
+    (None when it is not, or ``head`` is too short to hold it)."""
+    if len(head) < SIZE_OF_SHORT_PHD:
+        return None
+    magic: int = SHORT_HEADER.unpack_from(head)[0]
+    return magic if magic in MAJOR_OF_MAGIC else None
+
+
+def page_identity_problem(magic: int, page_address: int, address: int,
+                          expected: int | None = None) -> str:
     """Whether a page header is a WAL page header at all, and the one for ``address``:
-    what is wrong with its magic number or page address ("" when nothing)."""
-    if magic != XLOG_PAGE_MAGIC:
-        return f"invalid magic number {magic:04X}, expected {XLOG_PAGE_MAGIC:04X}"
+    what is wrong with its magic number or page address ("" when nothing). ``expected`` is
+    the magic of the segment's first page (None: any known major's)."""
+    wrong = magic_problem(magic, expected)
+    if wrong:
+        return wrong
     if page_address != address:
         return f"page address {format_lsn(page_address)}, expected {format_lsn(address)}"
     return ""
@@ -124,23 +138,27 @@ def page_identity_problem(magic: int, page_address: int, address: int) -> str:
 def page_header_problem(  # noqa: PLR0911 - one return per check, as xlogreader reports
         header: tuple[int, int, int, int], *, address: int, timeline: int, prev_tli: int = 0,
         long_fields: tuple[int, int, int] | None = None, segment_size: int = 0,
-        system_identifier: int | None = None) -> str:
+        system_identifier: int | None = None, magic: int | None = None) -> str:
     """Why a page header cannot be read where it stands ("" when nothing): the checks of
-    PostgreSQL 15's XLogReaderValidatePageHeader, the one definition of them here.
+    XLogReaderValidatePageHeader (the same in PostgreSQL 15 to 18), the one definition of
+    them here.
 
     ``header`` is (xlp_magic, xlp_info, xlp_tli, xlp_pageaddr); ``address`` the LSN where the
     page stands; ``timeline`` the file's; ``prev_tli`` the timeline of the page before it.
     ``long_fields`` is (xlp_sysid, xlp_seg_size, xlp_xlog_blcksz) for a segment's first page
-    and None for the others; ``system_identifier`` is compared when given. The C scanner
-    (``_scan.c``, check_pages) makes the same checks in the same order.
+    and None for the others; ``system_identifier`` is compared when given. ``magic`` is the
+    magic of the segment's first page (:func:`segment_magic`); None: the page's own must be a
+    known major's. The C scanner (``_scan.c``, check_pages) makes the same checks in the same
+    order, handed the same magic.
     """
-    magic, info, tli, page_address = header
-    if magic != XLOG_PAGE_MAGIC:
-        return page_identity_problem(magic, page_address, address)
+    page_magic, info, tli, page_address = header
+    wrong = magic_problem(page_magic, magic)
+    if wrong:
+        return wrong
     if info & ~XLP_ALL_FLAGS:
         return f"invalid info bits {info:04X}"
     if page_address != address:
-        return page_identity_problem(magic, page_address, address)
+        return page_identity_problem(page_magic, page_address, address)
     if tli == 0 or tli > timeline:
         return f"page timeline {tli} does not belong in a timeline {timeline} file"
     if tli < prev_tli:

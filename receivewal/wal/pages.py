@@ -1,7 +1,8 @@
-"""The page headers of one WAL segment (pure): the checks PostgreSQL 15's xlogreader makes.
+"""The page headers of one WAL segment (pure): the checks xlogreader makes (PostgreSQL 15-18).
 
 :func:`check_pages` reads every 8 kB page header of a segment's bytes and judges each with
-:func:`receivewal.wal.pageheader.page_header_problem` (magic ``0xD110``, flag bits, timeline,
+:func:`receivewal.wal.pageheader.page_header_problem` (magic: a known major's on the first
+page, the first page's on every other (:mod:`receivewal.wal.majors`); flag bits, timeline,
 page address, and on the first page the long header: segment size, block size). It returns
 a :class:`PageMap` that the record walk (:mod:`receivewal.wal.reader`) consults, and the
 problems found. One pass over the data:
@@ -22,6 +23,7 @@ from receivewal.wal.pageheader import (
     XLOG_BLCKSZ,
     XLP_FIRST_IS_CONTRECORD,
     page_header_problem,
+    segment_magic,
 )
 
 # (kind, LSN, detail): a problem before it is tied to a file
@@ -42,6 +44,7 @@ class PageMap:
     rems: list[int] = field(default_factory=list)
     page_tlis: list[tuple[int, int]] = field(default_factory=list)
     system_identifier: int | None = None
+    magic: int | None = None  # the first page's, when a known major's (every page's then)
     zero_from: int | None = None  # offset where zeros run to the end of the data
 
     @property
@@ -113,10 +116,12 @@ def check_pages(buf: bytes | bytearray, *, data_len: int, start_lsn: int, segmen
                          f"segment holds {data_len} bytes, expected {segment_size}"))
     n = min(readable_pages(data_len, partial), segment_size // XLOG_BLCKSZ)
     zeros = zero_tail_start(buf, n * XLOG_BLCKSZ)
+    if first_page == 0:
+        pmap.magic = segment_magic(memoryview(buf)[:data_len])
     if nativescan.native is not None and first_page == 0:  # the leading pages with nothing to say
         first_page, pmap.system_identifier, pmap.page_tlis, pmap.flags, pmap.rems = (
             nativescan.native.check_pages(buf, min(n, zeros // XLOG_BLCKSZ), start_lsn, timeline,
-                                     segment_size))
+                                     segment_size, pmap.magic or 0))
         pmap.page_ok = [True] * first_page
     prev_tli = pmap.page_tlis[-1][1] if pmap.page_tlis else 0
     for p in range(first_page, n):
@@ -129,7 +134,7 @@ def check_pages(buf: bytes | bytearray, *, data_len: int, start_lsn: int, segmen
         long_fields = LONG_FIELDS.unpack_from(buf, SIZE_OF_SHORT_PHD) if p == 0 else None
         bad = page_header_problem((magic, info, tli, addr), address=lsn, timeline=timeline,
                                   prev_tli=prev_tli, long_fields=long_fields,
-                                  segment_size=segment_size)
+                                  segment_size=segment_size, magic=pmap.magic)
         if bad:
             findings.append(("bad_page_header", lsn, bad))
         else:

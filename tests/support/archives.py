@@ -8,6 +8,7 @@ from pathlib import Path
 import zstandard
 
 from receivewal.archive.compression import decompress_chunks
+from receivewal.wal.majors import PAGE_MAGICS
 from receivewal.wal.names import AtRest, parse_segment_file_name
 from receivewal.wal.pageheader import (
     LONG_FIELDS,
@@ -15,7 +16,6 @@ from receivewal.wal.pageheader import (
     SIZE_OF_LONG_PHD,
     SIZE_OF_SHORT_PHD,
     XLOG_BLCKSZ,
-    XLOG_PAGE_MAGIC,
     XLP_LONG_HEADER,
 )
 from support.servers import PgServer
@@ -90,7 +90,7 @@ def proven_segment(segno: int, system_identifier: int = 7) -> bytes:
     """A 16 MiB segment of zeros behind a long page header that proves it is segment ``segno``
     of timeline 1 (for the resume scan, which trusts only files whose header matches)."""
     header = bytearray(SIZE_OF_LONG_PHD)
-    SHORT_HEADER.pack_into(header, 0, XLOG_PAGE_MAGIC, XLP_LONG_HEADER, 1, segno * SEGMENT, 0)
+    SHORT_HEADER.pack_into(header, 0, PAGE_MAGICS[15], XLP_LONG_HEADER, 1, segno * SEGMENT, 0)
     LONG_FIELDS.pack_into(header, SIZE_OF_SHORT_PHD, system_identifier, SEGMENT, XLOG_BLCKSZ)
     return bytes(header) + bytes(SEGMENT - SIZE_OF_LONG_PHD)
 

@@ -252,10 +252,12 @@ def backup_under_load(pg: PgServer, archive: Path, label: str, compress: str,
     return server, record
 
 
-def start_recovered(base: Path, name: str, timeout: float = 120) -> PgServer:
+def start_recovered(base: Path, name: str, timeout: float = 120,
+                    major: int | None = None) -> PgServer:
     """Start the recovered data directory ``base/name`` (its own port and socket directory,
-    set after the settings the backup brought) and wait until recovery has ended."""
-    server = PgServer(base, name)
+    set after the settings the backup brought; PostgreSQL ``major``, default 15) and wait
+    until recovery has ended."""
+    server = PgServer(base, name, major)
     server.configure({})
     server.sockdir.mkdir()
     give_to_postgres(server.sockdir)

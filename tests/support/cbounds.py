@@ -56,7 +56,7 @@ def main(path: str) -> None:
         buf = guarded(data[:length])
         pages = -(-length // XLOG_BLCKSZ)  # the last page may be cut
         for n in (pages, pages + 1, 1 << 40, sys.maxsize):
-            good = native.check_pages(buf, n, start, timeline, SEG)[0]
+            good = native.check_pages(buf, n, start, timeline, SEG, pmap.magic or 0)[0]
             assert 0 <= good <= length // XLOG_BLCKSZ, (length, n, good)
             calls += 1
         for page_ok in (b"\x01" * pages, b"\x01" * 128):

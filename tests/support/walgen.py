@@ -15,6 +15,7 @@ import functools
 import random
 import struct
 
+from receivewal.wal.majors import PAGE_MAGICS
 from receivewal.wal.nativescan import crc32c_function
 from receivewal.wal.pageheader import (
     LONG_FIELDS,
@@ -22,7 +23,6 @@ from receivewal.wal.pageheader import (
     SIZE_OF_LONG_PHD,
     SIZE_OF_SHORT_PHD,
     XLOG_BLCKSZ,
-    XLOG_PAGE_MAGIC,
     XLP_FIRST_IS_CONTRECORD,
     XLP_LONG_HEADER,
 )
@@ -52,9 +52,10 @@ def _record(body: bytes, prev: int, info: int) -> bytes:
 
 @functools.lru_cache(maxsize=32)
 def wal_segment(segno: int, timeline: int = 1, system_identifier: int = SYSID,
-                segment_size: int = SEGMENT, seed: int = 0) -> bytes:
+                segment_size: int = SEGMENT, seed: int = 0, *,
+                magic: int = PAGE_MAGICS[15]) -> bytes:
     """Segment ``segno`` of ``timeline``: valid WAL from its first record to an XLOG_SWITCH
-    near its end, zeros after it."""
+    near its end, zeros after it; ``magic`` on every page (PostgreSQL 15's by default)."""
     rng = random.Random(  # noqa: S311 - reproducible test data, not a secret
         f"{segno}/{timeline}/{system_identifier}/{segment_size}/{seed}")
     start = segno * segment_size
@@ -69,7 +70,7 @@ def wal_segment(segno: int, timeline: int = 1, system_identifier: int = SYSID,
         while left:
             if pos % XLOG_BLCKSZ == 0:
                 flags = XLP_FIRST_IS_CONTRECORD if left < len(data) else 0
-                SHORT_HEADER.pack_into(out, pos, XLOG_PAGE_MAGIC, flags, timeline,
+                SHORT_HEADER.pack_into(out, pos, magic, flags, timeline,
                                        start + pos, left if flags else 0)
                 pos += SIZE_OF_SHORT_PHD
             take = min(left, XLOG_BLCKSZ - pos % XLOG_BLCKSZ)
@@ -78,7 +79,7 @@ def wal_segment(segno: int, timeline: int = 1, system_identifier: int = SYSID,
             left -= take
         pos = (pos + 7) & ~7
 
-    SHORT_HEADER.pack_into(out, 0, XLOG_PAGE_MAGIC, XLP_LONG_HEADER, timeline, start, 0)
+    SHORT_HEADER.pack_into(out, 0, magic, XLP_LONG_HEADER, timeline, start, 0)
     LONG_FIELDS.pack_into(out, SIZE_OF_SHORT_PHD, system_identifier, segment_size, XLOG_BLCKSZ)
     pos = SIZE_OF_LONG_PHD
     while True:

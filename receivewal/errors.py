@@ -15,9 +15,14 @@ OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 class ReceivewalError(Exception):
-    """Root of every error this package raises on purpose."""
+    """Root of every error this package raises on purpose.
+
+    ``final``: not even a new start of the program can help (the same refusal at the same
+    place every time): the supervisor exits with the status the service unit does not restart,
+    and an operator must act. A final error is never retryable."""
 
     retryable: bool = False
+    final: bool = False
 
 
 class ConfigurationError(ReceivewalError):
@@ -56,6 +61,15 @@ class ServerError(ReceivewalError):
     def __init__(self, message: str, sqlstate: str = "") -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
+
+
+class StreamRefused(ServerError):  # noqa: N818 - the server's answer
+    """The server refuses a logical slot's stream with an error the slot meets again at the
+    same position on every start (``publication "p" does not exist``): retrying, or
+    restarting, cannot help; the slot holds WAL until an operator acts."""
+
+    retryable = False
+    final = True
 
 
 class WalRemovedError(ServerError):
@@ -99,6 +113,13 @@ class ArchiveError(ReceivewalError):
 class ForeignArchive(ArchiveError):  # noqa: N818 - a state, as the brief names errors
     """The archive (a directory, or a bucket prefix by its identity object) holds another
     database system's WAL, or segments of another size."""
+
+
+class SlotAheadOfLog(ArchiveError):  # noqa: N818 - a state
+    """A logical slot confirmed past what the change log holds: what committed in between is
+    in neither, and no start can change that without an operator (``--accept-gap``)."""
+
+    final = True
 
 
 class ArchiveNotDurable(ArchiveError):  # noqa: N818 - a state

@@ -21,6 +21,7 @@ from support.logical import LOGICAL_CONF, current_lsn
 from support.servers import PgServer, running_server
 from support.streams import receivewal
 
+from receivewal.daemon.supervisor import EXIT_STAY_DOWN
 from receivewal.logical.store import CONFIRMED_THROUGH
 from receivewal.wal.lsn import format_lsn, parse_lsn
 
@@ -107,8 +108,9 @@ def test_a_damaged_line_in_the_partial_file_is_refused_and_nothing_changes(
 def test_a_slot_ahead_of_the_log_is_refused_until_the_gap_is_accepted(
         pg: PgServer, tmp_path: Path) -> None:
     """The ``.partial`` removed: the slot was confirmed past what the log holds, so the start
-    exits 1 naming both LSNs and writes nothing; ``--accept-gap`` goes on from the slot with
-    a ``gap`` line naming them, and later starts take the log as it is."""
+    exits 4 (the unit does not restart it) naming both LSNs and writes nothing;
+    ``--accept-gap`` goes on from the slot with a ``gap`` line naming them, and later starts
+    take the log as it is."""
     create(pg, "ahead")
     start = confirmed(pg, "ahead")
     insert(pg, 2000, 6)
@@ -120,7 +122,7 @@ def test_a_slot_ahead_of_the_log_is_refused_until_the_gap_is_accepted(
     partial.unlink()
     through = confirmed(pg, "ahead")
     refused = stream_to_end(pg, out, "ahead")
-    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert refused.returncode == EXIT_STAY_DOWN, refused.stderr[-2000:]
     assert (f'replication slot \\"ahead\\" was confirmed through {format_lsn(through)}, but '
             f"the change log in {out} holds transactions only up to "
             f"{format_lsn(start)}") in refused.stderr
@@ -144,7 +146,7 @@ def test_a_slot_ahead_of_the_log_is_refused_until_the_gap_is_accepted(
 
 def test_a_slot_dropped_and_created_again_is_refused(pg: PgServer, tmp_path: Path) -> None:
     """The slot dropped and created again with --create-slot: the transactions committed in
-    between are in neither; the start exits 1 naming where the log ends and where the new
+    between are in neither; the start exits 4 naming where the log ends and where the new
     slot starts."""
     create(pg, "again")
     insert(pg, 3000, 3)
@@ -157,7 +159,7 @@ def test_a_slot_dropped_and_created_again_is_refused(pg: PgServer, tmp_path: Pat
     create(pg, "again")
     insert(pg, 3200, 2)
     refused = stream_to_end(pg, out, "again")
-    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert refused.returncode == EXIT_STAY_DOWN, refused.stderr[-2000:]
     assert (f'replication slot \\"again\\" was confirmed through '
             f"{format_lsn(confirmed(pg, 'again'))}, but the change log in {out} holds "
             f"transactions only up to {format_lsn(end)}") in refused.stderr

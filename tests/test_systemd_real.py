@@ -6,7 +6,8 @@ watchdog and restart checks take seconds instead of minutes; everything else is 
 PostgreSQL runs inside too (a transient unit on the namespace's own loopback).
 
 The tests share one booted system and run in order: start (server down first), streaming,
-restore as postgres, stop, kill -9, watchdog; then a logical instance of the same template.
+restore as postgres, stop, kill -9, watchdog; then a logical instance of the same template,
+and one whose stream the server refuses for good (exit 4: not restarted).
 """
 
 from __future__ import annotations
@@ -261,3 +262,43 @@ def test_a_logical_instance_of_the_same_template_keeps_a_change_log(rig: Rig) ->
     for refusal in ("SIGSYS", "status=31", "Bad system call", "Operation not permitted",
                     "Permission denied"):
         assert refusal not in journal, refusal
+
+
+def test_a_logical_instance_the_server_refuses_for_good_stays_down(rig: Rig) -> None:
+    """The publication of a logical instance's slot dropped and created again, then a row:
+    the server refuses the slot's stream at every start, so the instance exits 4 and the
+    unit's RestartPreventExitStatus keeps it down (failed, no restart: it used to reconnect
+    for ever, active and OK); the journal has the server's words, status says CRITICAL."""
+    unit, outdir = "receivewal@stuck.service", "/var/lib/receivewal/stuck"
+    if rig.system.run(pg_bin("pg_isready"), "-q", "-h", "127.0.0.1", "-p",
+                      str(rig.server.port), check=False).returncode != 0:
+        rig.start_server()  # run alone (-k): the first test started it otherwise
+    rig.sql("CREATE TABLE IF NOT EXISTS stuck_items (id int PRIMARY KEY)")
+    rig.sql("CREATE PUBLICATION stuck_pub FOR TABLE stuck_items")
+    rig.sql("SELECT pg_create_logical_replication_slot('stuck_log', 'pgoutput')")
+    rig.sql("DROP PUBLICATION stuck_pub")
+    rig.sql("INSERT INTO stuck_items VALUES (1)")
+    rig.sql("CREATE PUBLICATION stuck_pub FOR TABLE stuck_items")
+    rig.system.write("/etc/receivewal/stuck.env", "\n".join([
+        "PGHOST=127.0.0.1", f"PGPORT={rig.server.port}", "PGUSER=postgres",
+        "RECEIVEWAL_COMMAND=logical", "RECEIVEWAL_SLOT=stuck_log",
+        "RECEIVEWAL_PUBLICATION=stuck_pub", "RECEIVEWAL_STATUS_INTERVAL=1", "",
+    ]))
+    rig.system.write("/etc/receivewal/stuck.pgpass", "")
+    rig.system.write(f"/etc/systemd/system/{unit}.d/test.conf", "[Service]\nRestartSec=1s\n")
+    rig.system.run("systemctl", "daemon-reload")
+    rig.system.run("systemctl", "start", "--no-block", unit)
+    wait_for(lambda: rig.system.show(unit, "ActiveState")["ActiveState"] == "failed",
+             timeout=120, what="the instance to fail and stay down")
+    assert rig.system.show(unit, "ExecMainStatus", "NRestarts") == {
+        "ExecMainStatus": "4", "NRestarts": "0"}
+    journal = rig.system.run("journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_UNIT={unit}",
+                             "+", f"UNIT={unit}").stdout
+    assert 'publication \\"stuck_pub\\" does not exist' in journal, journal[-3000:]
+    assert "server shut down?" not in journal
+    status = rig.system.run("runuser", "-u", "receivewal", "--", "/usr/bin/receivewal",
+                            "status", "-D", outdir, check=False)
+    assert status.returncode == 2, status.stdout
+    assert status.stdout.startswith("RECEIVEWAL CRITICAL - not running"), status.stdout
+    assert 'publication "stuck_pub" does not exist' in status.stdout, status.stdout
+    rig.sql("SELECT pg_drop_replication_slot('stuck_log')")

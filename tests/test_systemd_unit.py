@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from support.systemd import parse_unit
 
+from receivewal.daemon.supervisor import EXIT_STAY_DOWN
+
 SYSTEMD = Path(__file__).parent.parent / "systemd"
 UNIT = SYSTEMD / "receivewal@.service"
 ENV_EXAMPLE = SYSTEMD / "receivewal.env.example"
@@ -36,6 +38,14 @@ def test_unit_speaks_the_notify_protocol_with_a_watchdog(
     assert one(service, "KillSignal") == "SIGTERM"
     assert one(service, "TimeoutStopSec") == "60s"
     assert one(service, "Restart") == "on-failure"
+
+
+def test_an_error_no_restart_can_fix_stays_down(
+    unit: dict[str, dict[str, list[str]]],
+) -> None:
+    """The supervisor's exit status for an error that a new start cannot fix either is the
+    one status the unit does not restart."""
+    assert one(unit["Service"], "RestartPreventExitStatus") == str(EXIT_STAY_DOWN)
 
 
 def test_unit_is_a_template_reading_its_instance_env_file(

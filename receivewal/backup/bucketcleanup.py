@@ -9,7 +9,9 @@ in a bucket no lock tells it from an interrupted one; once it started more than
 :data:`~receivewal.backup.catalog.ABANDONED_AFTER` ago it is abandoned and removed
 (:func:`~receivewal.backup.catalog.abandoned`), with the multipart uploads it left unfinished
 (a backup of which only those are left is listed too). A backup goes record first, so that a
-cleanup cut short leaves files without a record, never a record without its files. No daemon
+cleanup cut short leaves files without a record, never a record without its files. Only a
+folder named as this package names a backup (:func:`~receivewal.backup.directory.is_backup_id`)
+is one: a foreign prefix under ``backups/`` is left alone. No daemon
 state is read: the daemon's slot and upload backlog are in its directory, not in the bucket.
 """
 
@@ -22,7 +24,7 @@ from receivewal.archive.bucket import Bucket
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.backup.catalog import BackupEntry, EntryState, unrecorded_in_bucket
 from receivewal.backup.cleanup import CleanupReport
-from receivewal.backup.directory import BACKUPS
+from receivewal.backup.directory import BACKUPS, is_backup_id
 from receivewal.backup.record import RECORD_CAP, RECORD_NAME, record_from_json
 from receivewal.backup.retention import ArchiveContents, Policy, plan_retention
 from receivewal.errors import ArchiveError, StoreAccessDenied
@@ -80,9 +82,11 @@ def _unfinished(bucket: Bucket) -> list[tuple[str, str]]:
 
 
 def _backup_of(name: str) -> str:
-    """The backup ID of an object named ``backups/<id>/...`` from the prefix; "" if none."""
+    """The backup ID of an object named ``backups/<id>/...`` from the prefix; "" if none (a
+    folder whose name is no ID of ours, ``backups/manual-copy/``, is no backup: it is neither
+    counted nor removed)."""
     parts = name.split("/")
-    if len(parts) >= 3 and parts[1] and not parts[1].startswith("."):
+    if len(parts) >= 3 and is_backup_id(parts[1]):
         return parts[1]
     return ""
 

@@ -47,7 +47,27 @@ _ATTEMPTS = 100
 def backup_id_for(moment: datetime) -> str:
     """The name a backup started at ``moment`` (UTC) is given, before any ``-N`` that keeps it
     apart from another started in the same second."""
-    return moment.strftime("%Y%m%dT%H%M%SZ")
+    return moment.strftime(_ID_FORMAT)
+
+
+_ID_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
+def is_backup_id(name: str) -> bool:
+    """Whether ``name`` is an ID this package gives a backup: :func:`backup_id_for`'s time,
+    then at most a ``-N`` (1 to 99). Anything else under ``backups/`` (an operator's
+    ``manual-copy/``, ``20200101T000000Z-copy/``) is no backup of ours: never counted, never
+    removed."""
+    stamp, dash, attempt = name.partition("-")
+    if dash and not (attempt.isascii() and attempt.isdigit() and attempt[0] != "0"
+                     and int(attempt) < _ATTEMPTS):
+        return False
+    if len(stamp) != 16 or not stamp.isascii():
+        return False
+    try:
+        return datetime.strptime(stamp, _ID_FORMAT).strftime(_ID_FORMAT) == stamp
+    except ValueError:
+        return False
 
 
 def _os_error(what: str, path: Path, exc: OSError) -> ArchiveError:

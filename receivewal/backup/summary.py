@@ -4,9 +4,14 @@ backups, and the oldest recoverable point (files read: the listing, the backups'
 The interrupted backups (a ``receivewal backup`` killed before its record) are listed with
 the disk they use: no recovery starts from them, and ``cleanup`` removes them.
 
+The WAL files are segments in any form (plain, compressed, ``.partial``, sealed: ``F.age``,
+``F.zst.age``) and history files; a sealed segment's recipients file (``F.age.recipients``)
+is counted in the WAL's bytes, not as a file of its own.
+
 The oldest recoverable point is the start of the oldest complete backup whose WAL from its
-start through its end (its manifest's WAL ranges) is all in the archive: a recovery from it
-can reach any point from its end on that the archive's WAL reaches. ``status`` shows it, and
+start through its end (its manifest's WAL ranges) is all in the archive (a sealed segment is
+there as much as a plain one): a recovery from it can reach any point from its end on that
+the archive's WAL reaches. ``status`` shows it, and
 the daemon's metrics (the WAL receiver measures, the monitor keeps the numbers).
 """
 
@@ -21,9 +26,12 @@ from receivewal.backup.catalog import read_catalog, tree_bytes
 from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord
 from receivewal.wal.names import (
+    ENCRYPTED_SUFFIX,
+    PARTIAL_SUFFIX,
+    RECIPIENTS_SUFFIX,
     looks_like_segment,
+    parse_archive_segment_name,
     parse_history_file_name,
-    parse_segment_file_name,
     wal_file_name,
 )
 
@@ -65,15 +73,29 @@ def summarize(archive: Path) -> ArchiveSummary:
     records = sorted((e.record for e in catalog if e.record is not None),
                      key=lambda r: (r.start_lsn, r.start_time))
     interrupted = tuple((e.backup_id, e.bytes or 0) for e in catalog if e.interrupted)
-    wal = [(name, length) for name, length in listing
-           if looks_like_segment(name) or parse_history_file_name(name) is not None]
+    wal = [(name, length) for name, length in listing if wal_file_of(name) is not None]
+    files = [name for name, _ in wal if wal_file_of(name) == name]  # not the recipients
     present: set[str] = set()
     if records:
         size = records[0].wal_segment_size
-        for name, _ in wal:
-            parsed = parse_segment_file_name(name, size)
+        for name in files:
+            parsed = parse_archive_segment_name(name, size)
             if parsed is not None and not parsed.partial:
                 present.add(wal_file_name(parsed.timeline, parsed.segno, size))
     oldest = next((r for r in records if all(n in present for n in r.wal_segments())), None)
-    return ArchiveSummary(len(wal), sum(length for _, length in wal), len(records),
+    return ArchiveSummary(len(files), sum(length for _, length in wal), len(records),
                           tree_bytes(archive / BACKUPS), oldest, interrupted)
+
+
+def wal_file_of(name: str) -> str | None:
+    """The WAL file a file of the archive is, or goes with: ``name`` itself for a segment in
+    any form (sealed too) or a history file; the sealed segment's name for its recipients
+    file (``F.age.recipients``: ``F.age``); None for anything else."""
+    stem = name.removesuffix(RECIPIENTS_SUFFIX)
+    sealed = stem.endswith(ENCRYPTED_SUFFIX)
+    if stem != name and not sealed:
+        return None
+    inner = stem.removesuffix(ENCRYPTED_SUFFIX)
+    if looks_like_segment(inner):
+        return None if sealed and inner.endswith(PARTIAL_SUFFIX) else stem
+    return stem if not sealed and parse_history_file_name(stem) is not None else None

@@ -30,7 +30,13 @@ from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
 from receivewal.backup.sealing import StoredForm, seal_small, sealed_name, stored_archive
-from receivewal.errors import ArchiveError, ObjectConflict, ObjectNotFound, ReceivewalError
+from receivewal.errors import (
+    ArchiveError,
+    ObjectConflict,
+    ObjectNotFound,
+    ReceivewalError,
+    StoreAccessDenied,
+)
 from receivewal.wal.names import RECIPIENTS_SUFFIX
 
 _ATTEMPTS = 100
@@ -159,10 +165,11 @@ class BucketBackup:
         removed, the record first (best effort); what could not be removed, one line each
         (it has no record, so it is no backup: ``cleanup`` removes it once abandoned)."""
         current, self._open = self._open, None
+        left: list[str] = []
         if current is not None:
             current.form.close()
             current.upload.abort()
-        left: list[str] = []
+            left.extend(self._upload_left(current.name))
         for name in self._written:
             try:
                 self.bucket.delete(backup_key(self.backup_id, name))
@@ -173,6 +180,20 @@ class BucketBackup:
                     break
         self._written = []
         return left
+
+    def _upload_left(self, name: str) -> list[str]:
+        """The abort of ``name``'s multipart upload is best effort: when the store cannot say
+        that it is gone, one line naming it (cleanup aborts it with the abandoned backup)."""
+        try:
+            unfinished = self.bucket.unfinished_uploads(f"{BACKUPS}/{self.backup_id}")
+        except StoreAccessDenied:
+            return []  # may not be listed: the store's lifecycle rule ends what stays
+        except ReceivewalError as exc:
+            return [f"could not make sure the multipart upload of {self.where(name)} of the "
+                    f"backup given up was aborted: {exc}"]
+        key = backup_key(self.backup_id, name)
+        return [f"could not abort the multipart upload {upload_id} of {self.where(name)} of "
+                "the backup given up" for found, upload_id in unfinished if found == key]
 
     def _put_recipients(self, name: str) -> None:
         """The recipients object of the sealed object ``name``, before it (none when plain)."""

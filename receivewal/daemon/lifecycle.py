@@ -69,7 +69,8 @@ class Stopped(Event):
 
 @dataclass(frozen=True, slots=True)
 class Failed(Event):
-    """The daemon gives up with ``error`` (exit code 1); ``kind`` as errors are counted."""
+    """The daemon gives up with ``error`` (exit code 1, or 4 for an error that a new start
+    cannot fix either); ``kind`` as errors are counted."""
 
     name, level = "failed", "error"
     error: str

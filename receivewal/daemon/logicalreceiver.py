@@ -49,7 +49,9 @@ class LogicalReceiver:
         return "logical"
 
     def slot_command(self, conn: ReplicationLink, events: Listener) -> None:
-        """--create-slot (--if-not-exists) or --drop-slot."""
+        """--create-slot (--if-not-exists) or --drop-slot. With -D, --create-slot checks the
+        directory first (ArchiveError): a slot made for a change log that cannot be written
+        would hold the server's WAL with nobody reading it."""
         base = self.settings.base
         slot = base.slot
         assert slot is not None
@@ -57,6 +59,8 @@ class LogicalReceiver:
             events(SlotDropping(slot))
             drop_slot(conn, slot)
             return
+        if base.directory is not None:
+            Archive(base.directory, sync=base.sync).check_usable()
         events(SlotCreating(slot, False))
         if not create_logical_slot(conn, slot, self.settings.plugin,
                                    two_phase=self.settings.two_phase,

@@ -10,7 +10,9 @@ slot's position), then ``START_REPLICATION SLOT s LOGICAL <lsn> (options)`` at t
 ``written_through`` (the server skips what committed before it; a run it sends again anyway
 is skipped by its end LSN) and the COPY loop
 (:mod:`receivewal.daemon.copyloop`) feeding the change log
-(:class:`~receivewal.daemon.changefeed.ChangeFeed`).
+(:class:`~receivewal.daemon.changefeed.ChangeFeed`). When the server ends the stream, its
+error is read and said in its own words; one the slot meets again at the same position on
+every start (``publication "p" does not exist``) is final: the daemon stays down.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from receivewal.daemon import events as ev
 from receivewal.daemon.changefeed import ChangeFeed
 from receivewal.daemon.copyloop import CopyLoop
 from receivewal.daemon.logicalsettings import LogicalSettings
-from receivewal.errors import ArchiveError, ConfigurationError, ConnectionLost
+from receivewal.errors import (
+    ConfigurationError,
+    ConnectionLost,
+    ReceivewalError,
+    ServerError,
+    SlotAheadOfLog,
+    StreamRefused,
+)
 from receivewal.logical.consumer import ChangeLogConsumer
 from receivewal.logical.store import ChangeLogStore
 from receivewal.replication.commands import (
@@ -36,6 +45,11 @@ from receivewal.replication.commands import (
 from receivewal.replication.link import COPY_DONE, ReplicationLink
 from receivewal.replication.waiting import StopFlag
 from receivewal.wal.lsn import format_lsn
+
+#: The SQLSTATEs of a server error in the stream that the slot meets again at the same
+#: position on every start: undefined_object (``publication "p" does not exist``, which
+#: PostgreSQL 15 reads as of the slot's position, so creating it again does not help).
+REFUSED_FOR_GOOD = frozenset({"42704"})
 
 
 class LogicalSession:
@@ -75,8 +89,8 @@ class LogicalSession:
     def _check_slot_against_log(self, store: ChangeLogStore, name: str,
                                 slot: LogicalSlot) -> None:
         """The slot's confirmed position against what the change log holds: a slot confirmed
-        past it is a gap (ArchiveError, not retried) unless --accept-gap records it; a new
-        log notes where it begins."""
+        past it is a gap (SlotAheadOfLog: not retried, the daemon stays down) unless
+        --accept-gap records it; a new log notes where it begins."""
         confirmed = slot.confirmed_flush or 0
         if store.new_log:
             store.mark_confirmed(confirmed)  # it begins at the slot: nothing before is its
@@ -85,7 +99,7 @@ class LogicalSession:
         if confirmed <= held:
             return
         if not self.settings.accept_gap:
-            raise ArchiveError(
+            raise SlotAheadOfLog(
                 f'replication slot "{name}" was confirmed through {format_lsn(confirmed)}, but '
                 f"the change log in {store.directory} holds transactions only up to "
                 f"{format_lsn(held)}: what committed between {format_lsn(held)} and "
@@ -116,12 +130,33 @@ class LogicalSession:
                                             self.conn.receive_path))
             outcome = self.loop.run(feed, info.timeline)
             if outcome is COPY_DONE:
-                raise ConnectionLost("the server ended the logical replication stream at "
-                                     f"{format_lsn(feed.position)} (server shut down?)")
+                raise self._stream_ended(feed.position)
             assert isinstance(outcome, str)
             return outcome
         finally:
             feed.close()
+
+    def _stream_ended(self, position: int) -> ReceivewalError:
+        """The server ended the COPY stream at ``position``: the error to end the session
+        with, in the server's own words when it sent an error (a refusal that the slot meets
+        again at the same position on every start is :class:`StreamRefused`, not retried);
+        ConnectionLost when it sent none (a shutdown)."""
+        try:
+            while self.conn.next_result() is not None:
+                pass
+        except ServerError as exc:
+            if exc.sqlstate in REFUSED_FOR_GOOD:
+                return StreamRefused(
+                    f"the server refuses replication slot \"{self.settings.base.slot}\"'s "
+                    f"stream at {format_lsn(position)}: {exc}; the slot will meet this again "
+                    "at the same position on every start (a publication dropped, even if "
+                    "created again, is read as of the slot's position): not retried",
+                    exc.sqlstate)
+            return exc
+        except ReceivewalError as exc:
+            return exc
+        return ConnectionLost("the server ended the logical replication stream at "
+                              f"{format_lsn(position)} (server shut down?)")
 
     def close(self) -> None:
         """The connection ends (the COPY loop's summary)."""

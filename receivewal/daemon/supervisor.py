@@ -3,7 +3,10 @@
 Only this loop decides whether an error ends the program or is retried. Exit codes follow
 pg_receivewal: 0 when stopped by a signal or at ``--endpos``, 1 on an error that retrying
 cannot fix, on any error with ``--no-loop``, and when the first connection fails (unless
-``--wait-for-server``: then the first connection is retried with backoff too). Two more
+``--wait-for-server``: then the first connection is retried with backoff too); 4
+(:data:`EXIT_STAY_DOWN`) on an error that a new start cannot fix either (``final``: the
+server refusing a logical slot's stream for good, a slot confirmed past the change log), so
+that the service unit does not restart it. Two more
 make an exit 1: a stop signal that came while the disk had not made the newest WAL durable
 and did not within the stop's bound (``ArchiveNotDurable``), and, with ``--upload-to``, an
 exit no signal asked for (``--endpos``, ``--no-loop``) that leaves completed files not
@@ -51,6 +54,11 @@ from receivewal.replication.connection import ReplicationConnection
 from receivewal.replication.link import ReplicationLink
 from receivewal.replication.waiting import StopFlag
 from receivewal.secrets import redacted
+
+#: The exit status of an error that neither retrying nor restarting the program can fix (the
+#: server refusing the slot's stream for good, a slot confirmed past the change log): the
+#: systemd unit names it in RestartPreventExitStatus, so it stays down until an operator acts.
+EXIT_STAY_DOWN = 4
 
 
 def backoff_delay(attempt: int, base: float, cap: float,
@@ -225,7 +233,7 @@ class Supervisor:
             if not error.retryable or self.settings.no_loop or \
                     (not streamed and not connected_once):
                 self.events(Failed(str(error), kind))
-                return 1
+                return EXIT_STAY_DOWN if error.final else 1
             if isinstance(error, WalRemovedError):
                 self.events(GapDetected(str(error)))
             if isinstance(error, DiskFullError):

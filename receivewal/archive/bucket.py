@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +168,8 @@ class Bucket:
         self._hurried = hurried  # makes the client used after a stop signal
         self._hurried_client: Any = None
         self._say = say or _to_stderr
+        self._watch = None if self.patience.notice is None else \
+            _Watch(self.patience.notice, self._waited)
         self._exceptions = exceptions
         self._library_errors = (exceptions.ClientError, exceptions.BotoCoreError)
 
@@ -453,16 +456,13 @@ class Bucket:
         when the patience says so, a line after ``notice`` seconds says what is waited for."""
         what = self.waiting_for(name)
         with waiting_for_store(what):
-            notice = self.patience.notice
-            if notice is None:
+            if self._watch is None:
                 return with_retries(action, self.retry)
-            timer = threading.Timer(notice, self._waited, (what, notice))
-            timer.daemon = True
-            timer.start()
+            call = self._watch.begin(what)
             try:
                 return with_retries(action, self.retry)
             finally:
-                timer.cancel()
+                self._watch.end(call)
 
     def waiting_for(self, name: str) -> str:
         """What a call about ``PREFIX/name`` waits for, in words."""
@@ -611,3 +611,48 @@ class _HashingSink:
         self.digest.update(data)
         return len(data)
 
+
+class _Call:
+    """A store call being waited for."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.started = time.monotonic()
+        self.said = False
+
+
+class _Watch:
+    """Says, once per call, what a store call waiting ``after`` seconds or more waits for: one
+    thread per bucket, started with the first call, that looks a few times a second (a thread
+    per call would cost each small request a good part of its time)."""
+
+    def __init__(self, after: float, say: Callable[[str, float], None]) -> None:
+        self.after, self.say = after, say
+        self._lock = threading.Lock()
+        self._calls: set[_Call] = set()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, what: str) -> _Call:
+        call = _Call(what)
+        with self._lock:
+            self._calls.add(call)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="store-watch",
+                                                daemon=True)
+                self._thread.start()
+        return call
+
+    def end(self, call: _Call) -> None:
+        with self._lock:
+            self._calls.discard(call)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.after / 4))
+            now = time.monotonic()
+            with self._lock:
+                due = [c for c in self._calls if not c.said and now - c.started >= self.after]
+                for call in due:
+                    call.said = True
+            for call in due:
+                self.say(call.what, self.after)

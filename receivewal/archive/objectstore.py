@@ -104,7 +104,7 @@ class Patience:
 
 
 #: ``RECEIVEWAL_STORE_TIMEOUT``: the seconds a request of ``backup``, ``recover``, ``cleanup``,
-#: ``verify`` and ``status`` waits for the store to connect or answer (each send, each read).
+#: ``verify`` and ``analyze`` waits for a byte of the store's answer.
 STORE_TIMEOUT_ENV = "RECEIVEWAL_STORE_TIMEOUT"
 STORE_TIMEOUT = 15.0
 #: The commands' retries of a store call: 3 tries, so that a store that accepts connections and

@@ -208,6 +208,36 @@ def test_a_backup_stalled_mid_upload_fails_bounded_and_records_nothing(
     assert recovered.stdout.startswith(f"backup {world.complete} "), recovered.stdout
 
 
+def test_sigterm_ends_a_backup_stalled_mid_upload_at_once(world: World, tmp_path: Path) -> None:
+    """SIGTERM while the base archive's upload waits on a store that stalled (each request
+    would wait 600 s; a hung backup took ~55 s to honour SIGTERM): exit 1 at once, saying it
+    was stopped while it waited for the store, and no record of it in the bucket."""
+    proxy = TcpProxy(world.seaweed.ports["s3.port"])
+    endpoint = f"http://127.0.0.1:{proxy.port}"
+    before = [key for key in world.stored() if key.endswith("/backup.json")]
+    try:
+        proxy.stall_after(64 << 10)
+        proc = subprocess.Popen([*RECEIVEWAL, *command(world, "backup", tmp_path)],
+                                env={**os.environ, **world.env(endpoint, **LONG)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(proxy.stalled.is_set, timeout=120, what="the upload to stall")
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        proxy.close()
+    assert proc.returncode == 1, stdout + stderr
+    assert "complete" not in stdout
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("receivewal: error: base backup stopped by SIGTERM while it waited "
+                           f"for the object store at {endpoint}"), stderr
+    assert [key for key in world.stored() if key.endswith("/backup.json")] == before
+    world.drop_uploads()  # its abort could not reach the stalled store
+
+
 @pytest.mark.parametrize("name", ["recover", "cleanup"])
 def test_a_store_that_is_down_fails_recover_and_cleanup_bounded_removing_nothing(
         world: World, tmp_path: Path, name: str) -> None:

@@ -487,8 +487,10 @@ class Bucket:
         if kinds & _CONFIG_ERRORS:
             return ConfigurationError(f"{where}: {exc}")
         if kinds & {"ReadTimeoutError", "ConnectTimeoutError"}:
-            return StoreError(f"{where}: no answer from the store within "
-                              f"{self.patience.read:g} s ({type(exc).__name__}: {exc})")
+            read = HURRIED.read if self._hurried is not None and store_stopping() \
+                else self.patience.read
+            return StoreError(f"{where}: no answer from the store within {read:g} s "
+                              f"({type(exc).__name__}: {exc})")
         return StoreError(f"{where}: {type(exc).__name__}: {exc}")
 
 

@@ -134,6 +134,12 @@ def command_patience(environ: Mapping[str, str]) -> Patience:
                     notice=min(10.0, max(seconds / 2, 0.5)))
 
 
+class StoreWaitEnded(BaseException):
+    """Raised by a stop signal's handler in the main thread while it waits on the store: a
+    BaseException, so that the store's library (which wraps every Exception raised while it
+    sends a request) lets it through; :func:`waiting_for_store` turns it into StopRequested."""
+
+
 class _MainThreadCalls:
     """What the main thread waits for in the store (innermost last), and when a stop signal
     asked for the calls to end: for the signal's handler, which runs in the main thread."""
@@ -159,6 +165,8 @@ def waiting_for_store(what: str) -> Iterator[None]:
         _CALLS.waiting.append(what)
     try:
         yield
+    except StoreWaitEnded as exc:
+        raise StopRequested(str(exc)) from None
     finally:
         if main:
             _CALLS.waiting.pop()

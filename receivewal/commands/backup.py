@@ -13,7 +13,7 @@ from types import FrameType
 import click
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, parse_compress_option
-from receivewal.archive.objectstore import stop_store_calls
+from receivewal.archive.objectstore import StoreWaitEnded, stop_store_calls
 from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sealed import ENCRYPT_TO_ENV
 from receivewal.backup.command import (
@@ -33,7 +33,7 @@ from receivewal.commands.cleanup import (
 from receivewal.commands.options import read_password
 from receivewal.commands.verify import named_archive
 from receivewal.daemon.supervisor import prompt_password
-from receivewal.errors import ConfigurationError, ReceivewalError, StopRequested
+from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.replication.connection import build_conninfo
 from receivewal.wal.lsn import format_lsn
 
@@ -163,8 +163,8 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
         stop.append(signum)
         waiting = stop_store_calls()
         if waiting is not None:
-            raise StopRequested(f"base backup stopped by {signal.Signals(signum).name} while "
-                                f"it waited for {waiting}")
+            raise StoreWaitEnded(f"base backup stopped by {signal.Signals(signum).name} while "
+                                 f"it waited for {waiting}")
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)

@@ -1,7 +1,11 @@
-"""Object storage without the network: ``s3://BUCKET/PREFIX`` URLs and the retry policy.
+"""Object storage without the network: ``s3://BUCKET/PREFIX`` URLs, the retry policy and the
+bounds of a store call.
 
 Pure functions, so that parsing an archive argument never imports boto3. The store itself
-(boto3, requests, the error translation) is :mod:`receivewal.archive.bucket`.
+(boto3, requests, the error translation) is :mod:`receivewal.archive.bucket`. One piece of
+process state lives here, for a command's stop signal: what the main thread waits for in the
+store (:func:`waiting_for_store`), so that the handler can end that wait at once, and whether a
+stop came (:func:`stop_store_calls`), after which the calls are hurried and soon refused.
 """
 
 from __future__ import annotations

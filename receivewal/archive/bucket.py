@@ -11,6 +11,13 @@ only for a definite "no such key", ``StoreAccessDenied`` for rejected credential
 permissions, ``StoreRefused`` for a request that cannot succeed, ``StoreError`` (retryable) for
 the rest. Retryable errors are retried by :func:`~receivewal.archive.objectstore.with_retries`
 (exponential backoff, full jitter); botocore's own retries stay few and short inside each try.
+
+Every request is bounded (:class:`~receivewal.archive.objectstore.Patience`): a command's
+client waits ``RECEIVEWAL_STORE_TIMEOUT`` seconds (15) for each answer and tries a call 3 times
+(:func:`~receivewal.archive.objectstore.command_patience`), and says on standard error, after
+at most 10 s, what it waits for. After a stop signal
+(:func:`~receivewal.archive.objectstore.stop_store_calls`) the requests are hurried (a second
+client with short timeouts), tried once, and none begins after a few seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ import contextlib
 import hashlib
 import io
 import json
+import os
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +45,17 @@ from receivewal.archive.identity import (
     identity_to_json,
 )
 from receivewal.archive.objectstore import (
+    COMMAND_RETRY,
+    HURRIED,
+    STORE_TIMEOUT_ENV,
     BucketUrl,
     ObjectStream,
     Patience,
     RetryPolicy,
+    command_patience,
     parse_bucket_url,
+    store_stopping,
+    waiting_for_store,
     with_retries,
 )
 from receivewal.errors import (
@@ -47,6 +64,7 @@ from receivewal.errors import (
     ObjectConflict,
     ObjectNotFound,
     ReceivewalError,
+    StopRequested,
     StoreAccessDenied,
     StoreError,
     StoreRefused,
@@ -137,21 +155,39 @@ def _hex_of(checksum: object) -> str | None:
 class Bucket:
     """An archive at ``s3://BUCKET/PREFIX``: create-only uploads, reads by exact key."""
 
-    def __init__(self, url: BucketUrl, client: Any, retry: RetryPolicy) -> None:
+    def __init__(self, url: BucketUrl, client: Any, retry: RetryPolicy, *,
+                 patience: Patience | None = None, hurried: Callable[[], Any] | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
         from botocore import exceptions  # noqa: PLC0415 - boto3 only where the store is used
 
         self.url = url
-        self.client = client
+        self._client = client
         self.retry = retry
+        self.patience = patience or Patience()
         self.endpoint = str(client.meta.endpoint_url)
+        self._hurried = hurried  # makes the client used after a stop signal
+        self._hurried_client: Any = None
+        self._say = say or _to_stderr
+        self._watch = None if self.patience.notice is None else \
+            _Watch(self.patience.notice, self._waited)
         self._exceptions = exceptions
         self._library_errors = (exceptions.ClientError, exceptions.BotoCoreError)
+
+    @property
+    def client(self) -> Any:
+        """boto3's S3 client; after a stop signal, one that waits :data:`HURRIED` at most."""
+        if self._hurried is not None and store_stopping():
+            if self._hurried_client is None:
+                self._hurried_client = self._hurried()
+            return self._hurried_client
+        return self._client
 
     @classmethod
     def connect(cls, url: str | BucketUrl, retry: RetryPolicy | None = None,
                 patience: Patience | None = None) -> Bucket:
         """A client from boto3's standard chain (no request is sent yet), as patient with the
-        store as ``patience`` says (default: :class:`Patience`'s)."""
+        store as ``patience`` says (default: a command's,
+        :func:`~receivewal.archive.objectstore.command_patience`, with :data:`COMMAND_RETRY`)."""
         parsed = url if isinstance(url, BucketUrl) else parse_bucket_url(url)
         try:
             import boto3  # noqa: PLC0415 - only here: the s3 extra is optional
@@ -159,11 +195,14 @@ class Bucket:
         except ImportError as exc:
             raise ConfigurationError(f"{parsed}: object storage needs boto3, which is not "
                                      "installed: pip install 'receivewal[s3]'") from exc
+        patience = patience or command_patience(os.environ)
+        session = boto3.session.Session()
         try:
-            client = boto3.session.Session().client("s3", config=client_config(patience))
+            client = session.client("s3", config=client_config(patience))
         except (BotoCoreError, ValueError) as exc:
             raise ConfigurationError(f"{parsed}: cannot configure the S3 client: {exc}") from exc
-        return cls(parsed, client, retry or RetryPolicy())
+        return cls(parsed, client, retry or COMMAND_RETRY, patience=patience,
+                   hurried=lambda: session.client("s3", config=client_config(HURRIED)))
 
     def key(self, name: str) -> str:
         """The object key of the file ``name`` (``PREFIX/name``)."""
@@ -179,7 +218,7 @@ class Bucket:
         :class:`ObjectConflict`, and the stored object is left as it was.
         """
         digest, size = sha256_of(source)
-        return self._retried(lambda: self._put_once(name, source, digest, size))
+        return self._retried(lambda: self._put_once(name, source, digest, size), name)
 
     def _put_once(self, name: str, source: Path | bytes, digest: str, size: int) -> bool:
         checksum = base64.b64encode(bytes.fromhex(digest)).decode()
@@ -217,7 +256,7 @@ class Bucket:
 
     def head(self, name: str) -> ObjectInfo:
         """Size and SHA-256 of ``PREFIX/name``; ObjectNotFound when it does not exist."""
-        return self._retried(lambda: self._head_once(name))
+        return self._retried(lambda: self._head_once(name), name)
 
     def _head_once(self, name: str) -> ObjectInfo:
         try:
@@ -239,7 +278,7 @@ class Bucket:
             dest.truncate()
             return self._get_once(name, dest, max_size)
 
-        return self._retried(attempt)
+        return self._retried(attempt, name)
 
     def get_bytes(self, name: str, max_size: int) -> bytes:
         """``PREFIX/name`` in memory, at most ``max_size`` bytes (see :meth:`get`)."""
@@ -277,7 +316,7 @@ class Bucket:
 
     def list_files(self, page_size: int = 1000) -> list[tuple[str, int]]:
         """(file name, size) of every object directly under the prefix, sorted by name."""
-        return self._retried(lambda: self._list_once(page_size))
+        return self._retried(lambda: self._list_once(page_size), "")
 
     def _list_once(self, page_size: int) -> list[tuple[str, int]]:
         start = f"{self.url.prefix}/" if self.url.prefix else ""
@@ -296,7 +335,7 @@ class Bucket:
     def list_under(self, folder: str, page_size: int = 1000) -> list[tuple[str, int]]:
         """(name, size) of every object under ``PREFIX/folder/``, at any depth, named from the
         prefix (``folder/...``), sorted: the backups of ``cleanup`` and ``status``."""
-        return self._retried(lambda: self._list_under_once(folder, page_size))
+        return self._retried(lambda: self._list_under_once(folder, page_size), folder)
 
     def _list_under_once(self, folder: str, page_size: int) -> list[tuple[str, int]]:
         base = f"{self.url.prefix}/" if self.url.prefix else ""
@@ -327,7 +366,7 @@ class Bucket:
                 if not isinstance(error, ObjectNotFound):
                     raise error from exc
 
-        self._retried(attempt)
+        self._retried(attempt, name)
 
     def unfinished_uploads(self, folder: str) -> list[tuple[str, str]]:
         """(name from the prefix, upload ID) of every multipart upload begun and neither
@@ -346,7 +385,7 @@ class Bucket:
                 raise self._error(exc, folder) from exc
             return sorted(found)
 
-        return self._retried(attempt)
+        return self._retried(attempt, folder)
 
     def abort_upload(self, name: str, upload_id: str) -> None:
         """Abort the multipart upload ``upload_id`` of ``PREFIX/name`` (its parts are
@@ -360,7 +399,7 @@ class Bucket:
                 if not isinstance(error, ObjectNotFound):
                     raise error from exc
 
-        self._retried(attempt)
+        self._retried(attempt, name)
 
     def upload_stream(self, name: str) -> StreamUpload:
         """A create-only upload of ``PREFIX/name`` written as a stream (see
@@ -371,7 +410,7 @@ class Bucket:
         """``PREFIX/name`` as a buffered stream read from the network as it is consumed
         (bounded memory whatever the object's size). The request is retried; an error while
         reading is the project's error, not retried (the reader reports the file)."""
-        body = self._retried(lambda: self._open_once(name))
+        body = self._retried(lambda: self._open_once(name), name)
         return io.BufferedReader(ObjectStream(body, lambda exc: self._error(exc, name),
                                                self._library_errors), CHUNK)
 
@@ -412,8 +451,28 @@ class Bucket:
                                f": {str(exc)[:200]}") from exc
 
     # -- errors ------------------------------------------------------------------------------
-    def _retried(self, action: Callable[[], T]) -> T:
-        return with_retries(action, self.retry)
+    def _retried(self, action: Callable[[], T], name: str) -> T:
+        """``action`` (requests about ``PREFIX/name``; "": the prefix) with the retry policy;
+        when the patience says so, a line after ``notice`` seconds says what is waited for."""
+        what = self.waiting_for(name)
+        with waiting_for_store(what):
+            if self._watch is None:
+                return with_retries(action, self.retry)
+            call = self._watch.begin(what)
+            try:
+                return with_retries(action, self.retry)
+            finally:
+                self._watch.end(call)
+
+    def waiting_for(self, name: str) -> str:
+        """What a call about ``PREFIX/name`` waits for, in words."""
+        return (f"the object store at {self.endpoint} "
+                f"({self.url.url(name) if name else self.url})")
+
+    def _waited(self, what: str, seconds: float) -> None:
+        self._say(f"waiting for {what}: no answer for {seconds:g} s (each request waits "
+                  f"{self.patience.read:g} s at most, {STORE_TIMEOUT_ENV}; a call is tried "
+                  f"{self.retry.attempts} times)")
 
     def _error(self, exc: Exception, name: str) -> ReceivewalError:
         """The project's error for a boto3/botocore error about ``PREFIX/name``."""
@@ -427,7 +486,18 @@ class Bucket:
                                      "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a role)")
         if kinds & _CONFIG_ERRORS:
             return ConfigurationError(f"{where}: {exc}")
+        if kinds & {"ReadTimeoutError", "ConnectTimeoutError"}:
+            read = HURRIED.read if self._hurried is not None and store_stopping() \
+                else self.patience.read
+            return StoreError(f"{where}: no answer from the store within {read:g} s "
+                              f"({type(exc).__name__}: {exc})")
         return StoreError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def _to_stderr(line: str) -> None:
+    """A command's line on standard error (written whole, from the notice's timer thread)."""
+    sys.stderr.write(f"receivewal: {line}\n")
+    sys.stderr.flush()
 
 
 def _client_error(response: dict[str, Any], where: str) -> ReceivewalError:
@@ -461,7 +531,7 @@ class StreamUpload:
         self.digest = hashlib.sha256()
         self._buffer = bytearray()
         self._parts: list[dict[str, Any]] = []
-        self._upload_id: str | None = bucket._retried(self._create_once)
+        self._upload_id: str | None = bucket._retried(self._create_once, name)
 
     def _create_once(self) -> str:
         try:
@@ -496,14 +566,15 @@ class StreamUpload:
                 raise self.bucket._error(exc, self.name) from exc
             return str(response["ETag"])
 
-        self._parts.append({"ETag": self.bucket._retried(attempt), "PartNumber": number})
+        self._parts.append({"ETag": self.bucket._retried(attempt, self.name),
+                            "PartNumber": number})
 
     def finish(self) -> int:
         """Send the last part and complete the upload, create-only; the object's size."""
         if self._buffer or not self._parts:
             self._send(bytes(self._buffer))
             self._buffer = bytearray()
-        self.bucket._retried(self._complete_once)
+        self.bucket._retried(self._complete_once, self.name)
         self._upload_id = None
         return self.size
 
@@ -525,7 +596,8 @@ class StreamUpload:
         upload_id, self._upload_id = self._upload_id, None
         if upload_id is None:
             return
-        with contextlib.suppress(*self.bucket._library_errors):
+        with contextlib.suppress(*self.bucket._library_errors, StopRequested), \
+                waiting_for_store(self.bucket.waiting_for(self.name)):
             self.bucket.client.abort_multipart_upload(
                 Bucket=self.bucket.url.bucket, Key=self.bucket.key(self.name),
                 UploadId=upload_id)
@@ -541,3 +613,48 @@ class _HashingSink:
         self.digest.update(data)
         return len(data)
 
+
+class _Call:
+    """A store call being waited for."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.started = time.monotonic()
+        self.said = False
+
+
+class _Watch:
+    """Says, once per call, what a store call waiting ``after`` seconds or more waits for: one
+    thread per bucket, started with the first call, that looks a few times a second (a thread
+    per call would cost each small request a good part of its time)."""
+
+    def __init__(self, after: float, say: Callable[[str, float], None]) -> None:
+        self.after, self.say = after, say
+        self._lock = threading.Lock()
+        self._calls: set[_Call] = set()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, what: str) -> _Call:
+        call = _Call(what)
+        with self._lock:
+            self._calls.add(call)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="store-watch",
+                                                daemon=True)
+                self._thread.start()
+        return call
+
+    def end(self, call: _Call) -> None:
+        with self._lock:
+            self._calls.discard(call)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.after / 4))
+            now = time.monotonic()
+            with self._lock:
+                due = [c for c in self._calls if not c.said and now - c.started >= self.after]
+                for call in due:
+                    call.said = True
+            for call in due:
+                self.say(call.what, self.after)

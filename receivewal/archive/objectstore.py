@@ -1,19 +1,25 @@
-"""Object storage without the network: ``s3://BUCKET/PREFIX`` URLs and the retry policy.
+"""Object storage without the network: ``s3://BUCKET/PREFIX`` URLs, the retry policy and the
+bounds of a store call.
 
 Pure functions, so that parsing an archive argument never imports boto3. The store itself
-(boto3, requests, the error translation) is :mod:`receivewal.archive.bucket`.
+(boto3, requests, the error translation) is :mod:`receivewal.archive.bucket`. One piece of
+process state lives here, for a command's stop signal: what the main thread waits for in the
+store (:func:`waiting_for_store`), so that the handler can end that wait at once, and whether a
+stop came (:func:`stop_store_calls`), after which the calls are hurried and soon refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.errors import ConfigurationError, ReceivewalError, StopRequested
 from receivewal.secrets import redacted
 
 SCHEME = "s3://"
@@ -98,6 +104,91 @@ class Patience:
     connect: float = 10.0  # seconds to connect, and for each send of the request (urllib3's)
     read: float = 60.0  # seconds without a byte of the answer
     attempts: int = 3
+    notice: float | None = None  # seconds a call waits before a line says what it waits for
+
+
+#: ``RECEIVEWAL_STORE_TIMEOUT``: the seconds a request of ``backup``, ``recover``, ``cleanup``,
+#: ``verify`` and ``analyze`` waits for a byte of the store's answer.
+STORE_TIMEOUT_ENV = "RECEIVEWAL_STORE_TIMEOUT"
+STORE_TIMEOUT = 15.0
+#: The commands' retries of a store call: 3 tries, so that a store that accepts connections and
+#: never answers fails a call after about 3 x 15 s + 1.5 s, not 5 x 3 x 60 s (905 s, issue 32).
+COMMAND_RETRY = RetryPolicy(attempts=3, base_delay=0.5, max_delay=4.0)
+#: After a stop signal: each request waits this long at most (a backup's clean-up), and no store
+#: call begins once STOP_GRACE seconds have passed since the signal.
+HURRIED = Patience(connect=1.0, read=2.0, attempts=1)
+STOP_GRACE = 3.0
+
+
+def store_timeout(environ: Mapping[str, str]) -> float:
+    """``RECEIVEWAL_STORE_TIMEOUT`` (a positive number of seconds; anything else, or nothing,
+    is :data:`STORE_TIMEOUT`)."""
+    try:
+        value = float(environ.get(STORE_TIMEOUT_ENV, "") or STORE_TIMEOUT)
+    except ValueError:
+        return STORE_TIMEOUT
+    return value if 0 < value < 1e6 else STORE_TIMEOUT
+
+
+def command_patience(environ: Mapping[str, str]) -> Patience:
+    """How long a command's request waits (:func:`store_timeout`), one try per request inside
+    botocore (:data:`COMMAND_RETRY` retries), and a line after at most 10 s of waiting."""
+    seconds = store_timeout(environ)
+    return Patience(connect=min(seconds, 5.0), read=seconds, attempts=1,
+                    notice=min(10.0, max(seconds / 2, 0.5)))
+
+
+class StoreWaitEnded(BaseException):
+    """Raised by a stop signal's handler in the main thread while it waits on the store: a
+    BaseException, so that the store's library (which wraps every Exception raised while it
+    sends a request) lets it through; :func:`waiting_for_store` turns it into StopRequested."""
+
+
+class _MainThreadCalls:
+    """What the main thread waits for in the store (innermost last), and when a stop signal
+    asked for the calls to end: for the signal's handler, which runs in the main thread."""
+
+    def __init__(self) -> None:
+        self.waiting: list[str] = []
+        self.stopped_at: float | None = None
+
+
+_CALLS = _MainThreadCalls()
+
+
+@contextlib.contextmanager
+def waiting_for_store(what: str) -> Iterator[None]:
+    """Around a store call: in the main thread, ``what`` is what a stop signal interrupts
+    (:func:`stop_store_calls`); once the stop's grace has passed, no call begins
+    (StopRequested)."""
+    stopped_at = _CALLS.stopped_at
+    if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE:
+        raise StopRequested(f"stopped: {what} was not asked once the stop signal came")
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        _CALLS.waiting.append(what)
+    try:
+        yield
+    except StoreWaitEnded as exc:
+        raise StopRequested(str(exc)) from None
+    finally:
+        if main:
+            _CALLS.waiting.pop()
+
+
+def stop_store_calls() -> str | None:
+    """For a stop signal's handler: from now on each store call is tried once, each request
+    waits :data:`HURRIED` at most, and none begins after :data:`STOP_GRACE` seconds (what a
+    backup given up removes is done by then, or named). What the main thread waits for in the
+    store now, if it does (the handler may then raise to end the wait at once)."""
+    if _CALLS.stopped_at is None:
+        _CALLS.stopped_at = time.monotonic()
+    return _CALLS.waiting[-1] if _CALLS.waiting else None
+
+
+def store_stopping() -> bool:
+    """Whether a stop signal asked the store calls to end (:func:`stop_store_calls`)."""
+    return _CALLS.stopped_at is not None
 
 
 def backoff_delay(policy: RetryPolicy, attempt: int,
@@ -125,7 +216,7 @@ def with_retries(action: Callable[[], T], policy: RetryPolicy, *,
         try:
             return action()
         except ReceivewalError as exc:
-            if not exc.retryable or attempt + 1 >= policy.attempts:
+            if not exc.retryable or attempt + 1 >= policy.attempts or store_stopping():
                 raise
         sleep(backoff_delay(policy, attempt, random))
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises

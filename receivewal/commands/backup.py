@@ -13,6 +13,7 @@ from types import FrameType
 import click
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, parse_compress_option
+from receivewal.archive.objectstore import StoreWaitEnded, stop_store_calls
 from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sealed import ENCRYPT_TO_ENV
 from receivewal.backup.command import (
@@ -156,7 +157,14 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
     stop: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        """The stop is looked at between messages and while the backup waits for its WAL; a
+        wait on the object store is ended at once (the store's calls are hurried from now on,
+        so that giving the upload up takes seconds, not the store's timeouts)."""
         stop.append(signum)
+        waiting = stop_store_calls()
+        if waiting is not None:
+            raise StoreWaitEnded(f"base backup stopped by {signal.Signals(signum).name} while "
+                                 f"it waited for {waiting}")
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)

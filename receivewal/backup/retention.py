@@ -3,9 +3,12 @@
 The backups first: ``--keep-backups N`` keeps the N newest complete backups;
 ``--recovery-window D`` keeps every backup that ends inside the window and the newest one that
 ends before it (recovery to the window's first moment starts there). At least the newest
-complete backup is always kept, and nothing at all is removed from an archive without one. A
-backup being written, or one whose record cannot be read, is kept; an interrupted one (no
-record, no writer) is removed.
+complete backup is always kept, and no other backup and no WAL file is removed from an archive
+without one. A complete backup is one whose files are all there, as its record names them
+(:func:`~receivewal.backup.catalog.proven`): one that is not
+(:attr:`~receivewal.backup.catalog.EntryState.INCOMPLETE`) is never counted among the kept ones,
+and it is kept itself, named with what it lacks. A backup being written, or one whose record
+cannot be read, is kept; an interrupted one (no record, no writer) is removed.
 
 Then the WAL, following the timeline history. A segment is judged whatever its form (plain,
 compressed, sealed), and a sealed segment's recipients file (``F.recipients``) with it: they go
@@ -40,6 +43,7 @@ from receivewal.wal.names import (
 )
 from receivewal.wal.timeline import TimelineSwitch
 
+NOTHING_PROVEN = "no complete backup (its files all there): nothing is removed"
 Span = tuple[int, int, int | None]  # timeline, first LSN, LSN where the line left it (None: never)
 
 
@@ -111,7 +115,11 @@ def plan_retention(contents: ArchiveContents, policy: Policy) -> RetentionPlan:
     complete = sorted((e.record for e in contents.entries if e.record is not None),
                       key=lambda r: (r.end_lsn, r.end_time), reverse=True)
     kept, verdicts = _judge_backups(complete, policy)
-    verdicts += [_judge_unfinished(e) for e in contents.entries if e.record is None]
+    unfinished = [_judge_unfinished(e) for e in contents.entries if e.record is None]
+    if not kept:  # nothing is proven to stay: nothing goes
+        unfinished = [Verdict(v.name, False, f"{v.reason}; {NOTHING_PROVEN}") if v.remove
+                      else v for v in unfinished]
+    verdicts += unfinished
     verdicts.sort(key=lambda v: v.name)
     files = tuple(_judge_files(contents, kept))
     return RetentionPlan(tuple(verdicts), files, tuple(kept))
@@ -145,6 +153,9 @@ def _judge_unfinished(entry: BackupEntry) -> Verdict:
         return Verdict(entry.backup_id, True, "an interrupted backup (no record, no writer)")
     if entry.state is EntryState.ABANDONED:
         return Verdict(entry.backup_id, True, f"an abandoned backup ({entry.state.value})")
+    if entry.state is EntryState.INCOMPLETE:
+        return Verdict(entry.backup_id, False, f"not counted as a backup, {entry.describe()}: "
+                                               "not removed")
     return Verdict(entry.backup_id, False, f"{entry.describe()}: not removed")
 
 
@@ -218,7 +229,7 @@ def _judge_files(contents: ArchiveContents, kept: list[BackupRecord]) -> list[Ve
                 segments.append((name, parsed))
     timelines = {contents.current_timeline, *contents.histories, *(s.timeline for _, s in segments)}
     if not kept:
-        blanket = "no complete backup: nothing is removed"
+        blanket = NOTHING_PROVEN
     elif contents.current_timeline != 1 and contents.current_timeline not in contents.histories:
         blanket = (f"the history file of the current timeline {contents.current_timeline} is "
                    "missing: its line is unknown, nothing is removed")

@@ -332,8 +332,8 @@ def test_without_a_complete_backup_no_wal_is_removed() -> None:
     assert plan.removed_files == []
     reasons = {v.name: v.reason for v in plan.backups}
     assert reasons["c"] == "record unreadable: not JSON: not removed"
-    assert reasons["a"] == ("an interrupted backup (no record, no writer); no complete backup "
-                            "(its files all there): nothing is removed")
+    assert reasons["a"] == ("an interrupted backup (no record, no writer); no complete backup: "
+                            "nothing is removed")
 
 
 def test_a_backup_whose_files_are_not_all_there_is_never_counted() -> None:

@@ -43,7 +43,7 @@ from receivewal.wal.names import (
 )
 from receivewal.wal.timeline import TimelineSwitch
 
-NOTHING_PROVEN = "no complete backup (its files all there): nothing is removed"
+NOTHING_PROVEN = "no complete backup: nothing is removed"
 Span = tuple[int, int, int | None]  # timeline, first LSN, LSN where the line left it (None: never)
 
 

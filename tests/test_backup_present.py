@@ -15,6 +15,7 @@ removes nothing of the first's, which verify then reads whole.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from support.agekeys import new_identity_file
 from support.backups import replication_link
 from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
@@ -189,3 +191,52 @@ def test_retention_and_recover_count_only_a_backup_whose_files_are_there(
     assert f"backup {broken.backup_id} is not complete: its record is there, not all its " \
            f"files: {main_archive(broken)}" in named.stderr, named.stderr
     assert "Traceback" not in named.stderr
+
+
+def test_two_backups_given_one_id_leave_only_one_and_it_is_whole(store: SeaweedS3) -> None:
+    """Two sealed backups into one bucket under the same ID (RECEIVEWAL_TEST_BACKUP_ID: as if
+    both had listed ``backups/`` in the same second): the first claims the ID and completes;
+    the second finds the claim, exits != 0 with one line naming it, and removes nothing (the
+    first's recipients object was removed by such a loser once: its create-only put had found
+    the same bytes and counted them as its own). The first verifies whole and recovers."""
+    base = make_shared_dir("receivewal-sameid-")
+    primary = PgServer(base, "primary")
+    streamer = None
+    try:
+        primary.init(initdb_args=("--wal-segsize=1",))
+        primary.start()
+        archive = base / "archive"
+        archive.mkdir()
+        url = f"s3://{store.bucket}/same-id"
+        streamer = start_streaming("-D", str(archive), "-d", primary.dsn, "--no-sync",
+                                   "--upload-to", url, log=base / "stream.log")
+        key = new_identity_file(base / "key.txt")
+        backup_id = "20300101T000000Z"
+        env = {"RECEIVEWAL_TEST_BACKUP_ID": backup_id}
+        taken = [receivewal("backup", "-D", url, "-d", primary.dsn, "--fast", "--encrypt-to",
+                            key.recipient, env=env, timeout=300) for _ in range(2)]
+        first, second = taken
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.startswith(f"backup {backup_id} complete: "), first.stdout
+        assert second.returncode != 0, second.stdout
+
+        checked = receivewal("verify", "--json", "--identity", str(key.path), url,
+                             timeout=300)
+        report = json.loads(checked.stdout)
+        states = {b["backup_id"]: (b["state"], b["detail"]) for b in report["backups"]}
+        assert list(states) == [backup_id], states
+        assert states[backup_id][0] == "verified", states
+        error = second.stderr.strip().splitlines()[-1]
+        assert error == (f"receivewal: error: backup ID {backup_id} is taken: another backup "
+                         f"claimed it ({url}/backups/{backup_id}/claim.json); nothing was "
+                         "written"), second.stderr
+        assert "Traceback" not in second.stderr
+        recovered = receivewal("recover", "--to", str(base / "recovered"), "-D", url,
+                               "--identity", str(key.path), timeout=300)
+        assert recovered.returncode == 0, recovered.stderr
+        assert recovered.stdout.startswith(f"backup {backup_id} "), recovered.stdout
+    finally:
+        if streamer is not None:
+            stop(streamer)
+        primary.stop("immediate")
+        shutil.rmtree(base, ignore_errors=True)

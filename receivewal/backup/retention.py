@@ -3,8 +3,9 @@
 The backups first: ``--keep-backups N`` keeps the N newest complete backups;
 ``--recovery-window D`` keeps every backup that ends inside the window and the newest one that
 ends before it (recovery to the window's first moment starts there). At least the newest
-complete backup is always kept, and no other backup and no WAL file is removed from an archive
-without one. A complete backup is one whose files are all there, as its record names them
+complete backup is always kept, and no WAL file and no backup with a record is removed from
+an archive without one (a backup without a record, which no recovery can start from, goes as
+below). A complete backup is one whose files are all there, as its record names them
 (:func:`~receivewal.backup.catalog.proven`): one that is not
 (:attr:`~receivewal.backup.catalog.EntryState.INCOMPLETE`) is never counted among the kept ones,
 and it is kept itself, named with what it lacks. A backup being written, or one whose record
@@ -43,7 +44,6 @@ from receivewal.wal.names import (
 )
 from receivewal.wal.timeline import TimelineSwitch
 
-NOTHING_PROVEN = "no complete backup: nothing is removed"
 Span = tuple[int, int, int | None]  # timeline, first LSN, LSN where the line left it (None: never)
 
 
@@ -115,11 +115,7 @@ def plan_retention(contents: ArchiveContents, policy: Policy) -> RetentionPlan:
     complete = sorted((e.record for e in contents.entries if e.record is not None),
                       key=lambda r: (r.end_lsn, r.end_time), reverse=True)
     kept, verdicts = _judge_backups(complete, policy)
-    unfinished = [_judge_unfinished(e) for e in contents.entries if e.record is None]
-    if not kept:  # nothing is proven to stay: nothing goes
-        unfinished = [Verdict(v.name, False, f"{v.reason}; {NOTHING_PROVEN}") if v.remove
-                      else v for v in unfinished]
-    verdicts += unfinished
+    verdicts += [_judge_unfinished(e) for e in contents.entries if e.record is None]
     verdicts.sort(key=lambda v: v.name)
     files = tuple(_judge_files(contents, kept))
     return RetentionPlan(tuple(verdicts), files, tuple(kept))
@@ -229,7 +225,7 @@ def _judge_files(contents: ArchiveContents, kept: list[BackupRecord]) -> list[Ve
                 segments.append((name, parsed))
     timelines = {contents.current_timeline, *contents.histories, *(s.timeline for _, s in segments)}
     if not kept:
-        blanket = NOTHING_PROVEN
+        blanket = "no complete backup: nothing is removed"
     elif contents.current_timeline != 1 and contents.current_timeline not in contents.histories:
         blanket = (f"the history file of the current timeline {contents.current_timeline} is "
                    "missing: its line is unknown, nothing is removed")

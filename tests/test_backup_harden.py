@@ -161,13 +161,19 @@ def test_verify_names_a_member_changed_at_rest_in_a_bucket_backup(world: World) 
     tar = b"".join(decompress_chunks(io.BytesIO(stored), "zstd"))
     at = tar.index(b"15\n", tar.index(b"PG_VERSION"))
     compressor = new_compressor(parse_compress_option("zstd"))
-    client.put_object(Bucket=world.seaweed.bucket, Key=key,
-                      Body=compressor.begin() + compressor.compress(tar[:at] + b"16" + tar[at + 2:])
-                      + compressor.finish())
+    changed = compressor.begin() + compressor.compress(tar[:at] + b"16" + tar[at + 2:]) \
+        + compressor.finish()
+    client.put_object(Bucket=world.seaweed.bucket, Key=key, Body=changed)
     done = world.run("verify", world.url)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert (f"backup {world.bucket_id}: FAILED: backup {world.bucket_id} does not match its "
-            'manifest: "PG_VERSION" has SHA256 checksum') in done.stdout, done.stdout
+    if len(changed) == len(stored):  # the members are read and checked against the manifest
+        assert (f"backup {world.bucket_id}: FAILED: backup {world.bucket_id} does not match "
+                'its manifest: "PG_VERSION" has SHA256 checksum') in done.stdout, done.stdout
+    else:  # the listing already shows it is not the object written (issue 32 item 1)
+        assert (f"backup {world.bucket_id}: FAILED: its record is there, not all its files: "
+                f"base.tar.zst holds {len(changed)} bytes, its record says {len(stored)}"
+                ) in done.stdout, done.stdout
+    client.put_object(Bucket=world.seaweed.bucket, Key=key, Body=stored)  # for the next tests
 
 
 def test_cleanup_removes_an_abandoned_bucket_backup_and_keeps_a_recent_one(
@@ -239,8 +245,11 @@ def test_a_backup_given_up_names_what_it_could_not_remove(
     left = target.abort()
     assert left == [f"could not remove {world.url}/backups/{target.backup_id}/base.tar of the "
                     "backup given up: the store refused the request (AccessDenied)"]
-    assert [key.rsplit("/", 1)[1] for key in world.objects(target.backup_id)] == ["base.tar"]
-    real_delete(f"backups/{target.backup_id}/base.tar")
+    # the ID stays claimed while an object of it stays (issue 32 item 2)
+    assert [key.rsplit("/", 1)[1] for key in world.objects(target.backup_id)] == [
+        "base.tar", "claim.json"]
+    for name in ("base.tar", "claim.json"):
+        real_delete(f"backups/{target.backup_id}/{name}")
 
 
 def test_sigterm_aborts_the_bucket_upload_in_flight(world: World) -> None:
@@ -376,12 +385,14 @@ def test_a_record_that_cannot_be_removed_keeps_its_files(
     monkeypatch.setattr(bucket, "put_new", put_then_fail)
     monkeypatch.setattr(bucket, "delete", refusing)
     with pytest.raises(StoreError):
-        target.commit(dataclasses.replace(record, backup_id=target.backup_id))
+        target.commit(dataclasses.replace(record, backup_id=target.backup_id,
+                                          archives=tuple(target.stored),
+                                          manifest_name=target.manifest_name))
     left = target.abort()
     assert len(left) == 1
     assert left[0].startswith(f"could not remove {world.url}/backups/{target.backup_id}/"
                               "backup.json of the backup given up: ")
     assert sorted(key.rsplit("/", 1)[1] for key in world.objects(target.backup_id)) == [
-        "backup.json", "backup_manifest", "base.tar"]
-    for name in ("backup.json", "backup_manifest", "base.tar"):
+        "backup.json", "backup_manifest", "base.tar", "claim.json"]
+    for name in ("backup.json", "backup_manifest", "base.tar", "claim.json"):
         real_delete(f"backups/{target.backup_id}/{name}")

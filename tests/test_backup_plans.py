@@ -13,7 +13,7 @@ import pytest
 
 from receivewal.archive.lock import lock_directory
 from receivewal.backup.archivecleanup import oldest_kept_name, plan_archive_cleanup
-from receivewal.backup.catalog import BackupEntry, EntryState, read_catalog
+from receivewal.backup.catalog import BackupEntry, EntryState, proven, read_catalog
 from receivewal.backup.choice import (
     RecoveryTarget,
     TargetKind,
@@ -29,6 +29,7 @@ from receivewal.backup.record import (
     BackupRecord,
     StoredArchive,
     WalSpan,
+    absent_files,
     record_from_json,
     record_to_json,
 )
@@ -333,6 +334,36 @@ def test_without_a_complete_backup_no_wal_is_removed() -> None:
         "record unreadable: not JSON: not removed"
 
 
+def test_a_backup_whose_files_are_not_all_there_is_never_counted() -> None:
+    """A record whose files a listing does not show, each archive of its recorded size, is
+    no complete backup (issue 32 §1): retention keeps the newest backup that is there and its
+    WAL, and when none is, removes nothing."""
+    new = record("new", 9, 10)
+    listing = {"base.tar.zst": 10, "backup_manifest": 300}
+    assert proven(complete(new)[0], listing).state is EntryState.COMPLETE
+    gone = proven(complete(new)[0], {"backup_manifest": 300})
+    cut = proven(complete(new)[0], {**listing, "base.tar.zst": 4})
+    assert (gone.state, gone.record, gone.problem) == (
+        EntryState.INCOMPLETE, None, "base.tar.zst is missing")
+    assert cut.problem == "base.tar.zst holds 4 bytes, its record says 10"
+    assert proven(complete(new)[0], {"base.tar.zst": 10}).problem == \
+        "backup_manifest is missing"
+    sealed = replace(new, encrypted_to=("age1x",), manifest_name="backup_manifest.age")
+    assert absent_files(sealed, {"base.tar.zst": 10, "backup_manifest.age": 9}) == (
+        "base.tar.zst.recipients is missing; backup_manifest.age.recipients is missing")
+
+    plan = plan_retention(contents([*complete(B_OLD, B_MID), gone], FILES), KeepBackups(1))
+    assert plan.removed_backups == ["old"]
+    assert plan.kept == (B_MID,)
+    assert {v.name: v.reason for v in plan.backups}["new"] == (
+        "not counted as a backup, its record is there, not all its files: base.tar.zst is "
+        "missing: not removed")
+    nothing = plan_retention(contents([gone], FILES), KeepBackups(1))
+    assert nothing.removed_backups == []
+    assert nothing.removed_files == []
+    assert "no complete backup: nothing is removed" in {v.reason for v in nothing.files}
+
+
 def test_a_policy_that_keeps_nothing_is_refused() -> None:
     with pytest.raises(ConfigurationError):
         plan_retention(contents(complete(B_MID), FILES), KeepBackups(0))
@@ -430,6 +461,8 @@ def test_the_catalog_tells_complete_running_interrupted_empty_and_damaged_apart(
     for name in ("complete", "running", "interrupted", "empty", "damaged"):
         (backups / name).mkdir(parents=True)
     (backups / "complete" / RECORD_NAME).write_bytes(record_to_json(record("complete", 5, 6)))
+    (backups / "complete" / "base.tar.zst").write_bytes(b"x" * 10)
+    (backups / "complete" / "backup_manifest").write_text("{}")
     (backups / "damaged" / RECORD_NAME).write_text("{")
     for name in ("running", "interrupted"):
         (backups / name / ".base.tar.zst.1.receivewal-tmp").write_bytes(b"x")
@@ -455,7 +488,8 @@ def test_the_oldest_recoverable_point_is_the_oldest_backup_whose_wal_is_all_ther
     for rec in (record("a", 2, 3), record("b", 5, 6), record("c", 8, 8)):
         (tmp_path / BACKUPS / rec.backup_id).mkdir(parents=True)
         (tmp_path / BACKUPS / rec.backup_id / RECORD_NAME).write_bytes(record_to_json(rec))
-        (tmp_path / BACKUPS / rec.backup_id / "base.tar").write_bytes(b"x" * 1000)
+        (tmp_path / BACKUPS / rec.backup_id / "base.tar.zst").write_bytes(b"x" * 10)
+        (tmp_path / BACKUPS / rec.backup_id / "backup_manifest").write_bytes(b"m" * 990)
     (tmp_path / BACKUPS / "interrupted").mkdir()
     (tmp_path / BACKUPS / "interrupted" / "base.tar").write_bytes(b"y" * 500)
     for name in (seg(1, 2), seg(1, 4), seg(1, 5), seg(1, 6, ".zst"), seg(1, 8, ".partial"),

@@ -65,7 +65,7 @@ def check_backups(archive: str, key_file: str | None = None) -> list[BackupCheck
 
 def _without_record(entry: BackupEntry) -> BackupCheck:
     """What verify says of a directory (or prefix) of ``backups/`` without a usable record."""
-    if entry.state is EntryState.DAMAGED:
+    if entry.state in (EntryState.DAMAGED, EntryState.INCOMPLETE):
         return BackupCheck(entry.backup_id, "FAILED", entry.describe())
     if entry.interrupted:
         size = "" if entry.bytes is None else f", {entry.bytes} bytes on disk"

@@ -11,7 +11,9 @@ in a bucket no lock tells it from an interrupted one; once it started more than
 (a backup of which only those are left is listed too). A backup goes record first, so that a
 cleanup cut short leaves files without a record, never a record without its files. Only a
 folder named as this package names a backup (:func:`~receivewal.backup.directory.is_backup_id`)
-is one: a foreign prefix under ``backups/`` is left alone. No daemon
+is one: a foreign prefix under ``backups/`` is left alone. A record whose objects are not all
+listed, each archive of its recorded size, is no complete backup
+(:func:`~receivewal.backup.catalog.proven`): it is not counted, and not removed. No daemon
 state is read: the daemon's slot and upload backlog are in its directory, not in the bucket.
 """
 
@@ -22,7 +24,7 @@ from collections import defaultdict
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.reading import HISTORY_FILE_CAP
-from receivewal.backup.catalog import BackupEntry, EntryState, unrecorded_in_bucket
+from receivewal.backup.catalog import BackupEntry, EntryState, proven, unrecorded_in_bucket
 from receivewal.backup.cleanup import CleanupReport
 from receivewal.backup.directory import BACKUPS, is_backup_id
 from receivewal.backup.record import RECORD_CAP, RECORD_NAME, record_from_json
@@ -47,7 +49,9 @@ def read_bucket(bucket: Bucket) -> tuple[ArchiveContents, dict[str, int],
         backup_id = _backup_of(name)
         if backup_id:
             backups.setdefault(backup_id, [])
-    entries = [_entry(bucket, backup_id, [n for n, _ in objects])
+    prefix = f"{BACKUPS}/"
+    entries = [proven(_entry(bucket, backup_id, [n for n, _ in objects]),
+                      {n.removeprefix(f"{prefix}{backup_id}/"): size for n, size in objects})
                for backup_id, objects in sorted(backups.items())]
     identity = bucket.read_identity()
     records = [e.record for e in entries if e.record is not None]

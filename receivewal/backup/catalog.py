@@ -12,6 +12,13 @@ interrupted only when it is not empty (its writer had the lock), the lock is fre
 still no record is there: a writer that dies never writes its record later. An empty
 directory may be a backup between its ``mkdir`` and its lock: it is left alone.
 
+A record is not proof that the files are there: a file deleted, lost or cut short later leaves
+a record that lies. So a backup is :attr:`EntryState.COMPLETE` only when a listing of its
+directory (or its prefix) shows every file its record names, each archive of its recorded
+size (:func:`~receivewal.backup.record.absent_files`: names and sizes, no data read); else it is
+:attr:`EntryState.INCOMPLETE`, with what is missing, and neither recovery nor retention counts
+it (:func:`proven`).
+
 In a bucket no lock tells a running upload from a dead one; a backup's ID is its start time
 (UTC), so one without a record that started more than :data:`ABANDONED_AFTER` ago is
 :attr:`EntryState.ABANDONED` (:func:`abandoned`), which retention removes; a backup still
@@ -21,6 +28,7 @@ running that long finds its objects gone before it writes its record, and fails.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -29,7 +37,13 @@ from pathlib import Path
 from receivewal.archive.lock import is_locked
 from receivewal.archive.reading import read_small_file
 from receivewal.backup.directory import BACKUPS
-from receivewal.backup.record import RECORD_CAP, RECORD_NAME, BackupRecord, record_from_json
+from receivewal.backup.record import (
+    RECORD_CAP,
+    RECORD_NAME,
+    BackupRecord,
+    absent_files,
+    record_from_json,
+)
 from receivewal.errors import ArchiveError
 
 
@@ -43,6 +57,7 @@ class EntryState(Enum):
     ABANDONED = "no record, started more than 7 days ago: abandoned"
     EMPTY = "empty: a backup starting, or one that never began"
     DAMAGED = "record unreadable"
+    INCOMPLETE = "its record is there, not all its files"
 
 
 @dataclass(frozen=True)
@@ -105,9 +120,12 @@ def read_catalog(archive: Path) -> list[BackupEntry]:
 def read_entry(path: Path) -> BackupEntry:
     """What the backup directory ``path`` is (the order of the looks: see the module's
     docstring)."""
-    entry = _complete(path)
-    if entry is not None:
-        return entry
+    entry = _complete(path) or _unrecorded(path)
+    return entry if entry.record is None else _proven_directory(entry, path)
+
+
+def _unrecorded(path: Path) -> BackupEntry:
+    """What the directory ``path``, which had no record at the first look, is."""
     try:
         empty = not any(path.iterdir())
     except OSError as exc:
@@ -121,6 +139,34 @@ def read_entry(path: Path) -> BackupEntry:
         return BackupEntry(path.name, EntryState.EMPTY)
     return _complete(path) or BackupEntry(path.name, EntryState.INTERRUPTED,
                                           bytes=tree_bytes(path))
+
+
+def proven(entry: BackupEntry, listing: Mapping[str, int]) -> BackupEntry:
+    """``entry`` when it is no complete backup or its files are all in ``listing`` (the
+    backup's files, name: size); else the backup as :attr:`EntryState.INCOMPLETE`, saying
+    what is missing."""
+    if entry.record is None:
+        return entry
+    problem = absent_files(entry.record, listing)
+    if problem is None:
+        return entry
+    return BackupEntry(entry.backup_id, EntryState.INCOMPLETE, problem=problem)
+
+
+def directory_listing(path: Path) -> dict[str, int]:
+    """The regular files of the directory ``path`` and their sizes (one scan, nothing read)."""
+    with os.scandir(path) as found:
+        return {e.name: e.stat(follow_symlinks=False).st_size for e in found
+                if e.is_file(follow_symlinks=False)}
+
+
+def _proven_directory(entry: BackupEntry, path: Path) -> BackupEntry:
+    try:
+        listing = directory_listing(path)
+    except OSError as exc:
+        return BackupEntry(path.name, EntryState.DAMAGED,
+                           problem=f'could not list "{path}": {exc.strerror or exc}')
+    return proven(entry, listing)
 
 
 def tree_bytes(path: Path) -> int:

@@ -8,7 +8,10 @@ a directory is a complete backup only once its record is there, so a crash or SI
 moment leaves at most a directory without a record, which recovery ignores and retention
 removes. While it writes, the process holds ``flock`` on the directory itself
 (:func:`~receivewal.archive.lock.lock_directory`), which tells a running backup from an
-interrupted one.
+interrupted one. The directory's exclusive ``mkdir`` is the claim of the backup's ID: two
+backups started in the same second never share one (the second takes ``-1``), and a backup
+given up removes only the files of its own directory. Before the record, a scan of the
+directory must show every file the record names, each archive of its size.
 
 Memory is a compressor's window and one message at a time, whatever the database's size.
 """
@@ -34,7 +37,13 @@ from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sealed import write_recipients_file
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
-from receivewal.backup.record import RECORD_NAME, BackupRecord, StoredArchive, record_to_json
+from receivewal.backup.record import (
+    RECORD_NAME,
+    BackupRecord,
+    StoredArchive,
+    absent_files,
+    record_to_json,
+)
 from receivewal.backup.sealing import StoredForm, seal_small, sealed_name, stored_archive
 from receivewal.errors import ArchiveError
 from receivewal.wal.names import RECIPIENTS_SUFFIX
@@ -196,9 +205,21 @@ class BackupDirectory:
         return self.manifest_sha256
 
     def commit(self, record: BackupRecord) -> None:
-        """Write the record, last: from now on the directory is a complete backup."""
+        """Write the record, last: from now on the directory is a complete backup. First a
+        scan of the directory must show every file the record names, each archive of its
+        size (nothing read)."""
         assert self._open is None
         assert record.backup_id == self.backup_id
+        try:
+            with os.scandir(self.path) as found:
+                listing = {e.name: e.stat(follow_symlinks=False).st_size for e in found
+                           if e.is_file(follow_symlinks=False)}
+        except OSError as exc:
+            raise _os_error("list directory", self.path, exc) from exc
+        problem = absent_files(record, listing)
+        if problem is not None:
+            raise ArchiveError(f"backup {self.backup_id} is not complete: {problem} "
+                               f'("{self.path}")')
         try:
             write_file_durably(self.path, RECORD_NAME, record_to_json(record),
                                mode=self.file_mode, sync=self.sync)

@@ -5,7 +5,9 @@
 same names: the archive's identity, its WAL files (which segments it holds, its timeline
 histories), the catalog of its backups, one backup's files, and a new backup's target.
 
-In a bucket, a backup is complete once its record object is there; one without is reported
+In a bucket, a backup is complete once its record object is there and the listing of its
+prefix shows every object the record names, of its size
+(:func:`~receivewal.backup.catalog.proven`); one without a record is reported
 as :attr:`~receivewal.backup.catalog.EntryState.UNKNOWN` (no lock tells a running upload from
 a dead one).
 """
@@ -26,7 +28,13 @@ from receivewal.archive.objectstore import is_bucket_url
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sources import ArchiveSource, list_source, read_capped, recorded_identity
-from receivewal.backup.catalog import BackupEntry, EntryState, read_catalog, unrecorded_in_bucket
+from receivewal.backup.catalog import (
+    BackupEntry,
+    EntryState,
+    proven,
+    read_catalog,
+    unrecorded_in_bucket,
+)
 from receivewal.backup.directory import BACKUPS, BackupDirectory
 from receivewal.backup.record import RECORD_CAP, RECORD_NAME, record_from_json
 from receivewal.backup.stored import BackupFiles, DirectoryFiles
@@ -208,14 +216,15 @@ class BucketPlace(BackupPlace):
         return False
 
     def catalog(self) -> list[BackupEntry]:
-        by_id: dict[str, set[str]] = {}
-        for name, _ in self.bucket.list_under(BACKUPS):
+        by_id: dict[str, dict[str, int]] = {}
+        for name, size in self.bucket.list_under(BACKUPS):
             backup_id, _, rest = name.removeprefix(f"{BACKUPS}/").partition("/")
             if rest and not backup_id.startswith("."):
-                by_id.setdefault(backup_id, set()).add(rest)
-        return [self._entry(backup_id, names) for backup_id, names in sorted(by_id.items())]
+                by_id.setdefault(backup_id, {})[rest] = size
+        return [proven(self._entry(backup_id, names), names)
+                for backup_id, names in sorted(by_id.items())]
 
-    def _entry(self, backup_id: str, names: set[str]) -> BackupEntry:
+    def _entry(self, backup_id: str, names: dict[str, int]) -> BackupEntry:
         if RECORD_NAME not in names:
             return unrecorded_in_bucket(backup_id)
         files = BucketFiles(self.bucket, backup_id)

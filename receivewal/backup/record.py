@@ -14,13 +14,14 @@ time by it errs on the safe side (by the clocks' difference, if the server's run
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.wal.lsn import check_segment_size, format_lsn, parse_lsn, segment_of
-from receivewal.wal.names import wal_file_name
+from receivewal.wal.names import RECIPIENTS_SUFFIX, wal_file_name
 from receivewal.wal.timeline import is_timeline_id
 
 RECORD_NAME = "backup.json"
@@ -93,6 +94,33 @@ class BackupRecord:
             names.extend(wal_file_name(span.timeline, segno, size)
                          for segno in range(first, last + 1))
         return names
+
+
+def recorded_files(record: BackupRecord) -> dict[str, int | None]:
+    """Every file the backup's record says it has, with its size when the record gives one
+    (its archives'; None: the manifest's, and the recipients files of a sealed backup)."""
+    files: dict[str, int | None] = {a.name: a.stored_bytes for a in record.archives}
+    files[record.manifest_name] = None
+    if record.encrypted_to:  # each sealed file's recipients file beside it, as written
+        files.update({name + RECIPIENTS_SUFFIX: None for name in list(files)})
+    return files
+
+
+def absent_files(record: BackupRecord, listing: Mapping[str, int]) -> str | None:
+    """Why the backup is not all there, by a listing of its files (name: size); None when
+    every file its record names is listed, each archive with its recorded size. The proof
+    retention and recovery ask of a backup before they count it (a listing, no data read)."""
+    problems = []
+    for name, size in recorded_files(record).items():
+        found = listing.get(name)
+        if found is None:
+            problems.append(f"{name} is missing")
+        elif size is not None and found != size:
+            problems.append(f"{name} holds {found} bytes, its record says {size}")
+    if not problems:
+        return None
+    return "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
+                                      if len(problems) > 3 else "")
 
 
 def utc_text(moment: datetime) -> str:

@@ -3,9 +3,13 @@
 The backups first: ``--keep-backups N`` keeps the N newest complete backups;
 ``--recovery-window D`` keeps every backup that ends inside the window and the newest one that
 ends before it (recovery to the window's first moment starts there). At least the newest
-complete backup is always kept, and nothing at all is removed from an archive without one. A
-backup being written, or one whose record cannot be read, is kept; an interrupted one (no
-record, no writer) is removed.
+complete backup is always kept, and no WAL file and no backup with a record is removed from
+an archive without one (a backup without a record, which no recovery can start from, goes as
+below). A complete backup is one whose files are all there, as its record names them
+(:func:`~receivewal.backup.catalog.proven`): one that is not
+(:attr:`~receivewal.backup.catalog.EntryState.INCOMPLETE`) is never counted among the kept ones,
+and it is kept itself, named with what it lacks. A backup being written, or one whose record
+cannot be read, is kept; an interrupted one (no record, no writer) is removed.
 
 Then the WAL, following the timeline history. A segment is judged whatever its form (plain,
 compressed, sealed), and a sealed segment's recipients file (``F.recipients``) with it: they go
@@ -145,6 +149,9 @@ def _judge_unfinished(entry: BackupEntry) -> Verdict:
         return Verdict(entry.backup_id, True, "an interrupted backup (no record, no writer)")
     if entry.state is EntryState.ABANDONED:
         return Verdict(entry.backup_id, True, f"an abandoned backup ({entry.state.value})")
+    if entry.state is EntryState.INCOMPLETE:
+        return Verdict(entry.backup_id, False, f"not counted as a backup, {entry.describe()}: "
+                                               "not removed")
     return Verdict(entry.backup_id, False, f"{entry.describe()}: not removed")
 
 

@@ -324,14 +324,28 @@ def test_the_recovery_window_keeps_the_backups_inside_it_and_the_last_one_before
 
 
 def test_without_a_complete_backup_no_wal_is_removed() -> None:
-    entries = [BackupEntry("a", EntryState.INTERRUPTED), BackupEntry("b", EntryState.RUNNING),
+    entries = [BackupEntry("20261127T034455Z", EntryState.INTERRUPTED),
+               BackupEntry("b", EntryState.RUNNING),
                BackupEntry("c", EntryState.DAMAGED, problem="not JSON"),
                BackupEntry("d", EntryState.UNKNOWN)]
     plan = plan_retention(contents(entries, FILES), KeepBackups(2))
-    assert plan.removed_backups == ["a"]
+    assert plan.removed_backups == ["20261127T034455Z"]
     assert plan.removed_files == []
     assert {v.name: v.reason for v in plan.backups}["c"] == \
         "record unreadable: not JSON: not removed"
+
+
+def test_a_directory_not_named_as_a_backup_is_never_removed() -> None:
+    """An operator's ``backups/manual-copy/`` (files, no record, no lock: what an interrupted
+    backup looks like) is no backup of receivewal's: cleanup names it and leaves it."""
+    entries = [BackupEntry("manual-copy", EntryState.INTERRUPTED),
+               BackupEntry("20261127T034455Z-copy", EntryState.INTERRUPTED),
+               BackupEntry("20261127T034455Z-2", EntryState.INTERRUPTED)]
+    plan = plan_retention(contents(entries, FILES), KeepBackups(1))
+    assert plan.removed_backups == ["20261127T034455Z-2"]
+    reasons = {v.name: v.reason for v in plan.backups}
+    assert reasons["manual-copy"] == ("not named as receivewal names a backup (an operator's "
+                                      "directory?): not removed")
 
 
 def test_a_backup_whose_files_are_not_all_there_is_never_counted() -> None:

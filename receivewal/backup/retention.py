@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from receivewal.backup.catalog import BackupEntry, EntryState
+from receivewal.backup.directory import is_backup_id
 from receivewal.backup.record import BackupRecord, utc_text
 from receivewal.errors import ConfigurationError
 from receivewal.wal.lsn import format_lsn, segment_of
@@ -145,6 +146,10 @@ def _judge_backups(complete: list[BackupRecord], policy: Policy
 
 
 def _judge_unfinished(entry: BackupEntry) -> Verdict:
+    if entry.state in (EntryState.INTERRUPTED, EntryState.ABANDONED) \
+            and not is_backup_id(entry.backup_id):
+        return Verdict(entry.backup_id, False, "not named as receivewal names a backup (an "
+                                               "operator's directory?): not removed")
     if entry.state is EntryState.INTERRUPTED:
         return Verdict(entry.backup_id, True, "an interrupted backup (no record, no writer)")
     if entry.state is EntryState.ABANDONED:

@@ -69,8 +69,9 @@ WRITES_OTHER = {
     "nothing can check it once sealed; the uploader then puts it as it sits)",
     "archive/sealed.py::write_recipients_file": "a sealed file's recipients file",
     "daemon/uploader.py::Uploader._sealed_body": "a sealed file's recipients object",
-    "backup/upload.py::BucketBackup._put_recipients": "a sealed backup file's recipients object",
-    "backup/upload.py::BucketBackup.write_manifest": "a base backup's manifest, in a bucket",
+    "backup/upload.py::BucketBackup.claim": "a bucket backup's claim of its ID (no WAL)",
+    "backup/upload.py::BucketBackup._put_new": "a base backup's small object, in a bucket: its "
+    "manifest, record or recipients (no WAL)",
     "backup/upload.py::BucketBackup.commit": "a base backup's record, in a bucket",
     "logical/store.py::ChangeLogStore._record": "a change log's small records (no WAL)",
 }

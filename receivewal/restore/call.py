@@ -170,7 +170,9 @@ def _hole(call: Call, bucket: BucketSource | None = None) -> str | None:
     :func:`~receivewal.wal.leannames.next_held_after`. It costs only a miss (once at the end
     of a recovery, and for each timeline probe), never a served segment: one listing of a
     local archive, one listing request of the timeline's keys after the name for a bucket
-    (``bucket``, the call's source, when it has one)."""
+    (``bucket``, the call's source, when it has one). When it finds later WAL, the segment is
+    looked for once more: the archive's writer may have completed it and begun the next one
+    since the miss (a standby restoring from a live archive), which is no hole."""
     name = call.wal_name
     if not is_segment_name(name):
         return None
@@ -180,10 +182,14 @@ def _hole(call: Call, bucket: BucketSource | None = None) -> str | None:
 
             bucket = BucketSource(call.directory)
         later = bucket.later_wal(name)
+        arrived = later is not None and bucket.holds(name)
     else:
+        from receivewal.restore.absence import surely_absent  # noqa: PLC0415 - os-level only
+
         later = next_held_after(name, os.listdir(call.directory))
-    if later is None:
-        return None
+        arrived = later is not None and not surely_absent(call.directory, name)
+    if later is None or arrived:  # arrived: the writer completed it since the miss, then
+        return None  # the next one began; exit 1 as before, and the next call restores it
     return (f"{_quoted(name)} is missing from the archive {_quoted(call.directory)}, which "
             f"holds later WAL of its timeline (next: {_quoted(later)}): a hole in the "
             "archive, not its end; recovery stops here rather than end early and lose the "

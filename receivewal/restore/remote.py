@@ -136,6 +136,17 @@ class BucketSource:
         only when every form of ``name`` was "no such key"."""
         return next_held_after(name, self.bucket.names_after(name[:8], name, LATER_KEYS))
 
+    def holds(self, name: str) -> bool:
+        """Whether any form of ``name`` is there now (a HEAD each): asked only when a miss
+        found later WAL, as the archive's writer may have completed it in between."""
+        for candidate in self.forms(name):
+            try:
+                self.bucket.head(candidate.path.name)
+            except ObjectNotFound:
+                continue
+            return True
+        return False
+
     def _unsealed(self, key: str, url: str, raw: BinaryIO, size: int) -> BinaryIO:
         """The plaintext of the sealed object ``key`` fetched into ``raw``; its recipients
         object says who can read it (errors name ``url``)."""

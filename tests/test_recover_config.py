@@ -263,3 +263,29 @@ def test_the_backup_of_a_server_recovered_to_a_time_recovers_to_its_end(world: W
         recovered.stop("immediate")
     assert "removed from postgresql.auto.conf (the backup's): recovery_target_time = " \
         in done.stdout, done.stdout
+
+
+def test_a_hole_in_the_archive_after_the_backup_is_refused(world: World, tmp_path: Path
+                                                          ) -> None:
+    """Issue 32, item 3: with a segment after the newest backup's end missing from a copy of
+    the archive while a later one is there, ``recover`` exits 1 before anything is written,
+    one line naming the missing segment and the next one held (PostgreSQL would stop at the
+    hole: restore exits 126 there)."""
+    for _ in range(2):  # two complete segments after every backup (no row of t changes)
+        world.pg.sql("SELECT txid_current()")
+        archived(world.pg, world.archive)
+    copy = tmp_path / "archive"
+    shutil.copytree(world.archive, copy, ignore=shutil.ignore_patterns("*.partial"))
+    complete = sorted(n for n in os.listdir(copy) if re.fullmatch(r"[0-9A-F]{24}", n))
+    missing, following = complete[-2:]
+    (copy / missing).unlink()
+    pgdata = tmp_path / "recovered"
+    done = receivewal("recover", "--to", str(pgdata), "-D", str(copy), "--no-sync")
+    assert done.returncode == 1, done.stdout
+    line = done.stderr.strip()
+    assert "\n" not in line, line
+    assert "Traceback" not in line, line
+    assert line.startswith("receivewal: error: the archive has a hole: "), line
+    assert f"{missing} is missing" in line, line
+    assert f"(next: {following})" in line, line
+    assert not pgdata.exists()

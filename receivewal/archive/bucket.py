@@ -332,6 +332,23 @@ class Bucket:
             raise self._error(exc, "") from exc
         return sorted(files)
 
+    def names_after(self, start: str, after: str, count: int) -> list[str]:
+        """The first ``count`` file names directly under the prefix that begin with ``start``
+        and sort after ``after``, in order: ONE request (ListObjectsV2 with Prefix and
+        StartAfter), for a restore call that misses a segment (is WAL of its timeline held
+        after it?)."""
+        return self._retried(lambda: self._names_after_once(start, after, count), after)
+
+    def _names_after_once(self, start: str, after: str, count: int) -> list[str]:
+        base = f"{self.url.prefix}/" if self.url.prefix else ""
+        try:
+            page = self.client.list_objects_v2(Bucket=self.url.bucket, Prefix=base + start,
+                                               StartAfter=base + after, MaxKeys=count)
+        except self._library_errors as exc:
+            raise self._error(exc, after) from exc
+        return [item["Key"][len(base):] for item in page.get("Contents", ())
+                if "/" not in item["Key"][len(base):]]
+
     def list_under(self, folder: str, page_size: int = 1000) -> list[tuple[str, int]]:
         """(name, size) of every object under ``PREFIX/folder/``, at any depth, named from the
         prefix (``folder/...``), sorted: the backups of ``cleanup`` and ``status``."""

@@ -7,15 +7,18 @@ configured recovery target was reached" once the archive's WAL is replayed.
 
 The WAL a recovery of a backup replays is the archive's complete segments (restore_command
 serves no ``.partial``) from the backup's end on, along the target timeline's history, as
-PostgreSQL's XLogFileReadAnyTLI looks for each segment: the newest timeline of the history
-that has begun by that segment first, never a timeline older than the last file's, up to the
-first segment the archive lacks. :func:`last_transaction` reads those segments from the last
-one back (almost always the last alone) and returns the last commit or abort record's time.
+PostgreSQL's XLogFileReadAnyTLI looks for each segment: the newest timeline of the history that
+has begun by that segment first, never a timeline older than the last file's, up to the first
+segment the archive lacks. A segment asked for and missing while the archive holds later WAL of
+its timeline is a hole (:func:`chain_hole`): ``receivewal restore`` answers it 126 and recovery
+stops there, so ``recover`` refuses it before writing anything. :func:`last_transaction` reads
+those segments from the last one back (almost always the last alone) and returns the last commit
+or abort record's time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -24,6 +27,7 @@ from receivewal.archive.sealed import DecryptingOpener, sealed_cap
 from receivewal.archive.sources import ArchiveSource
 from receivewal.backup.record import BackupRecord
 from receivewal.check.walclock import record_time
+from receivewal.wal.leannames import next_held_after
 from receivewal.wal.lsn import segment_of
 from receivewal.wal.names import (
     ENCRYPTED_SUFFIX,
@@ -53,12 +57,34 @@ def replayed_segments(record: BackupRecord, timeline: int,
                       held: Callable[[str], bool]) -> list[str]:
     """The segments a recovery of ``record`` to ``timeline`` replays, from the one its
     backup starts in to the last before the first the archive lacks (the module's rule)."""
+    return [name for name, found in _asked(record, timeline, histories, held) if found]
+
+
+def chain_hole(record: BackupRecord, timeline: int,
+               histories: Mapping[int, Sequence[TimelineSwitch]], held: Callable[[str], bool],
+               names: Iterable[str]) -> tuple[str, str] | None:
+    """The first segment a recovery of ``record`` to ``timeline`` asks for and the archive
+    lacks while its file names ``names`` hold later WAL of that segment's timeline, and the
+    next segment held (the rule of :func:`~receivewal.wal.leannames.next_held_after`, which
+    the restore calls apply); None when the chain from the backup to the end has no hole."""
+    listed = list(names)
+    for name, found in _asked(record, timeline, histories, held):
+        later = None if found else next_held_after(name, listed)
+        if later is not None:
+            return name, later
+    return None
+
+
+def _asked(record: BackupRecord, timeline: int,
+           histories: Mapping[int, Sequence[TimelineSwitch]],
+           held: Callable[[str], bool]) -> Iterator[tuple[str, bool]]:
+    """Each segment name a recovery of ``record`` to ``timeline`` asks for, in order, and
+    whether the archive holds it, up to the first segment none of whose names it holds."""
     size = record.wal_segment_size
     switches = list(histories.get(timeline, ()))
     begins = [0, *(e.switchpoint for e in switches)]
     line = [(e.timeline, b) for e, b in zip(switches, begins, strict=False)]  # oldest first
     line.append((timeline, begins[-1]))
-    names: list[str] = []
     segno, current = segment_of(record.start_lsn, size), record.timeline
     while True:
         found = None
@@ -68,13 +94,14 @@ def replayed_segments(record: BackupRecord, timeline: int,
             if segment_of(begin, size) > segno:
                 continue
             name = wal_file_name(tli, segno, size)
-            if held(name):
-                found = (tli, name)
+            present = held(name)
+            yield name, present
+            if present:
+                found = tli
                 break
         if found is None:
-            return names
-        current = found[0]
-        names.append(found[1])
+            return
+        current = found
         segno += 1
 
 

@@ -9,10 +9,13 @@ unpacked into the empty data directory, checked against its manifest on the way
 ``restore_command`` that reads this very archive through ``receivewal restore``: recover's
 block alone decides the recovery, whatever recovery settings the backup inherited.
 
-A time target after the last commit or abort the archive's WAL holds on the way to the target
-timeline is refused before anything is written (:mod:`receivewal.backup.reach`): PostgreSQL
-would replay the whole archive and stop with FATAL "recovery ended before configured recovery
-target was reached"; ``beyond_archive`` accepts it (the WAL up to it will still come).
+A hole in the archive's WAL between the backup and the end of the target timeline (a segment
+missing while later WAL of its timeline is held) is refused before anything is written: the
+server's restore calls would stop recovery there. A time target after the last commit or abort
+the archive's WAL holds on the way to the target timeline is refused before anything is written
+(:mod:`receivewal.backup.reach`): PostgreSQL would replay the whole archive and stop with FATAL
+"recovery ended before configured recovery target was reached"; ``beyond_archive`` accepts it
+(the WAL up to it will still come).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from receivewal.archive.sealed import NoIdentity
 from receivewal.backup.catalog import EntryState
 from receivewal.backup.choice import RecoveryTarget, choose_backup, unusable
 from receivewal.backup.place import BackupPlace, BucketPlace, open_place
-from receivewal.backup.reach import last_transaction, replayed_segments
+from receivewal.backup.reach import chain_hole, last_transaction, replayed_segments
 from receivewal.backup.record import BackupRecord, utc_text
 from receivewal.backup.sealing import readable_files
 from receivewal.backup.settings import (
@@ -43,6 +46,7 @@ from receivewal.backup.unpack import (
 )
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
+from receivewal.wal.names import parse_segment_file_name
 
 LATEST = "latest"
 
@@ -110,6 +114,31 @@ def pick_backup(place: BackupPlace, settings: RecoverSettings) -> BackupRecord:
                          has_wal=held.__contains__).record
 
 
+def check_chain(place: BackupPlace, record: BackupRecord, settings: RecoverSettings) -> None:
+    """Refuse a hole in the chain of segments from the backup to the end of the target
+    timeline (ArchiveError naming the missing segment and the next one held): the server's
+    restore calls would stop recovery there (exit 126). An LSN target before the hole does
+    not reach it."""
+    identity = place.identity()
+    assert identity is not None  # pick_backup refused an archive without one
+    size = identity.segment_size
+    timeline = target_timeline(place, settings.target, identity.timeline)
+    hole = chain_hole(record, timeline, place.histories(), place.held(size).__contains__,
+                      place.source().names)
+    if hole is None:
+        return
+    missing, following = hole
+    parsed = parse_segment_file_name(missing, size)
+    if (settings.target.lsn is not None and parsed is not None
+            and settings.target.lsn < parsed.start_lsn(size)):
+        return
+    raise ArchiveError(
+        f"the archive has a hole: {missing} is missing, though it holds later WAL of its "
+        f"timeline (next: {following}); a recovery from backup {record.backup_id} would stop "
+        "there (restore exits 126) and never reach what follows; nothing was written (put "
+        "the missing segment back, then run recover again)")
+
+
 def check_reach(place: BackupPlace, record: BackupRecord, settings: RecoverSettings
                 ) -> str | None:
     """Refuse a time target the archive's WAL never reaches (ArchiveError naming its last
@@ -153,6 +182,7 @@ def run_recover(settings: RecoverSettings) -> Recovered:
         refuse_unless_empty(directory, "tablespace directory")
     # a sealed backup: the key is checked before anything is written
     files = readable_files(place.files(record.backup_id), record, settings.identity)
+    check_chain(place, record, settings)
     warning = check_reach(place, record, settings)
     unpacked = unpack_backup(files, record, settings.pgdata, mapping=settings.mapping,
                              sync=settings.sync)

@@ -1,5 +1,7 @@
 """Telling cheaply that a local archive does not have a file: how a restore_command call ends
-recovery (exit 1) without importing the restore machinery.
+recovery (exit 1) without importing the restore machinery (for a segment, once a listing of
+the directory has shown no later WAL of its timeline: else a hole, exit 126; see
+:func:`receivewal.restore.call.run`).
 
 PostgreSQL asks for files an archive lacks on every recovery: the next timeline's history file
 at the start, the segment after the last one at the end (and a standby, every few seconds).

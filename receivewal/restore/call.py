@@ -3,7 +3,9 @@
 returns the exit status.
 
 Exit status is what recovery understands: 0 when the file was restored, 1 only when the archive
-definitely does not have it (every form missing; for a bucket, "no such key"), 126 for anything
+definitely does not have it (every form missing; for a bucket, "no such key") and, for a
+segment, holds no later WAL of its timeline (a segment missing before later ones is a hole, not
+the end: 126, naming it; the one listing that tells costs a miss only), 126 for anything
 else (damage, a store that cannot be reached or refuses the credentials after a few retries, a
 bad ``%f``/``%p``, the unforeseen): PostgreSQL stops recovery on a status above 125 instead of
 ending it early. On SIGTERM the temporary file is removed and the helper dies of the signal.
@@ -31,11 +33,13 @@ import time
 from receivewal.errors import ReceivewalError
 from receivewal.restore import served
 from receivewal.secrets import is_private_key, key_given_as_file, redacted
-from receivewal.wal.leannames import is_segment_name
+from receivewal.wal.leannames import is_segment_name, next_held_after
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
+
+    from receivewal.restore.remote import BucketSource
 
 NOT_FOUND = 1
 DAMAGED = 126
@@ -111,15 +115,15 @@ def run(call: Call) -> int:
     if not taken and served.askable(call):
         outcome = served.ask_filler(call, waiting)
         if outcome == "absent":
-            return _say(f'"{call.wal_name}" is not in the archive "{call.directory}" (no such '
-                        "key in any of its forms)", NOT_FOUND)
+            return _absent(call, f'"{call.wal_name}" is not in the archive "{call.directory}" '
+                           "(no such key in any of its forms)")
         taken = outcome == "spooled"
     if taken:
         _say(f"restored {_quoted(call.wal_name)} from the prefetch spool", 0)
     elif call.target and not call.partial and _surely_absent(call):
         if call.window > 0:
             served.start_filler(call)  # at a recovery's start, for the first segment
-        return _say(f'"{call.wal_name}" is not in the archive "{call.directory}"', NOT_FOUND)
+        return _absent(call, f'"{call.wal_name}" is not in the archive "{call.directory}"')
     else:
         status = _restore_guarded(call)
         if status:
@@ -142,6 +146,54 @@ def _refusal(call: Call, *, spooled: bool) -> str | None:
     if call.identity and is_private_key(call.identity):
         return key_given_as_file("--identity (or RECEIVEWAL_IDENTITY)")
     return served.swapped_archive(call) if spooled else None
+
+
+def _absent(call: Call, message: str) -> int:
+    """Exit 1 (``message``) for a file the archive lacks, but 126 for a segment missing
+    while the archive holds later WAL of its timeline (:func:`_hole`): PostgreSQL must not end
+    recovery there. When that cannot be told, 126 too."""
+    try:
+        hole = _hole(call)
+    except (ReceivewalError, OSError) as exc:
+        return _say(f"error: cannot restore {_quoted(call.wal_name)} from "
+                    f"{_quoted(call.directory)}: it is missing, and whether later WAL of its "
+                    f"timeline is there cannot be told: {_detail(exc)}", DAMAGED)
+    if hole is not None:
+        return _say(f"error: {hole}", DAMAGED)
+    return _say(message, NOT_FOUND)
+
+
+def _hole(call: Call, bucket: BucketSource | None = None) -> str | None:
+    """The line naming the gap when the segment asked for is missing while the archive holds
+    later WAL of its timeline (a hole is never the archive's end); None otherwise, and for
+    any other name (a history file asked for at the end of recovery). The rule is
+    :func:`~receivewal.wal.leannames.next_held_after`. It costs only a miss (once at the end
+    of a recovery, and for each timeline probe), never a served segment: one listing of a
+    local archive, one listing request of the timeline's keys after the name for a bucket
+    (``bucket``, the call's source, when it has one). When it finds later WAL, the segment is
+    looked for once more: the archive's writer may have completed it and begun the next one
+    since the miss (a standby restoring from a live archive), which is no hole."""
+    name = call.wal_name
+    if not is_segment_name(name):
+        return None
+    if call.from_bucket:
+        if bucket is None:
+            from receivewal.restore.remote import BucketSource  # noqa: PLC0415 - boto3
+
+            bucket = BucketSource(call.directory)
+        later = bucket.later_wal(name)
+        arrived = later is not None and bucket.holds(name)
+    else:
+        from receivewal.restore.absence import surely_absent  # noqa: PLC0415 - os-level only
+
+        later = next_held_after(name, os.listdir(call.directory))
+        arrived = later is not None and not surely_absent(call.directory, name)
+    if later is None or arrived:  # arrived: the writer completed it since the miss, then
+        return None  # the next one began; exit 1 as before, and the next call restores it
+    return (f"{_quoted(name)} is missing from the archive {_quoted(call.directory)}, which "
+            f"holds later WAL of its timeline (next: {_quoted(later)}): a hole in the "
+            "archive, not its end; recovery stops here rather than end early and lose the "
+            "transactions after it (put the missing segment back, then start the server again)")
 
 
 def _surely_absent(call: Call) -> bool:
@@ -260,16 +312,26 @@ def _restore(call: Call) -> str:
         from receivewal.errors import ConfigurationError  # noqa: PLC0415
 
         raise ConfigurationError("the target file name (%p) is empty")
-    if is_bucket_url(call.directory):
-        from receivewal.restore.remote import BucketSource  # noqa: PLC0415
+    from receivewal.errors import ArchiveError  # noqa: PLC0415
+    from receivewal.restore.writing import NotInArchive  # noqa: PLC0415
 
-        return _quoted(BucketSource(call.directory, identity_file=call.identity)
-                       .restore(call.wal_name, target))
-    from receivewal.restore.local import restore_file  # noqa: PLC0415
+    bucket = None
+    try:
+        if is_bucket_url(call.directory):
+            from receivewal.restore.remote import BucketSource  # noqa: PLC0415
 
-    path = restore_file(Path(call.directory), call.wal_name, call.target, partial=call.partial,
-                        identity_file=call.identity)
-    return _quoted(path.name)
+            bucket = BucketSource(call.directory, identity_file=call.identity)
+            return _quoted(bucket.restore(call.wal_name, target))
+        from receivewal.restore.local import restore_file  # noqa: PLC0415
+
+        path = restore_file(Path(call.directory), call.wal_name, call.target,
+                            partial=call.partial, identity_file=call.identity)
+        return _quoted(path.name)
+    except NotInArchive:
+        hole = _hole(call, bucket)
+        if hole is not None:
+            raise ArchiveError(hole) from None
+        raise
 
 
 #: What, beside its URL, tells boto3's chain which store a bucket URL names: two stores with

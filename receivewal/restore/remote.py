@@ -12,7 +12,9 @@ the form that served the last segment: an archive keeps one form, and every form
 before it costs a round trip answered "no such key".
 
 Only when the prefix holds the archive's identity object and the store says "no such key" for
-every form is the file :class:`NotInArchive` (exit 1 ends recovery there): a prefix without
+every form is the file :class:`NotInArchive` (exit 1 ends recovery there, unless the prefix
+holds later WAL of the segment's timeline: a hole, exit 126, :meth:`BucketSource.later_wal`,
+one listing on a miss only): a prefix without
 one (a mistyped prefix, another endpoint) is an error, whatever the file. Network, throttling
 and access errors are retried with backoff a few times (:data:`RESTORE_RETRY`) and then
 raised: the command exits 126 and PostgreSQL retries later, rather than end recovery early. On
@@ -34,6 +36,7 @@ from receivewal.archive.recipients import RECIPIENTS_FILE_CAP
 from receivewal.archive.sources import decide_segment_size
 from receivewal.errors import ArchiveError, ConfigurationError, ObjectNotFound
 from receivewal.restore.writing import Candidate, NotInArchive, write_restored
+from receivewal.wal.leannames import next_held_after
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import (
     ENCRYPTED_SUFFIX,
@@ -52,6 +55,9 @@ _IN_MEMORY = 64 << 20
 # the largest object any archive file can be: a segment of the largest size, compressed by a
 # codec that expands incompressible input a little
 _MAX_OBJECT = MAX_SEGMENT_SIZE + MAX_SEGMENT_SIZE // 64
+#: How many keys the one listing after a missed segment asks for: the next segment's forms
+#: come first (a segment is stored in one form or two, its sealed recipients beside it).
+LATER_KEYS = 16
 
 
 class BucketSource:
@@ -123,6 +129,23 @@ class BucketSource:
         raise NotInArchive(f'"{name}" is not in the archive "{self.bucket.url}" (no such key '
                            "in any of its forms)")
 
+    def later_wal(self, name: str) -> str | None:
+        """The first segment of segment ``name``'s timeline after it that the prefix holds
+        (:func:`~receivewal.wal.leannames.next_held_after`), or None: ONE listing of the
+        timeline's keys after ``name`` (Prefix: the timeline, StartAfter: ``name``), asked
+        only when every form of ``name`` was "no such key"."""
+        return next_held_after(name, self.bucket.names_after(name[:8], name, LATER_KEYS))
+
+    def holds(self, name: str) -> bool:
+        """Whether any form of ``name`` is there now (a HEAD each): asked only when a miss
+        found later WAL, as the archive's writer may have completed it in between."""
+        for candidate in self.forms(name):
+            try:
+                self.bucket.head(candidate.path.name)
+            except ObjectNotFound:
+                continue
+            return True
+        return False
 
     def _unsealed(self, key: str, url: str, raw: BinaryIO, size: int) -> BinaryIO:
         """The plaintext of the sealed object ``key`` fetched into ``raw``; its recipients

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 from receivewal.wal.lsn import join_lsn
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 #: The at-rest suffixes of a segment, in the order of :class:`receivewal.wal.names.AtRest`
 #: (plain, gzip, lz4, zstd), which takes its suffixes from here.
 AT_REST_SUFFIXES = ("", ".gz", ".lz4", ".zst")
 #: What a file encrypted at rest adds after its at-rest suffix (:mod:`receivewal.wal.names`).
 ENCRYPTED_SUFFIX = ".age"
+#: What a segment file not yet complete adds after its at-rest suffix (:mod:`receivewal.wal.names`).
+PARTIAL_SUFFIX = ".partial"
 SEGMENT_NAME_LENGTH = 24
 HISTORY_SUFFIX = ".history"
 _HEX = frozenset("0123456789ABCDEF")
@@ -54,3 +60,30 @@ def segment_start(name: str, segment_size: int) -> int | None:
     if seg >= segments_per_xlogid(segment_size):
         return None
     return join_lsn(log, seg * segment_size)
+
+
+#: Every suffix a segment's file in an archive can carry after its name: complete (plain,
+#: compressed, sealed) or ``.partial``.
+_STORED_SUFFIXES = frozenset(rest + partial + sealed for rest in AT_REST_SUFFIXES
+                             for partial in ("", PARTIAL_SUFFIX)
+                             for sealed in ("", ENCRYPTED_SUFFIX))
+
+
+def next_held_after(name: str, names: Iterable[str]) -> str | None:
+    """The first segment after segment ``name`` on ``name``'s own timeline that the archive
+    file names ``names`` hold, in any stored form (complete, compressed, sealed, or a
+    ``.partial``: the daemon completes a segment before the next one's ``.partial`` exists);
+    None when there is none.
+
+    The one rule of "gap or end" (restore calls and ``recover`` alike): a missing segment
+    with WAL of its timeline after it is a hole in the archive, never the archive's end.
+    Other timelines are never counted: after a fork the archive holds the old timeline past
+    the fork point, and PostgreSQL asks the new timeline's names from its first segment on,
+    never an older timeline's once it has read a newer one."""
+    timeline, found = name[:8], None
+    for file in names:
+        stem = file[:SEGMENT_NAME_LENGTH]
+        if (stem > name and stem[:8] == timeline and (found is None or stem < found)
+                and file[SEGMENT_NAME_LENGTH:] in _STORED_SUFFIXES and is_segment_name(stem)):
+            found = stem
+    return found

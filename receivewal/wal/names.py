@@ -20,7 +20,7 @@ from receivewal.wal.leannames import AT_REST_SUFFIXES, segments_per_xlogid
 from receivewal.wal.lsn import segment_start
 from receivewal.wal.timeline import is_timeline_id
 
-PARTIAL_SUFFIX = ".partial"
+PARTIAL_SUFFIX = leannames.PARTIAL_SUFFIX
 
 
 class AtRest(StrEnum):

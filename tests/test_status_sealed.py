@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.agekeys import age_keygen
+from support.scrape import scrape
 from support.servers import PgServer, free_port
 from support.streams import receivewal, start_streaming, stop, wait_for
 
@@ -33,14 +33,6 @@ def small_segments(server_base: Path) -> Iterator[PgServer]:
     yield server
     server.stop("immediate")
 
-
-def scrape(port: int) -> dict[str, float]:
-    """The unlabelled samples of the metrics endpoint, by name."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {name: float(value) for line in text.splitlines()
-            if line and not line.startswith("#") and "{" not in line
-            for name, value in [line.rsplit(" ", 1)]}
 
 
 def switch_segments(pg: PgServer, count: int) -> None:

@@ -16,6 +16,10 @@ TYPE_CHECKING = False  # typing stays off restore's lean path
 if TYPE_CHECKING:
     from re import Pattern
 
+#: The variable an age identity file's path is also read from (``--identity``: restore, verify,
+#: analyze, recover); here, on restore's lean path and below the archive's errors that name it.
+IDENTITY_ENV = "RECEIVEWAL_IDENTITY"
+
 #: What a text must hold (lower-cased) for :func:`redacted` to look further.
 _MARKERS = ("password", ":/", "age-secret-key-", "age-plugin-")
 _patterns: list[tuple[Pattern[str], str]] = []

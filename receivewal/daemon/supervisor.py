@@ -16,9 +16,7 @@ uploaded after ``--upload-wait`` seconds.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import random
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -68,13 +66,6 @@ def backoff_delay(attempt: int, base: float, cap: float,
         return 0.0
     delay = min(cap, base * 2 ** max(0, attempt - 1))
     return float(min(cap, delay * (0.8 + 0.4 * rand())))
-
-
-def prompt_password() -> str | None:
-    """Ask on the terminal, as pg_receivewal does when the server wants a password."""
-    if not sys.stdin.isatty():
-        return None
-    return getpass.getpass("Password: ")
 
 
 class Session(Protocol):
@@ -135,7 +126,7 @@ class Supervisor:
     drop-in's pg_receivewal messages)."""
 
     def __init__(self, settings: Settings, receiver: Receiver,
-                 prompt: Callable[[], str | None] | None = prompt_password,
+                 prompt: Callable[[], str | None] | None = None,
                  listeners: tuple[Listener, ...] = (), *, log_events: bool = True) -> None:
         self.settings = settings
         self.receiver = receiver

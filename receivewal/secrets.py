@@ -12,7 +12,7 @@ call's lean path: ``re`` is imported only for a text that holds one of the marke
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing stays off restore's lean path
+TYPE_CHECKING = False  # restore's lean path loads no typing (~10 ms): see receivewal.restore
 if TYPE_CHECKING:
     from re import Pattern
 

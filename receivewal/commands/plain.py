@@ -13,7 +13,7 @@ one row of :mod:`receivewal.commands.catalog`, which a command takes as it is or
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing itself costs the call a few ms
+TYPE_CHECKING = False  # restore's lean path loads no typing (~10 ms): see receivewal.restore
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 

@@ -123,7 +123,8 @@ class Supervisor:
     What the sessions, the supervisor and the uploader report goes into one
     :class:`EventStream`: its consumers are the log (unless ``log_events`` is false: the
     drop-in words every event itself), then the monitor (once made), then ``listeners`` (the
-    drop-in's pg_receivewal messages)."""
+    drop-in's pg_receivewal messages). ``prompt`` asks for a password when the server wants
+    one the connection string lacks (the command's; None: never)."""
 
     def __init__(self, settings: Settings, receiver: Receiver,
                  prompt: Callable[[], str | None] | None = None,

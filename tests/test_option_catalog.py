@@ -78,6 +78,23 @@ def declared_twice(commands: Path) -> dict[str, list[str]]:
             if name not in HOMONYMS and (len(places) > 1 or name in inside)}
 
 
+def _text_constants(tree: ast.Module) -> list[tuple[str, str]]:
+    """The upper-case names a module's top level binds to a text (``A = "a"``, ``A: str =
+    "a"``, ``A, B = "a", "b"``)."""
+    found = []
+    for node in tree.body:
+        pairs: list[tuple[ast.expr, ast.expr | None]] = \
+            [(t, node.value) for t in node.targets] if isinstance(node, ast.Assign) else \
+            [(node.target, node.value)] if isinstance(node, ast.AnnAssign) else []
+        for target, value in pairs:
+            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
+                pairs += list(zip(target.elts, value.elts, strict=False))
+            elif isinstance(target, ast.Name) and target.id.isupper() \
+                    and isinstance(value, ast.Constant) and isinstance(value.value, str):
+                found.append((target.id, value.value))
+    return found
+
+
 def constants_twice(package: Path) -> dict[str, list[str]]:
     """Text constants defined at module level in two modules (the same name and value), and
     ``RECEIVEWAL_*`` names defined under two names."""
@@ -85,15 +102,10 @@ def constants_twice(package: Path) -> dict[str, list[str]]:
     variables: dict[str, set[str]] = defaultdict(set)
     for path in sorted(package.rglob("*.py")):
         module = str(path.relative_to(package.parent))
-        for node in ast.parse(path.read_text(), str(path)).body:
-            target, value = (node.targets[0], node.value) if isinstance(node, ast.Assign) \
-                else (node.target, node.value) if isinstance(node, ast.AnnAssign) else (None, None)
-            if not isinstance(target, ast.Name) or not isinstance(value, ast.Constant) \
-                    or not isinstance(value.value, str) or not target.id.isupper():
-                continue
-            pairs[target.id, value.value].append(module)
-            if value.value.startswith("RECEIVEWAL_"):
-                variables[value.value].add(target.id)
+        for name, text in _text_constants(ast.parse(path.read_text(), str(path))):
+            pairs[name, text].append(module)
+            if text.startswith("RECEIVEWAL_"):
+                variables[text].add(name)
     twice = {f"{name} = {value!r}": modules for (name, value), modules in pairs.items()
              if len(modules) > 1 and name not in PENDING}
     twice |= {value: sorted(names) for value, names in variables.items() if len(names) > 1}
@@ -136,3 +148,16 @@ def test_the_catalog_rows_are_options() -> None:
     for row in rows.values():
         if row.names in taken:
             assert taken[row.names] == row.env, row.names
+
+
+def test_the_rule_sees_a_constant_defined_twice(tmp_path: Path) -> None:
+    """Plain, annotated and unpacked definitions are read, and a variable's name under two
+    names."""
+    package = tmp_path / "receivewal"
+    package.mkdir()
+    (package / "a.py").write_text('KEYFILE = "keyfile"\nIDENTITY_ENV = "RECEIVEWAL_IDENTITY"\n')
+    (package / "b.py").write_text('FLAG, KEYFILE = "flag", "keyfile"\n'
+                                  'ENV: str = "RECEIVEWAL_IDENTITY"\nlower = "keyfile"\n')
+    assert constants_twice(package) == {
+        "KEYFILE = 'keyfile'": ["receivewal/a.py", "receivewal/b.py"],
+        "RECEIVEWAL_IDENTITY": ["ENV", "IDENTITY_ENV"]}

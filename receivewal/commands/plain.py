@@ -17,11 +17,13 @@ TYPE_CHECKING = False  # restore's lean path loads no typing (~10 ms): see recei
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-#: The kinds of an option's value, which say how it is read (each command's reader and click
-#: type of a kind hold its bounds): none, a whole number, a text, a path (a directory or a
-#: bucket URL: click must not find it to be a file), an identity file's path (missing or
-#: unreadable, it is the command's error, never click's).
-FLAG, COUNT, TEXT, PATH, KEYFILE = "flag", "count", "text", "path", "keyfile"
+# The kinds of an option's value, which say how it is read (a command's reader and click type
+# of a kind hold its bounds).
+FLAG = "flag"  # no value
+COUNT = "count"  # a whole number
+TEXT = "text"
+PATH = "path"  # a directory or a bucket URL: click must not find it to be a file
+KEYFILE = "keyfile"  # an identity file's path: missing or unreadable, the command's error
 
 
 class Plain:
@@ -63,7 +65,8 @@ class Option(Plain):
 
     def but(self, **changes: object) -> Option:
         """This option as one command has it: ``changes`` to its fields (its help, metavar,
-        variable or destination there); its spellings stay the declared ones."""
+        variable or destination there); its spellings stay the declared ones (only
+        :meth:`long_only` leaves one out)."""
         other = Option.__new__(Option)
         for name in self.__slots__:
             setattr(other, name, changes.pop(name, getattr(self, name)))

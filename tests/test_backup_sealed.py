@@ -27,7 +27,7 @@ from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
 from support.streams import receivewal, start_streaming, stop, wait_for
 
-from receivewal.archive.sealed import ENCRYPT_TO_ENV
+from receivewal.commands.catalog import ENCRYPT_TO_ENV
 
 pytestmark = pytest.mark.server
 

@@ -14,6 +14,7 @@ from receivewal.archive import encryption, sealed
 from receivewal.archive.directory import Archive
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.recipients import NotARecipient, recipient_set
+from receivewal.secrets import IDENTITY_ENV
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def test_the_unsealer_says_who_can_read_a_file_without_or_with_the_wrong_key(
     with pytest.raises(sealed.NoIdentity) as none:
         sealed.Unsealer(None).opened(str(path), 1 << 20)
     for word in (str(path), key.recipient, recipients.fingerprint, "--identity",
-                 sealed.IDENTITY_ENV):
+                 IDENTITY_ENV):
         assert word in str(none.value)
     with pytest.raises(NotARecipient) as refused:
         sealed.Unsealer(str(wrong.path)).opened(str(path), 1 << 20)

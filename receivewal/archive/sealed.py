@@ -40,16 +40,13 @@ from receivewal.archive.recipients import (
     recipients_file_text,
 )
 from receivewal.errors import ArchiveError, ObjectNotFound
+from receivewal.secrets import IDENTITY_ENV
 from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX
 
 if TYPE_CHECKING:
     from receivewal.archive.compression import Opener
     from receivewal.archive.encryption import Keys
 
-#: The variable ``--identity`` is also read from (restore, verify, analyze, recover).
-IDENTITY_ENV = "RECEIVEWAL_IDENTITY"
-#: The variable ``--encrypt-to`` is also read from (whitespace between recipients).
-ENCRYPT_TO_ENV = "RECEIVEWAL_ENCRYPT_TO"
 
 
 class _Readable(Protocol):

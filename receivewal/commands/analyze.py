@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 import click
 
 from receivewal.archive.durable import scratch_directory
+from receivewal.commands import catalog
+from receivewal.commands.clickoptions import click_option
 from receivewal.commands.output import deliver
 from receivewal.commands.verify import named_archive
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
@@ -49,10 +51,10 @@ def named_archives(ctx: click.Context, param: click.Parameter, value: tuple[str,
               help="Master of the embedded session (ignored with --remote or spark-submit).")
 @click.option("--no-compressibility", is_flag=True,
               help="Skip measuring each segment after zstd level 1 and lz4.")
-@click.option("--identity", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              envvar="RECEIVEWAL_IDENTITY",
-              help="age identity file that decrypts encrypted segments (.age); read at the "
-              "same path on every executor (env RECEIVEWAL_IDENTITY).")
+@click_option(catalog.IDENTITY.but(
+    help="age identity file that decrypts encrypted segments (.age); read at the same path "
+    f"on every executor (env {catalog.IDENTITY.env})."),
+    type=click.Path(dir_okay=False), default=None)
 @click.option("--changes", is_flag=True,
               help="The inputs are logical change logs (JSON Lines, format 1), not WAL "
                    "archives: count changes per table and hour.")
@@ -68,7 +70,7 @@ def analyze_command(inputs: tuple[str, ...], output: Path, *, remote: str | None
     Java for the embedded session).
     """
     if identity and is_private_key(identity):
-        raise click.ClickException(key_given_as_file("--identity (or RECEIVEWAL_IDENTITY)"))
+        raise click.ClickException(key_given_as_file(catalog.IDENTITY.named()))
     try:
         import pyspark  # noqa: F401, PLC0415 - only to fail early with a clear message
     except ImportError as exc:

@@ -14,8 +14,6 @@ import click
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, parse_compress_option
 from receivewal.archive.objectstore import StoreWaitEnded, stop_store_calls
-from receivewal.archive.recipients import RecipientSet
-from receivewal.archive.sealed import ENCRYPT_TO_ENV
 from receivewal.backup.command import (
     MAX_RATE_LOWER,
     MAX_RATE_UPPER,
@@ -24,20 +22,22 @@ from receivewal.backup.command import (
 )
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.taking import BackupSettings, run_backup
+from receivewal.commands import catalog
 from receivewal.commands.cleanup import (
     after_backup,
     policy_after_backup,
     report_lines,
     retention_options,
 )
-from receivewal.commands.options import read_password
+from receivewal.commands.clickoptions import click_option
+from receivewal.commands.options import encrypt_to_recipients, prompt_password, read_password
 from receivewal.commands.verify import named_archive
-from receivewal.daemon.supervisor import prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.replication.connection import build_conninfo
 from receivewal.wal.lsn import format_lsn
 
 COMPRESSIONS = ("zstd", "lz4", "gzip", "none")
+_OWN_DIRECTORY_ENV = "RECEIVEWAL_BACKUP_DIRECTORY"  # read before -D's own variable
 
 
 def _compress(ctx: click.Context, param: click.Parameter, value: str) -> CompressSpec:
@@ -65,16 +65,6 @@ def _max_rate(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return int(number) * factor
 
 
-def _recipients(values: tuple[str, ...]) -> RecipientSet | None:
-    """--encrypt-to's set (None: not given), each checked before connecting (KeyFileError,
-    a ConfigurationError, naming a bad one)."""
-    if not values:
-        return None
-    from receivewal.archive.encryption import recipients_of  # noqa: PLC0415 - pyrage, if used
-
-    return recipients_of(values)
-
-
 def describe(record: BackupRecord, where: str) -> str:
     """What a complete backup says."""
     return (f"backup {record.backup_id} complete: {where}\n"
@@ -87,20 +77,17 @@ def describe(record: BackupRecord, where: str) -> str:
 
 
 @click.command("backup")
-@click.option("-D", "--directory", "archive", required=True,
-              envvar=["RECEIVEWAL_BACKUP_DIRECTORY", "RECEIVEWAL_DIRECTORY"],
-              metavar="DIR-OR-S3-URL", callback=named_archive,
-              help="The WAL archive the backup goes into: a directory (stream's -D) or "
-              "s3://BUCKET/PREFIX (env RECEIVEWAL_BACKUP_DIRECTORY, else "
-              "RECEIVEWAL_DIRECTORY).")
-@click.option("-d", "--dbname", envvar="RECEIVEWAL_DBNAME", metavar="CONNSTR",
-              help="Connection string (env RECEIVEWAL_DBNAME).")
-@click.option("-h", "--host", envvar="RECEIVEWAL_HOST", help="Database server host or socket "
-              "directory (env RECEIVEWAL_HOST).")
-@click.option("-p", "--port", envvar="RECEIVEWAL_PORT", help="Database server port (env "
-              "RECEIVEWAL_PORT).")
-@click.option("-U", "--username", envvar="RECEIVEWAL_USERNAME", help="Connect as this user "
-              "(env RECEIVEWAL_USERNAME).")
+@click_option(
+    catalog.DIRECTORY.but(
+        dest="archive", required=True,
+        help="The WAL archive the backup goes into: a directory (stream's -D) or "
+        f"s3://BUCKET/PREFIX (env {_OWN_DIRECTORY_ENV}, else {catalog.DIRECTORY.env})."),
+    envvar=[_OWN_DIRECTORY_ENV, catalog.DIRECTORY.env], callback=named_archive)
+@click_option(catalog.DBNAME.but(help=f"Connection string (env {catalog.DBNAME.env})."))
+@click_option(catalog.HOST.but(
+    help=f"Database server host or socket directory (env {catalog.HOST.env})."))
+@click_option(catalog.PORT.but(help=f"Database server port (env {catalog.PORT.env})."))
+@click_option(catalog.USERNAME.but(help=f"Connect as this user (env {catalog.USERNAME.env})."))
 @click.option("-l", "--label", default="receivewal base backup", show_default=True,
               help="The backup's label.")
 @click.option("--fast", is_flag=True, help="Ask for an immediate checkpoint (default: spread).")
@@ -108,10 +95,11 @@ def describe(record: BackupRecord, where: str) -> str:
               envvar="RECEIVEWAL_BACKUP_MAX_RATE",
               help="The server sends at most this many kB/s (k or M suffix as pg_basebackup; "
               "env RECEIVEWAL_BACKUP_MAX_RATE).")
-@click.option("--compress", default="zstd", show_default=True, callback=_compress,
-              metavar="METHOD[:LEVEL]", envvar="RECEIVEWAL_BACKUP_COMPRESS",
-              help="How the tars are stored: zstd, lz4, gzip or none (by the server with "
-              "--server-compress; env RECEIVEWAL_BACKUP_COMPRESS).")
+@click_option(catalog.COMPRESS.long_only(
+    env="RECEIVEWAL_BACKUP_COMPRESS",
+    help="How the tars are stored: zstd, lz4, gzip or none (by the server with "
+    "--server-compress; env RECEIVEWAL_BACKUP_COMPRESS)."),
+    default="zstd", show_default=True, callback=_compress)
 @click.option("--server-compress", is_flag=True,
               help="The server compresses (BASE_BACKUP's COMPRESSION): less on the network, "
               "more of the server's CPU; stored as sent.")
@@ -119,16 +107,14 @@ def describe(record: BackupRecord, where: str) -> str:
               envvar="RECEIVEWAL_WAL_WAIT", metavar="SECONDS",
               help="How long to wait for the archive to hold the backup's WAL, which the "
               "stream daemon archives, before giving the backup up (env RECEIVEWAL_WAL_WAIT).")
-@click.option("--encrypt-to", "encrypt_to", multiple=True, envvar=ENCRYPT_TO_ENV,
-              metavar="RECIPIENT",
-              help="Seal each stored tar and the manifest to this age X25519 recipient "
-              "(age1..., age-keygen's public key), as stream's --encrypt-to; repeatable: any "
-              f"of the recipients decrypts (env {ENCRYPT_TO_ENV}, whitespace between them). "
-              "recover and verify then need --identity.")
-@click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
-@click.option("-w", "--no-password", is_flag=True, help="Never prompt for a password.")
-@click.option("-W", "--password", "force_password", is_flag=True,
-              help="Prompt for a password before connecting.")
+@click_option(catalog.ENCRYPT_TO.but(
+    help="Seal each stored tar and the manifest to this age X25519 recipient "
+    "(age1..., age-keygen's public key), as stream's --encrypt-to; repeatable: any "
+    f"of the recipients decrypts (env {catalog.ENCRYPT_TO.env}, whitespace between them). "
+    "recover and verify then need --identity."), multiple=True)
+@click_option(catalog.NO_SYNC.but(env=None, help="Do not fsync (tests only)."))
+@click_option(catalog.NO_PASSWORD.but(env=None))
+@click_option(catalog.PASSWORD)
 @retention_options
 def backup_command(*, archive: str, dbname: str | None, host: str | None, port: str | None,
                    username: str | None, label: str, fast: bool, max_rate: int,
@@ -151,7 +137,7 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
         settings = BackupSettings(archive, conninfo, request,
                                   NO_COMPRESSION if server_compress else compress,
                                   wal_wait=wal_wait, sync=not no_sync,
-                                  encrypt_to=_recipients(encrypt_to))
+                                  encrypt_to=encrypt_to_recipients(encrypt_to))
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
     stop: list[int] = []

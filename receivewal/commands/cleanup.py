@@ -45,6 +45,9 @@ from receivewal.backup.policy import (
 )
 from receivewal.backup.retention import Policy, Verdict
 from receivewal.check.sizes import human_bytes
+from receivewal.commands import catalog
+from receivewal.commands.clickoptions import click_option
+from receivewal.commands.plain import TEXT, Option
 from receivewal.daemon.settings import SLOT_NAME_RE
 from receivewal.daemon.state import State, read_state
 from receivewal.errors import ConfigurationError, ForeignArchive, ReceivewalError
@@ -106,20 +109,29 @@ def slot_holds(directory: Path, conninfo: str | None, slot: str | None = None,
     return replace(holds, slot_restart=found.restart, slot=name)
 
 
+#: The retention policy's options: ``cleanup``'s (given on its command line only) and, with
+#: their variables, ``backup``'s (the policy applied after each backup).
+KEEP_BACKUPS = Option("keep_backups", ("--keep-backups",), TEXT, metavar="N",
+                      help="Keep the N newest complete backups and the WAL they need.")
+RECOVERY_WINDOW = Option("recovery_window", ("--recovery-window",), TEXT, metavar="D",
+                         help="Keep what recovery to any time of the last D needs (14d, 36h, "
+                         "2w).")
+
+
 def retention_options(command: Command) -> Command:
     """A decorator of a click command's function, under ``@click.command``: ``--keep-backups
     N`` and ``--recovery-window D`` (env ``RECEIVEWAL_KEEP_BACKUPS``,
     ``RECEIVEWAL_RECOVERY_WINDOW``) for ``receivewal backup``, the policy applied after each
     successful backup (the function's parameters ``keep_backups`` and ``recovery_window``;
     check them with :func:`policy_after_backup` before the backup starts)."""
-    command = click.option(
-        "--recovery-window", metavar="D", envvar=RECOVERY_WINDOW_ENV,
+    command = click_option(RECOVERY_WINDOW.but(
+        env=RECOVERY_WINDOW_ENV,
         help="After the backup, remove what recovery to any time of the last D no longer "
-        f"needs, as cleanup does (env {RECOVERY_WINDOW_ENV}).")(command)
-    return click.option(
-        "--keep-backups", metavar="N", envvar=KEEP_BACKUPS_ENV,
+        f"needs, as cleanup does (env {RECOVERY_WINDOW_ENV})."))(command)
+    return click_option(KEEP_BACKUPS.but(
+        env=KEEP_BACKUPS_ENV,
         help="After the backup, keep the N newest complete backups and remove the rest and "
-        f"the WAL no kept backup needs, as cleanup does (env {KEEP_BACKUPS_ENV}).")(command)
+        f"the WAL no kept backup needs, as cleanup does (env {KEEP_BACKUPS_ENV})."))(command)
 
 
 def policy_after_backup(keep_backups: str | None, recovery_window: str | None
@@ -212,12 +224,10 @@ def _policy(keep_backups: str | None, recovery_window: str | None) -> Policy:
 @click.command("cleanup", short_help="Remove backups and WAL a retention policy no longer "
                "needs, or WAL before a file as pg_archivecleanup does.", epilog=EXIT_CODES)
 @click.argument("arguments", nargs=-1, metavar="[ARCHIVELOCATION] [OLDESTKEPTWALFILE]")
-@click.option("-D", "--directory", metavar="ARCHIVE", envvar="RECEIVEWAL_DIRECTORY",
-              help="The archive directory (env RECEIVEWAL_DIRECTORY).")
-@click.option("--keep-backups", metavar="N",
-              help="Keep the N newest complete backups and the WAL they need.")
-@click.option("--recovery-window", metavar="D",
-              help="Keep what recovery to any time of the last D needs (14d, 36h, 2w).")
+@click_option(catalog.DIRECTORY.but(
+    metavar="ARCHIVE", help=f"The archive directory (env {catalog.DIRECTORY.env})."))
+@click_option(KEEP_BACKUPS)
+@click_option(RECOVERY_WINDOW)
 @click.option("-n", "--dry-run", is_flag=True,
               help="Remove nothing; print what would be removed.")
 @click.option("-d", "debug", is_flag=True,
@@ -226,19 +236,19 @@ def _policy(keep_backups: str | None, recovery_window: str | None) -> Policy:
 @click.option("-x", "extension", metavar="EXT", default="",
               help="With OLDESTKEPTWALFILE: clean up files with this extension too, as "
               "pg_archivecleanup -x does (compressed segments are judged anyway).")
-@click.option("--dbname", metavar="CONNSTR", envvar="RECEIVEWAL_DBNAME",
-              help="With a policy: ask the archive's server where the daemon's replication "
-              "slot restarts now (the state file has where it was; env RECEIVEWAL_DBNAME, "
-              "as stream's -d).")
-@click.option("--host", envvar="RECEIVEWAL_HOST",
-              help="The server's host, for --dbname (env RECEIVEWAL_HOST).")
-@click.option("--port", envvar="RECEIVEWAL_PORT",
-              help="The server's port, for --dbname (env RECEIVEWAL_PORT).")
-@click.option("--username", envvar="RECEIVEWAL_USERNAME",
-              help="Connect as this user, for --dbname (env RECEIVEWAL_USERNAME).")
-@click.option("--slot", metavar="NAME", envvar="RECEIVEWAL_SLOT",
-              help="The daemon's replication slot, when its state file does not name it "
-              "(env RECEIVEWAL_SLOT, as stream's -S).")
+@click_option(catalog.DBNAME.long_only(  # -d is pg_archivecleanup's here
+    help="With a policy: ask the archive's server where the daemon's replication "
+    f"slot restarts now (the state file has where it was; env {catalog.DBNAME.env}, "
+    "as stream's -d)."))
+@click_option(catalog.HOST.long_only(
+    help=f"The server's host, for --dbname (env {catalog.HOST.env})."))
+@click_option(catalog.PORT.long_only(
+    help=f"The server's port, for --dbname (env {catalog.PORT.env})."))
+@click_option(catalog.USERNAME.long_only(
+    help=f"Connect as this user, for --dbname (env {catalog.USERNAME.env})."))
+@click_option(catalog.SLOT.long_only(
+    metavar="NAME", help="The daemon's replication slot, when its state file does not name "
+    f"it (env {catalog.SLOT.env}, as stream's -S)."))
 def cleanup_command(  # noqa: PLR0917 - click passes each option by position
         arguments: tuple[str, ...], directory: str | None,
                     keep_backups: str | None, recovery_window: str | None, dry_run: bool,

@@ -15,11 +15,11 @@ from typing import Any
 import click
 
 from receivewal.commands.logical_options import LogicalOptions, build_logical_settings
-from receivewal.commands.options import json_logs, typed_values
+from receivewal.commands.options import json_logs, prompt_password, typed_values
 from receivewal.commands.stream import click_options_of
 from receivewal.daemon.logicalreceiver import LogicalReceiver
 from receivewal.daemon.proctitle import scrub_passwords
-from receivewal.daemon.supervisor import Supervisor, prompt_password
+from receivewal.daemon.supervisor import Supervisor
 from receivewal.errors import ReceivewalError
 from receivewal.logs import configure_logging
 

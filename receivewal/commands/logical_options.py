@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from receivewal.archive.compression import CompressSpec, parse_compress_option
+from receivewal.commands import catalog
 from receivewal.commands.options import (
     Lsn,
     Repeated,
     option,
     same_option,
     setting_values,
+    shared,
     with_connection,
 )
 from receivewal.daemon.logicalsettings import ORIGINS, SESSION_OPTIONS, LogicalSettings
@@ -130,8 +132,8 @@ class LogicalOptions:
     no_loop: bool = same_option("no_loop")
     wait_for_server: bool = same_option("wait_for_server")
     verbose: int = same_option("verbose")
-    compress: str = option(
-        "none", "--compress", "-Z", setting="files_compression",
+    compress: str = shared(
+        catalog.COMPRESS, "none", setting="files_compression",
         to_setting=parse_files_compression, show_default=True, example="zstd",
         help="Compress completed change files at rest: zstd[:LEVEL] (.jsonl.zst) or none.")
     file_size: str = option(

@@ -22,14 +22,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, get_type_hints
 
 from receivewal.addresses import parse_address
 from receivewal.archive.compression import parse_compress_option
+from receivewal.commands import catalog
+from receivewal.commands.plain import Option
 from receivewal.daemon.settings import CONFIRM_AFTER, Settings
 from receivewal.errors import ConfigurationError
 from receivewal.replication.connection import build_conninfo, conninfo_options
 from receivewal.replication.negotiation import parse_compression_list, with_streampack_option
+
+if TYPE_CHECKING:
+    from receivewal.archive.recipients import RecipientSet
 
 T = TypeVar("T")
 CONNECTION = "conninfo"  # the Settings field several options make together (with_connection)
@@ -45,9 +50,10 @@ class Repeated(tuple[str, ...]):
     holds them separated by whitespace."""
 
 
-def _recipients(values: tuple[str, ...]) -> object:
+def encrypt_to_recipients(values: tuple[str, ...]) -> RecipientSet | None:
     """--encrypt-to's recipients as a set (None: not given), each checked before connecting
-    (KeyFileError, a ConfigurationError, naming a bad one)."""
+    (KeyFileError, a ConfigurationError, naming a bad one): stream's, logical's and
+    backup's."""
     if not values:
         return None
     from receivewal.archive.encryption import recipients_of  # noqa: PLC0415 - pyrage, if used
@@ -107,6 +113,17 @@ def option(default: T, long: str, short: str = "", *, help: str, setting: str | 
     return field(default=default, metadata={"option": spec})
 
 
+def shared(row: Option, default: T, *, help: str | None = None, **spec: Any) -> T:
+    """A :class:`StreamOptions` field for the catalog's ``row``
+    (:mod:`receivewal.commands.catalog`): its spellings, its variable (``RECEIVEWAL_<LONG>``,
+    as the row names it) and its help unless ``help`` is this command's own; ``spec`` as for
+    :func:`option`."""
+    short = next((name for name in row.names if not name.startswith("--")), "")
+    long = next(name for name in row.names if name.startswith("--"))
+    return option(default, long, short, help=row.help if help is None else help,
+                  env=row.env is not None, **spec)
+
+
 @dataclass(frozen=True)
 class StreamOptions:
     """The stream command line as parsed (by click in ``stream``, by getopt in the drop-in), in
@@ -116,30 +133,24 @@ class StreamOptions:
     rule for one); :func:`build_settings` turns them into :class:`Settings`.
     """
 
-    directory: Path | None = option(
-        None, "--directory", "-D", setting="directory", pg_receivewal=1,
+    directory: Path | None = shared(
+        catalog.DIRECTORY, None, setting="directory", pg_receivewal=1,
         help="Receive WAL files into this directory (it must exist).")
-    dbname: str | None = option(
-        None, "--dbname", "-d", setting=CONNECTION, example="application_name=probe",
-        pg_receivewal=2, help="Connection string or URI.")
-    host: str | None = option(
-        None, "--host", "-h", setting=CONNECTION, example="db1.example", pg_receivewal=4,
-        help="Database server host or socket dir.")
-    port: str | None = option(
-        None, "--port", "-p", setting=CONNECTION, example="5433", pg_receivewal=5,
-        help="Database server port.")
-    username: str | None = option(
-        None, "--username", "-U", setting=CONNECTION, example="probe", pg_receivewal=6,
-        help="Connect as this user.")
-    no_password: bool = option(
-        False, "--no-password", "-w", setting=None, pg_receivewal=8,  # the prompt
-        help="Never prompt for a password.")
-    force_password: bool = option(
-        False, "--password", "-W", env=False, setting=CONNECTION, pg_receivewal=9,
-        help="Prompt for a password before connecting.")
-    slot: str | None = option(
-        None, "--slot", "-S", setting="slot", example="probe_slot", pg_receivewal=11,
-        help="Replication slot to use.")
+    dbname: str | None = shared(
+        catalog.DBNAME, None, setting=CONNECTION, example="application_name=probe",
+        pg_receivewal=2)
+    host: str | None = shared(
+        catalog.HOST, None, setting=CONNECTION, example="db1.example", pg_receivewal=4)
+    port: str | None = shared(
+        catalog.PORT, None, setting=CONNECTION, example="5433", pg_receivewal=5)
+    username: str | None = shared(
+        catalog.USERNAME, None, setting=CONNECTION, example="probe", pg_receivewal=6)
+    no_password: bool = shared(
+        catalog.NO_PASSWORD, False, setting=None, pg_receivewal=8)  # the prompt
+    force_password: bool = shared(
+        catalog.PASSWORD, False, setting=CONNECTION, pg_receivewal=9)
+    slot: str | None = shared(
+        catalog.SLOT, None, setting="slot", example="probe_slot", pg_receivewal=11)
     create_slot: bool = option(
         False, "--create-slot", env=False, setting="create_slot", pg_receivewal=14,
         help="Create the slot and exit.")
@@ -162,10 +173,9 @@ class StreamOptions:
     synchronous: bool = option(
         False, "--synchronous", setting="synchronous", pg_receivewal=17,
         help="Flush WAL to disk and report it after every batch received.")
-    no_sync: bool = option(
-        not Settings.sync, "--no-sync", setting="sync", to_setting=operator.not_,
-        pg_receivewal=18,
-        help="Do not fsync (testing only: a crash can lose or corrupt WAL).")
+    no_sync: bool = shared(
+        catalog.NO_SYNC, not Settings.sync, setting="sync", to_setting=operator.not_,
+        pg_receivewal=18)
     endpos: Lsn | None = option(
         None, "--endpos", "-E", setting="endpos", example="0/3000000", pg_receivewal=3,
         help="Exit 0 once WAL up to this LSN is received.")
@@ -176,19 +186,14 @@ class StreamOptions:
         Settings.wait_for_server, "--wait-for-server", setting="wait_for_server",
         help="Keep trying the first connection (with the reconnect backoff) instead of "
         "exiting 1 as pg_receivewal does; for services.")
-    verbose: int = option(
-        0, "--verbose", "-v", env=False, setting=None, pg_receivewal=12,  # the logging
-        help="More log output (debug events).")
-    compress: str = option(
-        "none", "--compress", "-Z", setting="at_rest", to_setting=parse_compress_option,
-        show_default=True, example="lz4", pg_receivewal=13,
-        help="Compress segment files at rest: METHOD[:LEVEL] with METHOD gzip (.gz), "
-        "lz4 (.lz4), zstd (.zst) or none; a bare number is a gzip level, as in "
-        "pg_receivewal.")
-    compression: str = option(
-        ",".join(Settings.compression), "--compression", setting="compression",
-        to_setting=parse_compression_list, show_default=True, example="lz4",
-        help="pg_streampack algorithms to request, in order of preference, or none.")
+    verbose: int = shared(
+        catalog.VERBOSE, 0, setting=None, pg_receivewal=12)  # the logging
+    compress: str = shared(
+        catalog.COMPRESS, "none", setting="at_rest", to_setting=parse_compress_option,
+        show_default=True, example="lz4", pg_receivewal=13)
+    compression: str = shared(
+        catalog.COMPRESSION, ",".join(Settings.compression), setting="compression",
+        to_setting=parse_compression_list, show_default=True, example="lz4")
     hot_standby_feedback: bool = option(
         Settings.hot_standby_feedback, "--hot-standby-feedback/--no-hot-standby-feedback",
         setting="hot_standby_feedback", show_default=True,
@@ -205,10 +210,9 @@ class StreamOptions:
         Settings.reconnect_delay_max, "--reconnect-delay-max", setting="reconnect_delay_max",
         show_default=True,
         help="Longest pause between reconnect attempts, in seconds.")
-    metrics_address: str | None = option(
-        Settings.metrics_address, "--metrics-address", setting="metrics_address",
-        to_setting=_checked_address, example="127.0.0.1:9187",
-        help="Serve Prometheus metrics on HOST:PORT.")
+    metrics_address: str | None = shared(
+        catalog.METRICS_ADDRESS, Settings.metrics_address, setting="metrics_address",
+        to_setting=_checked_address, example="127.0.0.1:9187")
     log_format: str = option(
         "auto", "--log-format", setting=None, choices=("auto", "json", "console"),
         help="auto: JSON unless stderr is a terminal.")
@@ -233,13 +237,9 @@ class StreamOptions:
         Settings.upload_wait, "--upload-wait", setting="upload_wait", show_default=True,
         help="At an exit no signal asked for (--endpos, --no-loop), wait at most this many "
         "seconds for the completed files to be uploaded; exit 1 naming what is left.")
-    encrypt_to: Repeated = option(
-        Repeated(), "--encrypt-to", setting="encrypt_to", to_setting=_recipients,
-        example="age1yhd36h9xfajltu60vfwrg0r98v9529vkn98u4n2vyac40wnjpqwse0zlew",
-        help="Encrypt each segment when it is completed (and what is uploaded) to this age "
-        "X25519 recipient (age1..., age-keygen's public key); repeatable: any of the "
-        "recipients decrypts. The segment being received stays plain until then. Needs "
-        "pip install 'receivewal[encrypt]'.")
+    encrypt_to: Repeated = shared(
+        catalog.ENCRYPT_TO, Repeated(), setting="encrypt_to", to_setting=encrypt_to_recipients,
+        example="age1yhd36h9xfajltu60vfwrg0r98v9529vkn98u4n2vyac40wnjpqwse0zlew")
 
 
 @cache
@@ -352,6 +352,9 @@ def setting_values(opts: CommonOptions) -> tuple[dict[str, Any], ConfigurationEr
     return values, refused
 
 
+PROMPT = "Password: "
+
+
 def read_password() -> str:
     """-W's prompt, as pg_receivewal's: on the terminal; without one, on standard error and
     read from standard input; at the end of the input, an empty password (the server then
@@ -360,15 +363,24 @@ def read_password() -> str:
         with open("/dev/tty", "rb"):
             pass
     except OSError:
-        sys.stderr.write("Password: ")
+        sys.stderr.write(PROMPT)
         sys.stderr.flush()
         line = sys.stdin.readline()
         sys.stderr.write("\n")
         return line.removesuffix("\n")
     try:
-        return getpass.getpass("Password: ")
+        return getpass.getpass(PROMPT)
     except EOFError:
         return ""
+
+
+def prompt_password() -> str | None:
+    """The prompt when the server wants a password the connection string lacks (``-w``
+    turns it off), as pg_receivewal's: on the terminal only (None without one); what
+    stream, logical, the drop-in and backup hand the connection."""
+    if not sys.stdin.isatty():
+        return None
+    return getpass.getpass(PROMPT)
 
 
 def with_connection(settings: Settings, opts: CommonOptions, *, replication: str = "true",

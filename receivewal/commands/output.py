@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-
-TYPE_CHECKING = False  # typing costs the lean verify path a few ms
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from collections.abc import Callable
 
 #: The exit status of ``verify`` and ``analyze`` when they give no verdict: the command line
 #: is wrong, or the report could not be written. 0 and 1 are verdicts (recoverable, NOT

@@ -30,6 +30,7 @@ from receivewal.commands.options import (
     StreamOptions,
     declared_options,
     options_from,
+    prompt_password,
     setting_values,
     takes_value,
     with_connection,
@@ -56,7 +57,7 @@ from receivewal.daemon.lifecycle import (
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.startpoint import SegmentFileRejected
-from receivewal.daemon.supervisor import Supervisor, prompt_password
+from receivewal.daemon.supervisor import Supervisor
 from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import CommandLineError, ReceivewalError
 from receivewal.secrets import redacted

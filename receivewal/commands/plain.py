@@ -5,16 +5,25 @@ Their command-line objects compare and print by their ``__slots__``, as a frozen
 would, without importing ``dataclasses`` (with ``inspect`` behind it, ~10 ms of a call's
 start-up). A lean command declares its options as :class:`Option` rows: :func:`read_options`
 reads the usual command lines from them without click, and the command's click twin builds
-its options (help, types, usage errors) from the same rows.
+its options (help, types, usage errors) from the same rows
+(:func:`~receivewal.commands.clickoptions.click_option`). An option several commands share is
+one row of :mod:`receivewal.commands.catalog`, which a command takes as it is or
+:meth:`Option.but` its own help.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing itself costs the call a few ms
+TYPE_CHECKING = False  # restore's lean path loads no typing (~10 ms): see receivewal.restore
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-FLAG = "flag"  # the kind of an option that takes no value
+# The kinds of an option's value, which say how it is read (a command's reader and click type
+# of a kind hold its bounds).
+FLAG = "flag"  # no value
+COUNT = "count"  # a whole number
+TEXT = "text"
+PATH = "path"  # a directory or a bucket URL: click must not find it to be a file
+KEYFILE = "keyfile"  # an identity file's path: missing or unreadable, the command's error
 
 
 class Plain:
@@ -53,6 +62,27 @@ class Option(Plain):
         self.dest, self.names, self.kind = dest, names, kind
         self.metavar, self.help = metavar, help
         self.env, self.required, self.maximum = env, required, maximum
+
+    def but(self, **changes: object) -> Option:
+        """This option as one command has it: ``changes`` to its fields (its help, metavar,
+        variable or destination there); its spellings stay the declared ones (only
+        :meth:`long_only` leaves one out)."""
+        other = Option.__new__(Option)
+        for name in self.__slots__:
+            setattr(other, name, changes.pop(name, getattr(self, name)))
+        if changes:
+            raise TypeError(f"an Option has no {', '.join(changes)}")
+        return other
+
+    def named(self) -> str:
+        """How a message names it: its long spelling, and its variable when it has one."""
+        return self.names[-1] + (f" (or {self.env})" if self.env else "")
+
+    def long_only(self, **changes: object) -> Option:
+        """:meth:`but`, without the short spelling (a command whose own ``-d`` means
+        another thing)."""
+        names = tuple(name for name in self.names if name.startswith("--"))
+        return self.but(names=names, **changes)
 
 
 def read_options(args: Sequence[str], options: Sequence[Option],

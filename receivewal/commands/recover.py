@@ -12,7 +12,6 @@ from pathlib import Path
 import click
 
 import receivewal
-from receivewal.archive.sealed import IDENTITY_ENV
 from receivewal.backup.choice import (
     RecoveryTarget,
     TargetKind,
@@ -23,6 +22,8 @@ from receivewal.backup.choice import (
 )
 from receivewal.backup.recovering import LATEST, RecoverSettings, run_recover
 from receivewal.backup.settings import ACTIONS
+from receivewal.commands import catalog
+from receivewal.commands.clickoptions import click_option
 from receivewal.commands.verify import named_archive
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import format_lsn
@@ -83,9 +84,7 @@ def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | 
 @click.argument("backup_id", metavar="[BACKUP-ID|latest]", default=LATEST)
 @click.option("--to", "pgdata", required=True, type=click.Path(path_type=Path),
               metavar="PGDATA", help="The new data directory: missing or empty.")
-@click.option("-D", "--directory", "archive", required=True, envvar="RECEIVEWAL_DIRECTORY",
-              metavar="DIR-OR-S3-URL", callback=named_archive,
-              help="The archive: a directory or s3://BUCKET/PREFIX (env RECEIVEWAL_DIRECTORY).")
+@click_option(catalog.DIRECTORY.but(dest="archive", required=True), callback=named_archive)
 @click.option("--target-time", metavar="TIME",
               help="Recover to this time (ISO 8601 with its zone, e.g. 2026-06-01 10:00:00+00).")
 @click.option("--target-lsn", metavar="LSN", help="Recover to this LSN.")
@@ -103,15 +102,15 @@ def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | 
               metavar="COMMAND",
               help="How the server runs 'receivewal restore' (default: this receivewal's "
               "path; env RECEIVEWAL_RESTORE_COMMAND_PREFIX).")
-@click.option("--identity", metavar="FILE", envvar=IDENTITY_ENV,
-              help="age identity file (age-keygen's) that decrypts a backup sealed with "
-              "backup --encrypt-to; the restore_command written passes it on (absolute), so "
-              f"an encrypted WAL archive is read too (env {IDENTITY_ENV}).")
+@click_option(catalog.IDENTITY.but(
+    help="age identity file (age-keygen's) that decrypts a backup sealed with "
+    "backup --encrypt-to; the restore_command written passes it on (absolute), so "
+    f"an encrypted WAL archive is read too (env {catalog.IDENTITY.env})."))
 @click.option("--target-beyond-archive", "beyond_archive", is_flag=True,
               help="Accept a --target-time after the archive's last commit (the WAL up to it "
               "will reach the archive before the server replays it); refused otherwise, as "
               "PostgreSQL would end with FATAL at the archive's end.")
-@click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
+@click_option(catalog.NO_SYNC.but(env=None, help="Do not fsync (tests only)."))
 def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: str | None,
                     target_lsn: str | None, target_xid: str | None, target_name: str | None,
                     target_immediate: bool, target_timeline: int | None, target_action: str,

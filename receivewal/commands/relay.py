@@ -7,6 +7,8 @@ import signal
 import click
 
 from receivewal.addresses import Address, format_address, parse_address
+from receivewal.commands import catalog
+from receivewal.commands.clickoptions import click_option
 from receivewal.errors import ConfigurationError
 from receivewal.logs import configure_logging
 from receivewal.relay.client import relay_log
@@ -47,16 +49,17 @@ PEM = click.Path(exists=True, dir_okay=False)
                    "channel_binding=disable.")
 @click.option("--upstream-sslrootcert", type=click.Path(dir_okay=False),
               help="CA certificates for --upstream-sslmode verify-ca/verify-full.")
-@click.option("--compression", default="zstd,lz4", show_default=True,
-              help="pg_streampack algorithms offered to clients, or none.")
+@click_option(catalog.COMPRESSION.but(
+    env=None, help="pg_streampack algorithms offered to clients, or none."),
+    default="zstd,lz4", show_default=True)
 @click.option("--min-size", type=int, default=32, show_default=True,
               help="WAL payloads smaller than this many bytes are sent plain.")
 @click.option("--zstd-level", type=int, default=1, show_default=True,
               help="zstd compression level (the module uses 1).")
-@click.option("--metrics-address", metavar="HOST:PORT",
-              help="Serve Prometheus metrics at /metrics on this address: clients served and "
-                   "negotiating, refusals by reason, start-up timeouts.")
-@click.option("-v", "--verbose", count=True, help="More log output (debug events).")
+@click_option(catalog.METRICS_ADDRESS.but(
+    env=None, help="Serve Prometheus metrics at /metrics on this address: clients served and "
+    "negotiating, refusals by reason, start-up timeouts."))
+@click_option(catalog.VERBOSE, count=True)
 def relay_command(*, listen: str, upstream: str, tls_cert: str | None, tls_key: str | None,
                   tls_ca: str | None, client_tls: str | None, allow: tuple[str, ...],
                   max_connections: int, startup_timeout: float, upstream_sslmode: str,

@@ -21,8 +21,9 @@ from typing import Any
 
 import click
 
-from receivewal.commands.plain import FLAG, Option
-from receivewal.commands.restore_options import ARGUMENTS, COUNT, DIRECTORY, KEYFILE, OPTIONS
+from receivewal.commands.clickoptions import click_option
+from receivewal.commands.plain import COUNT, FLAG, KEYFILE, PATH, Option
+from receivewal.commands.restore_options import ARGUMENTS, OPTIONS
 from receivewal.restore.call import DAMAGED, Call, run
 
 
@@ -40,13 +41,12 @@ class _RestoreCommand(click.Command):
 def _click_option(option: Option) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """The click option of a declared one."""
     kinds: dict[str, dict[str, Any]] = {
-        DIRECTORY: {"type": click.Path(file_okay=False)},
-        FLAG: {"is_flag": True},
+        PATH: {"type": click.Path(file_okay=False)},
+        FLAG: {},
         COUNT: {"type": click.IntRange(0, option.maximum), "default": None},
         KEYFILE: {"type": click.Path(dir_okay=False)},
     }
-    return click.option(*option.names, envvar=option.env, required=option.required,
-                        metavar=option.metavar or None, help=option.help, **kinds[option.kind])
+    return click_option(option, **kinds[option.kind])
 
 
 def declared(command: Callable[..., int]) -> Callable[..., int]:

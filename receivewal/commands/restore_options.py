@@ -1,8 +1,9 @@
 """``receivewal restore``'s command line, declared once, and read without click for a call.
 
 Each option of ``restore`` is one :class:`~receivewal.commands.plain.Option` in
-:data:`OPTIONS` (its spellings, kind, ``RECEIVEWAL_*`` variable and help), and its two names
-are :data:`ARGUMENTS`. Two
+:data:`OPTIONS` (its spellings, kind, ``RECEIVEWAL_*`` variable and help; ``-D`` and
+``--identity`` are the rows of :mod:`receivewal.commands.catalog`), and its two names are
+:data:`ARGUMENTS`. Two
 readers are built from them: :func:`parse`, which reads the command line PostgreSQL's
 restore_command gives without importing click (a call's start-up is recovery's time: see
 :mod:`receivewal.restore`), and the click command of :mod:`receivewal.commands.restore`, which
@@ -16,21 +17,17 @@ from __future__ import annotations
 
 import os
 
-from receivewal.commands.plain import FLAG, Option, read_options
+from receivewal.commands import catalog
+from receivewal.commands.plain import COUNT, FLAG, KEYFILE, PATH, Option, read_options
 from receivewal.restore.call import Call
 
-DIRECTORY = "directory"  # a path, which click must not find to be a file
-COUNT = "count"  # a number from 0 to the option's maximum
-KEYFILE = "keyfile"  # a file's path (an identity file: missing or unreadable, it is the call's
-# error, 126, never click's)
-__all__ = ["ARGUMENTS", "COUNT", "DIRECTORY", "FLAG", "KEYFILE", "OPTIONS", "parse"]
+__all__ = ["ARGUMENTS", "OPTIONS", "parse"]
 
 OPTIONS = (
-    Option(
-        "directory", ("-D", "--directory"), DIRECTORY, env="RECEIVEWAL_DIRECTORY",
-        required=True,
+    catalog.DIRECTORY.but(
+        required=True, metavar="",
         help="The archive: a directory (receivewal stream's -D) or s3://BUCKET/PREFIX (env "
-        "RECEIVEWAL_DIRECTORY)."),
+        f"{catalog.DIRECTORY.env})."),
     Option(
         "partial", ("--partial",), FLAG,
         help="Serve the .partial holding the longest valid WAL of a segment that has no "
@@ -40,11 +37,7 @@ OPTIONS = (
         metavar="N",
         help="Fetch the next N segments into pg_wal/.receivewal/prefetch in the background, "
         "so that later calls are a rename (default 8; env RECEIVEWAL_PREFETCH)."),
-    Option(
-        "identity", ("--identity",), KEYFILE, env="RECEIVEWAL_IDENTITY", metavar="FILE",
-        help="age identity file (age-keygen's) that decrypts the archive's encrypted files "
-        "(.age); without it, an encrypted file exits 126 naming who can read it (env "
-        "RECEIVEWAL_IDENTITY)."),
+    catalog.IDENTITY,  # a file missing or unreadable is the call's error, 126, never click's
 )
 #: The two names PostgreSQL gives: %f and %p.
 ARGUMENTS = ("wal_name", "target")
@@ -62,7 +55,7 @@ def parse(args: list[str]) -> Call | None:
     option as click reads it (``-D DIR``, ``-DDIR``, ``--directory DIR``, ``--directory=DIR``;
     the variable when the command line does not give it and it is not empty), the two names in
     their order."""
-    read = read_options(args, OPTIONS, {DIRECTORY: str, COUNT: _count, KEYFILE: str},
+    read = read_options(args, OPTIONS, {PATH: str, COUNT: _count, KEYFILE: str},
                         os.environ)
     if read is None or len(read[1]) != len(ARGUMENTS):
         return None

@@ -28,6 +28,8 @@ import click
 from receivewal.backup.record import utc_text
 from receivewal.backup.summary import ArchiveSummary, summarize
 from receivewal.check.sizes import human_bytes
+from receivewal.commands import catalog
+from receivewal.commands.clickoptions import click_option
 from receivewal.commands.output import silence_stdout
 from receivewal.daemon.health import (
     LABELS,
@@ -48,12 +50,13 @@ Contents = ArchiveSummary | ChangeLogContents | str  # str: why it cannot be rea
 
 
 @click.command("status")
-@click.option(
-    "-D", "--directory", required=True, envvar="RECEIVEWAL_DIRECTORY",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The archive directory the daemon streams into (env RECEIVEWAL_DIRECTORY).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
+@click_option(
+    catalog.DIRECTORY.but(
+        required=True, metavar="",
+        help="The archive directory the daemon streams into (env "
+        f"{catalog.DIRECTORY.env})."),
+    type=click.Path(file_okay=False, path_type=Path))
+@click_option(catalog.JSON.but(help="Print the state as JSON."))
 @click.option(
     "--max-age", type=click.FloatRange(min=0), default=60.0, show_default=True,
     help="CRITICAL when the server has not been heard from for longer (seconds).",

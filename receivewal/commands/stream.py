@@ -22,9 +22,10 @@ from receivewal.commands.options import (
     declared_options,
     json_logs,
     options_from,
+    prompt_password,
 )
 from receivewal.daemon.proctitle import scrub_passwords
-from receivewal.daemon.supervisor import Supervisor, prompt_password
+from receivewal.daemon.supervisor import Supervisor
 from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.logs import configure_logging

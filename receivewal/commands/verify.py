@@ -16,16 +16,10 @@ from typing import Any
 
 import click
 
+from receivewal.commands.clickoptions import click_option
 from receivewal.commands.output import deliver
-from receivewal.commands.plain import FLAG
-from receivewal.commands.verify_call import (
-    COUNT,
-    KEYFILE,
-    LSN,
-    OPTIONS,
-    start_lsn,
-    verify_text,
-)
+from receivewal.commands.plain import COUNT, FLAG, KEYFILE
+from receivewal.commands.verify_call import LSN, OPTIONS, start_lsn, verify_text
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 
 EXIT_CODES = """\b
@@ -53,7 +47,7 @@ def _lsn_or_nothing(ctx: click.Context, param: click.Parameter, value: str | Non
 
 #: How click reads a value of each kind verify_call.OPTIONS declares.
 _CLICK_KINDS: dict[str, dict[str, Any]] = {
-    FLAG: {"is_flag": True},
+    FLAG: {},
     COUNT: {"type": click.IntRange(min=1), "default": None},
     LSN: {"default": None, "callback": _lsn_or_nothing},
     KEYFILE: {"type": click.Path(dir_okay=False), "default": None},
@@ -64,9 +58,7 @@ def declared_click_options(command: Callable[..., None]) -> Callable[..., None]:
     """Decorate ``command`` with verify's options as :data:`verify_call.OPTIONS` declares
     them, in their order."""
     for option in reversed(OPTIONS):
-        command = click.option(*option.names, option.dest, help=option.help,
-                               metavar=option.metavar or None, envvar=option.env,
-                               **_CLICK_KINDS[option.kind])(command)
+        command = click_option(option, **_CLICK_KINDS[option.kind])(command)
     return command
 
 

@@ -21,24 +21,21 @@ status (:func:`~receivewal.commands.output.deliver`).
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, TextIO
 
-from receivewal.commands.plain import FLAG, Option, Plain, read_options
+from receivewal.commands import catalog
+from receivewal.commands.plain import COUNT, FLAG, KEYFILE, Option, Plain, read_options
 from receivewal.secrets import is_private_key, key_given_as_file, redacted
 
-TYPE_CHECKING = False  # typing itself costs the call a few ms
 if TYPE_CHECKING:
-    from typing import TextIO
-
     from receivewal.backup.audit import BackupCheck
 
-COUNT = "count"  # a worker count: a whole number from 1 (click.IntRange(min=1))
 LSN = "lsn"  # an LSN as text, or empty: no start (start_lsn reads it)
-KEYFILE = "keyfile"  # a file's path (an identity file)
-IDENTITY_ENV = "RECEIVEWAL_IDENTITY"
 
-#: verify's options, in the order of its --help; the click command is built from them.
+#: verify's options, in the order of its --help; the click command is built from them (a
+#: count here is a number of workers: from 1).
 OPTIONS = (
-    Option("as_json", ("--json",), FLAG, help="Print the report as JSON."),
+    catalog.JSON,
     Option("jobs", ("-j", "--jobs"), COUNT,
            help="At most this many worker processes (default: one per CPU); one per GiB of "
            "segments, so a small archive is scanned in this process."),
@@ -47,9 +44,9 @@ OPTIONS = (
            "segment's start)."),
     Option("compressibility", ("--compressibility",), FLAG,
            help="Also measure each segment's size after zstd level 1 and lz4."),
-    Option("identity", ("--identity",), KEYFILE, metavar="FILE", env=IDENTITY_ENV,
-           help="age identity file that decrypts the archive's encrypted segments (.age); "
-           "without it they are reported as not checked (env RECEIVEWAL_IDENTITY)."),
+    catalog.IDENTITY.but(
+        help="age identity file that decrypts the archive's encrypted segments (.age); "
+        f"without it they are reported as not checked (env {catalog.IDENTITY.env})."),
 )
 
 
@@ -172,8 +169,7 @@ def run(call: Call) -> int:
     )
 
     if call.identity and is_private_key(call.identity):
-        _echo(f"receivewal: error: {key_given_as_file('--identity (or RECEIVEWAL_IDENTITY)')}",
-              sys.stderr)
+        _echo(f"receivewal: error: {key_given_as_file(catalog.IDENTITY.named())}", sys.stderr)
         return 1
     try:
         try:

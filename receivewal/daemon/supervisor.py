@@ -16,9 +16,7 @@ uploaded after ``--upload-wait`` seconds.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import random
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -68,13 +66,6 @@ def backoff_delay(attempt: int, base: float, cap: float,
         return 0.0
     delay = min(cap, base * 2 ** max(0, attempt - 1))
     return float(min(cap, delay * (0.8 + 0.4 * rand())))
-
-
-def prompt_password() -> str | None:
-    """Ask on the terminal, as pg_receivewal does when the server wants a password."""
-    if not sys.stdin.isatty():
-        return None
-    return getpass.getpass("Password: ")
 
 
 class Session(Protocol):
@@ -132,10 +123,11 @@ class Supervisor:
     What the sessions, the supervisor and the uploader report goes into one
     :class:`EventStream`: its consumers are the log (unless ``log_events`` is false: the
     drop-in words every event itself), then the monitor (once made), then ``listeners`` (the
-    drop-in's pg_receivewal messages)."""
+    drop-in's pg_receivewal messages). ``prompt`` asks for a password when the server wants
+    one the connection string lacks (the command's; None: never)."""
 
     def __init__(self, settings: Settings, receiver: Receiver,
-                 prompt: Callable[[], str | None] | None = prompt_password,
+                 prompt: Callable[[], str | None] | None = None,
                  listeners: tuple[Listener, ...] = (), *, log_events: bool = True) -> None:
         self.settings = settings
         self.receiver = receiver

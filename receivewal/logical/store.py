@@ -1,3 +1,4 @@
+# Over 500 lines: the writer, its crash recovery and its completion share one file's state.
 """The change log on disk: JSON Lines files in OUTDIR, written durably, resumed exactly once.
 
 OUTDIR holds complete files named after the commit LSN of their first run,

@@ -32,7 +32,7 @@ NEVER = frozenset({"click", "structlog", "psycopg"})
 LEAN = frozenset({
     "receivewal", "receivewal.errors",
     "receivewal.commands", "receivewal.commands.cli", "receivewal.commands.restore_options",
-    "receivewal.commands.plain", "receivewal.secrets",
+    "receivewal.commands.plain", "receivewal.commands.catalog", "receivewal.secrets",
     "receivewal.restore", "receivewal.restore.call", "receivewal.restore.served",
     "receivewal.restore.spoolfiles", "receivewal.restore.absence",
     "receivewal.archive", "receivewal.archive.durable",

@@ -44,7 +44,7 @@ from receivewal.wal.leannames import (
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
 
-TYPE_CHECKING = False  # typing stays off the call's path
+TYPE_CHECKING = False  # restore's lean path loads no typing (~10 ms): see receivewal.restore
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Protocol

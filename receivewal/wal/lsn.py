@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from receivewal.errors import ConfigurationError
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # restore's lean path loads no typing (~10 ms): see receivewal.restore
 if TYPE_CHECKING:
     import re
 

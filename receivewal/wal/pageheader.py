@@ -15,7 +15,7 @@ from receivewal.errors import ConfigurationError
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE, check_segment_size, format_lsn
 from receivewal.wal.majors import MAJOR_OF_MAGIC, magic_problem
 
-TYPE_CHECKING = False  # typing stays off restore's lean path
+TYPE_CHECKING = False  # restore's lean path loads no typing (~10 ms): see receivewal.restore
 if TYPE_CHECKING:
     from collections.abc import Iterable
 

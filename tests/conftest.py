@@ -186,3 +186,19 @@ def spark(seaweed_server: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -
         session = make_session(scratch=tmp_path_factory.mktemp("spark"), master="local[2]")
     yield session
     session.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The work the run did, beside --durations' slowest: the sum of every test's set-up, call
+    and teardown seconds over all workers (what ``-n`` divides; the wall time is at least the
+    longest unit of tests/support/workers.py)."""
+    reports = [rep for reps in terminalreporter.stats.values() for rep in reps
+               if isinstance(rep, pytest.TestReport)]
+    if not reports:
+        return
+    phases = {when: sum(rep.duration for rep in reports if rep.when == when)
+              for when in ("setup", "call", "teardown")}
+    terminalreporter.write_line(
+        f"total worker-seconds: {sum(phases.values()):.0f} s "
+        f"(setup {phases['setup']:.0f}, call {phases['call']:.0f}, "
+        f"teardown {phases['teardown']:.0f})")

@@ -6,11 +6,12 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import failnotes
 from support.clusters import TEMPLATES_ENV
 from support.package import built_deb
 from support.seaweed import SeaweedS3, running_seaweed
@@ -40,6 +41,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop(TEMPLATES_ENV, None)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed phase's report carries the notes its fixtures registered (support.failnotes:
+    e.g. the journal of the systemd units a test drove)."""
+    del call
+    report = yield
+    if report.failed:
+        report.sections.extend(failnotes.sections(item))
+    return report
+
+
 @pytest.fixture(params=["c", "python"])
 def receive_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each receive loop in turn for the receivewal processes a test starts: the compiled one
@@ -52,10 +65,18 @@ def receive_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     return path
 
 
+def server_logs(base: Path) -> str:
+    """The end of each server log in ``base`` (a PgServer's ``<name>.log``)."""
+    return "\n".join(f"== {path.name}\n{path.read_text(errors='replace')[-4000:]}"
+                     for path in sorted(base.glob("*.log")))
+
+
 @pytest.fixture
-def server_base() -> Iterator[Path]:
-    """A directory for one test's servers, writable by the server user, removed afterwards."""
+def server_base(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory for one test's servers, writable by the server user, removed afterwards;
+    a failed test's report ends with the servers' logs."""
     base = make_shared_dir("receivewal-pg-")
+    failnotes.on_failure(request.node, "server logs", lambda: server_logs(base))
     yield base
     shutil.rmtree(base, ignore_errors=True)
 

@@ -16,7 +16,7 @@ from support.clusters import TEMPLATES_ENV
 from support.package import built_deb
 from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import PG_BIN, PgServer, make_shared_dir
-from support.sparkarchives import TwoArchives, build_two_server_archives
+from support.sparkarchives import TwoArchives, two_server_archives_once
 
 from receivewal.wal.nativescan import load_native
 
@@ -116,10 +116,10 @@ def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def two_archives(tmp_path_factory: pytest.TempPathFactory) -> TwoArchives:
-    """Two archives from two servers, built once for the analyze modules (local, Spark Connect,
-    standalone cluster), which only read them."""
-    return build_two_server_archives(tmp_path_factory.mktemp("archives"), "receivewal-analyze-")
+def two_archives() -> TwoArchives:
+    """Two archives from two servers, built once per run (for every worker) for the analyze
+    modules (local, Spark Connect, standalone cluster), which only read them."""
+    return two_server_archives_once("receivewal-analyze-")
 
 
 @pytest.fixture(scope="session")

@@ -144,6 +144,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ModuleGroupScheduling(config, log)
 
 
+#: pytest-timeout's bound (pyproject.toml: 300 s) for a test marked ``spark``: its set-up may
+#: start a JVM (or a cluster of them) and run a whole analysis, which at load 12-17 on this
+#: 2-core machine took 260 s of test_analyze_connect's 300 (it passed, once); a bound, not a
+#: wait: a passing run takes what it takes.
+SPARK_TIMEOUT = 900
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``spark`` get SPARK_TIMEOUT unless they name their own."""
+    for item in items:
+        if item.get_closest_marker("spark") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT))
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """With ``-m "... not spark ..."`` the Spark modules are not even imported, so the fast loop
     runs without the spark extra (pyspark, pyarrow) and Java installed."""

@@ -158,7 +158,7 @@ def submitted(cluster: Cluster, archives: tuple[Path, Path, str],
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=400, check=False)
+                          timeout=600, check=False)
     apps = get_json(cluster.master_ui + "/json").get("completedapps", [])
     assert len(apps) == 1, (apps, proc.stderr[-3000:])
     return proc, cwd / "out", apps[0]["id"]

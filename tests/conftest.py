@@ -24,9 +24,23 @@ DATA = Path(__file__).parent / "data"
 OWN_TEMPLATES = pytest.StashKey[Path]()
 
 
+#: Options for every JVM the Spark tests start (the embedded session, the analyze commands
+#: they run, the Spark Connect server, the standalone cluster's daemons; its executors get them
+#: in test_analyze_cluster's conf): only the quick JIT tier and the serial collector. A Spark
+#: JVM's start spends most of its CPU compiling and collecting with threads that, on 2 shared
+#: cores, compete with everything else: a session's start took 24-29 s with them against 77-80 s
+#: without (load 10-13; a small job after it 19 s against 26-42 s). Nothing Spark computes
+#: changes; a user's own SPARK_SUBMIT_OPTS / SPARK_DAEMON_JAVA_OPTS are kept.
+SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SPARK_JVM_ENV = ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One directory of initdb templates (support/clusters.py) for the session and the
-    benchmarks it runs; made here unless a parent run (or the user) named one already."""
+    benchmarks it runs; made here unless a parent run (or the user) named one already.
+    The Spark JVMs' options (SPARK_JVM_OPTIONS), unless the user set them."""
+    for name in SPARK_JVM_ENV:
+        os.environ.setdefault(name, SPARK_JVM_OPTIONS)
     if not os.environ.get(TEMPLATES_ENV):
         path = make_shared_dir("receivewal-initdb-")
         os.environ[TEMPLATES_ENV] = str(path)

@@ -147,6 +147,7 @@ def submitted(cluster: Cluster, archives: tuple[Path, Path, str],
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{cwd}/"
                                          "log4j2.properties",
         "spark.executor.cores": "1", "spark.executor.memory": "512m", "spark.cores.max": "2",
+        "spark.executor.extraJavaOptions": os.environ.get("SPARK_SUBMIT_OPTS", ""),  # conftest
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",  # wait for both executors
         "spark.ui.enabled": "false", "spark.local.dir": str(cwd),
         "spark.sql.shuffle.partitions": "4",

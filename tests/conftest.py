@@ -6,16 +6,17 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import failnotes
 from support.clusters import TEMPLATES_ENV
 from support.package import built_deb
 from support.seaweed import SeaweedS3, running_seaweed
 from support.servers import PG_BIN, PgServer, make_shared_dir
-from support.sparkarchives import TwoArchives, build_two_server_archives
+from support.sparkarchives import TwoArchives, two_server_archives_once
 
 from receivewal.wal.nativescan import load_native
 
@@ -23,9 +24,23 @@ DATA = Path(__file__).parent / "data"
 OWN_TEMPLATES = pytest.StashKey[Path]()
 
 
+#: Options for every JVM the Spark tests start (the embedded session, the analyze commands
+#: they run, the Spark Connect server, the standalone cluster's daemons; its executors get them
+#: in test_analyze_cluster's conf): only the quick JIT tier and the serial collector. A Spark
+#: JVM's start spends most of its CPU compiling and collecting with threads that, on 2 shared
+#: cores, compete with everything else: a session's start took 24-29 s with them against 77-80 s
+#: without (load 10-13; a small job after it 19 s against 26-42 s). Nothing Spark computes
+#: changes; a user's own SPARK_SUBMIT_OPTS / SPARK_DAEMON_JAVA_OPTS are kept.
+SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SPARK_JVM_ENV = ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One directory of initdb templates (support/clusters.py) for the session and the
-    benchmarks it runs; made here unless a parent run (or the user) named one already."""
+    benchmarks it runs; made here unless a parent run (or the user) named one already.
+    The Spark JVMs' options (SPARK_JVM_OPTIONS), unless the user set them."""
+    for name in SPARK_JVM_ENV:
+        os.environ.setdefault(name, SPARK_JVM_OPTIONS)
     if not os.environ.get(TEMPLATES_ENV):
         path = make_shared_dir("receivewal-initdb-")
         os.environ[TEMPLATES_ENV] = str(path)
@@ -40,6 +55,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop(TEMPLATES_ENV, None)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed phase's report carries the notes its fixtures registered (support.failnotes:
+    e.g. the journal of the systemd units a test drove)."""
+    del call
+    report = yield
+    if report.failed:
+        report.sections.extend(failnotes.sections(item))
+    return report
+
+
 @pytest.fixture(params=["c", "python"])
 def receive_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each receive loop in turn for the receivewal processes a test starts: the compiled one
@@ -52,10 +79,18 @@ def receive_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     return path
 
 
+def server_logs(base: Path) -> str:
+    """The end of each server log in ``base`` (a PgServer's ``<name>.log``)."""
+    return "\n".join(f"== {path.name}\n{path.read_text(errors='replace')[-4000:]}"
+                     for path in sorted(base.glob("*.log")))
+
+
 @pytest.fixture
-def server_base() -> Iterator[Path]:
-    """A directory for one test's servers, writable by the server user, removed afterwards."""
+def server_base(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory for one test's servers, writable by the server user, removed afterwards;
+    a failed test's report ends with the servers' logs."""
     base = make_shared_dir("receivewal-pg-")
+    failnotes.on_failure(request.node, "server logs", lambda: server_logs(base))
     yield base
     shutil.rmtree(base, ignore_errors=True)
 
@@ -95,10 +130,10 @@ def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def two_archives(tmp_path_factory: pytest.TempPathFactory) -> TwoArchives:
-    """Two archives from two servers, built once for the analyze modules (local, Spark Connect,
-    standalone cluster), which only read them."""
-    return build_two_server_archives(tmp_path_factory.mktemp("archives"), "receivewal-analyze-")
+def two_archives() -> TwoArchives:
+    """Two archives from two servers, built once per run (for every worker) for the analyze
+    modules (local, Spark Connect, standalone cluster), which only read them."""
+    return two_server_archives_once("receivewal-analyze-")
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +156,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from support.workers import ModuleGroupScheduling  # noqa: PLC0415 - only under xdist
     return ModuleGroupScheduling(config, log)
+
+
+#: pytest-timeout's bound (pyproject.toml: 300 s) for a test marked ``spark``: its set-up may
+#: start a JVM (or a cluster of them) and run a whole analysis, which at load 12-17 on this
+#: 2-core machine took 260 s of test_analyze_connect's 300 (it passed, once); a bound, not a
+#: wait: a passing run takes what it takes.
+SPARK_TIMEOUT = 900
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``spark`` get SPARK_TIMEOUT unless they name their own."""
+    for item in items:
+        if item.get_closest_marker("spark") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT))
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -186,3 +235,19 @@ def spark(seaweed_server: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -
         session = make_session(scratch=tmp_path_factory.mktemp("spark"), master="local[2]")
     yield session
     session.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The work the run did, beside --durations' slowest: the sum of every test's set-up, call
+    and teardown seconds over all workers (what ``-n`` divides; the wall time is at least the
+    longest unit of tests/support/workers.py)."""
+    reports = [rep for reps in terminalreporter.stats.values() for rep in reps
+               if isinstance(rep, pytest.TestReport)]
+    if not reports:
+        return
+    phases = {when: sum(rep.duration for rep in reports if rep.when == when)
+              for when in ("setup", "call", "teardown")}
+    terminalreporter.write_line(
+        f"total worker-seconds: {sum(phases.values()):.0f} s "
+        f"(setup {phases['setup']:.0f}, call {phases['call']:.0f}, "
+        f"teardown {phases['teardown']:.0f})")

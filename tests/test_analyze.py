@@ -179,7 +179,7 @@ def test_cli_on_one_archive_is_quiet_and_leaves_no_scratch(
     env = {**os.environ, "TMPDIR": str(scratch_root)}
     proc = subprocess.run([sys.executable, "-m", "receivewal", "analyze", "-o", "out",
                            str(archives[0])], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=240, check=False)
+                          text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
     files = len(list(archives[0].iterdir()))
     assert f"{archives[0]}: {files} segments, {files}.0 MB of WAL, 0 error(s), recoverable" \

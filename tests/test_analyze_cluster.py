@@ -147,6 +147,7 @@ def submitted(cluster: Cluster, archives: tuple[Path, Path, str],
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{cwd}/"
                                          "log4j2.properties",
         "spark.executor.cores": "1", "spark.executor.memory": "512m", "spark.cores.max": "2",
+        "spark.executor.extraJavaOptions": os.environ.get("SPARK_SUBMIT_OPTS", ""),  # conftest
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",  # wait for both executors
         "spark.ui.enabled": "false", "spark.local.dir": str(cwd),
         "spark.sql.shuffle.partitions": "4",
@@ -158,7 +159,7 @@ def submitted(cluster: Cluster, archives: tuple[Path, Path, str],
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=400, check=False)
+                          timeout=600, check=False)
     apps = get_json(cluster.master_ui + "/json").get("completedapps", [])
     assert len(apps) == 1, (apps, proc.stderr[-3000:])
     return proc, cwd / "out", apps[0]["id"]

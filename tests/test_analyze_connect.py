@@ -107,7 +107,7 @@ def run(connect_server: tuple[str, Path], archives: tuple[Path, Path, str],
     cwd = tmp_path_factory.mktemp("client")
     proc = subprocess.run(
         [sys.executable, "-m", "receivewal", "analyze", "--remote", url, "-o", "out",
-         str(alpha), key(beta)], cwd=cwd, capture_output=True, text=True, timeout=240,
+         str(alpha), key(beta)], cwd=cwd, capture_output=True, text=True, timeout=600,
         check=False)
     return proc, cwd / "out"
 

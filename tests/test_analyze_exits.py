@@ -86,7 +86,7 @@ def test_a_reader_that_left_ends_the_summary_quietly_with_the_verdict(tmp_path: 
     try:
         done = subprocess.run([sys.executable, "-m", "receivewal", "analyze", "-o",
                                str(tmp_path / "out"), str(directory)], stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, timeout=240, check=False)
+                              stderr=subprocess.PIPE, text=True, timeout=600, check=False)
     finally:
         os.close(write_end)
     assert done.returncode == 0, done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import signal
@@ -19,6 +20,13 @@ from receivewal.replication import connection
 PACKAGE = Path(__file__).parent.parent / "receivewal"
 
 
+@functools.cache
+def syntax_tree(path: Path) -> ast.Module:
+    """``path`` parsed, once per process: every rule below walks the same trees (parsing the
+    whole package again for each case took most of this module's time)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -28,7 +36,7 @@ def imported_modules(path: Path, modules: set[str]) -> set[str]:
     """The package's modules that ``path`` imports anywhere (also inside functions):
     ``from a.b import c`` counts as ``a.b.c`` when that is a module, else as ``a.b``."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(syntax_tree(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -38,7 +46,10 @@ def imported_modules(path: Path, modules: set[str]) -> set[str]:
     return found & modules
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
+    """Each module of the package and the package's modules it imports (read once per
+    process: the callers only read it)."""
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(path) for path in paths}
     return {module_name(path): imported_modules(path, modules) - {module_name(path)}
@@ -93,7 +104,7 @@ def top_level_imports(path: Path) -> set[str]:
     """The first name of every module ``path`` imports anywhere (``click`` for
     ``from click.testing import ...``)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(syntax_tree(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -128,7 +139,7 @@ def test_the_replication_connection_hands_out_only_receivewal_types() -> None:
     door = "receivewal.replication.connection"
     foreign: list[str] = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(syntax_tree(path)):
             if isinstance(node, ast.Import | ast.ImportFrom):
                 names = [alias.name for alias in node.names]
                 module = node.module if isinstance(node, ast.ImportFrom) else None
@@ -189,7 +200,7 @@ def durability_calls(path: Path) -> list[str]:
     """Where ``path`` fsyncs, renames or makes temporary files itself: ``os.fsync``,
     ``os.rename``, ``os.replace`` (also imported by name from os) and any use of tempfile."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(syntax_tree(path)):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
                 and node.value.id == "os" and node.attr in _DURABLE_OS_CALLS:
             found.append(f"os.{node.attr}")
@@ -232,7 +243,7 @@ def functions_calling(path: Path, names: set[str]) -> set[str]:
     """The functions of ``path`` (nested ones by their own name) that call one of ``names``,
     as ``f(...)``, ``os.f(...)`` or ``durable.f(...)``."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(syntax_tree(path)):
         if isinstance(node, ast.FunctionDef):
             for call in ast.walk(node):
                 if isinstance(call, ast.Call):
@@ -357,7 +368,7 @@ def flushed_assignments(path: Path) -> list[tuple[str, ast.expr]]:
     """Every assignment in ``path`` to an attribute named like the flushed position, with the
     value assigned."""
     found: list[tuple[str, ast.expr]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(syntax_tree(path)):
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
         value = getattr(node, "value", None)
@@ -386,7 +397,7 @@ def test_the_flushed_position_has_one_holder() -> None:
     assert moved == []
     stating = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Flushed"
-                      for node in ast.walk(ast.parse(path.read_text(), str(path))))]
+                      for node in ast.walk(syntax_tree(path)))]
     assert stating == ["receivewal.daemon.archivefeed", "receivewal.daemon.changefeed"]
     reading = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if "previous_flush(" in path.read_text()

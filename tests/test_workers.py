@@ -7,11 +7,12 @@ import ast
 from pathlib import Path
 
 import pytest
-from support.workers import LONGEST_FIRST, WORKER_GROUPS, worker_group
+from support.workers import LONGEST_FIRST, SPLIT_PER_TEST, WORKER_GROUPS, worker_group
 
 TESTS = Path(__file__).parent
-#: Session fixtures (tests/conftest.py) and the group of every module that asks for them.
-SHARED = {"deb": "deb", "spark": "spark", "two_archives": "spark", "seaweed_server": "spark"}
+#: Session fixtures (tests/conftest.py) and the group of every module that asks for them
+#: (``two_archives`` is built once per run for all workers: support.sparkarchives).
+SHARED = {"deb": "deb", "spark": "spark", "seaweed_server": "spark"}
 
 
 def fixtures_asked_for(module: Path) -> set[str]:
@@ -42,7 +43,27 @@ def test_the_tests_of_one_module_share_a_worker_and_grouped_modules_one_unit() -
         worker_group("tests/test_systemd_real.py::test_b") == "deb"
 
 
+def test_a_split_module_is_one_unit_per_test() -> None:
+    """The tests of a SPLIT_PER_TEST module are units of their own, a test's parameters
+    with it; no such module asks for a module-scoped fixture (it would start once per test)."""
+    assert worker_group("tests/test_benchmarks.py::test_a") == "tests/test_benchmarks.py::test_a"
+    assert worker_group("tests/test_benchmarks.py::test_b[x]") == \
+        "tests/test_benchmarks.py::test_b"
+    for name in SPLIT_PER_TEST:
+        assert "scope=" not in (TESTS / name).read_text(), name
+
+
+def names_of_tests(module: Path) -> set[str]:
+    """The names of the module's test functions."""
+    tree = ast.parse(module.read_text(), str(module))
+    return {node.name for node in tree.body
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+
+
 def test_the_longest_units_first_are_units_of_this_suite() -> None:
-    """LONGEST_FIRST names groups and modules that exist (else it would order nothing)."""
+    """LONGEST_FIRST names groups, modules and tests of split modules that exist (else it
+    would order nothing)."""
     units = set(WORKER_GROUPS.values()) | {f"tests/{p.name}" for p in TESTS.glob("test_*.py")}
+    units |= {f"tests/{name}::{test}" for name in SPLIT_PER_TEST
+              for test in names_of_tests(TESTS / name)}
     assert sorted(set(LONGEST_FIRST) - units) == []

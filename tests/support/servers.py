@@ -125,6 +125,14 @@ BASE_CONF = {
 }
 
 
+class SqlFailed(subprocess.CalledProcessError):
+    """psql exited non-zero: the message has its stderr (the server's words, or why it could
+    not connect), which CalledProcessError's leaves out."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}: {str(self.stderr).strip()}"
+
+
 class PgServer:
     """One PostgreSQL server in a directory of its own."""
 
@@ -231,12 +239,15 @@ class PgServer:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
     def sql(self, query: str, dbname: str = "postgres") -> str:
-        """Run SQL with psql and return its unaligned, tuples-only output."""
+        """Run SQL with psql and return its unaligned, tuples-only output; a failure
+        (:class:`SqlFailed`) says what psql said."""
         out = subprocess.run(
             [self.pg_bin("psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
              "-p", str(self.port), "-U", "postgres", "-d", dbname, "-c", query],
-            check=True, capture_output=True, text=True,
+            check=False, capture_output=True, text=True,
         )
+        if out.returncode != 0:
+            raise SqlFailed(out.returncode, out.args, out.stdout, out.stderr)
         return out.stdout.strip()
 
     @property

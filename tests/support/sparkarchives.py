@@ -9,7 +9,9 @@ them, a zstd frame).
 
 from __future__ import annotations
 
+import fcntl
 import gzip
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -23,6 +25,7 @@ import zstandard
 from receivewal.check.crosscheck import ArchiveReport
 from receivewal.check.verify import rmgr_totals, verify_archive
 from receivewal.wal.lsn import parse_lsn
+from support.clusters import templates_dir
 from support.servers import PgServer, make_shared_dir
 from support.streams import wait_for
 
@@ -178,6 +181,27 @@ def build_two_server_archives(root: Path, prefix: str) -> TwoArchives:
     removed = names[len(names) // 2]
     (root / "beta" / removed).unlink()
     return TwoArchives(root / "alpha", root / "beta", removed, (began, time.time()))
+
+
+def two_server_archives_once(prefix: str) -> TwoArchives:
+    """:func:`build_two_server_archives`, once per run for every process of it: in the run's
+    shared directory (support.clusters.templates_dir, which pytest-xdist's workers inherit),
+    built under an exclusive ``flock``; a process that comes later (or waited on the lock)
+    takes what the first one built. The readers only read the archives."""
+    root = templates_dir() / "two-archives"
+    with (templates_dir() / "two-archives.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # closing the file releases it
+        record = root / "built.json"
+        if record.exists():
+            facts = json.loads(record.read_text())
+            return TwoArchives(root / "alpha", root / "beta", facts["removed"],
+                               (facts["built"][0], facts["built"][1]))
+        shutil.rmtree(root, ignore_errors=True)  # a builder that died half-way
+        root.mkdir()
+        archives = build_two_server_archives(root, prefix)
+        record.write_text(json.dumps({"removed": archives.removed,
+                                      "built": list(archives.built)}))
+        return archives
 
 
 def archive_key(archive: Path) -> str:

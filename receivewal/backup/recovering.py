@@ -20,7 +20,7 @@ the archive's WAL holds on the way to the target timeline is refused before anyt
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +65,8 @@ class RecoverSettings:
     sync: bool = True
     identity: str | None = None  # --identity FILE: decrypts a sealed backup and the WAL
     beyond_archive: bool = False  # a time target after the archive's last commit is accepted
+    on_progress: Callable[[int], None] | None = None  # bytes unpacked so far, as they grow
+    on_backup: Callable[[BackupRecord], None] | None = None  # told the backup chosen
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,10 @@ def run_recover(settings: RecoverSettings) -> Recovered:
     files = readable_files(place.files(record.backup_id), record, settings.identity)
     check_chain(place, record, settings)
     warning = check_reach(place, record, settings)
+    if settings.on_backup is not None:
+        settings.on_backup(record)
     unpacked = unpack_backup(files, record, settings.pgdata, mapping=settings.mapping,
-                             sync=settings.sync)
+                             sync=settings.sync, on_progress=settings.on_progress)
     # the server runs restore_command in the data directory: a directory is named absolute
     archive = place.archive if isinstance(place, BucketPlace) \
         else str(Path(place.archive).absolute())

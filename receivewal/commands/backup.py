@@ -32,8 +32,10 @@ from receivewal.commands.cleanup import (
 )
 from receivewal.commands.options import read_password
 from receivewal.commands.verify import named_archive
+from receivewal.commands.watching import Watch
 from receivewal.daemon.supervisor import prompt_password
 from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.logs import configure_logging, get_logger
 from receivewal.replication.connection import build_conninfo
 from receivewal.wal.lsn import format_lsn
 
@@ -125,6 +127,14 @@ def describe(record: BackupRecord, where: str) -> str:
               "(age1..., age-keygen's public key), as stream's --encrypt-to; repeatable: any "
               f"of the recipients decrypts (env {ENCRYPT_TO_ENV}, whitespace between them). "
               "recover and verify then need --identity.")
+@click.option("-P", "--progress/--no-progress", default=None,
+              help="Show the bytes received of the server's estimate and the rate, as "
+              "pg_basebackup -P (default: on a terminal; off one, a line every 10 s, or "
+              "backup_progress events with --log-format json).")
+@click.option("--log-format", type=click.Choice(["console", "json"]), default="console",
+              show_default=True, envvar="RECEIVEWAL_BACKUP_LOG_FORMAT",
+              help="json: what backup says on stderr as JSON events, one a line, for a "
+              "journal or a log shipper (env RECEIVEWAL_BACKUP_LOG_FORMAT).")
 @click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
 @click.option("-w", "--no-password", is_flag=True, help="Never prompt for a password.")
 @click.option("-W", "--password", "force_password", is_flag=True,
@@ -135,7 +145,7 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
                    compress: CompressSpec, server_compress: bool, wal_wait: float,
                    encrypt_to: tuple[str, ...], no_sync: bool, keep_backups: str | None,
                    recovery_window: str | None, no_password: bool, force_password: bool,
-                   ) -> None:
+                   progress: bool | None, log_format: str) -> None:
     """Take a base backup over the replication protocol into the WAL archive (complete only
     once the archive holds its WAL from start to end)."""
     if server_compress and not compress.method:
@@ -168,12 +178,30 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
+    log = None
+    if log_format == "json":
+        configure_logging(json=True)
+        log = get_logger()
+    watch = Watch("backup", "received", log=log)
+    if progress is None:
+        progress = watch.terminal
+
+    def say(line: str) -> None:
+        if log is not None:
+            log.info("backup_said", message=line)
+        else:
+            watch.say(f"receivewal: {line}")
+
     try:
         record, where = run_backup(settings, stopping=lambda: bool(stop),
                                    prompt=None if no_password else prompt_password,
-                                   say=lambda line: click.echo(f"receivewal: {line}", err=True))
+                                   say=say, watch=watch if progress else None)
     except ReceivewalError as exc:
+        watch.clear()
         raise click.ClickException(str(exc)) from exc
+    moved = watch.finish()
+    if progress:
+        say(f"received {moved}")
     click.echo(describe(record, where))
     sys.stdout.flush()
     if policy is None:

@@ -24,6 +24,7 @@ from receivewal.backup.choice import (
 from receivewal.backup.recovering import LATEST, RecoverSettings, run_recover
 from receivewal.backup.settings import ACTIONS
 from receivewal.commands.verify import named_archive
+from receivewal.commands.watching import Watch
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import format_lsn
 
@@ -111,28 +112,38 @@ def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | 
               help="Accept a --target-time after the archive's last commit (the WAL up to it "
               "will reach the archive before the server replays it); refused otherwise, as "
               "PostgreSQL would end with FATAL at the archive's end.")
+@click.option("-P", "--progress/--no-progress", default=None,
+              help="Show the bytes unpacked of the backup's size and the rate (default: on a "
+              "terminal; off one, a line every 10 s).")
 @click.option("--no-sync", is_flag=True, help="Do not fsync (tests only).")
 def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: str | None,
                     target_lsn: str | None, target_xid: str | None, target_name: str | None,
                     target_immediate: bool, target_timeline: int | None, target_action: str,
                     mapping: dict[str, str], restore_command_prefix: str | None,
-                    identity: str | None, beyond_archive: bool, no_sync: bool) -> None:
+                    identity: str | None, beyond_archive: bool, no_sync: bool,
+                    progress: bool | None) -> None:
     """Unpack a base backup into an empty PGDATA and set it up to recover from the archive
     (to a target, or to the archive's end); prints how to start the server."""
+    watch = Watch("recover", "unpacked")
     target = read_target(target_time, target_lsn, target_xid, target_name,
                          immediate=target_immediate, timeline=target_timeline)
     settings = RecoverSettings(
         archive, pgdata.absolute(), backup_id, target, target_action, mapping,
         restore_command_prefix or default_restore_prefix(), sync=not no_sync,
-        identity=identity or None, beyond_archive=beyond_archive)
+        identity=identity or None, beyond_archive=beyond_archive,
+        on_progress=watch.update if (watch.terminal if progress is None else progress)
+        else None, on_backup=lambda record: watch.estimate(record.database_bytes))
     try:
         done = run_recover(settings)
     except ReceivewalError as exc:
+        watch.clear()
         raise click.ClickException(str(exc)) from exc
+    watch.done = done.unpacked.bytes
+    moved = watch.finish()
     record, unpacked = done.record, done.unpacked
     click.echo(f"backup {record.backup_id} (WAL from {format_lsn(record.start_lsn)} to "
                f"{format_lsn(record.end_lsn)}, ended {record.end_time.isoformat()}) unpacked: "
-               f"{unpacked.files} files, {unpacked.bytes} bytes")
+               f"{unpacked.files} files, {unpacked.bytes} bytes ({moved})")
     click.echo(f"recovery target: {target.describe()}"
                + (f", then {target_action}" if target.kind is not TargetKind.LATEST else ""))
     for line in done.config.removed:

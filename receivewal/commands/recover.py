@@ -21,8 +21,9 @@ from receivewal.backup.choice import (
     time_target,
     xid_target,
 )
+from receivewal.backup.owner import choose_owner
 from receivewal.backup.recovering import LATEST, RecoverSettings, run_recover
-from receivewal.backup.settings import ACTIONS
+from receivewal.backup.settings import ACTIONS, parse_extra_setting, quote_setting
 from receivewal.commands.verify import named_archive
 from receivewal.commands.watching import Watch
 from receivewal.errors import ConfigurationError, ReceivewalError
@@ -60,6 +61,14 @@ def _mapping(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
                                      ctx=ctx, param=param)
         found[old] = new
     return found
+
+
+def _extra_settings(ctx: click.Context, param: click.Parameter, values: tuple[str, ...],
+                    ) -> tuple[tuple[str, str], ...]:
+    try:
+        return tuple(parse_extra_setting(value) for value in values)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
 
 
 def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | None, *,
@@ -112,6 +121,16 @@ def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | 
               help="Accept a --target-time after the archive's last commit (the WAL up to it "
               "will reach the archive before the server replays it); refused otherwise, as "
               "PostgreSQL would end with FATAL at the archive's end.")
+@click.option("--owner", metavar="USER", envvar="RECEIVEWAL_RECOVER_OWNER",
+              help="The server's user, who gets every file written and must be able to read "
+              "the archive and run the restore_command (checked before anything is written; "
+              "default as root: the owner of PGDATA's parent directory; env "
+              "RECEIVEWAL_RECOVER_OWNER).")
+@click.option("--setting", "extra", multiple=True, metavar="NAME=VALUE",
+              callback=_extra_settings,
+              help="Add NAME = 'VALUE' to the recovery settings in postgresql.auto.conf "
+              "(e.g. --setting port=5433), as pgBackRest's --recovery-option; repeatable. "
+              "restore_command and recovery_target* are recover's own.")
 @click.option("-P", "--progress/--no-progress", default=None,
               help="Show the bytes unpacked of the backup's size and the rate (default: on a "
               "terminal; off one, a line every 10 s).")
@@ -121,10 +140,15 @@ def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: 
                     target_immediate: bool, target_timeline: int | None, target_action: str,
                     mapping: dict[str, str], restore_command_prefix: str | None,
                     identity: str | None, beyond_archive: bool, no_sync: bool,
-                    progress: bool | None) -> None:
+                    progress: bool | None, owner: str | None,
+                    extra: tuple[tuple[str, str], ...]) -> None:
     """Unpack a base backup into an empty PGDATA and set it up to recover from the archive
     (to a target, or to the archive's end); prints how to start the server."""
     watch = Watch("recover", "unpacked")
+    try:
+        files_owner = choose_owner(owner or None, pgdata.absolute())
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
     target = read_target(target_time, target_lsn, target_xid, target_name,
                          immediate=target_immediate, timeline=target_timeline)
     settings = RecoverSettings(
@@ -132,7 +156,8 @@ def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: 
         restore_command_prefix or default_restore_prefix(), sync=not no_sync,
         identity=identity or None, beyond_archive=beyond_archive,
         on_progress=watch.update if (watch.terminal if progress is None else progress)
-        else None, on_backup=lambda record: watch.estimate(record.database_bytes))
+        else None, on_backup=lambda record: watch.estimate(record.database_bytes),
+        owner=files_owner, owner_given=bool(owner), extra=extra)
     try:
         done = run_recover(settings)
     except ReceivewalError as exc:
@@ -146,6 +171,10 @@ def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: 
                f"{unpacked.files} files, {unpacked.bytes} bytes ({moved})")
     click.echo(f"recovery target: {target.describe()}"
                + (f", then {target_action}" if target.kind is not TargetKind.LATEST else ""))
+    if files_owner is not None:
+        click.echo(f"owned by {files_owner.name}: every file and directory written")
+    for name, value in extra:
+        click.echo(f"added to the recovery settings: {name} = {quote_setting(value)}")
     for line in done.config.removed:
         click.echo(f"removed from postgresql.auto.conf (the backup's): {line}")
     for line in done.config.overridden:

@@ -19,10 +19,12 @@ class ReceivewalError(Exception):
 
     ``final``: not even a new start of the program can help (the same refusal at the same
     place every time): the supervisor exits with the status the service unit does not restart,
-    and an operator must act. A final error is never retryable."""
+    and an operator must act. A final error is never retryable. ``hint``: what the operator can
+    do about it, logged beside the message (the drop-in keeps pg_receivewal's words alone)."""
 
     retryable: bool = False
     final: bool = False
+    hint: str | None = None
 
 
 class ConfigurationError(ReceivewalError):

@@ -164,3 +164,23 @@ def test_quoted_scripts_exist() -> None:
               for name in SCRIPT.findall(line)}
     assert "scripts/setup.sh" in quoted
     assert sorted(name for name in quoted if not (ROOT / name).is_file()) == []
+
+
+#: The pages for developers; every other page, and the README, is for users.
+DEVELOPER_PAGES = {"architecture.md", "faults.md"}
+#: What a developer's note looks like in a user's page: an issue's number or section, a module
+#: of the package by its dotted name or its path.
+DEVELOPER_NOTE = re.compile(
+    r"\b[Ii]ssue \d+|§|(?<![/\w-])receivewal[./](?:archive|backup|commands|daemon|wal|restore|check"
+    r"|logical|relay|replication)[./]"
+    r"|`(?:archive|backup|commands|daemon|wal|restore|check|logical|relay|replication)/[a-z_]+")
+
+
+def test_user_docs_speak_of_commands_and_files_only() -> None:
+    """README.md and the user's pages of docs/ name no issue and no module of the package
+    (docs/architecture.md and docs/faults.md, for developers, do)."""
+    found = [f"{page.relative_to(ROOT)}:{number}: {match.group(0)}"
+             for page in [README, *PAGES] if page.name not in DEVELOPER_PAGES
+             for number, line in enumerate(page.read_text().splitlines(), 1)
+             for match in DEVELOPER_NOTE.finditer(line)]
+    assert found == []

@@ -228,7 +228,7 @@ def test_verify_checks_sealed_segments_with_the_identity_and_reports_them_withou
         setup: Setup) -> None:
     """verify --identity (both keys) decrypts and checks every segment: recoverable, exit 0.
     Without it, each sealed segment is a not_checked problem naming its recipients, and the
-    verdict is not recoverable (exit 1), never a pass."""
+    verdict is unknown (exit 3), never a pass."""
     done = verify(setup, "--identity", str(setup.both), "--json")
     report = json.loads(done.stdout)
     assert done.returncode == 0, done.stdout[-3000:]
@@ -242,7 +242,8 @@ def test_verify_checks_sealed_segments_with_the_identity_and_reports_them_withou
                                 for name in run}
     done = verify(setup, "--json")
     report = json.loads(done.stdout)
-    assert done.returncode == 1
+    assert done.returncode == 3
+    assert report["verdict"] == "unknown"
     unchecked = {p["file"] for p in report["problems"] if p["kind"] == "not_checked"}
     assert unchecked == {name for run in setup.runs for name in run}
     assert not report["recoverable"]

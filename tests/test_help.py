@@ -66,7 +66,8 @@ def test_analyze_help_names_the_extra_and_exit_codes() -> None:
 
 
 def test_verify_help_names_its_exit_codes() -> None:
-    """verify: 0 and 1 are the verdict, 2 is no verdict."""
+    """verify: 0, 1 and 3 (unknown) are the verdict, 2 is no verdict."""
     flat = " ".join(help_of("verify").split())
     assert "Exit codes: 0 recoverable end to end; 1 NOT recoverable, or the archive cannot be " \
-        "read; 2 a usage error, or the report could not be written." in flat
+        "read; 2 a usage error, or the report could not be written; 3 unknown: files sealed " \
+        "at rest could not be checked without --identity." in flat

@@ -29,6 +29,7 @@ DECLARERS = {"option", "Option"}  # click.option, plain.Option, options.option
 #: have them; each is declared once per meaning.
 HOMONYMS = {
     "-n": "stream's --no-loop (pg_receivewal's -n) and cleanup's --dry-run (pg_archivecleanup's)",
+    "-P": "backup's and recover's --progress (pg_basebackup's -P) and logical's --publication",
     "-d": "stream's --dbname (pg_receivewal's -d) and cleanup's -d (pg_archivecleanup's debug)",
 }
 

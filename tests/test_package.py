@@ -13,6 +13,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,10 @@ INSTALLED = ["/opt/receivewal", "/usr/bin/receivewal", "/usr/bin/pg_receivewal-s
              "/lib/systemd/system/receivewal@.service",
              "/lib/systemd/system/receivewal-backup@.service",
              "/lib/systemd/system/receivewal-backup@.timer",
-             "/usr/share/doc/receivewal/receivewal.env.example"]
+             "/usr/share/doc/receivewal/receivewal.env.example",
+             "/usr/share/bash-completion/completions/receivewal",
+             "/usr/share/zsh/vendor-completions/_receivewal",
+             "/usr/share/fish/vendor_completions.d/receivewal.fish"]
 
 pytestmark = [
     pytest.mark.server,
@@ -84,6 +88,27 @@ def test_package_ships_the_readme_and_every_docs_page(deb: Path) -> None:
         f"/usr/share/doc/receivewal/docs/{page.name}" for page in (ROOT / "docs").glob("*.md")}
     assert len(wanted) > 5
     assert wanted - shipped == set()
+
+
+def test_package_ships_shell_completion_that_completes_a_command(deb: Path,
+                                                                  tmp_path: Path) -> None:
+    """The bash completion script the package ships is click's for `receivewal`: sourced, it
+    completes `receivewal ba` to `backup` (and zsh's and fish's are there beside it)."""
+    run("dpkg-deb", "-x", str(deb), str(tmp_path))
+    script = tmp_path / "usr/share/bash-completion/completions/receivewal"
+    assert "_RECEIVEWAL_COMPLETE=bash_complete" in script.read_text()
+    assert "compdef" in (tmp_path / "usr/share/zsh/vendor-completions/_receivewal").read_text()
+    assert (tmp_path / "usr/share/fish/vendor_completions.d/receivewal.fish").stat().st_size
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "receivewal").write_text(f"#!/bin/sh\nexec {sys.executable} -m receivewal \"$@\"\n")
+    (shim / "receivewal").chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", f"source {script}; COMP_WORDS=(receivewal ba); COMP_CWORD=1; "
+         "_receivewal_completion receivewal; echo \"${COMPREPLY[*]}\""],
+        capture_output=True, text=True, check=False, timeout=60,
+        env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"})
+    assert done.stdout.split() == ["backup"], done.stdout + done.stderr
 
 
 def test_package_installs_the_commands_unit_and_user(installed: Path) -> None:

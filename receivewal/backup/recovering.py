@@ -20,13 +20,14 @@ the archive's WAL holds on the way to the target timeline is refused before anyt
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from receivewal.archive.sealed import NoIdentity
 from receivewal.backup.catalog import EntryState
 from receivewal.backup.choice import RecoveryTarget, choose_backup, unusable
+from receivewal.backup.owner import Owner, hand_over, owner_problem
 from receivewal.backup.place import BackupPlace, BucketPlace, open_place
 from receivewal.backup.reach import chain_hole, last_transaction, replayed_segments
 from receivewal.backup.record import BackupRecord, utc_text
@@ -35,6 +36,7 @@ from receivewal.backup.settings import (
     recovery_settings,
     restore_command,
     start_instructions,
+    with_extra_settings,
 )
 from receivewal.backup.unpack import (
     RecoveryConfig,
@@ -65,6 +67,11 @@ class RecoverSettings:
     sync: bool = True
     identity: str | None = None  # --identity FILE: decrypts a sealed backup and the WAL
     beyond_archive: bool = False  # a time target after the archive's last commit is accepted
+    on_progress: Callable[[int], None] | None = None  # bytes unpacked so far, as they grow
+    on_backup: Callable[[BackupRecord], None] | None = None  # told the backup chosen
+    owner: Owner | None = None  # who the files go to, checked first (None: ours)
+    owner_given: bool = False  # --owner named it: what it cannot do is refused, not warned of
+    extra: tuple[tuple[str, str], ...] = ()  # --setting NAME=VALUE, in the recovery block
 
 
 @dataclass(frozen=True)
@@ -184,19 +191,33 @@ def run_recover(settings: RecoverSettings) -> Recovered:
     files = readable_files(place.files(record.backup_id), record, settings.identity)
     check_chain(place, record, settings)
     warning = check_reach(place, record, settings)
-    unpacked = unpack_backup(files, record, settings.pgdata, mapping=settings.mapping,
-                             sync=settings.sync)
     # the server runs restore_command in the data directory: a directory is named absolute
     archive = place.archive if isinstance(place, BucketPlace) \
         else str(Path(place.archive).absolute())
     identity = None if settings.identity is None else str(Path(settings.identity).absolute())
-    command = restore_command(settings.restore_prefix, archive, identity)
-    config = write_recovery(settings.pgdata, recovery_settings(settings.target,
-                                                               settings.action, command),
-                            sync=settings.sync)
+    problem = None if settings.owner is None else owner_problem(
+        settings.owner, None if isinstance(place, BucketPlace) else Path(archive), identity,
+        settings.restore_prefix)
+    if problem is not None and settings.owner_given:
+        raise ArchiveError(f"{problem}; nothing was written")
+    block = with_extra_settings(recovery_settings(settings.target, settings.action,
+                                                  restore_command(settings.restore_prefix,
+                                                                  archive, identity)),
+                                settings.extra)
+    if settings.on_backup is not None:
+        settings.on_backup(record)
+    unpacked = unpack_backup(files, record, settings.pgdata, mapping=settings.mapping,
+                             sync=settings.sync, on_progress=settings.on_progress)
+    config = write_recovery(settings.pgdata, block, sync=settings.sync)
+    if settings.owner is not None:
+        hand_over([settings.pgdata, *unpacked.tablespaces.values()], settings.owner)
     text = start_instructions(settings.pgdata, list(unpacked.tablespaces.values()))
     if warning is not None:
         text += "\n" + warning
+    if problem is not None:
+        text += (f"\nWarning: {problem}. The files are that user's because it owns the data "
+                 "directory's parent: the server's restore calls will fail until this is "
+                 "fixed (with --owner USER, recover refuses instead of warning).")
     recorded = place.identity()
     if settings.identity is None and recorded is not None and recorded.recipient_sets:
         newest = recorded.recipient_sets[-1].recipients

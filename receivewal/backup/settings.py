@@ -90,6 +90,38 @@ def recovery_settings(target: RecoveryTarget, action: str, command: str
     return settings
 
 
+#: What ``recover --setting`` may not set: what recover itself decides.
+DECIDED = ("restore_command", *TARGET_KINDS, "recovery_target_inclusive",
+           "recovery_target_timeline", "recovery_target_action")
+_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
+
+
+def parse_extra_setting(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` of ``recover --setting`` (as pgBackRest's ``--recovery-option``): the
+    name in lower case; ConfigurationError for a malformed one, or one recover decides."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not _SETTING.fullmatch(name):
+        raise ConfigurationError(f"--setting {text[:80]!r}: not NAME=VALUE with a setting's name "
+                                 "(e.g. --setting port=5433)")
+    if name.lower() in DECIDED or name.lower().startswith("recovery_target"):
+        raise ConfigurationError(f"--setting {name}: recover sets {name.lower()} itself (give "
+                                 "the target with --target-*, the program with "
+                                 "--restore-command-prefix)")
+    quote_setting(value)  # a line break or a zero byte: refused now
+    return name.lower(), value
+
+
+def with_extra_settings(settings: list[tuple[str, str]], extra: tuple[tuple[str, str], ...]
+                        ) -> list[tuple[str, str]]:
+    """recover's block with ``--setting`` values: one recover writes empty (a
+    ``primary_conninfo``, a ``recovery_end_command``) takes the value in place, any other is
+    appended, the last given of a name winning."""
+    chosen = dict(extra)
+    block = [(name, chosen.pop(name, value)) for name, value in settings]
+    return block + list(chosen.items())
+
+
 def setting_name(line: str) -> str | None:
     """The setting a configuration file's line sets, in lower case (PostgreSQL's names are
     case-insensitive); None for a blank or comment line."""

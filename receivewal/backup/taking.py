@@ -13,9 +13,11 @@ directory removed, no record written) with an error naming the segment.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
 from receivewal.archive.identity import ArchiveIdentity, check_same_cluster
@@ -87,11 +89,31 @@ def wait_for_wal(place: BackupPlace, record: BackupRecord, wait: float, *,
         sleep(place.poll)
 
 
+class BackupWatch(Protocol):
+    """Who follows a backup's bytes (``receivewal backup --progress``)."""
+
+    def estimate(self, total: int | None) -> None:
+        """The checkpoint is done and the stream starts: the server's estimate in bytes."""
+
+    def update(self, done: int) -> None:
+        """The server has sent ``done`` bytes of the backup."""
+
+
+def checkpoint_wait(fast: bool) -> str:
+    """What the backup waits for before the server sends a byte."""
+    if fast:
+        return "waiting for the server's immediate checkpoint (--fast)"
+    return ("waiting for the server's checkpoint, spread over checkpoint_completion_target "
+            "(minutes on a quiet server); --fast asks for an immediate one")
+
+
 def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambda: False,
                say: Callable[[str], None] = lambda _: None,
-               prompt: Callable[[], str | None] | None = None) -> tuple[BackupRecord, str]:
+               prompt: Callable[[], str | None] | None = None,
+               watch: BackupWatch | None = None) -> tuple[BackupRecord, str]:
     """Take the backup; its record and where it is. ``prompt`` is asked for a password once
-    when the server wants one the connection string lacks."""
+    when the server wants one the connection string lacks; ``watch`` follows the bytes (the
+    server is asked for its estimate, an extra pass over its files, only then)."""
     place = open_place(settings.archive)
     identity = archive_identity(place)
     conn = ReplicationConnection.open(settings.conninfo, prompt)
@@ -102,15 +124,27 @@ def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambd
         if settings.encrypt_to is not None:  # listed before anything is sealed to it
             place.adopt_recipients(settings.encrypt_to, sync=settings.sync,
                                    file_mode=server.file_mode)
-        say(f"base backup of database system {server.system_identifier} started")
+        say(f"base backup of database system {server.system_identifier} started: "
+            + checkpoint_wait(settings.request.fast))
+        request = settings.request
+        if watch is not None:
+            request = dataclasses.replace(request, progress=True)
+
+        def checkpoint_done(estimate: int | None) -> None:
+            say("checkpoint done: receiving the backup" + (
+                "" if estimate is None else f" (the server estimates {estimate / 2**20:.1f} MB)"))
+            if watch is not None:
+                watch.estimate(estimate)
+
         record = take_backup_into(
-            conn, settings.request,
+            conn, request,
             lambda started: place.new_backup(started, settings.compress, sync=settings.sync,
                                              file_mode=server.file_mode,
                                              recipients=settings.encrypt_to),
             server, stopping=stopping,
             before_commit=lambda rec: wait_for_wal(place, rec, settings.wal_wait,
-                                                   stopping=stopping, say=say), say=say)
+                                                   stopping=stopping, say=say), say=say,
+            on_started=checkpoint_done, on_progress=None if watch is None else watch.update)
     finally:
         conn.close()
     return record, place.backup_where(record.backup_id)

@@ -138,18 +138,26 @@ def take_backup_into(link: BackupLink, request: BackupRequest,
                      stopping: Callable[[], bool] = lambda: False,
                      before_commit: Callable[[BackupRecord], None] | None = None,
                      on_progress: Callable[[int], None] | None = None,
+                     on_started: Callable[[int | None], None] | None = None,
                      say: Callable[[str], None] = lambda _: None) -> BackupRecord:
     """:func:`take_backup` into the target ``open_target`` makes for the start time (a
     directory, a bucket's backup); on any error the target is given up (``say`` is told
-    what of it could not be removed)."""
+    what of it could not be removed). ``on_started`` is told, once the server's checkpoint is
+    done and its stream starts, the server's estimate of the backup's size in bytes (with
+    ``request.progress``; None without)."""
     started = now()
     directory = open_target(started)
+
+    def receipt_for(rows: list[Row]) -> Receipt:
+        tablespaces = parse_tablespaces(rows)
+        if on_started is not None:
+            sizes = [t.size_kb for t in tablespaces]
+            on_started(None if None in sizes else 1024 * sum(s or 0 for s in sizes))
+        return Receipt(tablespaces, directory, algorithm=request.checksum,
+                       where=f"backup {directory.backup_id}", on_progress=on_progress)
+
     try:
-        received = receive_backup(
-            link, request,
-            lambda rows: Receipt(parse_tablespaces(rows), directory, algorithm=request.checksum,
-                                 where=f"backup {directory.backup_id}", on_progress=on_progress),
-            stopping=stopping)
+        received = receive_backup(link, request, receipt_for, stopping=stopping)
         manifest_sha256 = directory.write_manifest(received.manifest_bytes)
         record = backup_record(directory, request, server, received, started=started,
                                ended=now(), manifest_sha256=manifest_sha256)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,9 +98,10 @@ def refuse_unless_empty(path: Path, what: str) -> None:
 
 
 def unpack_backup(backup_dir: Path | BackupFiles, record: BackupRecord, pgdata: Path, *,
-                  mapping: Mapping[str, str] | None = None, sync: bool = True) -> Unpacked:
+                  mapping: Mapping[str, str] | None = None, sync: bool = True,
+                  on_progress: Callable[[int], None] | None = None) -> Unpacked:
     """Unpack the backup of ``record`` (in ``backup_dir``) into ``pgdata`` (see the module's
-    docstring)."""
+    docstring); ``on_progress`` is told the bytes of files written so far as they grow."""
     targets = tablespace_directories(record, mapping or {})
     refuse_unless_empty(pgdata, "data directory")
     for target in targets.values():
@@ -111,7 +112,8 @@ def unpack_backup(backup_dir: Path | BackupFiles, record: BackupRecord, pgdata: 
     try:
         for archive in sorted(record.archives, key=lambda a: a.tablespace_oid is None):
             root = pgdata if archive.tablespace_oid is None else targets[archive.tablespace_oid]
-            extractor = _Extractor(root, archive, targets, sync=sync)
+            extractor = _Extractor(root, archive, targets, sync=sync, on_progress=on_progress,
+                                   before=size)
             extractor.run(read_members(backup_dir, archive, check))
             files, size = files + extractor.files, size + extractor.bytes
         check.compare(manifest)
@@ -127,7 +129,8 @@ class _Extractor:
     """One archive's members written under ``root``."""
 
     def __init__(self, root: Path, archive: StoredArchive, targets: Mapping[int, Path], *,
-                 sync: bool) -> None:
+                 sync: bool, on_progress: Callable[[int], None] | None = None,
+                 before: int = 0) -> None:
         self.root, self.archive = root, archive
         self.targets, self.sync = targets, sync
         self.made: list[Path] = []  # directories made, fsynced at the end
@@ -136,6 +139,7 @@ class _Extractor:
         self.links: set[str] = set()
         self.files = self.bytes = 0
         self.fd = -1
+        self.on_progress, self.before, self.written_bytes = on_progress, before, 0
 
     def run(self, events: Iterator[TarEvent]) -> None:
         try:
@@ -162,6 +166,9 @@ class _Extractor:
     def _event(self, event: TarEvent) -> None:
         if isinstance(event, MemberData):
             write_all(self.fd, event.data)
+            if self.on_progress is not None:
+                self.written_bytes += len(event.data)
+                self.on_progress(self.before + self.written_bytes)
         elif isinstance(event, MemberStart):
             self._start(event)
         elif event.member.kind is MemberKind.FILE:

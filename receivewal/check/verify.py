@@ -100,7 +100,7 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
     try:
         data = read_segment(join(task.file), seg.compression, segment_size, open_binary)
     except ArchiveError as exc:
-        kind = "not_checked" if isinstance(exc, NoIdentity) else "unreadable"
+        kind = NOT_CHECKED if isinstance(exc, NoIdentity) else "unreadable"
         problem = WalProblem(kind, task.file, seg.start_lsn(segment_size), str(exc))
         return FileResult(task, None, file_bytes or 0, problems=(problem,),
                           sealed_to=sealed_to)
@@ -134,6 +134,44 @@ def _sealed_to(path: str, open_binary: Opener | None) -> str:
     except (ArchiveError, OSError) as exc:
         return f"unknown ({exc})"
     return "unknown (no recipients file)" if recipients is None else recipients.describe()
+
+
+NOT_CHECKED = "not_checked"  # a sealed file read without a key
+
+
+def verdict_of(report: ArchiveReport, *, failed_backups: int = 0,
+               unchecked_backups: int = 0) -> str:
+    """``recoverable``, ``NOT recoverable``, or ``unknown``: nothing wrong was found that
+    could be read, but files (segments, sealed backups) could not be checked without a
+    key."""
+    errors = [p for p in report.problems if p.severity == "error" and p.kind != NOT_CHECKED]
+    if errors or failed_backups:
+        return "NOT recoverable"
+    if unchecked_backups or any(p.kind == NOT_CHECKED for p in report.problems):
+        return "unknown"
+    return "recoverable" if report.recoverable else "NOT recoverable"
+
+
+def verdict_line(verdict: str) -> str:
+    """The report's last line."""
+    if verdict == "unknown":
+        return ("verdict: unknown: what was read is sound, but sealed files were not checked "
+                "(--identity FILE)")
+    return f"verdict: {verdict} end to end"
+
+
+def not_checked_line(problems: Iterable[WalProblem], results: Iterable[FileResult]
+                     ) -> str | None:
+    """One line for every sealed file that could not be read without a key: how many, to
+    whom (the recipient sets), and what reads them."""
+    files = {p.file for p in problems if p.kind == NOT_CHECKED}
+    if not files:
+        return None
+    whom = sorted({r.sealed_to for r in results
+                   if r.task.file in files and r.sealed_to is not None})
+    return (f"not checked: {len(files)} files could not be checked without a key (sealed to "
+            f"{'; '.join(whom) or 'unknown recipients'}): give --identity FILE (or "
+            "RECEIVEWAL_IDENTITY) holding one of its keys")
 
 
 def sealed_lines(results: Iterable[FileResult]) -> list[str]:
@@ -334,6 +372,8 @@ def report_json(report: ArchiveReport, results: list[FileResult]) -> dict[str, A
     by_file = {r.task.file: r for r in results}
     return {
         "recoverable": report.recoverable,
+        "verdict": verdict_of(report),
+        "not_checked": sum(p.kind == NOT_CHECKED for p in report.problems),
         "scanner": nativescan.scanner_path(),
         "segment_size": report.segment_size,
         "system_identifier": report.system_identifier,
@@ -393,16 +433,19 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
         end = "the end of the archive" if rec.complete else rec.stop_reason
         lines.append(f"recovery on timeline {rec.timeline} from {format_lsn(rec.start_lsn)} "
                      f"reaches {format_lsn(rec.end_lsn)} ({end})")
-    errors = [p for p in report.problems if p.severity == "error"]
+    listed = [p for p in report.problems if p.kind != NOT_CHECKED]
+    errors = [p for p in listed if p.severity == "error"]
     unlisted = report.unlisted_problems
     lines.append(f"problems: {len(errors)} error(s), "
-                 f"{len(report.problems) - len(errors)} warning(s)"
+                 f"{len(listed) - len(errors)} warning(s)"
                  + (f", {unlisted} more not listed" if unlisted else ""))
-    lines += ["  " + p.describe() for p in report.problems]
+    lines += ["  " + p.describe() for p in listed]
     if unlisted:
         lines.append(f"  ... and {unlisted} more problems")
-    lines.append("verdict: recoverable end to end" if report.recoverable
-                 else "verdict: NOT recoverable end to end")
+    unread = not_checked_line(report.problems, results)
+    if unread is not None:
+        lines.append(unread)
+    lines.append(verdict_line(verdict_of(report)))
     return lines
 
 

@@ -32,7 +32,9 @@ from receivewal.commands.cleanup import (
 from receivewal.commands.clickoptions import click_option
 from receivewal.commands.options import encrypt_to_recipients, prompt_password, read_password
 from receivewal.commands.verify import named_archive
+from receivewal.commands.watching import Watch
 from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.logs import configure_logging, get_logger
 from receivewal.replication.connection import build_conninfo
 from receivewal.wal.lsn import format_lsn
 
@@ -112,6 +114,12 @@ def describe(record: BackupRecord, where: str) -> str:
     "(age1..., age-keygen's public key), as stream's --encrypt-to; repeatable: any "
     f"of the recipients decrypts (env {catalog.ENCRYPT_TO.env}, whitespace between them). "
     "recover and verify then need --identity."), multiple=True)
+@click_option(catalog.PROGRESS, default=None)
+@click_option(catalog.LOG_FORMAT.but(
+    env="RECEIVEWAL_BACKUP_LOG_FORMAT",
+    help="json: what backup says on stderr as JSON events, one a line, for a "
+    "journal or a log shipper (env RECEIVEWAL_BACKUP_LOG_FORMAT)."),
+    type=click.Choice(["console", "json"]), default="console", show_default=True)
 @click_option(catalog.NO_SYNC.but(env=None, help="Do not fsync (tests only)."))
 @click_option(catalog.NO_PASSWORD.but(env=None))
 @click_option(catalog.PASSWORD)
@@ -121,7 +129,7 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
                    compress: CompressSpec, server_compress: bool, wal_wait: float,
                    encrypt_to: tuple[str, ...], no_sync: bool, keep_backups: str | None,
                    recovery_window: str | None, no_password: bool, force_password: bool,
-                   ) -> None:
+                   progress: bool | None, log_format: str) -> None:
     """Take a base backup over the replication protocol into the WAL archive (complete only
     once the archive holds its WAL from start to end)."""
     if server_compress and not compress.method:
@@ -154,12 +162,30 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
+    log = None
+    if log_format == "json":
+        configure_logging(json=True)
+        log = get_logger()
+    watch = Watch("backup", "received", log=log)
+    if progress is None:
+        progress = watch.terminal
+
+    def say(line: str) -> None:
+        if log is not None:
+            log.info("backup_said", message=line)
+        else:
+            watch.say(f"receivewal: {line}")
+
     try:
         record, where = run_backup(settings, stopping=lambda: bool(stop),
                                    prompt=None if no_password else prompt_password,
-                                   say=lambda line: click.echo(f"receivewal: {line}", err=True))
+                                   say=say, watch=watch if progress else None)
     except ReceivewalError as exc:
+        watch.clear()
         raise click.ClickException(str(exc)) from exc
+    moved = watch.finish()
+    if progress:
+        say(f"received {moved}")
     click.echo(describe(record, where))
     sys.stdout.flush()
     if policy is None:

@@ -52,6 +52,19 @@ COMPRESS = Option(
     "lz4 (.lz4), zstd (.zst) or none; a bare number is a gzip level, as in "
     "pg_receivewal.")
 
+#: backup's (pg_basebackup's -P; logical's -P is its --publication). stream takes it without
+#: -P, with its own help.
+PROGRESS = Option(
+    "progress", ("-P", "--progress/--no-progress"), FLAG, env="RECEIVEWAL_PROGRESS",
+    help="Show the bytes received of the server's estimate and the rate, as "
+    "pg_basebackup -P (default: on a terminal; off one, a line every 10 s, or "
+    "backup_progress events with --log-format json).")
+
+#: stream's.
+LOG_FORMAT = Option(
+    "log_format", ("--log-format",), TEXT, env="RECEIVEWAL_LOG_FORMAT",
+    help="auto: JSON unless stderr is a terminal.")
+
 #: stream's.
 NO_SYNC = Option(
     "no_sync", ("--no-sync",), FLAG, env="RECEIVEWAL_NO_SYNC",

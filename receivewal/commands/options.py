@@ -213,11 +213,10 @@ class StreamOptions:
     metrics_address: str | None = shared(
         catalog.METRICS_ADDRESS, Settings.metrics_address, setting="metrics_address",
         to_setting=_checked_address, example="127.0.0.1:9187")
-    log_format: str = option(
-        "auto", "--log-format", setting=None, choices=("auto", "json", "console"),
-        help="auto: JSON unless stderr is a terminal.")
-    progress: bool = option(
-        Settings.progress, "--progress", setting="progress",
+    log_format: str = shared(
+        catalog.LOG_FORMAT, "auto", setting=None, choices=("auto", "json", "console"))
+    progress: bool = shared(
+        catalog.PROGRESS.long_only(), Settings.progress, setting="progress",
         help="Keep a progress line on the terminal (also with -v): received LSN, "
         "server WAL end, MB/s, compression ratio, ETA. Never with JSON logs or off a "
         "terminal.")

@@ -18,6 +18,11 @@ from collections.abc import Callable
 #: is wrong, or the report could not be written. 0 and 1 are verdicts (recoverable, NOT
 #: recoverable), as grep and diff keep 0 and 1 for theirs and 2 for trouble.
 NOT_A_VERDICT = 2
+#: ``verify``'s verdict "unknown": nothing wrong was found in what could be read, but files
+#: sealed at rest could not be checked without a key (``--identity``).
+VERDICT_UNKNOWN = 3
+#: The exit status of each of ``verify``'s verdicts.
+VERDICT_STATUS = {"recoverable": 0, "NOT recoverable": 1, "unknown": VERDICT_UNKNOWN}
 
 
 def deliver(write: Callable[[], None], status: int) -> int:

@@ -121,11 +121,11 @@ This is receivewal {__version__}: WAL arrives pg_streampack-compressed when the 
 
 
 class UsageError(ReceivewalError):
-    """A command line pg_receivewal refuses; ``hint`` adds the "Try --help" line."""
+    """A command line pg_receivewal refuses; ``try_help`` adds the "Try --help" line."""
 
-    def __init__(self, message: str, *, hint: bool = True) -> None:
+    def __init__(self, message: str, *, try_help: bool = True) -> None:
         super().__init__(message)
-        self.hint = hint
+        self.try_help = try_help
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         if str(exc):
             _error(str(exc))
-        if exc.hint:
+        if exc.try_help:
             _hint()
         return 1
     messages = configure_messages(opts.verbose)
@@ -222,13 +222,13 @@ def check_args(opts: StreamOptions, directory: str | None) -> Settings:
     except CommandLineError as exc:
         raise UsageError(exc.words) from exc
     if refused is not None:
-        raise UsageError(str(refused), hint=False)
+        raise UsageError(str(refused), try_help=False)
     if not (opts.drop_slot or opts.create_slot):
         try:  # opendir() in pg_receivewal; the daemon lists the directory itself, once
             os.close(os.open(directory or "", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         except OSError as exc:
             raise UsageError(f'could not open directory "{directory}": '
-                             f"{exc.strerror}", hint=False) from exc
+                             f"{exc.strerror}", try_help=False) from exc
     return settings
 
 
@@ -239,13 +239,13 @@ def parse_int(text: str, name: str, low: int, high: int) -> int:
     """option_parse_int(): an int with optional surrounding white space, in range."""
     match = _C_INT.fullmatch(text)
     if match is None:
-        raise UsageError(f'invalid value "{text}" for option {name}', hint=False)
+        raise UsageError(f'invalid value "{text}" for option {name}', try_help=False)
     digits = match.group(1)
     value = int(digits) if digits.strip("+-") else 0
     if digits and not digits.strip("+-"):
-        raise UsageError(f'invalid value "{text}" for option {name}', hint=False)
+        raise UsageError(f'invalid value "{text}" for option {name}', try_help=False)
     if not low <= value <= high:
-        raise UsageError(f"{name} must be in range {low}..{high}", hint=False)
+        raise UsageError(f"{name} must be in range {low}..{high}", try_help=False)
     return value
 
 
@@ -253,7 +253,7 @@ def parse_endpos(text: str) -> int:
     """sscanf("%X/%X"): two hexadecimal numbers; anything may follow."""
     lsn = scan_lsn(text)
     if lsn is None:
-        raise UsageError(f'could not parse end position "{text}"', hint=False)
+        raise UsageError(f'could not parse end position "{text}"', try_help=False)
     return lsn
 
 

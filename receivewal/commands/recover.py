@@ -20,11 +20,13 @@ from receivewal.backup.choice import (
     time_target,
     xid_target,
 )
+from receivewal.backup.owner import choose_owner
 from receivewal.backup.recovering import LATEST, RecoverSettings, run_recover
-from receivewal.backup.settings import ACTIONS
+from receivewal.backup.settings import ACTIONS, parse_extra_setting, quote_setting
 from receivewal.commands import catalog
 from receivewal.commands.clickoptions import click_option
 from receivewal.commands.verify import named_archive
+from receivewal.commands.watching import Watch
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.wal.lsn import format_lsn
 
@@ -60,6 +62,14 @@ def _mapping(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
                                      ctx=ctx, param=param)
         found[old] = new
     return found
+
+
+def _extra_settings(ctx: click.Context, param: click.Parameter, values: tuple[str, ...],
+                    ) -> tuple[tuple[str, str], ...]:
+    try:
+        return tuple(parse_extra_setting(value) for value in values)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
 
 
 def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | None, *,
@@ -110,30 +120,60 @@ def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | 
               help="Accept a --target-time after the archive's last commit (the WAL up to it "
               "will reach the archive before the server replays it); refused otherwise, as "
               "PostgreSQL would end with FATAL at the archive's end.")
+@click.option("--owner", metavar="USER", envvar="RECEIVEWAL_RECOVER_OWNER",
+              help="The server's user, who gets every file written and must be able to read "
+              "the archive and run the restore_command (checked before anything is written; "
+              "default as root: the owner of PGDATA's parent directory; env "
+              "RECEIVEWAL_RECOVER_OWNER).")
+@click.option("--setting", "extra", multiple=True, metavar="NAME=VALUE",
+              callback=_extra_settings,
+              help="Add NAME = 'VALUE' to the recovery settings in postgresql.auto.conf "
+              "(e.g. --setting port=5433), as pgBackRest's --recovery-option; repeatable. "
+              "restore_command and recovery_target* are recover's own.")
+@click_option(catalog.PROGRESS.but(
+    help="Show the bytes unpacked of the backup's size and the rate (default: on a "
+    "terminal; off one, a line every 10 s)."), default=None)
 @click_option(catalog.NO_SYNC.but(env=None, help="Do not fsync (tests only)."))
 def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: str | None,
                     target_lsn: str | None, target_xid: str | None, target_name: str | None,
                     target_immediate: bool, target_timeline: int | None, target_action: str,
                     mapping: dict[str, str], restore_command_prefix: str | None,
-                    identity: str | None, beyond_archive: bool, no_sync: bool) -> None:
+                    identity: str | None, beyond_archive: bool, no_sync: bool,
+                    progress: bool | None, owner: str | None,
+                    extra: tuple[tuple[str, str], ...]) -> None:
     """Unpack a base backup into an empty PGDATA and set it up to recover from the archive
     (to a target, or to the archive's end); prints how to start the server."""
+    watch = Watch("recover", "unpacked")
+    try:
+        files_owner = choose_owner(owner or None, pgdata.absolute())
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
     target = read_target(target_time, target_lsn, target_xid, target_name,
                          immediate=target_immediate, timeline=target_timeline)
     settings = RecoverSettings(
         archive, pgdata.absolute(), backup_id, target, target_action, mapping,
         restore_command_prefix or default_restore_prefix(), sync=not no_sync,
-        identity=identity or None, beyond_archive=beyond_archive)
+        identity=identity or None, beyond_archive=beyond_archive,
+        on_progress=watch.update if (watch.terminal if progress is None else progress)
+        else None, on_backup=lambda record: watch.estimate(record.database_bytes),
+        owner=files_owner, owner_given=bool(owner), extra=extra)
     try:
         done = run_recover(settings)
     except ReceivewalError as exc:
+        watch.clear()
         raise click.ClickException(str(exc)) from exc
+    watch.done = done.unpacked.bytes
+    moved = watch.finish()
     record, unpacked = done.record, done.unpacked
     click.echo(f"backup {record.backup_id} (WAL from {format_lsn(record.start_lsn)} to "
                f"{format_lsn(record.end_lsn)}, ended {record.end_time.isoformat()}) unpacked: "
-               f"{unpacked.files} files, {unpacked.bytes} bytes")
+               f"{unpacked.files} files, {unpacked.bytes} bytes ({moved})")
     click.echo(f"recovery target: {target.describe()}"
                + (f", then {target_action}" if target.kind is not TargetKind.LATEST else ""))
+    if files_owner is not None:
+        click.echo(f"owned by {files_owner.name}: every file and directory written")
+    for name, value in extra:
+        click.echo(f"added to the recovery settings: {name} = {quote_setting(value)}")
     for line in done.config.removed:
         click.echo(f"removed from postgresql.auto.conf (the backup's): {line}")
     for line in done.config.overridden:

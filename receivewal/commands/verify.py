@@ -3,10 +3,12 @@
 
 Exit code 0 only when the archive is recoverable end to end; 1 when it is not, or cannot be
 read (printed as one line); 2 (:data:`~receivewal.commands.output.NOT_A_VERDICT`) for a usage
-error or a report that cannot be written. A plain command line does not come here: the console
-script runs it through :mod:`receivewal.commands.verify_call` without importing click, and the
-two paths share :func:`~receivewal.commands.verify_call.verify_text`; this command owns the
-options' help and the usage errors.
+error or a report that cannot be written; 3 (:data:`~receivewal.commands.output.VERDICT_UNKNOWN`)
+when sealed files could not be checked without a key and nothing else is wrong. A plain
+command line does not come here: the console script runs it through
+:mod:`receivewal.commands.verify_call` without importing click, and the two paths share
+:func:`~receivewal.commands.verify_call.verify_text`; this command owns the options' help and
+the usage errors.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 
 EXIT_CODES = """\b
 Exit codes: 0 recoverable end to end; 1 NOT recoverable, or the archive cannot be read;
-2 a usage error, or the report could not be written."""
+2 a usage error, or the report could not be written; 3 unknown: files sealed at rest
+could not be checked without --identity."""
 
 
 def named_archive(ctx: click.Context, param: click.Parameter, value: str) -> str:

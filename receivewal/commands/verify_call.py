@@ -106,14 +106,19 @@ def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | N
     from receivewal.check.verify import (  # noqa: PLC0415 - after the command line is read
         report_json,
         report_lines,
+        verdict_line,
+        verdict_of,
         verify_archive,
     )
+    from receivewal.commands.output import VERDICT_STATUS  # noqa: PLC0415
 
     report, results = verify_archive(archive, jobs=jobs, start_lsn=start_lsn(start),
                                      compressibility=compressibility, identity_file=identity)
     backups = check_backups(archive, identity) if _may_hold_backups(archive) else []
     failed = sum(1 for check in backups if check.failed)
     interrupted = [check for check in backups if check.interrupted]
+    unchecked = sum(1 for check in backups if check.state == "sealed")
+    verdict = verdict_of(report, failed_backups=failed, unchecked_backups=unchecked)
     if as_json:
         import json  # noqa: PLC0415 - only for --json
 
@@ -124,6 +129,7 @@ def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | N
                                     **({} if c.bytes is None else {"bytes": c.bytes})}
                                    for c in backups]
             document["interrupted_backups"] = len(interrupted)
+        document["verdict"] = verdict
         text = json.dumps(document, indent=2)
     else:
         lines = report_lines(report, archive, results)
@@ -131,8 +137,9 @@ def verify_text(archive: str, *, as_json: bool, jobs: int | None, start: str | N
             lines[-1:-1] = [f"backups: {len(backups)}, {failed} FAILED"
                             + _interrupted_words(interrupted),
                             *("  " + check.line() for check in backups)]
+        lines[-1] = verdict_line(verdict)
         text = "\n".join(lines)
-    return text, 0 if report.recoverable and not failed else 1
+    return text, VERDICT_STATUS[verdict]
 
 
 def _interrupted_words(interrupted: list[BackupCheck]) -> str:

@@ -75,10 +75,12 @@ class Failed(Event):
     name, level = "failed", "error"
     error: str
     kind: str | None = None
+    hint: str | None = None  # what the operator can do
 
     def log_fields(self) -> dict[str, Any]:
-        return {"error": self.error} if self.kind is None else \
+        fields = {"error": self.error} if self.kind is None else \
             {"error": self.error, "kind": self.kind}
+        return fields if self.hint is None else {**fields, "hint": self.hint}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,11 @@ class Disconnected(Event):
     name, level = "disconnected", "warning"
     error: str
     kind: str
+    hint: str | None = None  # what the operator can do
+
+    def log_fields(self) -> dict[str, Any]:
+        fields = {"error": self.error, "kind": self.kind}
+        return fields if self.hint is None else {**fields, "hint": self.hint}
 
     def tell(self, monitor: SessionMonitor) -> None:
         monitor.disconnected(self.error)

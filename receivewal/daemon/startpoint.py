@@ -393,8 +393,12 @@ def _read_or_create_slot(conn: ReplicationLink, settings: Settings,
     assert slot is not None
     try:
         return read_slot(conn, slot)
-    except ServerError:
-        if not settings.create_slot_if_missing or slot_exists(conn, slot):
+    except ServerError as exc:
+        if slot_exists(conn, slot):
+            raise
+        if not settings.create_slot_if_missing:
+            exc.hint = ("create it with --create-slot (receivewal stream --slot NAME "
+                        "--create-slot, once), or start with --create-slot-if-missing")
             raise
     create_slot(conn, slot, reserve_wal=True, if_not_exists=True)
     events(SlotCreated(slot, conn.describe()))

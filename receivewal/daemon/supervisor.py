@@ -199,7 +199,7 @@ class Supervisor:
                     else self._wait_for_server()
             except ReceivewalError as exc:
                 if not connected_once and not self.stop.requested:
-                    self.events(Failed(str(exc)))
+                    self.events(Failed(str(exc), hint=exc.hint))
                     return 1
                 error: ReceivewalError = exc
             else:
@@ -224,13 +224,13 @@ class Supervisor:
             self.events(ErrorCounted(kind, str(error)))
             if not error.retryable or self.settings.no_loop or \
                     (not streamed and not connected_once):
-                self.events(Failed(str(error), kind))
+                self.events(Failed(str(error), kind, error.hint))
                 return EXIT_STAY_DOWN if error.final else 1
             if isinstance(error, WalRemovedError):
                 self.events(GapDetected(str(error)))
             if isinstance(error, DiskFullError):
                 self.events(DiskFull(str(error), str(self.settings.directory)))
-            self.events(Disconnected(str(error), kind))
+            self.events(Disconnected(str(error), kind, error.hint))
             attempt = 1 if streamed and isinstance(error, ConnectionLost) else attempt + 1
             delay = backoff_delay(attempt, self.settings.reconnect_delay,
                                   self.settings.reconnect_delay_max)

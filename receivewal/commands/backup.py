@@ -112,8 +112,8 @@ def describe(record: BackupRecord, where: str) -> str:
     "(age1..., age-keygen's public key), as stream's --encrypt-to; repeatable: any "
     f"of the recipients decrypts (env {catalog.ENCRYPT_TO.env}, whitespace between them). "
     "recover and verify then need --identity."), multiple=True)
-@click_option(catalog.NO_SYNC.but(env=None, help="Do not fsync (tests only)."))
-@click_option(catalog.NO_PASSWORD.but(env=None))
+@click_option(catalog.NO_SYNC.but(help="Do not fsync (tests only)."))
+@click_option(catalog.NO_PASSWORD)
 @click_option(catalog.PASSWORD)
 @retention_options
 def backup_command(*, archive: str, dbname: str | None, host: str | None, port: str | None,

@@ -110,7 +110,7 @@ def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | 
               help="Accept a --target-time after the archive's last commit (the WAL up to it "
               "will reach the archive before the server replays it); refused otherwise, as "
               "PostgreSQL would end with FATAL at the archive's end.")
-@click_option(catalog.NO_SYNC.but(env=None, help="Do not fsync (tests only)."))
+@click_option(catalog.NO_SYNC.but(help="Do not fsync (tests only)."))
 def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: str | None,
                     target_lsn: str | None, target_xid: str | None, target_name: str | None,
                     target_immediate: bool, target_timeline: int | None, target_action: str,

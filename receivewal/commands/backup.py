@@ -116,12 +116,12 @@ def describe(record: BackupRecord, where: str) -> str:
     "recover and verify then need --identity."), multiple=True)
 @click_option(catalog.PROGRESS, default=None)
 @click_option(catalog.LOG_FORMAT.but(
-    env="RECEIVEWAL_BACKUP_LOG_FORMAT",
     help="json: what backup says on stderr as JSON events, one a line, for a "
-    "journal or a log shipper (env RECEIVEWAL_BACKUP_LOG_FORMAT)."),
-    type=click.Choice(["console", "json"]), default="console", show_default=True)
-@click_option(catalog.NO_SYNC.but(env=None, help="Do not fsync (tests only)."))
-@click_option(catalog.NO_PASSWORD.but(env=None))
+    "journal or a log shipper; auto: JSON unless stderr is a terminal (env "
+    f"{catalog.LOG_FORMAT.env})."),
+    type=click.Choice(["console", "json", "auto"]), default="console", show_default=True)
+@click_option(catalog.NO_SYNC.but(help="Do not fsync (tests only)."))
+@click_option(catalog.NO_PASSWORD)
 @click_option(catalog.PASSWORD)
 @retention_options
 def backup_command(*, archive: str, dbname: str | None, host: str | None, port: str | None,
@@ -163,7 +163,7 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
     log = None
-    if log_format == "json":
+    if log_format == "json" or (log_format == "auto" and not sys.stderr.isatty()):
         configure_logging(json=True)
         log = get_logger()
     watch = Watch("backup", "received", log=log)

@@ -48,9 +48,9 @@ ENCRYPT_TO = Option(
 #: stream's (how a value is read is each command's: their methods differ).
 COMPRESS = Option(
     "compress", ("-Z", "--compress"), TEXT, env="RECEIVEWAL_COMPRESS", metavar="METHOD[:LEVEL]",
-    help="Compress segment files at rest: METHOD[:LEVEL] with METHOD gzip (.gz), "
-    "lz4 (.lz4), zstd (.zst) or none; a bare number is a gzip level, as in "
-    "pg_receivewal.")
+    help="At rest: how the segment files are stored on disk, METHOD[:LEVEL] with METHOD "
+    "gzip (.gz), lz4 (.lz4), zstd (.zst) or none; a bare number is a gzip level, as in "
+    "pg_receivewal. Not the network: that is --compression.")
 
 #: backup's (pg_basebackup's -P; logical's -P is its --publication). stream takes it without
 #: -P, with its own help.
@@ -89,7 +89,8 @@ SLOT = Option("slot", ("-S", "--slot"), TEXT, env="RECEIVEWAL_SLOT",
 #: pg_streampack on the wire.
 COMPRESSION = Option(
     "compression", ("--compression",), TEXT, env="RECEIVEWAL_COMPRESSION",
-    help="pg_streampack algorithms to request, in order of preference, or none.")
+    help="On the wire: the pg_streampack algorithms to ask the server for, in order of "
+    "preference, or none. Not the files on disk: that is -Z/--compress.")
 
 # -- what a command tells ----------------------------------------------------------------------
 

@@ -258,7 +258,11 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
     longer needs and the WAL before the oldest kept backup, following the timeline history;
     never a .partial, a history file, WAL the daemon's slot still needs or a file waiting for
     its upload. With OLDESTKEPTWALFILE instead of a policy, remove every segment before it,
-    as pg_archivecleanup does (archive_cleanup_command = 'receivewal cleanup -D DIR %r')."""
+    as pg_archivecleanup does (archive_cleanup_command = 'receivewal cleanup -D DIR %r').
+
+    As a drop-in for pg_archivecleanup, cleanup keeps its options: -d is its debug output and
+    -n its dry run (in stream they are --dbname and --no-loop); the server's options are
+    therefore long only here (--dbname, --host, --port, --username, --slot)."""
     if directory is None and len(arguments) == 2:
         directory, arguments = arguments[0], arguments[1:]
     if not directory:

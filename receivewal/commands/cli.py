@@ -12,6 +12,7 @@ those do not take (``--help``, an unknown option, a usage error), goes to the cl
 
 from __future__ import annotations
 
+import os
 import sys
 
 TYPE_CHECKING = False  # restore's lean path loads no typing (~10 ms): see receivewal.restore
@@ -22,6 +23,19 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``receivewal`` console script."""
     args = sys.argv[1:] if argv is None else list(argv)
+    args, config = _config_named(args)
+    if config:
+        from receivewal.commands.configfile import load_config  # noqa: PLC0415 - only then
+        from receivewal.errors import ConfigurationError  # noqa: PLC0415
+
+        try:
+            load_config(config, os.environ)
+        except ConfigurationError as exc:
+            sys.stderr.write(f"receivewal: error: {exc}\n")
+            # Never 1: to PostgreSQL a restore call's 1 means "the archive lacks the file"
+            # (recovery would end there), and to verify "NOT recoverable". A usage error's 2,
+            # and a restore call's 126 (stop recovery), as for its own bad options.
+            return 126 if args[:1] == ["restore"] else 2
     if args[:1] == ["restore"]:
         from receivewal.commands import restore_options  # noqa: PLC0415 - the lean path
 
@@ -39,6 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     from receivewal.commands.group import main as click_main  # noqa: PLC0415
 
     return click_main(args)
+
+
+def _config_named(args: list[str]) -> tuple[list[str], str]:
+    """The command line without a leading ``--config FILE`` (``--config=FILE``), and the
+    configuration file it names, else ``RECEIVEWAL_CONFIG``'s (empty: none); a ``--config``
+    without its file is left to click to refuse."""
+    if args[:1] == ["--config"] and len(args) > 1:
+        return args[2:], args[1]
+    if args[:1] and args[0].startswith("--config="):
+        return args[1:], args[0].removeprefix("--config=")
+    return args, os.environ.get("RECEIVEWAL_CONFIG", "")
 
 
 def __getattr__(name: str) -> Any:

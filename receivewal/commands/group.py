@@ -11,6 +11,7 @@ imported.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -18,6 +19,7 @@ import click
 
 from receivewal import __version__
 from receivewal.commands.output import NOT_A_VERDICT
+from receivewal.errors import ConfigurationError
 from receivewal.secrets import redacted
 
 # Each command's module is imported when that command runs, not with the group: importing all
@@ -124,8 +126,27 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
 
+def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """Read the configuration file into the environment, before the command's options are
+    read (the console script has done so already: then this changes nothing)."""
+    if not value:
+        return
+    from receivewal.commands.configfile import load_config  # noqa: PLC0415 - only then
+
+    try:
+        load_config(value, os.environ)
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-?", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="receivewal")
+@click.option("--config", metavar="FILE", envvar="RECEIVEWAL_CONFIG", expose_value=False,
+              is_eager=True, callback=_load_config,
+              help="An instance's configuration file, read before the command's options: "
+              "NAME=value lines with the environment's names (RECEIVEWAL_DIRECTORY=..., "
+              "PGHOST=...), as a systemd EnvironmentFile; an option given or a variable "
+              "already set wins (env RECEIVEWAL_CONFIG).")
 def cli() -> None:
     """Stream and archive PostgreSQL WAL, with pg_streampack compression."""
 

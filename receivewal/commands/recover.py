@@ -133,7 +133,7 @@ def read_target(time: str | None, lsn: str | None, xid: str | None, name: str | 
 @click_option(catalog.PROGRESS.but(
     help="Show the bytes unpacked of the backup's size and the rate (default: on a "
     "terminal; off one, a line every 10 s)."), default=None)
-@click_option(catalog.NO_SYNC.but(env=None, help="Do not fsync (tests only)."))
+@click_option(catalog.NO_SYNC.but(help="Do not fsync (tests only)."))
 def recover_command(*, backup_id: str, pgdata: Path, archive: str, target_time: str | None,
                     target_lsn: str | None, target_xid: str | None, target_name: str | None,
                     target_immediate: bool, target_timeline: int | None, target_action: str,

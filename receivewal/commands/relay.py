@@ -50,14 +50,14 @@ PEM = click.Path(exists=True, dir_okay=False)
 @click.option("--upstream-sslrootcert", type=click.Path(dir_okay=False),
               help="CA certificates for --upstream-sslmode verify-ca/verify-full.")
 @click_option(catalog.COMPRESSION.but(
-    env=None, help="pg_streampack algorithms offered to clients, or none."),
+    help="pg_streampack algorithms offered to clients, or none."),
     default="zstd,lz4", show_default=True)
 @click.option("--min-size", type=int, default=32, show_default=True,
               help="WAL payloads smaller than this many bytes are sent plain.")
 @click.option("--zstd-level", type=int, default=1, show_default=True,
               help="zstd compression level (the module uses 1).")
 @click_option(catalog.METRICS_ADDRESS.but(
-    env=None, help="Serve Prometheus metrics at /metrics on this address: clients served and "
+    help="Serve Prometheus metrics at /metrics on this address: clients served and "
     "negotiating, refusals by reason, start-up timeouts."))
 @click_option(catalog.VERBOSE, count=True)
 def relay_command(*, listen: str, upstream: str, tls_cert: str | None, tls_key: str | None,

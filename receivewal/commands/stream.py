@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from receivewal.commands.clickoptions import naming_variables
 from receivewal.commands.options import (
     Lsn,
     Repeated,
@@ -60,7 +61,8 @@ def click_options_of(cls: type) -> Callable[[Callable[..., int]], Callable[..., 
 def _decorated(cls: type, command: Callable[..., int]) -> Callable[..., int]:
     for fld, spec, kind in reversed(declared_options(cls)):
         command = click.option(
-            *filter(None, (spec.short, spec.long)), fld.name, help=spec.help,
+            *filter(None, (spec.short, spec.long)), fld.name,
+            help=naming_variables(spec.help, [spec.env_var] if spec.env_var else []),
             is_flag=(kind is bool and "/" not in spec.long) or None, count=kind is int,
             multiple=kind is Repeated, default=fld.default,
             show_default=spec.show_default or None, envvar=spec.env_var,

@@ -24,7 +24,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from receivewal.commands import catalog
-from receivewal.commands.plain import COUNT, FLAG, KEYFILE, Option, Plain, read_options
+from receivewal.commands.plain import COUNT, FLAG, KEYFILE, PATH, Option, Plain, read_options
 from receivewal.secrets import is_private_key, key_given_as_file, redacted
 
 if TYPE_CHECKING:
@@ -35,6 +35,10 @@ LSN = "lsn"  # an LSN as text, or empty: no start (start_lsn reads it)
 #: verify's options, in the order of its --help; the click command is built from them (a
 #: count here is a number of workers: from 1).
 OPTIONS = (
+    catalog.DIRECTORY.but(
+        help="The archive: a directory or s3://BUCKET/PREFIX, as for every command (env "
+        f"{catalog.DIRECTORY.env}); scripts may still give it as the argument instead "
+        "(both: the same archive, or a usage error)."),
     catalog.JSON,
     Option("jobs", ("-j", "--jobs"), COUNT,
            help="At most this many worker processes (default: one per CPU); one per GiB of "
@@ -53,25 +57,48 @@ OPTIONS = (
 class Call(Plain):
     """One verify command line (a plain class: ``dataclasses`` costs start-up)."""
 
-    __slots__ = ("archive", "as_json", "compressibility", "identity", "jobs", "start")
+    __slots__ = ("archive", "as_json", "compressibility", "directory", "identity", "jobs",
+                 "start")
 
-    def __init__(self, archive: str, *, as_json: bool = False, jobs: int | None = None,
-                 start: str | None = None, compressibility: bool = False,
-                 identity: str | None = None) -> None:
-        self.archive, self.as_json, self.jobs = archive, as_json, jobs
+    def __init__(self, archive: str | None = None, *, directory: str | None = None,
+                 as_json: bool = False, jobs: int | None = None, start: str | None = None,
+                 compressibility: bool = False, identity: str | None = None) -> None:
+        self.archive, self.directory = archive, directory
+        self.as_json, self.jobs = as_json, jobs
         self.start, self.compressibility = start, compressibility
         self.identity = identity or None
 
+    @property
+    def where(self) -> str:
+        """The archive to verify: the argument, else ``-D`` (or its variable)."""
+        return self.archive or self.directory or ""
+
 
 def parse(args: list[str]) -> Call | None:
-    """The call ``args`` (after ``verify``) asks for, or None for click to handle."""
+    """The call ``args`` (after ``verify``) asks for, or None for click to handle (also no
+    archive, or ``-D`` and the argument naming two)."""
     import os  # noqa: PLC0415 - loaded by the interpreter's start anyway
 
-    read = read_options(args, OPTIONS, {COUNT: _count, LSN: _lsn, KEYFILE: str}, os.environ)
-    if read is None or len(read[1]) != 1:
+    # -D's variable only when the command line names no archive (the argument wins over it)
+    environ = {k: v for k, v in os.environ.items() if k != catalog.DIRECTORY.env}
+    read = read_options(args, OPTIONS, {COUNT: _count, LSN: _lsn, KEYFILE: str, PATH: _named},
+                        environ)
+    if read is None or len(read[1]) > 1:
         return None
-    values, (archive,) = read
-    return Call(archive, **values)  # type: ignore[arg-type]  # typed by OPTIONS' kinds
+    values, arguments = read
+    archive = arguments[0] if arguments else None
+    directory = values.pop("directory", None)
+    if archive is None and directory is None:
+        directory = os.environ.get(catalog.DIRECTORY.env or "") or None
+    if (archive is None and directory is None) or (archive and directory
+                                                   and archive != directory):
+        return None  # click says what is wrong
+    return Call(archive, directory=directory, **values)  # type: ignore[arg-type]
+
+
+def _named(text: str) -> str | None:
+    """An archive named (an empty name is click's usage error)."""
+    return text or None
 
 
 def _count(text: str) -> int | None:
@@ -180,7 +207,7 @@ def run(call: Call) -> int:
         return 1
     try:
         try:
-            text, status = verify_text(call.archive, as_json=call.as_json, jobs=call.jobs,
+            text, status = verify_text(call.where, as_json=call.as_json, jobs=call.jobs,
                                        start=call.start, compressibility=call.compressibility,
                                        identity=call.identity)
         except (ArchiveError, ConfigurationError, StoreError) as exc:

@@ -33,6 +33,7 @@ LEAN = frozenset({
     "receivewal", "receivewal.errors",
     "receivewal.commands", "receivewal.commands.cli", "receivewal.commands.restore_options",
     "receivewal.commands.plain", "receivewal.commands.catalog", "receivewal.secrets",
+    "receivewal.commands.configfile",  # read first when RECEIVEWAL_CONFIG names a file
     "receivewal.restore", "receivewal.restore.call", "receivewal.restore.served",
     "receivewal.restore.spoolfiles", "receivewal.restore.absence",
     "receivewal.archive", "receivewal.archive.durable",

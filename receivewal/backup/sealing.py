@@ -2,7 +2,7 @@
 ``--encrypt-to`` recipients when given, as they arrive; and a sealed backup read back.
 
 :class:`StoredForm` is what a backup directory and a bucket's backup push a tar's bytes
-through (a compressor's window and :class:`~receivewal.archive.encryption.Encryptor`'s: memory
+through (a compressor's window and :class:`~receivewal.archive.agestream.Encryptor`'s: memory
 is bounded whatever the database's size). A sealed file is ``NAME.age`` with its recipients
 file ``NAME.age.recipients`` beside it, written first, as ``stream``'s sealed segments; the
 manifest is sealed too (``backup_manifest.age``). ``backup.json`` stays plain (recovery
@@ -30,7 +30,7 @@ from receivewal.errors import ArchiveError
 from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, AtRest
 
 if TYPE_CHECKING:
-    from receivewal.archive.encryption import Encryptor
+    from receivewal.archive.agestream import Encryptor
 
 RECIPIENTS_CAP = 1 << 20
 
@@ -42,7 +42,7 @@ class StoredForm:
         self.compressor = compressor
         self.encryptor: Encryptor | None = None
         if recipients is not None:
-            from receivewal.archive.encryption import Encryptor  # noqa: PLC0415 - pyrage
+            from receivewal.archive.agestream import Encryptor  # noqa: PLC0415 - pyrage
 
             self.encryptor = Encryptor(recipients)
 
@@ -93,7 +93,7 @@ def seal_small(data: bytes, recipients: RecipientSet | None) -> bytes:
     """A small file's stored bytes (the manifest)."""
     if recipients is None:
         return data
-    from receivewal.archive.encryption import encrypt_bytes  # noqa: PLC0415 - pyrage
+    from receivewal.archive.agestream import encrypt_bytes  # noqa: PLC0415 - pyrage
 
     return encrypt_bytes(data, recipients)
 
@@ -131,7 +131,7 @@ class SealedFiles:
     def open(self, name: str) -> BinaryIO:
         if not name.endswith(ENCRYPTED_SUFFIX):
             return self.files.open(name)
-        from receivewal.archive.encryption import decrypting_reader  # noqa: PLC0415
+        from receivewal.archive.agestream import decrypting_reader  # noqa: PLC0415
 
         recipients = self.require_key(name)
         return decrypting_reader(self.files.open(name), self.unsealer.keys(),
@@ -141,7 +141,7 @@ class SealedFiles:
         if not name.endswith(ENCRYPTED_SUFFIX):
             return self.files.read_small(name, cap)
         recipients = self.require_key(name)
-        from receivewal.archive.encryption import decrypt_bytes  # noqa: PLC0415
+        from receivewal.archive.agestream import decrypt_bytes  # noqa: PLC0415
 
         raw = self.files.read_small(name, cap + (cap >> 10) + 4096)
         return decrypt_bytes(raw, self.unsealer.keys(), file=self.files.where(name),

@@ -85,7 +85,7 @@ def _chunks(row: dict[str, Any]) -> Iterator[bytes]:
         if not path.endswith(ENCRYPTED_SUFFIX):
             yield from decompress_chunks(fh, row["compression"])
             return
-        from receivewal.archive.encryption import decrypting_reader
+        from receivewal.archive.agestream import decrypting_reader
         from receivewal.archive.sealed import NoIdentity, Unsealer, read_recipients
 
         recipients = read_recipients(path, opener)

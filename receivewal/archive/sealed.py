@@ -39,6 +39,7 @@ from receivewal.archive.recipients import (
     read_age_header,
     recipients_file_text,
 )
+from receivewal.archive.storedform import Unsealing, unsealed_bytes
 from receivewal.errors import ArchiveError, ObjectNotFound
 from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX
 
@@ -229,9 +230,7 @@ class Unsealer:
         last = _LAST_DECRYPTED.get((self.key_file, file))
         if last is not None and last[0] == raw:  # the same bytes, decrypted a moment ago
             return last[1]
-        from receivewal.archive.agestream import decrypt_bytes  # noqa: PLC0415
-
-        plain = decrypt_bytes(raw, keys, file=file, recipients=recipients)
+        plain = unsealed_bytes(raw, Unsealing(keys, file, recipients))
         _LAST_DECRYPTED.clear()
         _LAST_DECRYPTED[self.key_file, file] = raw, plain
         return plain

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from receivewal.archive import durable
-from receivewal.archive.codecs import ZstdCompressor
-from receivewal.archive.compression import check_change_file_method, decompress_chunks
+from receivewal.archive.compression import CompressSpec, check_change_file_method
 from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sealed import seal_file
+from receivewal.archive.storedform import StoredForm, plain_chunks
 from receivewal.errors import ArchiveError, ConfigurationError, DiskFullError
 from receivewal.logical import records
 from receivewal.logical.assembly import Run
@@ -280,8 +280,7 @@ class ChangeLogStore:
         assert parsed is not None
         _, compression, partial = parsed
         with path.open("rb") as raw:
-            chunks = decompress_chunks(raw, compression) if compression else \
-                iter(lambda: raw.read(_CHUNK), b"")
+            chunks = plain_chunks(raw, compression)
             try:
                 found = scan_file(chunks)
             except ArchiveError as exc:  # the compressed stream is damaged
@@ -454,13 +453,13 @@ class ChangeLogStore:
         self._completed.append(self._seal(final).name)
 
     def _compress(self, partial: Path, final: Path) -> None:
-        compressor = ZstdCompressor(self.settings.level)
+        form = StoredForm(CompressSpec(self.settings.compression, self.settings.level))
         with durable.durable_file(final, self.settings.mode, sync=self.settings.sync) as out, \
-                partial.open("rb") as source:
-            out.write(compressor.begin())
+                partial.open("rb") as source, form.writer() as writer:
+            out.write(writer.begin())
             while chunk := source.read(_CHUNK):
-                out.write(compressor.compress(chunk))
-            out.write(compressor.finish())
+                out.write(writer.update(chunk))
+            out.write(writer.finish())
 
 
 def _failure(what: str, exc: OSError) -> ArchiveError:

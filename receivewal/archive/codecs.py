@@ -125,11 +125,3 @@ class ZstdCompressor:
     def finish(self) -> bytes:
         return bytes(self._z.flush(self._zstd.COMPRESSOBJ_FLUSH_FINISH))
 
-
-# -- what streampack would save (verify --compressibility) ------------------------------------
-def compressed_sizes(data: bytes | bytearray) -> tuple[int, int]:
-    """Bytes after zstd level 1 and after LZ4 (frame, default level): what streampack saves.
-    The codecs are imported here, for --compressibility only (a plain archive's verify loads
-    neither)."""
-    return (len(zstandard_module().ZstdCompressor(level=1).compress(data)),
-            len(lz4_frame().compress(data)))

@@ -36,6 +36,7 @@ from receivewal.archive.codecs import (
     ZstdCompressor,
     bounded_zstd,
     lz4_frame,
+    zstandard_module,
 )
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
@@ -367,3 +368,12 @@ def reading(path: str, open_binary: Opener | None = None) -> Iterator[BinaryIO]:
         raise ArchiveError(f"cannot read {path}: {exc}") from exc
     except StoreError as exc:  # an object of an archive in a bucket: the store's own words
         raise ArchiveError(str(exc)) from exc
+
+
+# -- what streampack would save (verify --compressibility) ------------------------------------
+def compressed_sizes(data: bytes | bytearray) -> tuple[int, int]:
+    """Bytes after zstd level 1 and after LZ4 (frame, default level): what streampack saves.
+    The codecs are imported here, for --compressibility only (a plain archive's verify loads
+    neither)."""
+    return (len(zstandard_module().ZstdCompressor(level=1).compress(data)),
+            len(lz4_frame().compress(data)))

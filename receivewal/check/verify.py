@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from receivewal.archive.codecs import compressed_sizes
-from receivewal.archive.compression import Opener, read_wal_file
+from receivewal.archive.compression import Opener, compressed_sizes, read_wal_file
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.sealed import (

@@ -12,6 +12,13 @@ never removed before it is durable again. A ``.partial`` a previous run left in 
 (:func:`~receivewal.archive.partials.settle_partials`), so a method change keeps its WAL.
 Nothing is ever opened through a symbolic link.
 
+A writer's segments are in one :class:`~receivewal.archive.storedform.StoredForm` (``-Z``'s
+compression and ``--encrypt-to``'s recipients, :attr:`SegmentWriter.form`): a ``.partial`` is
+the form's compression alone, written through the form's writer, and a completed segment
+gets the form's name, sealed (its recipients file first) once it is checked. The two writers
+differ in how a ``.partial`` is written, not in what is stored: in place, preallocated, for a
+plain one; as a stream from its first byte for a compressed one.
+
 The file primitives they use (preallocation, opening without following links, the crash
 tests' kill points) are in :mod:`receivewal.archive.files`.
 """
@@ -443,10 +450,11 @@ def open_segment_writer(archive: Archive, segment_size: int, timeline: int, star
                         compress: CompressSpec = NO_COMPRESSION, *, kept: int = 0,
                         stopping: Callable[[], bool] | None = None,
                         sealing: Sealing | None = None) -> SegmentWriter:
-    """A writer for plain segments, or for compressed ones when ``compress`` names a method;
-    ``kept``: the LSN up to which the last run made this timeline's WAL durable (a plain
-    ``.partial`` keeps it); ``stopping`` (whether a stop signal came) bounds its waits for the
-    disk after one; ``sealing`` (``--encrypt-to``): each completed segment is sealed."""
+    """A writer for plain segments, or for compressed ones when ``compress`` names a method,
+    in the stored form of ``compress`` and ``sealing``'s recipients; ``kept``: the LSN up to
+    which the last run made this timeline's WAL durable (a plain ``.partial`` keeps it);
+    ``stopping`` (whether a stop signal came) bounds its waits for the disk after one;
+    ``sealing`` (``--encrypt-to``): each completed segment is sealed."""
     if compress.method:  # a compressed .partial is rewritten from its start: nothing kept
         return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress,
                                        stopping=stopping, sealing=sealing)

@@ -36,15 +36,13 @@ from pathlib import Path
 
 from support.agekeys import age_command, new_identity_file
 
-from receivewal.archive.encryption import (
+from receivewal.archive.agestream import (
     Encryptor,
-    Keys,
     decrypt_stream,
     decrypting_reader,
     encrypt_stream,
-    load_identity_file,
-    recipients_of,
 )
+from receivewal.archive.encryption import Keys, load_identity_file, recipients_of
 from receivewal.archive.recipients import RecipientSet
 
 MB = 1e6

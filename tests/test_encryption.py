@@ -25,19 +25,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.agekeys import KeyPair, age_command, age_keygen, new_identity_file
 
-from receivewal.archive.codecs import GzipCompressor, ZstdCompressor
-from receivewal.archive.compression import CorruptFile, decompress_chunks
-from receivewal.archive.directory import Archive
-from receivewal.archive.encryption import (
+from receivewal.archive.agestream import (
     DecryptionFailed,
     Encryptor,
-    KeyFileError,
-    Keys,
     decrypt_bytes,
     decrypt_stream,
     decrypting_reader,
     encrypt_bytes,
     encrypt_stream,
+)
+from receivewal.archive.codecs import GzipCompressor, ZstdCompressor
+from receivewal.archive.compression import CorruptFile, decompress_chunks
+from receivewal.archive.directory import Archive
+from receivewal.archive.encryption import (
+    KeyFileError,
+    Keys,
     load_identity_file,
     parse_recipient,
     recipients_of,

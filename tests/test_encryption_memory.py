@@ -21,8 +21,9 @@ LIMIT_KB = 100 * 1000
 
 CHILD = """
 import hashlib, os, sys, threading
-from receivewal.archive.encryption import (Encryptor, decrypt_stream, decrypting_reader,
-    encrypt_stream, load_identity_file, recipients_of)
+from receivewal.archive.agestream import (Encryptor, decrypt_stream, decrypting_reader,
+    encrypt_stream)
+from receivewal.archive.encryption import load_identity_file, recipients_of
 
 keys = load_identity_file(sys.argv[1])
 to = recipients_of(keys.public)

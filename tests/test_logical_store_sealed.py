@@ -14,7 +14,8 @@ from support.agekeys import KeyPair, new_identity_file
 from support.changelog import Record, consume, file_records, log_files, open_store, runs
 from test_logical_store import WORK, reference
 
-from receivewal.archive.encryption import decrypt_bytes, load_identity_file
+from receivewal.archive.agestream import decrypt_bytes
+from receivewal.archive.encryption import load_identity_file
 from receivewal.archive.recipients import recipient_set
 from receivewal.errors import ArchiveError
 from receivewal.logical.store import SEALED_THROUGH

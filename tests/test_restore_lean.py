@@ -24,7 +24,7 @@ from support.agekeys import new_identity_file
 from support.walgen import wal_segment
 
 from receivewal import restore
-from receivewal.archive.encryption import encrypt_bytes
+from receivewal.archive.agestream import encrypt_bytes
 from receivewal.archive.objectstore import is_bucket_url
 from receivewal.archive.recipients import recipient_set, recipients_file_text
 from receivewal.restore import call

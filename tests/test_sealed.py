@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.agekeys import KeyPair, age_command, new_identity_file
 
-from receivewal.archive import encryption, sealed
+from receivewal.archive import agestream, sealed
 from receivewal.archive.directory import Archive
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.recipients import NotARecipient, recipient_set
@@ -48,7 +48,7 @@ def test_the_check_without_a_key_names_what_is_wrong(tmp_path: Path, key: KeyPai
     or a file that is no age file: each is a reason naming the file."""
     other = new_identity_file(tmp_path / "other.txt")
     path = tmp_path / "F.age"
-    path.write_bytes(encryption.encrypt_bytes(b"wal", recipient_set([key.recipient])))
+    path.write_bytes(agestream.encrypt_bytes(b"wal", recipient_set([key.recipient])))
     assert "has no recipients file" in str(sealed.sealed_problem(str(path)))
     sealed.write_recipients_file(path, recipient_set([key.recipient, other.recipient]))
     assert "lists 2" in str(sealed.sealed_problem(str(path)))
@@ -64,7 +64,7 @@ def test_the_unsealer_says_who_can_read_a_file_without_or_with_the_wrong_key(
     wrong = new_identity_file(tmp_path / "wrong.txt")
     recipients = recipient_set([key.recipient])
     path = tmp_path / "F.zst.age"
-    path.write_bytes(encryption.encrypt_bytes(b"segment", recipients))
+    path.write_bytes(agestream.encrypt_bytes(b"segment", recipients))
     sealed.write_recipients_file(path, recipients)
     with pytest.raises(sealed.NoIdentity) as none:
         sealed.Unsealer(None).opened(str(path), 1 << 20)
@@ -83,21 +83,21 @@ def test_a_file_read_twice_in_a_row_is_decrypted_once(tmp_path: Path, key: KeyPa
     changed file is decrypted again."""
     recipients = recipient_set([key.recipient])
     path = tmp_path / "F.age"
-    path.write_bytes(encryption.encrypt_bytes(b"one", recipients))
+    path.write_bytes(agestream.encrypt_bytes(b"one", recipients))
     sealed.write_recipients_file(path, recipients)
     calls = []
-    real = encryption.decrypt_bytes
+    real = agestream.decrypt_bytes
 
     def counted(*args: object, **kwargs: object) -> bytes:
         calls.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(encryption, "decrypt_bytes", counted)
+    monkeypatch.setattr(agestream, "decrypt_bytes", counted)
     unsealer = sealed.Unsealer(str(key.path))
     assert unsealer.opened(str(path), 1 << 20).read() == b"one"
     assert unsealer.opened(str(path), 1 << 20).read() == b"one"
     assert len(calls) == 1
-    path.write_bytes(encryption.encrypt_bytes(b"two", recipients))
+    path.write_bytes(agestream.encrypt_bytes(b"two", recipients))
     assert unsealer.opened(str(path), 1 << 20).read() == b"two"
     assert len(calls) == 2
 
@@ -107,7 +107,7 @@ def test_the_decrypting_opener_pickles_without_its_keys(tmp_path: Path, key: Key
     goes, never a loaded key; the copy decrypts."""
     recipients = recipient_set([key.recipient])
     path = tmp_path / "F.age"
-    path.write_bytes(encryption.encrypt_bytes(b"wal", recipients))
+    path.write_bytes(agestream.encrypt_bytes(b"wal", recipients))
     sealed.write_recipients_file(path, recipients)
     opener = sealed.DecryptingOpener(None, str(key.path), 1 << 20)
     assert opener(str(path)).read() == b"wal"

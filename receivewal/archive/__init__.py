@@ -9,4 +9,8 @@ written at once (the identity, lock, upload and state records, a restored ``%p``
 spool's files) is a temporary file durable created (``O_CREAT|O_EXCL``, never through a link);
 a file received over time (a segment, a change log) is written under its ``.partial`` name by
 its one writer. Nothing else is written but scratch files and analyze's report.
+
+What a file is at rest (compressed, then sealed) is :mod:`~receivewal.archive.storedform`'s:
+the one writer and the one reader of the stored form, over the table of compression methods
+and the age files.
 """

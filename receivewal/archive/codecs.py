@@ -124,3 +124,4 @@ class ZstdCompressor:
 
     def finish(self) -> bytes:
         return bytes(self._z.flush(self._zstd.COMPRESSOBJ_FLUSH_FINISH))
+

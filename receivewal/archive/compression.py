@@ -36,15 +36,13 @@ from receivewal.archive.codecs import (
     ZstdCompressor,
     bounded_zstd,
     lz4_frame,
+    zstandard_module,
 )
 from receivewal.archive.reading import open_regular
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import PARTIAL_SUFFIX, AtRest
 
-METHODS = {"none": "", **{fmt.value: fmt.value for fmt in AtRest if fmt}}
-# (min, max, default) levels, as PostgreSQL 15 validates them
-_LEVELS = {"gzip": (1, 9, -1), "lz4": (1, 12, 0), "zstd": (-131072, 22, 3)}
 _C_INTEGER = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")  # what strtol() consumes entirely
 _CHUNK = 1 << 20
 
@@ -64,80 +62,6 @@ class CompressSpec:
 
 
 NO_COMPRESSION = CompressSpec()
-
-
-def _strtol_whole(text: str) -> int | None:
-    """The integer when C's strtol() would consume all of ``text``, else None."""
-    return int(text) if _C_INTEGER.fullmatch(text) else None
-
-
-def parse_compress_option(option: str) -> CompressSpec:
-    """Parse ``-Z`` as pg_receivewal 15 does; ConfigurationError carries its message."""
-    detail: str | None
-    if option == "" or _C_INTEGER.fullmatch(option):
-        if int(option or "0") == 0:
-            return NO_COMPRESSION
-        algorithm, detail = "gzip", option
-    else:
-        algorithm, sep, rest = option.partition(":")
-        detail = rest if sep else None
-    if algorithm not in METHODS:
-        raise ConfigurationError(f'unrecognized compression algorithm: "{algorithm}"')
-    level, workers = _parse_detail(detail)
-    problem = _validate(algorithm, level, workers)
-    if problem:
-        raise ConfigurationError(f"invalid compression specification: {problem}")
-    method = METHODS[algorithm]
-    if not method:
-        return NO_COMPRESSION
-    default = _LEVELS[method][2]
-    return CompressSpec(method, None if level in (None, default) else level, workers or 0)
-
-
-def _parse_detail(detail: str | None) -> tuple[int | None, int | None]:
-    """(level, workers) from a compression detail; ConfigurationError on bad syntax."""
-    if detail is None:
-        return None, None
-    bare = _strtol_whole(detail)
-    if bare is not None:
-        return bare, None
-    level = workers = None
-    for item in detail.split(","):
-        keyword, has_value, value = item.partition("=")
-        if not keyword:
-            raise ConfigurationError("invalid compression specification: found empty string "
-                                     "where a compression option was expected")
-        if keyword not in ("level", "workers"):
-            raise ConfigurationError("invalid compression specification: unrecognized "
-                                     f'compression option: "{keyword}"')
-        if not has_value:
-            raise ConfigurationError(f'invalid compression specification: compression option '
-                                     f'"{keyword}" requires a value')
-        number = _strtol_whole(value)
-        if number is None:
-            raise ConfigurationError(f'invalid compression specification: value for '
-                                     f'compression option "{keyword}" must be an integer')
-        if keyword == "level":
-            level = number
-        else:
-            workers = number
-    return level, workers
-
-
-def _validate(algorithm: str, level: int | None, workers: int | None) -> str | None:
-    """PostgreSQL's validate_compress_specification(): the problem, or None."""
-    if level is not None:
-        if algorithm == "none":
-            if level != 0:
-                return f'compression algorithm "{algorithm}" does not accept a compression level'
-        else:
-            low, high, default = _LEVELS[algorithm]
-            if not low <= level <= high and level != default:
-                return (f'compression algorithm "{algorithm}" expects a compression level '
-                        f"between {low} and {high} (default at {default})")
-    if workers is not None and algorithm != "zstd":
-        return f'compression algorithm "{algorithm}" does not accept a worker count'
-    return None
 
 
 # -- the table of at-rest formats ---------------------------------------------------------------
@@ -195,23 +119,138 @@ def _no_errors() -> tuple[type[Exception], ...]:
 
 @dataclass(frozen=True)
 class Codec:
-    """How one at-rest format is written and read (None: plain bytes, no codec); ``errors``
-    are the decoder's own exceptions for damaged data besides zlib's, RuntimeError, EOFError."""
+    """One compression method: how the option names it, the levels PostgreSQL 15 accepts
+    (``levels``: min, max, default; None for none), how its at-rest format is written and read
+    (None: plain bytes, no codec), and whether the change log's files take it. ``errors`` are
+    the decoder's own exceptions for damaged data besides zlib's, RuntimeError, EOFError."""
 
     fmt: AtRest
+    name: str
+    levels: tuple[int, int, int] | None
     compressor: Callable[[CompressSpec], Compressor] | None
     decoder: Callable[[], Decoder] | None
     errors: Callable[[], tuple[type[Exception], ...]] = _no_errors
+    change_files: bool = False
 
 
+#: The one table of compression methods (every ``--compress``/``-Z`` parses against it, every
+#: at-rest file is written and read by it), from none to the strongest.
 FORMATS: dict[AtRest, Codec] = {
-    AtRest.PLAIN: Codec(AtRest.PLAIN, None, None),
-    AtRest.GZIP: Codec(AtRest.GZIP, lambda spec: GzipCompressor(spec.level), GzipDecoder),
-    AtRest.LZ4: Codec(AtRest.LZ4, lambda spec: Lz4Compressor(spec.level), _lz4_decoder),
-    AtRest.ZSTD: Codec(AtRest.ZSTD, lambda spec: ZstdCompressor(spec.level, spec.workers),
-                       _zstd_decoder, lambda: (bounded_zstd().ZstdError,)),
+    AtRest.PLAIN: Codec(AtRest.PLAIN, "none", None, None, None, change_files=True),
+    AtRest.GZIP: Codec(AtRest.GZIP, "gzip", (1, 9, -1),
+                       lambda spec: GzipCompressor(spec.level), GzipDecoder),
+    AtRest.LZ4: Codec(AtRest.LZ4, "lz4", (1, 12, 0),
+                      lambda spec: Lz4Compressor(spec.level), _lz4_decoder),
+    AtRest.ZSTD: Codec(AtRest.ZSTD, "zstd", (-131072, 22, 3),
+                       lambda spec: ZstdCompressor(spec.level, spec.workers),
+                       _zstd_decoder, lambda: (bounded_zstd().ZstdError,), change_files=True),
 }
 assert set(FORMATS) == set(AtRest), "every at-rest format has a codec"
+#: The methods by the name the options give them.
+METHODS = {codec.name: codec for codec in FORMATS.values()}
+
+
+def _strtol_whole(text: str) -> int | None:
+    """The integer when C's strtol() would consume all of ``text``, else None."""
+    return int(text) if _C_INTEGER.fullmatch(text) else None
+
+
+def parse_compress_option(option: str, *, named: bool = False,
+                          change_files: bool = False) -> CompressSpec:
+    """Parse ``-Z`` as pg_receivewal 15 does; ConfigurationError carries its message. With
+    ``named`` (``backup --compress``) the method must be named (no bare gzip level); with
+    ``change_files`` (``logical -Z``) it must be one the change log's files take."""
+    if named and option.partition(":")[0] not in METHODS:
+        offered = ", ".join(reversed(METHODS))  # the strongest first, none last
+        raise ConfigurationError(f"{option!r}: one of {offered}, with :LEVEL")
+    spec = _parse_pg_compression(option)
+    if change_files and not codec_of(spec.method).change_files:
+        raise ConfigurationError(f"change files can be compressed with {_change_file_methods()} "
+                                 f'only, not "{option}"')
+    return spec
+
+
+def _change_file_methods() -> str:
+    """The methods the change log's files take, as a message says them (none aside)."""
+    return " or ".join(codec.name for codec in FORMATS.values()
+                       if codec.change_files and codec.compressor is not None)
+
+
+def check_change_file_method(method: str) -> None:
+    """ConfigurationError unless the change log's files take ``method`` ("" for none)."""
+    if method not in (codec.fmt.value for codec in FORMATS.values() if codec.change_files):
+        raise ConfigurationError(f"the change log can be compressed with "
+                                 f"{_change_file_methods()} only, not {method!r}")
+
+
+def _parse_pg_compression(option: str) -> CompressSpec:
+    """``-Z``'s grammar, as pg_receivewal 15 reads it."""
+    detail: str | None
+    if option == "" or _C_INTEGER.fullmatch(option):
+        if int(option or "0") == 0:
+            return NO_COMPRESSION
+        algorithm, detail = "gzip", option
+    else:
+        algorithm, sep, rest = option.partition(":")
+        detail = rest if sep else None
+    if algorithm not in METHODS:
+        raise ConfigurationError(f'unrecognized compression algorithm: "{algorithm}"')
+    level, workers = _parse_detail(detail)
+    problem = _validate(METHODS[algorithm], level, workers)
+    if problem:
+        raise ConfigurationError(f"invalid compression specification: {problem}")
+    levels = METHODS[algorithm].levels
+    if levels is None:
+        return NO_COMPRESSION
+    return CompressSpec(METHODS[algorithm].fmt.value, None if level in (None, levels[2]) else level,
+                        workers or 0)
+
+
+def _parse_detail(detail: str | None) -> tuple[int | None, int | None]:
+    """(level, workers) from a compression detail; ConfigurationError on bad syntax."""
+    if detail is None:
+        return None, None
+    bare = _strtol_whole(detail)
+    if bare is not None:
+        return bare, None
+    level = workers = None
+    for item in detail.split(","):
+        keyword, has_value, value = item.partition("=")
+        if not keyword:
+            raise ConfigurationError("invalid compression specification: found empty string "
+                                     "where a compression option was expected")
+        if keyword not in ("level", "workers"):
+            raise ConfigurationError("invalid compression specification: unrecognized "
+                                     f'compression option: "{keyword}"')
+        if not has_value:
+            raise ConfigurationError(f'invalid compression specification: compression option '
+                                     f'"{keyword}" requires a value')
+        number = _strtol_whole(value)
+        if number is None:
+            raise ConfigurationError(f'invalid compression specification: value for '
+                                     f'compression option "{keyword}" must be an integer')
+        if keyword == "level":
+            level = number
+        else:
+            workers = number
+    return level, workers
+
+
+def _validate(codec: Codec, level: int | None, workers: int | None) -> str | None:
+    """PostgreSQL's validate_compress_specification(): the problem, or None."""
+    algorithm = codec.name
+    if level is not None:
+        if codec.levels is None:
+            if level != 0:
+                return f'compression algorithm "{algorithm}" does not accept a compression level'
+        else:
+            low, high, default = codec.levels
+            if not low <= level <= high and level != default:
+                return (f'compression algorithm "{algorithm}" expects a compression level '
+                        f"between {low} and {high} (default at {default})")
+    if workers is not None and codec.fmt is not AtRest.ZSTD:
+        return f'compression algorithm "{algorithm}" does not accept a worker count'
+    return None
 
 
 def codec_of(method: str) -> Codec:
@@ -329,3 +368,12 @@ def reading(path: str, open_binary: Opener | None = None) -> Iterator[BinaryIO]:
         raise ArchiveError(f"cannot read {path}: {exc}") from exc
     except StoreError as exc:  # an object of an archive in a bucket: the store's own words
         raise ArchiveError(str(exc)) from exc
+
+
+# -- what streampack would save (verify --compressibility) ------------------------------------
+def compressed_sizes(data: bytes | bytearray) -> tuple[int, int]:
+    """Bytes after zstd level 1 and after LZ4 (frame, default level): what streampack saves.
+    The codecs are imported here, for --compressibility only (a plain archive's verify loads
+    neither)."""
+    return (len(zstandard_module().ZstdCompressor(level=1).compress(data)),
+            len(lz4_frame().compress(data)))

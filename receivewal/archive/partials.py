@@ -24,12 +24,12 @@ from receivewal.archive.compression import (
     CompressSpec,
     CorruptFile,
     decompress_chunks,
-    new_compressor,
     open_local,
 )
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.durable import durable_file
 from receivewal.archive.files import preallocate
+from receivewal.archive.storedform import StoredForm
 from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import AtRest, SegmentFile
@@ -221,8 +221,7 @@ def _convert(archive: Archive, source: PartialFile, form: AtRest, compress: Comp
                 preallocate(out.fileno(), segment_size)
                 out.write(wal)
             else:
-                compressor = new_compressor(compress)
-                out.write(compressor.begin() + compressor.compress(wal) + compressor.finish())
+                out.write(StoredForm(compress).stored_bytes(wal))
     except OSError as exc:
         raise os_error(exc, f'could not convert "{source.path}" to "{target}"') from exc
     return PartialFile(target, segment, source.valid, target.stat().st_mtime_ns)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from receivewal.errors import ArchiveError
 
@@ -28,6 +28,13 @@ HISTORY_FILE_CAP = 16 << 20
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"))
+
+
+class Readable(Protocol):
+    """What is read from as a stream (a file, an object's body, a decrypting reader, a pipe):
+    ``read(n)`` returns at most ``n`` bytes, b"" at the end."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 class NotRegularFile(ArchiveError):  # noqa: N818 - reads as what the caller is told

@@ -4,7 +4,7 @@ back with an identity file or checked without one.
 Sealing (the writers': ``stream`` at a segment's completion; ``backup`` and ``logical`` call
 the same pieces): :func:`seal_stream` writes ``F.recipients`` durably, then the age file ``F``
 through a temporary file that :func:`~receivewal.archive.durable.finish_file` names, in bounded
-memory (:func:`~receivewal.archive.encryption.encrypt_stream`); :func:`seal_file` turns a
+memory (:func:`~receivewal.archive.agestream.encrypt_stream`); :func:`seal_file` turns a
 completed file ``P`` into ``P.age`` and removes ``P``; :func:`adopt_recipients` records the set
 in the archive's identity record before anything is encrypted to it. :class:`Sealing` is what a
 segment writer is given.
@@ -24,11 +24,11 @@ import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO
 
 from receivewal.archive.durable import durable_file, sync_path, write_file_durably
 from receivewal.archive.identity import ArchiveIdentity
-from receivewal.archive.reading import open_regular
+from receivewal.archive.reading import Readable, open_regular
 from receivewal.archive.recipients import (
     AGE_HEADER_CAP,
     RECIPIENTS_FILE_CAP,
@@ -39,6 +39,7 @@ from receivewal.archive.recipients import (
     read_age_header,
     recipients_file_text,
 )
+from receivewal.archive.storedform import Unsealing, unsealed_bytes
 from receivewal.errors import ArchiveError, ObjectNotFound
 from receivewal.secrets import IDENTITY_ENV
 from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX
@@ -47,10 +48,6 @@ if TYPE_CHECKING:
     from receivewal.archive.compression import Opener
     from receivewal.archive.encryption import Keys
 
-
-
-class _Readable(Protocol):
-    def read(self, size: int = -1, /) -> bytes: ...
 
 
 def sealed_cap(segment_size: int) -> int:
@@ -111,14 +108,14 @@ def write_recipients_file(target: Path, recipients: RecipientSet, *, mode: int =
                        recipients_file_text(recipients), mode=mode, sync=sync)
 
 
-def seal_stream(source: _Readable, target: Path, recipients: RecipientSet, *,
+def seal_stream(source: Readable, target: Path, recipients: RecipientSet, *,
                 mode: int = 0o600, sync: bool = True) -> int:
     """Encrypt what ``source`` reads to ``recipients`` as the age file ``target``
     (``NAME[.zst].age``), its recipients file written durably first; ``target`` gets its name
     only once whole and fsynced (a crash leaves a temporary file, or the recipients file
     alone: both are rewritten when the file is sealed again). Memory: constant. Returns the
     bytes of ``target``. Raises OSError, ArchiveError when age refuses."""
-    from receivewal.archive.encryption import encrypt_stream  # noqa: PLC0415 - pyrage's user
+    from receivewal.archive.agestream import encrypt_stream  # noqa: PLC0415 - pyrage's user
 
     assert target.name.endswith(ENCRYPTED_SUFFIX), target
     write_recipients_file(target, recipients, mode=mode, sync=sync)
@@ -230,9 +227,7 @@ class Unsealer:
         last = _LAST_DECRYPTED.get((self.key_file, file))
         if last is not None and last[0] == raw:  # the same bytes, decrypted a moment ago
             return last[1]
-        from receivewal.archive.encryption import decrypt_bytes  # noqa: PLC0415
-
-        plain = decrypt_bytes(raw, keys, file=file, recipients=recipients)
+        plain = unsealed_bytes(raw, Unsealing(keys, file, recipients))
         _LAST_DECRYPTED.clear()
         _LAST_DECRYPTED[self.key_file, file] = raw, plain
         return plain

@@ -12,6 +12,13 @@ never removed before it is durable again. A ``.partial`` a previous run left in 
 (:func:`~receivewal.archive.partials.settle_partials`), so a method change keeps its WAL.
 Nothing is ever opened through a symbolic link.
 
+A writer's segments are in one :class:`~receivewal.archive.storedform.StoredForm` (``-Z``'s
+compression and ``--encrypt-to``'s recipients, :attr:`SegmentWriter.form`): a ``.partial`` is
+the form's compression alone, written through the form's writer, and a completed segment
+gets the form's name, sealed (its recipients file first) once it is checked. The two writers
+differ in how a ``.partial`` is written, not in what is stored: in place, preallocated, for a
+plain one; as a stream from its first byte for a compressed one.
+
 The file primitives they use (preallocation, opening without following links, the crash
 tests' kill points) are in :mod:`receivewal.archive.files`.
 """
@@ -23,8 +30,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from receivewal.archive.codecs import Compressor
-from receivewal.archive.compression import NO_COMPRESSION, CompressSpec, new_compressor
+from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.durable import create_temporary, finish_file, sync_file, write_all
 from receivewal.archive.files import (
@@ -37,15 +43,11 @@ from receivewal.archive.files import (
 )
 from receivewal.archive.layout import check_continuity, plan_writes, take_range
 from receivewal.archive.sealed import Sealing, seal_stream, sealed_input
+from receivewal.archive.storedform import FormWriter, StoredForm
 from receivewal.archive.syncer import WRITE_BEHIND_BYTES, SegmentSyncer
 from receivewal.errors import ArchiveError, ArchiveNotDurable
 from receivewal.wal.lsn import format_lsn
-from receivewal.wal.names import (
-    COMPRESSION_SUFFIXES,
-    PARTIAL_SUFFIX,
-    encrypted_file_name,
-    wal_file_name,
-)
+from receivewal.wal.names import COMPRESSION_SUFFIXES, PARTIAL_SUFFIX, wal_file_name
 
 
 class SegmentWriter:
@@ -66,13 +68,14 @@ class SegmentWriter:
     the start. A compressed ``.partial`` is rewritten from its first byte: it keeps nothing.
     """
 
-    suffix = ""  # compression suffix of the files written
-
     def __init__(self, archive: Archive, segment_size: int, timeline: int, start_lsn: int, *,
                  kept: int = 0, stopping: Callable[[], bool] | None = None,
-                 sealing: Sealing | None = None) -> None:
+                 sealing: Sealing | None = None, compress: CompressSpec = NO_COMPRESSION,
+                 ) -> None:
         self.archive = archive
         self.sealing = sealing  # --encrypt-to: each segment sealed when it is completed
+        #: the completed segment's stored form; a .partial is its compression alone
+        self.form = StoredForm(compress, None if sealing is None else sealing.recipients)
         self.segment_size = segment_size
         self.timeline = timeline
         self.position = start_lsn
@@ -88,6 +91,11 @@ class SegmentWriter:
         # in the background while the next one is received
         self.syncer = SegmentSyncer(stopping) if archive.sync else None
         self._behind = 0  # offset in the open segment up to which writeback was started
+
+    @property
+    def suffix(self) -> str:
+        """The compression suffix of the files written."""
+        return self.form.compression().suffix
 
     @property
     def flushed(self) -> int:
@@ -284,8 +292,8 @@ class SegmentWriter:
         assert self._fd is not None
         assert self._segno is not None
         assert self._path is not None
-        name = wal_file_name(self.timeline, self._segno, self.segment_size) + self.suffix
-        final = name if self.sealing is None else encrypted_file_name(name)
+        wal = wal_file_name(self.timeline, self._segno, self.segment_size)
+        name, final = self.form.compression().name(wal), self.form.name(wal)
         fd, path = self._fd, self._path
         self._fd, self._segno = None, None
         if self.syncer is not None:
@@ -316,7 +324,7 @@ class SegmentWriter:
         segment's ``.partial`` files. Until the sealed file is durable, ``path`` keeps the WAL
         (and none of it counts as flushed before this job ends)."""
         assert self.sealing is not None
-        target = self.archive.directory / encrypted_file_name(name)
+        target = self.archive.directory / self.form.sealing().name(name)
         try:
             with os.fdopen(fd, "rb", closefd=True) as fh:
                 raw = sealed_input(fh, name, self.segment_size, self.sealing, str(path))
@@ -354,10 +362,8 @@ class CompressedSegmentWriter(SegmentWriter):
                  compress: CompressSpec, *, stopping: Callable[[], bool] | None = None,
                  sealing: Sealing | None = None) -> None:
         super().__init__(archive, segment_size, timeline, start_lsn, stopping=stopping,
-                         sealing=sealing)
-        self.compress = compress
-        self.suffix = COMPRESSION_SUFFIXES[compress.method]
-        self._compressor: Compressor | None = None
+                         sealing=sealing, compress=compress)
+        self._compressor: FormWriter | None = None  # the open file's: its form's compression
         self._old: tuple[Path, int] | None = None  # the .partial to replace, and its WAL bytes
         self._written = False
 
@@ -391,9 +397,9 @@ class CompressedSegmentWriter(SegmentWriter):
                 f'cannot append to compressed file "{path}" at {format_lsn(self.position)}: '
                 "a compressed segment is written from its start"
             )
-        old = held_wal(path, self.compress.method)
+        old = held_wal(path, self.form.method)
         self._old = (path, old)
-        compressor = new_compressor(self.compress)
+        compressor = self.form.compression().writer()
         fd, tmp = self._create_temporary(path)
         try:
             write_all(fd, compressor.begin())
@@ -420,7 +426,7 @@ class CompressedSegmentWriter(SegmentWriter):
     def _pwrite(self, fd: int, pieces: list[memoryview], offset: int) -> None:
         assert self._compressor is not None
         for piece in pieces:
-            self._append(self._compressor.compress(piece))
+            self._append(self._compressor.update(piece))
         if not self._written:
             self._written = True
             crash_point(self._crash, "first_write")
@@ -431,7 +437,7 @@ class CompressedSegmentWriter(SegmentWriter):
         self._compressor, self._old = None, None
         super()._complete()
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes | memoryview) -> None:
         assert self._fd is not None
         try:
             write_all(self._fd, data)
@@ -444,10 +450,11 @@ def open_segment_writer(archive: Archive, segment_size: int, timeline: int, star
                         compress: CompressSpec = NO_COMPRESSION, *, kept: int = 0,
                         stopping: Callable[[], bool] | None = None,
                         sealing: Sealing | None = None) -> SegmentWriter:
-    """A writer for plain segments, or for compressed ones when ``compress`` names a method;
-    ``kept``: the LSN up to which the last run made this timeline's WAL durable (a plain
-    ``.partial`` keeps it); ``stopping`` (whether a stop signal came) bounds its waits for the
-    disk after one; ``sealing`` (``--encrypt-to``): each completed segment is sealed."""
+    """A writer for plain segments, or for compressed ones when ``compress`` names a method,
+    in the stored form of ``compress`` and ``sealing``'s recipients; ``kept``: the LSN up to
+    which the last run made this timeline's WAL durable (a plain ``.partial`` keeps it);
+    ``stopping`` (whether a stop signal came) bounds its waits for the disk after one;
+    ``sealing`` (``--encrypt-to``): each completed segment is sealed."""
     if compress.method:  # a compressed .partial is rewritten from its start: nothing kept
         return CompressedSegmentWriter(archive, segment_size, timeline, start_lsn, compress,
                                        stopping=stopping, sealing=sealing)

@@ -6,7 +6,6 @@ The flow of ``receivewal backup``, top to bottom, and the halves of ``recover`` 
     copystream     the COPY stream's messages: new archive, data, progress, manifest (pure)
     tar            a streaming tar reader: members and their data in pieces (pure)
     manifest       backup_manifest, its own checksum, the check of the files against it (pure)
-    inflate        a server-compressed archive decoded on its way through (pure)
     receipt        the stream fed in, every file hashed, compared with the manifest (pure)
     transfer       BASE_BACKUP over a link, into a backup directory
     directory      ARCHIVE/backups/<id>/: archives, manifest, the record last (files)

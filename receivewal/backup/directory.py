@@ -35,6 +35,7 @@ from receivewal.archive.durable import (
 from receivewal.archive.lock import lock_directory
 from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sealed import write_recipients_file
+from receivewal.archive.storedform import FormWriter
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import (
@@ -44,7 +45,7 @@ from receivewal.backup.record import (
     absent_files,
     record_to_json,
 )
-from receivewal.backup.sealing import StoredForm, seal_small, sealed_name, stored_archive
+from receivewal.backup.sealing import seal_small, sealed_name, stored_archive
 from receivewal.errors import ArchiveError
 from receivewal.wal.names import RECIPIENTS_SUFFIX
 
@@ -87,7 +88,7 @@ class _Open:
     """The archive file being written."""
 
     def __init__(self, info: ArchiveInfo, name: str, compression: str, *, fd: int, tmp: Path,
-                 form: StoredForm) -> None:
+                 form: FormWriter) -> None:
         self.info, self.name, self.compression = info, name, compression
         self.fd, self.tmp, self.form = fd, tmp, form
         self.stored = self.received = 0

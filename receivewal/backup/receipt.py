@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from receivewal.archive.inflate import Inflater, compression_of
 from receivewal.backup.command import Position, Tablespace
 from receivewal.backup.copystream import (
     BackupData,
@@ -27,7 +28,6 @@ from receivewal.backup.copystream import (
     NewArchive,
     Part,
 )
-from receivewal.backup.inflate import Inflater, compression_of
 from receivewal.backup.manifest import (
     MANIFEST_CAP,
     Manifest,

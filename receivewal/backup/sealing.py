@@ -1,9 +1,10 @@
 """How a backup's files are stored (issue 28 §4): compressed when asked, then sealed to the
 ``--encrypt-to`` recipients when given, as they arrive; and a sealed backup read back.
 
-:class:`StoredForm` is what a backup directory and a bucket's backup push a tar's bytes
-through (a compressor's window and :class:`~receivewal.archive.encryption.Encryptor`'s: memory
-is bounded whatever the database's size). A sealed file is ``NAME.age`` with its recipients
+:func:`stored_archive` gives the writer of the stored form
+(:class:`~receivewal.archive.storedform.FormWriter`) that a backup directory and a bucket's
+backup push a tar's bytes through (a compressor's window and the encryptor's: memory is
+bounded whatever the database's size). A sealed file is ``NAME.age`` with its recipients
 file ``NAME.age.recipients`` beside it, written first, as ``stream``'s sealed segments; the
 manifest is sealed too (``backup_manifest.age``). ``backup.json`` stays plain (recovery
 chooses a backup without a key) and says to whom the files are sealed (``encrypted_to``).
@@ -17,85 +18,44 @@ before ``recover`` writes anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
-from receivewal.archive.codecs import Compressor
-from receivewal.archive.compression import CompressSpec, new_compressor
+from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
 from receivewal.archive.recipients import RecipientSet, parse_recipients_file, recipient_set
 from receivewal.archive.sealed import NoIdentity, Unsealer
+from receivewal.archive.storedform import (
+    FormWriter,
+    StoredForm,
+    Unsealing,
+    unsealed_bytes,
+    unsealed_reader,
+)
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.stored import BackupFiles
 from receivewal.errors import ArchiveError
-from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, AtRest
-
-if TYPE_CHECKING:
-    from receivewal.archive.encryption import Encryptor
+from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX
 
 RECIPIENTS_CAP = 1 << 20
 
 
-class StoredForm:
-    """One file's bytes as stored: ``update`` returns what is ready, ``finish`` the rest."""
-
-    def __init__(self, compressor: Compressor | None, recipients: RecipientSet | None) -> None:
-        self.compressor = compressor
-        self.encryptor: Encryptor | None = None
-        if recipients is not None:
-            from receivewal.archive.encryption import Encryptor  # noqa: PLC0415 - pyrage
-
-            self.encryptor = Encryptor(recipients)
-
-    def _sealed(self, data: bytes | memoryview) -> bytes | memoryview:
-        return data if self.encryptor is None or not data else self.encryptor.update(data)
-
-    def begin(self) -> bytes | memoryview:
-        """The file's first bytes (a compressor's header), possibly none."""
-        return self._sealed(self.compressor.begin()) if self.compressor is not None else b""
-
-    def update(self, data: bytes | memoryview) -> bytes | memoryview:
-        """The stored bytes of the tar's next ``data`` that are ready."""
-        return self._sealed(data if self.compressor is None
-                            else self.compressor.compress(data))
-
-    def finish(self) -> bytes:
-        """The rest of the file."""
-        tail = bytes(self.compressor.finish()) if self.compressor is not None else b""
-        if self.encryptor is None:
-            return tail
-        return bytes(self._sealed(tail)) + self.encryptor.finish()
-
-    def close(self) -> None:
-        """Give an unfinished file up (the encryptor's thread stopped)."""
-        if self.encryptor is not None:
-            self.encryptor.close()
-
-
 def sealed_name(name: str, recipients: RecipientSet | None) -> str:
     """The stored name of ``name``: ``name.age`` when it is sealed."""
-    return name + ENCRYPTED_SUFFIX if recipients is not None else name
-
+    return StoredForm(recipients=recipients).name(name)
 
 
 def stored_archive(archive: ArchiveInfo, compress: CompressSpec,
-                   recipients: RecipientSet | None) -> tuple[str, str, StoredForm]:
+                   recipients: RecipientSet | None) -> tuple[str, str, FormWriter]:
     """How a received archive is stored, in a directory or a bucket alike: its stored name,
-    its compression ("" for none) and the form that writes it. Compressed here unless the
+    its compression ("" for none) and the writer of its form. Compressed here unless the
     server compressed it or none was asked; sealed when there are recipients."""
-    if archive.compression or not compress.method:
-        name, method, compressor = archive.name, archive.compression, None
-    else:
-        method = compress.method
-        name, compressor = archive.name + AtRest(method).suffix, new_compressor(compress)
-    return sealed_name(name, recipients), method, StoredForm(compressor, recipients)
+    form = StoredForm(NO_COMPRESSION if archive.compression else compress, recipients)
+    return form.name(archive.name), archive.compression or form.method, form.writer()
+
 
 def seal_small(data: bytes, recipients: RecipientSet | None) -> bytes:
-    """A small file's stored bytes (the manifest)."""
-    if recipients is None:
-        return data
-    from receivewal.archive.encryption import encrypt_bytes  # noqa: PLC0415 - pyrage
-
-    return encrypt_bytes(data, recipients)
+    """A small file's stored bytes (the manifest): sealed, never compressed."""
+    return StoredForm(recipients=recipients).stored_bytes(data)
 
 
 @dataclass
@@ -131,21 +91,17 @@ class SealedFiles:
     def open(self, name: str) -> BinaryIO:
         if not name.endswith(ENCRYPTED_SUFFIX):
             return self.files.open(name)
-        from receivewal.archive.encryption import decrypting_reader  # noqa: PLC0415
-
         recipients = self.require_key(name)
-        return decrypting_reader(self.files.open(name), self.unsealer.keys(),
-                                 file=self.files.where(name), recipients=recipients)
+        return unsealed_reader(self.files.open(name), Unsealing(
+            self.unsealer.keys(), self.files.where(name), recipients))
 
     def read_small(self, name: str, cap: int) -> bytes:
         if not name.endswith(ENCRYPTED_SUFFIX):
             return self.files.read_small(name, cap)
         recipients = self.require_key(name)
-        from receivewal.archive.encryption import decrypt_bytes  # noqa: PLC0415
-
         raw = self.files.read_small(name, cap + (cap >> 10) + 4096)
-        return decrypt_bytes(raw, self.unsealer.keys(), file=self.files.where(name),
-                             recipients=recipients)
+        return unsealed_bytes(raw, Unsealing(self.unsealer.keys(), self.files.where(name),
+                                             recipients))
 
 
 def sealed_to(record: BackupRecord) -> RecipientSet | None:

@@ -41,6 +41,7 @@ from datetime import datetime
 from receivewal.archive.bucket import Bucket, StreamUpload
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.recipients import RecipientSet, recipients_file_text
+from receivewal.archive.storedform import FormWriter
 from receivewal.backup.directory import BACKUPS, backup_id_for
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
@@ -53,7 +54,7 @@ from receivewal.backup.record import (
     recorded_files,
     utc_text,
 )
-from receivewal.backup.sealing import StoredForm, seal_small, sealed_name, stored_archive
+from receivewal.backup.sealing import seal_small, sealed_name, stored_archive
 from receivewal.errors import ArchiveError, ObjectConflict, ReceivewalError, StoreAccessDenied
 from receivewal.wal.names import RECIPIENTS_SUFFIX
 
@@ -71,7 +72,7 @@ class _Open:
     """The archive being uploaded."""
 
     def __init__(self, info: ArchiveInfo, name: str, compression: str, upload: StreamUpload,
-                 form: StoredForm) -> None:
+                 form: FormWriter) -> None:
         self.info, self.name, self.compression = info, name, compression
         self.upload, self.form = upload, form
         self.received = 0

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from receivewal.archive.compression import decompress_chunks, open_local
+from receivewal.archive.compression import open_local
+from receivewal.archive.storedform import Unsealing, plain_chunks
 from receivewal.check.analyze import is_uri, list_archive, opener_for, parallelism
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.logical.scan import scan_file
@@ -83,9 +84,8 @@ def _chunks(row: dict[str, Any]) -> Iterator[bytes]:
     path = _path(row)
     with opener(path) as fh:
         if not path.endswith(ENCRYPTED_SUFFIX):
-            yield from decompress_chunks(fh, row["compression"])
+            yield from plain_chunks(fh, row["compression"])
             return
-        from receivewal.archive.encryption import decrypting_reader
         from receivewal.archive.sealed import NoIdentity, Unsealer, read_recipients
 
         recipients = read_recipients(path, opener)
@@ -95,8 +95,7 @@ def _chunks(row: dict[str, Any]) -> Iterator[bytes]:
         keys = unsealer.keys()
         if recipients is not None:
             keys.require(recipients, file=path)
-        with decrypting_reader(fh, keys, file=path, recipients=recipients) as plain:
-            yield from decompress_chunks(plain, row["compression"])
+        yield from plain_chunks(fh, row["compression"], Unsealing(keys, path, recipients))
 
 
 def _path(row: dict[str, Any]) -> str:

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from receivewal.archive.codecs import lz4_frame, zstandard_module
-from receivewal.archive.compression import Opener, read_wal_file
+from receivewal.archive.compression import Opener, compressed_sizes, read_wal_file
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.sealed import (
@@ -79,14 +78,6 @@ class FileResult:
     seconds: float = 0.0
     problems: tuple[WalProblem, ...] = field(default_factory=tuple)
     sealed_to: str | None = None  # a sealed file's recipients (its recipients file), described
-
-
-def compressed_sizes(data: bytes | bytearray) -> tuple[int, int]:
-    """Bytes after zstd level 1 and after LZ4 (frame, default level): what streampack saves.
-    The codecs are imported here, for --compressibility only (a plain archive's verify loads
-    neither)."""
-    return (len(zstandard_module().ZstdCompressor(level=1).compress(data)),
-            len(lz4_frame().compress(data)))
 
 
 def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: bool = False,

@@ -38,18 +38,14 @@ from receivewal.logs import configure_logging, get_logger
 from receivewal.replication.connection import build_conninfo
 from receivewal.wal.lsn import format_lsn
 
-COMPRESSIONS = ("zstd", "lz4", "gzip", "none")
 _OWN_DIRECTORY_ENV = "RECEIVEWAL_BACKUP_DIRECTORY"  # read before -D's own variable
 
 
 def _compress(ctx: click.Context, param: click.Parameter, value: str) -> CompressSpec:
-    """``--compress METHOD[:LEVEL]``, as -Z takes it (none: stored as sent)."""
-    method = value.partition(":")[0]
-    if method not in COMPRESSIONS:
-        raise click.BadParameter(f"{value!r}: one of {', '.join(COMPRESSIONS)}, with :LEVEL",
-                                 ctx=ctx, param=param)
+    """``--compress METHOD[:LEVEL]``, as -Z takes it, the method named (none: stored as
+    sent)."""
     try:
-        return parse_compress_option(value)
+        return parse_compress_option(value, named=True)
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from exc
 

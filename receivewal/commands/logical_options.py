@@ -50,10 +50,7 @@ def parse_file_size(text: str) -> int:
 
 def parse_files_compression(text: str) -> CompressSpec:
     """-Z for change files: zstd[:LEVEL] or none."""
-    spec = parse_compress_option(text)
-    if spec.method not in ("", "zstd"):
-        raise ConfigurationError(f'change files can be compressed with zstd only, not "{text}"')
-    return spec
+    return parse_compress_option(text, change_files=True)
 
 
 def parse_publications(text: str) -> tuple[str, ...]:

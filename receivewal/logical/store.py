@@ -38,21 +38,20 @@ from pathlib import Path
 from typing import Any
 
 from receivewal.archive import durable
-from receivewal.archive.codecs import ZstdCompressor
-from receivewal.archive.compression import decompress_chunks
+from receivewal.archive.compression import CompressSpec, check_change_file_method
 from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sealed import seal_file
+from receivewal.archive.storedform import StoredForm, plain_chunks
 from receivewal.errors import ArchiveError, ConfigurationError, DiskFullError
 from receivewal.logical import records
 from receivewal.logical.assembly import Run
 from receivewal.logical.relations import RelationInfo
 from receivewal.logical.scan import FileScan, scan_file
 from receivewal.logical.spool import clear_spool
-from receivewal.wal.names import ENCRYPTED_SUFFIX
+from receivewal.wal.names import ENCRYPTED_SUFFIX, AtRest
 
 SUFFIX = ".jsonl"
 PARTIAL = ".partial"
-COMPRESSED = {"": "", "zstd": ".zst"}  # at-rest methods and their suffixes
 DEFAULT_FILE_SIZE = 64 << 20
 SPOOL = ".spool"
 _NAME = re.compile(r"^([0-9A-F]{16})\.jsonl(\.zst)?(\.age)?(\.partial)?$")
@@ -82,16 +81,14 @@ class StoreSettings:
     recipients: RecipientSet | None = None  # --encrypt-to: completed files sealed to them
 
     def __post_init__(self) -> None:
-        if self.compression not in COMPRESSED:
-            raise ConfigurationError(f"the change log can be compressed with zstd only, not "
-                                     f"{self.compression!r}")
+        check_change_file_method(self.compression)
         if self.file_size < 1:
             raise ConfigurationError(f"invalid file size {self.file_size}")
 
 
 def file_name(lsn: int, compression: str = "", *, partial: bool = False) -> str:
     """The name of the file whose first run has commit LSN ``lsn``."""
-    return f"{lsn:016X}{SUFFIX}{COMPRESSED[compression]}{PARTIAL if partial else ''}"
+    return f"{lsn:016X}{SUFFIX}{AtRest(compression).suffix}{PARTIAL if partial else ''}"
 
 
 def parse_file_name(name: str) -> tuple[int, str, bool] | None:
@@ -284,8 +281,7 @@ class ChangeLogStore:
         assert parsed is not None
         _, compression, partial = parsed
         with path.open("rb") as raw:
-            chunks = decompress_chunks(raw, compression) if compression else \
-                iter(lambda: raw.read(_CHUNK), b"")
+            chunks = plain_chunks(raw, compression)
             try:
                 found = scan_file(chunks)
             except ArchiveError as exc:  # the compressed stream is damaged
@@ -442,7 +438,7 @@ class ChangeLogStore:
         self._flush_pending()
         fd, partial = self._fd, self._partial
         final = partial.with_name(partial.name.removesuffix(PARTIAL)
-                                  + COMPRESSED[self.settings.compression])
+                                  + AtRest(self.settings.compression).suffix)
         if self.settings.compression:
             durable.sync_file(fd, sync=self.settings.sync)
             os.close(fd)
@@ -458,13 +454,13 @@ class ChangeLogStore:
         self._completed.append(self._seal(final).name)
 
     def _compress(self, partial: Path, final: Path) -> None:
-        compressor = ZstdCompressor(self.settings.level)
+        form = StoredForm(CompressSpec(self.settings.compression, self.settings.level))
         with durable.durable_file(final, self.settings.mode, sync=self.settings.sync) as out, \
-                partial.open("rb") as source:
-            out.write(compressor.begin())
+                partial.open("rb") as source, form.writer() as writer:
+            out.write(writer.begin())
             while chunk := source.read(_CHUNK):
-                out.write(compressor.compress(chunk))
-            out.write(compressor.finish())
+                out.write(writer.update(chunk))
+            out.write(writer.finish())
 
 
 def _failure(what: str, exc: OSError) -> ArchiveError:

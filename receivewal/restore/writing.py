@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from receivewal.archive.compression import CorruptFile, decompress_chunks
+from receivewal.archive.compression import CorruptFile
 from receivewal.archive.durable import durable_file
 from receivewal.archive.identity import ArchiveIdentity
 from receivewal.archive.segmentbuffer import decode_segment
 from receivewal.archive.segmentcheck import CheckedSegment, Following, checked_segment
+from receivewal.archive.storedform import plain_chunks
 from receivewal.errors import ReceivewalError
 from receivewal.wal.names import AtRest
 
@@ -56,7 +57,7 @@ def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Pa
     record that runs into it); a ``.partial`` is padded with zeros to ``size``. The check is
     returned. Any other file (a history file) is copied as it is, at most ``size`` bytes."""
     if not candidate.segment:
-        chunks = decompress_chunks(source, candidate.fmt, cap=size)
+        chunks = plain_chunks(source, candidate.fmt, cap=size)
         try:
             with durable_file(target) as out:
                 for chunk in chunks:

@@ -2,10 +2,10 @@
 
 BASE_BACKUP with ``COMPRESSION`` sends ``base.tar.gz``, ``.lz4`` or ``.zst``; the receipt
 decompresses it to read and check the tar inside while the compressed bytes are stored as
-they came. :class:`Inflater` uses the decoders of :mod:`receivewal.archive.compression` (gzip
-members, LZ4 frames and zstd frames, one after another, as the command line tools read them)
-with an output limit per call: what it yields comes in pieces of at most :data:`PIECE` bytes,
-however well the input compresses.
+they came. :class:`Inflater` uses the decoders of the table,
+:mod:`receivewal.archive.compression` (gzip members, LZ4 frames and zstd frames, one after
+another, as the command line tools read them) with an output limit per call: what it yields
+comes in pieces of at most :data:`PIECE` bytes, however well the input compresses.
 """
 
 from __future__ import annotations

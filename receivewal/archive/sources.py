@@ -15,7 +15,6 @@ its segment files in name order.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,11 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_from_json
-from receivewal.archive.objectstore import is_bucket_url, parse_bucket_url
+from receivewal.archive.location import is_bucket_url, list_directory
+from receivewal.archive.objectstore import parse_bucket_url
+from receivewal.archive.reading import capped
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
-from receivewal.wal.names import at_rest_of, looks_like_segment, parse_history_file_name
+from receivewal.wal.names import at_rest_of, looks_like_segment
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size, header_segment_size
 
 if TYPE_CHECKING:
@@ -98,43 +99,14 @@ def list_source(archive: str | Path) -> ArchiveSource:
     return ArchiveSource(str(archive), None, list_directory(Path(archive)))
 
 
-def list_directory(directory: Path) -> tuple[tuple[str, int], ...]:
-    """(name, size from lstat) of each entry of an archive directory that a reader must look
-    at, sorted: everything but a directory, and a directory too when it bears a WAL file's
-    name. Whatever stands under a segment's or history file's name (a directory, a FIFO, a
-    device, a dangling symlink) is that file, unreadable, never a file that is not there: the
-    reader reports it. ArchiveError when there is no such directory."""
-    if not directory.is_dir():
-        raise ArchiveError(f"{directory} is not a directory")
-    found = []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False) and not _wal_name(entry.name):
-                continue
-            try:
-                size = entry.stat(follow_symlinks=False).st_size
-            except FileNotFoundError:  # removed since the listing
-                continue
-            found.append((entry.name, size))
-    return tuple(sorted(found))
-
-
-def _wal_name(name: str) -> bool:
-    return looks_like_segment(name) or parse_history_file_name(name) is not None
-
-
 def read_capped(path: str, cap: int, open_binary: Opener | None = None) -> bytes:
     """A small file's content (at most ``cap`` bytes, else ArchiveError naming it). Raises
     OSError for a local file that cannot be read, ArchiveError for an object that cannot."""
     try:
         with (open_binary or open_local)(path) as fh:
-            data = fh.read(cap + 1)
+            return capped(fh, cap, path)
     except StoreError as exc:
         raise ArchiveError(str(exc)) from exc
-    if len(data) > cap:
-        raise ArchiveError(f'"{path}" is larger than {cap} bytes, too large for what it '
-                           "should hold")
-    return data
 
 
 def recorded_identity(base: str, names: Iterable[str],

@@ -27,8 +27,9 @@ from pathlib import Path
 from receivewal.archive.directory import Archive
 from receivewal.archive.durable import sync_path
 from receivewal.archive.identity import ArchiveIdentity, check_same_cluster
+from receivewal.archive.location import list_directory
 from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
-from receivewal.archive.sources import decide_segment_size, list_directory, recorded_identity
+from receivewal.archive.sources import decide_segment_size, recorded_identity
 from receivewal.archive.uploads import pending_files, read_upload_record, recorded_destination
 from receivewal.backup.catalog import read_catalog
 from receivewal.backup.directory import BACKUPS

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.identity import ArchiveIdentity
-from receivewal.archive.objectstore import is_bucket_url
+from receivewal.archive.location import is_bucket_url
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sources import ArchiveSource, list_source, read_capped, recorded_identity

@@ -34,13 +34,12 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
-from receivewal.archive.objectstore import is_bucket_url
+from receivewal.archive.location import is_bucket_url, is_uri, list_directory, pyarrow_uri
 from receivewal.archive.sealed import DecryptingOpener, Unsealer, sealed_cap
 from receivewal.archive.sources import (
     ArchiveSource,
     BucketOpener,
     connect,
-    list_directory,
     recorded_identity,
 )
 from receivewal.check.crosscheck import (
@@ -81,18 +80,11 @@ RESULT_SCHEMA = (
 
 
 # -- files -------------------------------------------------------------------------------------
-def is_uri(path: str) -> bool:
-    """Whether ``path`` is a URI (hdfs://, s3a://, file://...) rather than a local path."""
-    return "://" in path
-
-
 def open_uri(uri: str) -> BinaryIO:
     """Open a file named by a URI with pyarrow's file systems (hdfs, s3/s3a, gs, file)."""
     from pyarrow import fs as pafs
 
-    if uri.startswith("s3a://"):
-        uri = "s3://" + uri[len("s3a://"):]
-    filesystem, path = pafs.FileSystem.from_uri(uri)
+    filesystem, path = pafs.FileSystem.from_uri(pyarrow_uri(uri))
     return cast(BinaryIO, filesystem.open_input_stream(path))
 
 

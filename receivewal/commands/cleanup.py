@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import click
 
+from receivewal.archive.location import is_bucket_url
 from receivewal.backup.archivecleanup import plan_archive_cleanup
 from receivewal.backup.cleanup import (
     CleanupReport,
@@ -144,7 +145,7 @@ def after_backup(archive: str | Path, environ: Mapping[str, str] | None = None,
                                          datetime.now(UTC))
     if policy is None:
         return None
-    if str(archive).startswith("s3://"):
+    if is_bucket_url(str(archive)):
         from receivewal.backup.bucketcleanup import (  # noqa: PLC0415 - boto3 for a bucket
             apply_policy_to_bucket,
         )
@@ -253,7 +254,7 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
         directory, arguments = arguments[0], arguments[1:]
     if not directory:
         raise _usage("give the archive: -D ARCHIVE")
-    if directory.startswith("s3://"):
+    if is_bucket_url(directory):
         _bucket_cleanup(directory, arguments, keep_backups, recovery_window, dry_run=dry_run)
         return
     path = Path(directory)

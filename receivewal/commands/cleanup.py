@@ -145,12 +145,8 @@ def after_backup(archive: str | Path, environ: Mapping[str, str] | None = None,
                                          datetime.now(UTC))
     if policy is None:
         return None
-    if is_bucket_url(str(archive)):
-        from receivewal.backup.bucketcleanup import (  # noqa: PLC0415 - boto3 for a bucket
-            apply_policy_to_bucket,
-        )
-
-        return apply_policy_to_bucket(str(archive), policy)
+    if is_bucket_url(str(archive)):  # no daemon state: its slot and backlog are elsewhere
+        return apply_policy(str(archive), policy)
     directory = Path(archive)
     return apply_policy(directory, policy, daemon_holds(directory))
 
@@ -303,12 +299,8 @@ def _bucket_cleanup(url: str, arguments: tuple[str, ...], keep_backups: str | No
         raise _usage(f"{url}: OLDESTKEPTWALFILE goes with an archive directory; give a bucket "
                      "a retention policy")
     policy = _policy(keep_backups, recovery_window)
-    from receivewal.backup.bucketcleanup import (  # noqa: PLC0415 - boto3 only for a bucket
-        apply_policy_to_bucket,
-    )
-
     try:
-        report = apply_policy_to_bucket(url, policy, dry_run=dry_run)
+        report = apply_policy(url, policy, dry_run=dry_run)
     except ReceivewalError as exc:
         raise click.ClickException(f"{exc}; cleanup stopped there") from exc
     click.echo("\n".join(report_lines(report)))

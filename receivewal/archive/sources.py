@@ -4,8 +4,9 @@ Readers of a whole archive (verify, analyze) name files as ``BASE/<name>`` and o
 :data:`~receivewal.archive.compression.Opener`: the local one (regular files only, see
 :mod:`receivewal.archive.reading`), or :class:`BucketOpener`, which streams the object from the
 store (:meth:`~receivewal.archive.bucket.Bucket.open_object`). Everything after the open (the
-decompression, the caps, the scanner) is the same code for both. Listing is the one thing that
-differs: a directory's entries, or one ListBucket over the prefix.
+decompression, the caps, the scanner) is the same code for both. The listing is the
+location's (:class:`~receivewal.archive.view.ArchiveView` lists it once); analyze's archives in
+a Hadoop file system, which Spark lists, are read as an :class:`OpenedLocation`.
 
 An archive's segment size is decided here, by one rule for every reader
 (:func:`decide_segment_size`: verify, analyze, restore from a directory or a bucket, the
@@ -17,13 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_from_json
-from receivewal.archive.location import is_bucket_url, list_directory
-from receivewal.archive.objectstore import parse_bucket_url
+from receivewal.archive.location import Location
 from receivewal.archive.reading import capped
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
 from receivewal.wal.names import at_rest_of, looks_like_segment
@@ -86,17 +85,22 @@ class ArchiveSource:
         return self.base.rstrip("/") + "/" + name
 
 
-def list_source(archive: str | Path) -> ArchiveSource:
-    """The files of an archive: a directory's (:func:`list_directory`), or one listing of a
-    bucket prefix. ArchiveError when there is no such directory; a store's error
-    (StoreError) names the bucket and the endpoint."""
-    text = str(archive)
-    if is_bucket_url(text):
-        base = str(parse_bucket_url(text))
-        bucket = connect(base)
-        files = bucket.list_files()
-        return ArchiveSource(base, BucketOpener(base, bucket), tuple((n, s) for n, s in files))
-    return ArchiveSource(str(archive), None, list_directory(Path(archive)))
+class OpenedLocation(Location):
+    """Files named ``BASE/<name>`` read through an opener, as a location to read from (analyze's
+    archives in a Hadoop file system, read with pyarrow): nothing is listed or written here."""
+
+    def __init__(self, base: str, open_binary: Opener | None) -> None:
+        self.base, self.open_binary = base.rstrip("/"), open_binary
+
+    def where(self, name: str = "") -> str:
+        return f"{self.base}/{name}" if name else self.base
+
+    def open(self, name: str) -> BinaryIO:
+        return (self.open_binary or open_local)(self.where(name))
+
+    def read_small(self, name: str, cap: int) -> bytes:
+        with self.open(name) as fh:
+            return capped(fh, cap, self.where(name))
 
 
 def read_capped(path: str, cap: int, open_binary: Opener | None = None) -> bytes:

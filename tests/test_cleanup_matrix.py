@@ -313,7 +313,9 @@ def test_cleanup_removes_exactly_what_no_kept_backup_needs(
     if where == "directory":  # the dry run's list of files
         report = apply_policy(Path(location), KeepBackups(keep), dry_run=True)
     else:
-        from receivewal.backup.bucketcleanup import apply_policy_to_bucket  # noqa: PLC0415
+        from receivewal.backup.cleanup import (  # noqa: PLC0415
+            apply_policy as apply_policy_to_bucket,
+        )
 
         report = apply_policy_to_bucket(location, KeepBackups(keep), dry_run=True)
     assert report.plan.removed_backups == backups

@@ -403,3 +403,45 @@ def test_the_flushed_position_has_one_holder() -> None:
                if "previous_flush(" in path.read_text()
                and module_name(path) != "receivewal.daemon.state"]
     assert reading == ["receivewal.daemon.walreceiver"]
+
+
+LOCATION_DOOR = "receivewal.archive.location"
+_STRING_TESTS = {"startswith", "endswith", "removeprefix", "partition", "find", "index", "split"}
+
+
+def _names_a_scheme(node: ast.expr) -> bool:
+    """Whether ``node`` is the object store's scheme or a URI's (a string with ``://``, a
+    tuple holding one, or a name SCHEME)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and "://" in node.value
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_scheme(element) for element in node.elts)
+    return (node.id if isinstance(node, ast.Name) else
+            node.attr if isinstance(node, ast.Attribute) else "") == "SCHEME"
+
+
+def bucket_url_tests(path: Path) -> list[str]:
+    """Where ``path`` spells the object store's scheme itself (``"s3://"`` alone) or tests
+    whether a text is a bucket's URL or a URI (a ``startswith``, a comparison or an ``in``
+    with a string holding ``://``, or with SCHEME)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and node.value in {"s3://", "s3:"}:
+            found.append(f"{module_name(path)}:{node.lineno}: spells {node.value!r}")
+            continue
+        tested = [*node.args] if isinstance(node, ast.Call) and isinstance(
+            node.func, ast.Attribute) and node.func.attr in _STRING_TESTS else \
+            [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+        if any(map(_names_a_scheme, tested)):
+            found.append(f"{module_name(path)}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_location_door_tells_a_bucket_from_a_directory() -> None:
+    """One door to where the archive lives: archive/location.py alone spells ``s3://`` and
+    tests whether the user's text names a bucket (or another URI); every other module asks it
+    (``locate``, ``is_bucket_url``), so that no command decides it its own way."""
+    assert bucket_url_tests(module_path(LOCATION_DOOR))  # the check sees the door's own
+    elsewhere = [found for path in sorted(PACKAGE.rglob("*.py"))
+                 if module_name(path) != LOCATION_DOOR for found in bucket_url_tests(path)]
+    assert elsewhere == []

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, BinaryIO, TypeVar, cast
 
 from receivewal.archive.directory import os_error
 from receivewal.archive.identity import (
@@ -44,6 +44,7 @@ from receivewal.archive.identity import (
     identity_from_json,
     identity_to_json,
 )
+from receivewal.archive.location import Location
 from receivewal.archive.objectstore import (
     COMMAND_RETRY,
     HURRIED,
@@ -58,6 +59,7 @@ from receivewal.archive.objectstore import (
     waiting_for_store,
     with_retries,
 )
+from receivewal.archive.reading import capped
 from receivewal.errors import (
     ArchiveError,
     ConfigurationError,
@@ -152,8 +154,9 @@ def _hex_of(checksum: object) -> str | None:
     return raw.hex() if len(raw) == 32 else None
 
 
-class Bucket:
-    """An archive at ``s3://BUCKET/PREFIX``: create-only uploads, reads by exact key."""
+class Bucket(Location):
+    """An archive at a bucket's prefix: create-only uploads, reads by exact key (the S3
+    driver of :class:`~receivewal.archive.location.Location`)."""
 
     def __init__(self, url: BucketUrl, client: Any, retry: RetryPolicy, *,
                  patience: Patience | None = None, hurried: Callable[[], Any] | None = None,
@@ -207,6 +210,27 @@ class Bucket:
     def key(self, name: str) -> str:
         """The object key of the file ``name`` (``PREFIX/name``)."""
         return self.url.key(name)
+
+    # -- the location's interface ------------------------------------------------------------
+    def where(self, name: str = "") -> str:
+        return self.url.url(name) if name else str(self.url)
+
+    def listing(self, folder: str = "") -> list[tuple[str, int]]:
+        return self.list_under(folder) if folder else self.list_files()
+
+    def open(self, name: str) -> BinaryIO:
+        return cast(BinaryIO, self.open_object(name))
+
+    def read_small(self, name: str, cap: int) -> bytes:
+        with self.open(name) as stream:
+            return capped(stream, cap, self.where(name))
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.head(name)
+        except ObjectNotFound:
+            return False
+        return True
 
     # -- requests ----------------------------------------------------------------------------
     def put_new(self, name: str, source: Path | bytes) -> bool:

@@ -1,4 +1,5 @@
-"""Object storage without the network: ``s3://BUCKET/PREFIX`` URLs, the retry policy and the
+"""Object storage without the network: ``s3://BUCKET/PREFIX`` URLs parsed (which text names a
+bucket is :func:`receivewal.archive.location.is_bucket_url`'s to say), the retry policy and the
 bounds of a store call.
 
 Pure functions, so that parsing an archive argument never imports boto3. The store itself
@@ -19,10 +20,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from receivewal.archive.location import SCHEME, is_bucket_url
 from receivewal.errors import ConfigurationError, ReceivewalError, StopRequested
 from receivewal.secrets import redacted
 
-SCHEME = "s3://"
 # S3's rules for bucket names (3-63 characters: lowercase letters, digits, dots, hyphens,
 # starting and ending with a letter or digit); a stricter store refuses more on its own.
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -49,18 +50,13 @@ class BucketUrl:
         return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
 
 
-def is_bucket_url(text: str) -> bool:
-    """Whether an archive argument names object storage rather than a local directory."""
-    return text.startswith(SCHEME)
-
-
 def parse_bucket_url(text: str) -> BucketUrl:
     """Split ``s3://BUCKET/PREFIX`` (the prefix may be empty); ConfigurationError saying why."""
     def refuse(reason: str) -> ConfigurationError:
         return ConfigurationError(f'invalid object storage URL "{redacted(text[:200])!s}": '
                                   f"{reason} (expected s3://BUCKET/PREFIX)")
 
-    if not text.startswith(SCHEME):
+    if not is_bucket_url(text):
         raise refuse("not an s3:// URL")
     if _CONTROL.search(text):
         raise refuse("it contains a control character")

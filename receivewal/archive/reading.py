@@ -85,8 +85,15 @@ def read_small_file(path: str | os.PathLike[str], cap: int = SMALL_FILE_CAP) -> 
     OSError when it cannot be read.
     """
     with open_regular(path) as fh:
-        data = fh.read(cap + 1)
+        return capped(fh, cap, os.fspath(path))
+
+
+def capped(stream: BinaryIO, cap: int, where: str) -> bytes:
+    """What is left of ``stream``, a small file's: at most ``cap`` bytes, else ArchiveError
+    naming it by ``where`` (nothing past ``cap + 1`` bytes is read). The one capped read of
+    the archive's small files, wherever they are (:mod:`receivewal.archive.location`)."""
+    data = stream.read(cap + 1)
     if len(data) > cap:
-        raise ArchiveError(f'"{os.fspath(path)}" is larger than {cap} bytes, too large for '
-                           "what it should hold")
+        raise ArchiveError(f'"{where}" is larger than {cap} bytes, too large for what it '
+                           "should hold")
     return data

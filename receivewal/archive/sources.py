@@ -4,8 +4,9 @@ Readers of a whole archive (verify, analyze) name files as ``BASE/<name>`` and o
 :data:`~receivewal.archive.compression.Opener`: the local one (regular files only, see
 :mod:`receivewal.archive.reading`), or :class:`BucketOpener`, which streams the object from the
 store (:meth:`~receivewal.archive.bucket.Bucket.open_object`). Everything after the open (the
-decompression, the caps, the scanner) is the same code for both. Listing is the one thing that
-differs: a directory's entries, or one ListBucket over the prefix.
+decompression, the caps, the scanner) is the same code for both. The listing is the
+location's (:class:`~receivewal.archive.view.ArchiveView` lists it once); analyze's archives in
+a Hadoop file system, which Spark lists, are read as an :class:`OpenedLocation`.
 
 An archive's segment size is decided here, by one rule for every reader
 (:func:`decide_segment_size`: verify, analyze, restore from a directory or a bucket, the
@@ -15,17 +16,16 @@ its segment files in name order.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_from_json
-from receivewal.archive.objectstore import is_bucket_url, parse_bucket_url
+from receivewal.archive.location import Location
+from receivewal.archive.reading import capped
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
-from receivewal.wal.names import at_rest_of, looks_like_segment, parse_history_file_name
+from receivewal.wal.names import at_rest_of, looks_like_segment
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, archive_segment_size, header_segment_size
 
 if TYPE_CHECKING:
@@ -85,42 +85,22 @@ class ArchiveSource:
         return self.base.rstrip("/") + "/" + name
 
 
-def list_source(archive: str | Path) -> ArchiveSource:
-    """The files of an archive: a directory's (:func:`list_directory`), or one listing of a
-    bucket prefix. ArchiveError when there is no such directory; a store's error
-    (StoreError) names the bucket and the endpoint."""
-    text = str(archive)
-    if is_bucket_url(text):
-        base = str(parse_bucket_url(text))
-        bucket = connect(base)
-        files = bucket.list_files()
-        return ArchiveSource(base, BucketOpener(base, bucket), tuple((n, s) for n, s in files))
-    return ArchiveSource(str(archive), None, list_directory(Path(archive)))
+class OpenedLocation(Location):
+    """Files named ``BASE/<name>`` read through an opener, as a location to read from (analyze's
+    archives in a Hadoop file system, read with pyarrow): nothing is listed or written here."""
 
+    def __init__(self, base: str, open_binary: Opener | None) -> None:
+        self.base, self.open_binary = base.rstrip("/"), open_binary
 
-def list_directory(directory: Path) -> tuple[tuple[str, int], ...]:
-    """(name, size from lstat) of each entry of an archive directory that a reader must look
-    at, sorted: everything but a directory, and a directory too when it bears a WAL file's
-    name. Whatever stands under a segment's or history file's name (a directory, a FIFO, a
-    device, a dangling symlink) is that file, unreadable, never a file that is not there: the
-    reader reports it. ArchiveError when there is no such directory."""
-    if not directory.is_dir():
-        raise ArchiveError(f"{directory} is not a directory")
-    found = []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False) and not _wal_name(entry.name):
-                continue
-            try:
-                size = entry.stat(follow_symlinks=False).st_size
-            except FileNotFoundError:  # removed since the listing
-                continue
-            found.append((entry.name, size))
-    return tuple(sorted(found))
+    def where(self, name: str = "") -> str:
+        return f"{self.base}/{name}" if name else self.base
 
+    def open(self, name: str) -> BinaryIO:
+        return (self.open_binary or open_local)(self.where(name))
 
-def _wal_name(name: str) -> bool:
-    return looks_like_segment(name) or parse_history_file_name(name) is not None
+    def read_small(self, name: str, cap: int) -> bytes:
+        with self.open(name) as fh:
+            return capped(fh, cap, self.where(name))
 
 
 def read_capped(path: str, cap: int, open_binary: Opener | None = None) -> bytes:
@@ -128,13 +108,9 @@ def read_capped(path: str, cap: int, open_binary: Opener | None = None) -> bytes
     OSError for a local file that cannot be read, ArchiveError for an object that cannot."""
     try:
         with (open_binary or open_local)(path) as fh:
-            data = fh.read(cap + 1)
+            return capped(fh, cap, path)
     except StoreError as exc:
         raise ArchiveError(str(exc)) from exc
-    if len(data) > cap:
-        raise ArchiveError(f'"{path}" is larger than {cap} bytes, too large for what it '
-                           "should hold")
-    return data
 
 
 def recorded_identity(base: str, names: Iterable[str],

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from receivewal.archive.encryption import KeyFileError
 from receivewal.archive.recipients import NotARecipient
 from receivewal.archive.sealed import NoIdentity
-from receivewal.backup.catalog import BackupEntry, EntryState
-from receivewal.backup.place import BackupPlace, open_place
+from receivewal.archive.view import ArchiveView
+from receivewal.backup.catalog import BackupEntry, EntryState, backup_files, catalog_of
 from receivewal.backup.sealing import readable_files
 from receivewal.backup.stored import Verified, verify_backup
 from receivewal.errors import ArchiveError, StoreError
@@ -52,8 +52,8 @@ class BackupCheck:
 def check_backups(archive: str, key_file: str | None = None) -> list[BackupCheck]:
     """Every backup of ``archive`` checked (none when it has no ``backups/``), a sealed one
     through the identity file ``key_file``."""
-    place = open_place(archive)
-    entries = place.catalog()
+    place = ArchiveView.open(archive)
+    entries = catalog_of(place)
     if not entries:
         return []
     identity = place.identity()
@@ -75,7 +75,7 @@ def _without_record(entry: BackupEntry) -> BackupCheck:
     return BackupCheck(entry.backup_id, "not a backup", f"{entry.describe()}, not checked")
 
 
-def check_entry(place: BackupPlace, entry: BackupEntry, system_identifier: str | None,
+def check_entry(place: ArchiveView, entry: BackupEntry, system_identifier: str | None,
                 held: set[str], key_file: str | None = None) -> BackupCheck:
     """One backup checked (see the module's docstring)."""
     record = entry.record
@@ -91,8 +91,8 @@ def check_entry(place: BackupPlace, entry: BackupEntry, system_identifier: str |
     unchecked = ""  # why a sealed backup's files were not read
     verified = Verified(0, 0)
     try:
-        verified = verify_backup(readable_files(place.files(entry.backup_id), record, key_file),
-                                 record)
+        files = readable_files(backup_files(place, entry.backup_id), record, key_file)
+        verified = verify_backup(files, record)
     except (NoIdentity, NotARecipient, KeyFileError) as exc:
         unchecked = f"its files were not checked: {exc}"
     except (ArchiveError, StoreError) as exc:

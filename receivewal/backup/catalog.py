@@ -28,15 +28,17 @@ running that long finds its objects gone before it writes its record, and fails.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from pathlib import Path
 
+from receivewal.archive.location import Location
 from receivewal.archive.lock import is_locked
 from receivewal.archive.reading import read_small_file
-from receivewal.backup.directory import BACKUPS
+from receivewal.archive.view import ArchiveView
+from receivewal.backup.directory import BACKUPS, is_backup_id
 from receivewal.backup.record import (
     RECORD_CAP,
     RECORD_NAME,
@@ -44,7 +46,8 @@ from receivewal.backup.record import (
     absent_files,
     record_from_json,
 )
-from receivewal.errors import ArchiveError
+from receivewal.backup.stored import BackupFiles, DirectoryFiles, LocationFiles
+from receivewal.errors import ArchiveError, StoreError
 
 
 class EntryState(Enum):
@@ -101,6 +104,70 @@ def unrecorded_in_bucket(backup_id: str, now: datetime | None = None) -> BackupE
     """The entry of a bucket's backup without its record."""
     state = EntryState.ABANDONED if abandoned(backup_id, now) else EntryState.UNKNOWN
     return BackupEntry(backup_id, state)
+
+
+def catalog_of(view: ArchiveView, unfinished: Iterable[str] = ()) -> list[BackupEntry]:
+    """The backups of the archive ``view`` sees, by ID: a directory's (:func:`read_catalog`),
+    or each backup the listing of a bucket's ``backups/`` shows, and each that only the
+    ``unfinished`` multipart uploads name (names from the prefix: a killed backup's)."""
+    if view.location.is_local:
+        return read_catalog(Path(view.archive))
+    by_id = bucket_backups(view.files_under(BACKUPS))
+    for name in unfinished:
+        by_id.setdefault(backup_of(name), {})
+    by_id.pop("", None)
+    return [proven(_bucket_entry(view.location, backup_id, files), files)
+            for backup_id, files in sorted(by_id.items())]
+
+
+def backup_files(view: ArchiveView, backup_id: str) -> BackupFiles:
+    """The files of the backup ``backup_id`` of the archive ``view`` sees."""
+    if view.location.is_local:
+        return DirectoryFiles(Path(view.archive) / BACKUPS / backup_id)
+    return LocationFiles(view.location, f"{BACKUPS}/{backup_id}")
+
+
+def backup_where(view: ArchiveView, backup_id: str) -> str:
+    """Where the backup ``backup_id`` of the archive ``view`` sees is, for messages."""
+    if view.location.is_local:
+        return str(Path(view.archive) / BACKUPS / backup_id)
+    return view.location.where(f"{BACKUPS}/{backup_id}")
+
+
+def backup_of(name: str) -> str:
+    """The backup ID of a file named ``backups/<id>/...`` from the archive's top; "" if none
+    (a folder whose name is no ID of ours, ``backups/manual-copy/``, is no backup: it is
+    neither counted nor removed)."""
+    parts = name.split("/", 2)
+    return parts[1] if len(parts) == 3 and is_backup_id(parts[1]) else ""
+
+
+def bucket_backups(listing: Iterable[tuple[str, int]]) -> dict[str, dict[str, int]]:
+    """Each backup's files (name within the backup: size) by ID, of a listing of
+    ``backups/`` in a bucket (names from the top)."""
+    by_id: dict[str, dict[str, int]] = {}
+    for name, size in listing:
+        backup_id = backup_of(name)
+        if backup_id:
+            by_id.setdefault(backup_id, {})[name.split("/", 2)[2]] = size
+    return by_id
+
+
+def _bucket_entry(location: Location, backup_id: str, files: Mapping[str, int]) -> BackupEntry:
+    """What a bucket's backup is: complete with a readable record naming it, damaged with one
+    that is not, unrecorded (:func:`unrecorded_in_bucket`) without."""
+    if RECORD_NAME not in files:
+        return unrecorded_in_bucket(backup_id)
+    name = f"{BACKUPS}/{backup_id}/{RECORD_NAME}"
+    where = location.where(name)
+    try:
+        record = record_from_json(location.read_small(name, RECORD_CAP), where)
+    except (ArchiveError, StoreError) as exc:
+        return BackupEntry(backup_id, EntryState.DAMAGED, problem=str(exc))
+    if record.backup_id != backup_id:
+        return BackupEntry(backup_id, EntryState.DAMAGED,
+                           problem=f"{where} names backup {record.backup_id}")
+    return BackupEntry(backup_id, EntryState.COMPLETE, record)
 
 
 def read_catalog(archive: Path) -> list[BackupEntry]:

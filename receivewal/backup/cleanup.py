@@ -13,7 +13,14 @@ directory through :mod:`receivewal.archive.durable`.
 running daemon holds (:class:`Holds`: its slot's restart position and its timeline, as the
 state file says; the command line reads that, and with a connection asks the server where the
 slot is now, :func:`read_server_slot`) and the upload backlog, plans, and removes (nothing with
-``dry_run``).
+``dry_run``). It reads a directory and a bucket's prefix alike, through the archive's view
+(:class:`~receivewal.archive.view.ArchiveView`: one plan for both); only the removal differs.
+In a bucket no daemon state is read (the daemon's slot and upload backlog are in its
+directory), a backup without its record is kept while it may still be uploading (no lock
+tells it from an interrupted one) until it is abandoned
+(:func:`~receivewal.backup.catalog.abandoned`), and is then removed with the multipart uploads
+it left unfinished; a backup goes record first there too, so that a cleanup cut short leaves
+files without a record, never a record without its files.
 """
 
 from __future__ import annotations
@@ -27,33 +34,26 @@ from pathlib import Path
 from receivewal.archive.directory import Archive
 from receivewal.archive.durable import sync_path
 from receivewal.archive.identity import ArchiveIdentity, check_same_cluster
-from receivewal.archive.reading import HISTORY_FILE_CAP, read_small_file
-from receivewal.archive.sources import decide_segment_size, list_directory, recorded_identity
+from receivewal.archive.location import DirectoryLocation, list_directory
+from receivewal.archive.sources import recorded_identity
 from receivewal.archive.uploads import pending_files, read_upload_record, recorded_destination
-from receivewal.backup.catalog import read_catalog
+from receivewal.archive.view import ArchiveView, locate, parsed_histories
+from receivewal.archive.view import read_histories as view_histories
+from receivewal.backup.catalog import backup_of, catalog_of, read_catalog
 from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import RECORD_NAME
 from receivewal.backup.retention import ArchiveContents, Policy, RetentionPlan, plan_retention
-from receivewal.errors import ArchiveError
+from receivewal.errors import ArchiveError, StoreAccessDenied
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
-from receivewal.wal.names import parse_archive_segment_name, parse_history_file_name
-from receivewal.wal.timeline import TimelineSwitch, parse_history
+from receivewal.wal.names import parse_archive_segment_name
+from receivewal.wal.timeline import TimelineSwitch
 
 
 def read_histories(archive: Path, names: Iterable[str]) -> dict[int, list[TimelineSwitch]]:
-    """The history files among ``names``, parsed, by timeline."""
-    histories = {}
-    for name in names:
-        timeline = parse_history_file_name(name)
-        if timeline is None:
-            continue
-        path = archive / name
-        try:
-            text = read_small_file(path, HISTORY_FILE_CAP).decode()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ArchiveError(f'could not read history file "{path}": {exc}') from exc
-        histories[timeline] = parse_history(text, timeline)
-    return histories
+    """The history files among ``names`` in the archive directory ``archive``, parsed, by
+    timeline (:func:`~receivewal.archive.view.read_histories` reads them)."""
+    location = DirectoryLocation(archive)
+    return parsed_histories(location, view_histories(location, names))
 
 
 def read_contents(archive: Path, current_timeline: int, segment_size: int,
@@ -166,51 +166,103 @@ class CleanupReport:
     dry_run: bool
 
 
-def read_archive(archive: Path, holds: Holds = Holds()) -> ArchiveContents:
-    """The archive directory ``archive`` as the planner judges it: its segment size (its
-    identity record's, else its segments' headers', else a backup's, else PostgreSQL's
-    default), the newest timeline it or the daemon knows, the slot's restart position and
-    the files still waiting for their upload."""
-    names = [name for name, _ in list_directory(archive)]
-    identity = recorded_identity(str(archive), names)
-    catalog = read_catalog(archive)
+def read_archive(view: ArchiveView, holds: Holds = Holds(),
+                 unfinished: Iterable[str] = ()) -> ArchiveContents:
+    """The archive ``view`` sees as the planner judges it: its segment size (its identity
+    record's, else its segments' headers', else a backup's, else PostgreSQL's default), the
+    newest timeline it or the daemon knows, the slot's restart position and, in a directory,
+    the files still waiting for their upload (a bucket has no daemon state: its daemon's slot
+    and backlog are in the daemon's directory). ``unfinished``: the multipart uploads a
+    killed backup left in a bucket (a backup of which only those are left is listed too)."""
+    names = view.names
+    identity = view.identity()
+    catalog = catalog_of(view, unfinished)
     records = [e.record for e in catalog if e.record is not None]
-    size = decide_segment_size(identity, str(archive), names) or \
+    size = view.segment_size() or \
         next((r.wal_segment_size for r in records), DEFAULT_SEGMENT_SIZE)
-    histories = read_histories(archive, names)
+    histories = view.histories()
     timelines = [holds.timeline or 1, *histories, *(r.end_timeline for r in records)]
     timelines += [parsed.timeline for name in names
                   if (parsed := parse_archive_segment_name(name, size)) is not None]
     if identity is not None:
         timelines.append(identity.timeline)
-    destination = holds.upload_to or recorded_destination(archive)
+    destination = holds.upload_to
     backlog: frozenset[str] = frozenset()
-    if destination is not None:
-        directory = Archive(archive, sync=False)
-        record = read_upload_record(directory, destination)
-        backlog = frozenset(p.name for p in pending_files(directory, record, size))
+    if view.location.is_local:
+        archive = Path(view.archive)
+        destination = destination or recorded_destination(archive)
+        if destination is not None:
+            directory = Archive(archive, sync=False)
+            record = read_upload_record(directory, destination)
+            backlog = frozenset(p.name for p in pending_files(directory, record, size))
     return ArchiveContents(catalog, names, histories, max(timelines), size,
                            holds.slot_restart, backlog, destination or "", holds.slot or "")
 
 
-def apply_policy(archive: Path, policy: Policy, holds: Holds = Holds(), *,
+def apply_policy(archive: Path | str, policy: Policy, holds: Holds = Holds(), *,
                  dry_run: bool = False, sync: bool = True) -> CleanupReport:
-    """Plan ``policy`` on the archive directory ``archive`` and carry the plan out (not with
-    ``dry_run``). Raises ArchiveError (a file that cannot be read or removed) and
-    ConfigurationError (a policy that keeps nothing)."""
-    if not archive.is_dir():
+    """Plan ``policy`` on the archive ``archive`` (a directory, or a bucket's prefix) and
+    carry the plan out (not with ``dry_run``): each removed backup's record first, then its
+    other files, then the WAL files. Raises ArchiveError (a file that cannot be read or
+    removed), StoreError and ConfigurationError (a policy that keeps nothing)."""
+    location = locate(str(archive))
+    if location.is_local and not Path(archive).is_dir():
         raise ArchiveError(f'archive directory "{archive}" does not exist')
-    plan = plan_retention(read_archive(archive, holds), policy)
-    sizes = dict(list_directory(archive))
-    freed = sum(backup_bytes(archive / BACKUPS / b) for b in plan.removed_backups)
+    view = ArchiveView(str(archive), location)
+    unfinished = _unfinished(view)
+    plan = plan_retention(read_archive(view, holds, [name for name, _ in unfinished]), policy)
+    sizes = dict(view.files)
+    if location.is_local:
+        freed = sum(backup_bytes(Path(archive) / BACKUPS / b) for b in plan.removed_backups)
+    else:
+        gone = set(plan.removed_backups)
+        freed = sum(size for name, size in view.files_under(BACKUPS) if backup_of(name) in gone)
     if dry_run:
         removed = plan.removed_files
-    else:
+    elif location.is_local:
         for backup_id in plan.removed_backups:
-            remove_backup(archive, backup_id, sync=sync)
-        removed = remove_files(archive, plan.removed_files, sync=sync)
+            remove_backup(Path(archive), backup_id, sync=sync)
+        removed = remove_files(Path(archive), plan.removed_files, sync=sync)
+    else:
+        removed = _remove_from_bucket(view, plan, unfinished)
     freed += sum(sizes.get(name, 0) for name in removed)
     return CleanupReport(plan, tuple(removed), freed, dry_run)
+
+
+def _unfinished(view: ArchiveView) -> list[tuple[str, str]]:
+    """The unfinished multipart uploads under a bucket's ``backups/`` (name, upload ID); none
+    in a directory, nor when the credentials may not list them
+    (s3:ListBucketMultipartUploads: the store's lifecycle rule is then their end)."""
+    if view.location.is_local:
+        return []
+    from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - a bucket's location
+
+    assert isinstance(view.location, Bucket)  # what is_local says
+    try:
+        return view.location.unfinished_uploads(BACKUPS)
+    except StoreAccessDenied:
+        return []
+
+
+def _remove_from_bucket(view: ArchiveView, plan: RetentionPlan,
+                        unfinished: list[tuple[str, str]]) -> list[str]:
+    """Carry ``plan`` out in a bucket: each removed backup's record object, then its other
+    objects, its unfinished uploads aborted, then the WAL files; the WAL files removed."""
+    from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - a bucket's location
+
+    bucket = view.location
+    assert isinstance(bucket, Bucket)  # what is_local says
+    gone = set(plan.removed_backups)
+    objects = sorted((name for name, _ in view.files_under(BACKUPS) if backup_of(name) in gone),
+                     key=lambda name: (backup_of(name), not name.endswith("/" + RECORD_NAME)))
+    for name in objects:
+        bucket.delete(name)
+    for name, upload_id in unfinished:
+        if backup_of(name) in gone:
+            bucket.abort_upload(name, upload_id)
+    for name in plan.removed_files:
+        bucket.delete(name)
+    return list(plan.removed_files)
 
 
 def backup_bytes(path: Path) -> int:

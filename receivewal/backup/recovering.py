@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from receivewal.archive.sealed import NoIdentity
-from receivewal.backup.catalog import EntryState
+from receivewal.archive.view import ArchiveView
+from receivewal.backup.catalog import EntryState, backup_files, catalog_of
 from receivewal.backup.choice import RecoveryTarget, choose_backup, unusable
 from receivewal.backup.owner import Owner, hand_over, owner_problem
-from receivewal.backup.place import BackupPlace, BucketPlace, open_place
 from receivewal.backup.reach import chain_hole, last_transaction, replayed_segments
 from receivewal.backup.record import BackupRecord, utc_text
 from receivewal.backup.sealing import readable_files
@@ -85,20 +85,20 @@ class Recovered:
     text: str
 
 
-def target_timeline(place: BackupPlace, target: RecoveryTarget, newest: int) -> int:
+def target_timeline(place: ArchiveView, target: RecoveryTarget, newest: int) -> int:
     """The timeline recovery follows: the target's, else the newest the archive knows."""
     if target.timeline is not None:
         return target.timeline
     return max([newest, *place.histories()])
 
 
-def pick_backup(place: BackupPlace, settings: RecoverSettings) -> BackupRecord:
+def pick_backup(place: ArchiveView, settings: RecoverSettings) -> BackupRecord:
     """The backup the recovery starts from (see the module's docstring)."""
     identity = place.identity()
     if identity is None:
         raise ArchiveError(f"{place.archive} is not a receivewal archive (it has no identity "
                            "record): recover needs its WAL")
-    entries = place.catalog()
+    entries = catalog_of(place)
     histories = place.histories()
     timeline = target_timeline(place, settings.target, identity.timeline)
     held = place.held(identity.segment_size)
@@ -121,7 +121,7 @@ def pick_backup(place: BackupPlace, settings: RecoverSettings) -> BackupRecord:
                          has_wal=held.__contains__).record
 
 
-def check_chain(place: BackupPlace, record: BackupRecord, settings: RecoverSettings) -> None:
+def check_chain(place: ArchiveView, record: BackupRecord, settings: RecoverSettings) -> None:
     """Refuse a hole in the chain of segments from the backup to the end of the target
     timeline (ArchiveError naming the missing segment and the next one held): the server's
     restore calls would stop recovery there (exit 126). An LSN target before the hole does
@@ -131,7 +131,7 @@ def check_chain(place: BackupPlace, record: BackupRecord, settings: RecoverSetti
     size = identity.segment_size
     timeline = target_timeline(place, settings.target, identity.timeline)
     hole = chain_hole(record, timeline, place.histories(), place.held(size).__contains__,
-                      place.source().names)
+                      place.names)
     if hole is None:
         return
     missing, following = hole
@@ -146,7 +146,7 @@ def check_chain(place: BackupPlace, record: BackupRecord, settings: RecoverSetti
         "the missing segment back, then run recover again)")
 
 
-def check_reach(place: BackupPlace, record: BackupRecord, settings: RecoverSettings
+def check_reach(place: ArchiveView, record: BackupRecord, settings: RecoverSettings
                 ) -> str | None:
     """Refuse a time target the archive's WAL never reaches (ArchiveError naming its last
     commit), unless ``beyond_archive``; a warning when its WAL cannot be read without a key."""
@@ -182,21 +182,21 @@ def check_reach(place: BackupPlace, record: BackupRecord, settings: RecoverSetti
 def run_recover(settings: RecoverSettings) -> Recovered:
     """Unpack and prepare the recovery; the backup, where it went, what the configuration
     lost, and how to start the server."""
-    place = open_place(settings.archive)
+    place = ArchiveView.open(settings.archive)
     refuse_unless_empty(settings.pgdata, "data directory")
     record = pick_backup(place, settings)
     for directory in tablespace_directories(record, settings.mapping).values():
         refuse_unless_empty(directory, "tablespace directory")
     # a sealed backup: the key is checked before anything is written
-    files = readable_files(place.files(record.backup_id), record, settings.identity)
+    files = readable_files(backup_files(place, record.backup_id), record, settings.identity)
     check_chain(place, record, settings)
     warning = check_reach(place, record, settings)
     # the server runs restore_command in the data directory: a directory is named absolute
-    archive = place.archive if isinstance(place, BucketPlace) \
-        else str(Path(place.archive).absolute())
+    archive = str(Path(place.archive).absolute()) if place.location.is_local \
+        else place.archive
     identity = None if settings.identity is None else str(Path(settings.identity).absolute())
     problem = None if settings.owner is None else owner_problem(
-        settings.owner, None if isinstance(place, BucketPlace) else Path(archive), identity,
+        settings.owner, Path(archive) if place.location.is_local else None, identity,
         settings.restore_prefix)
     if problem is not None and settings.owner_given:
         raise ArchiveError(f"{problem}; nothing was written")
@@ -225,12 +225,12 @@ def run_recover(settings: RecoverSettings) -> Recovered:
                  "record says): this restore_command has no --identity, so the server's "
                  "restore calls cannot read sealed segments (exit 126) and recovery stops "
                  "there; to read them, run recover again with --identity FILE.")
-    if isinstance(place, BucketPlace):
+    if not place.location.is_local:
         text += ("\nThe restore_command reads the bucket: the server's environment needs the "
                  "same object storage settings as this command (AWS_ENDPOINT_URL, "
                  "credentials, AWS_REGION...), e.g. in the service's environment file.")
-    stream = f"-D DIR --upload-to {archive}" if isinstance(place, BucketPlace) \
-        else f"-D {archive}"
+    stream = f"-D {archive}" if place.location.is_local \
+        else f"-D DIR --upload-to {archive}"
     text += ("\nOnce it has promoted (on a new timeline), the same archive goes on with it: "
              f"receivewal stream {stream} against the new primary, with a new slot (--slot "
              "NAME --create-slot-if-missing); its backups go into the same archive, and a "

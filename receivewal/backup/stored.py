@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from receivewal.archive.compression import decompress_chunks
+from receivewal.archive.location import Location
 from receivewal.archive.reading import open_regular, read_small_file
 from receivewal.backup.manifest import MANIFEST_CAP, Manifest, ManifestCheck, parse_manifest
 from receivewal.backup.record import BackupRecord, StoredArchive
@@ -57,6 +58,23 @@ class DirectoryFiles:
 
     def read_small(self, name: str, cap: int) -> bytes:
         return read_small_file(self.path / name, cap)
+
+
+@dataclass(frozen=True)
+class LocationFiles:
+    """A backup's files in a folder of a location (a bucket's ``backups/<id>/``)."""
+
+    location: Location
+    folder: str
+
+    def where(self, name: str) -> str:
+        return self.location.where(f"{self.folder}/{name}")
+
+    def open(self, name: str) -> BinaryIO:
+        return self.location.open(f"{self.folder}/{name}")
+
+    def read_small(self, name: str, cap: int) -> bytes:
+        return self.location.read_small(f"{self.folder}/{name}", cap)
 
 
 def files_of(backup: Path | BackupFiles) -> BackupFiles:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from receivewal.archive.sources import list_directory
+from receivewal.archive.location import list_directory
 from receivewal.backup.catalog import read_catalog, tree_bytes
 from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord

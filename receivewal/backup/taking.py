@@ -3,9 +3,9 @@
 The archive must be receivewal's (its identity record: ``receivewal stream`` writes it) and of
 the server's system: another system identifier or segment size is refused before anything is
 written. The backup goes to ``ARCHIVE/backups/<id>/`` or is uploaded to
-``s3://BUCKET/PREFIX/backups/<id>/`` (:mod:`receivewal.backup.place`), checked against its
-manifest as it arrives (:mod:`receivewal.backup.receipt`); then, before its record is written,
-the archive must hold every WAL segment from the backup's start to its end: the ``stream``
+``s3://BUCKET/PREFIX/backups/<id>/`` (:func:`new_backup`), checked against its manifest as it
+arrives (:mod:`receivewal.backup.receipt`); then, before its record is written, the archive
+must hold every WAL segment from the backup's start to its end: the ``stream``
 daemon archives them, and the end segment is completed by the switch the server makes at the
 backup's end. After ``wal_wait`` seconds without one of them the backup is given up (its
 directory removed, no record written) with an error naming the segment.
@@ -17,15 +17,18 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Protocol
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
 from receivewal.archive.identity import ArchiveIdentity, check_same_cluster
 from receivewal.archive.recipients import RecipientSet
+from receivewal.archive.view import ArchiveView
+from receivewal.backup.catalog import backup_where
 from receivewal.backup.command import BackupRequest
-from receivewal.backup.place import BackupPlace, open_place
 from receivewal.backup.record import BackupRecord
-from receivewal.backup.transfer import take_backup_into
+from receivewal.backup.transfer import BackupTarget, take_backup_into
 from receivewal.errors import ArchiveError, StopRequested
 from receivewal.replication.commands import identify_server
 from receivewal.replication.connection import ReplicationConnection
@@ -49,7 +52,7 @@ class BackupSettings:
     encrypt_to: RecipientSet | None = None  # --encrypt-to: every file sealed to them
 
 
-def archive_identity(place: BackupPlace) -> ArchiveIdentity:
+def archive_identity(place: ArchiveView) -> ArchiveIdentity:
     """The archive's identity; ArchiveError when it has none (it is no receivewal archive
     yet)."""
     identity = place.identity()
@@ -60,7 +63,7 @@ def archive_identity(place: BackupPlace) -> ArchiveIdentity:
     return identity
 
 
-def wait_for_wal(place: BackupPlace, record: BackupRecord, wait: float, *,
+def wait_for_wal(place: ArchiveView, record: BackupRecord, wait: float, *,
                  stopping: Callable[[], bool] = lambda: False,
                  say: Callable[[str], None] = lambda _: None,
                  clock: Callable[[], float] = time.monotonic,
@@ -114,7 +117,7 @@ def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambd
     """Take the backup; its record and where it is. ``prompt`` is asked for a password once
     when the server wants one the connection string lacks; ``watch`` follows the bytes (the
     server is asked for its estimate, an extra pass over its files, only then)."""
-    place = open_place(settings.archive)
+    place = ArchiveView.open(settings.archive)
     identity = archive_identity(place)
     conn = ReplicationConnection.open(settings.conninfo, prompt)
     try:
@@ -122,8 +125,8 @@ def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambd
         check_same_cluster(place.archive, identity, ArchiveIdentity(
             server.system_identifier, server.segment_size, server.timeline))
         if settings.encrypt_to is not None:  # listed before anything is sealed to it
-            place.adopt_recipients(settings.encrypt_to, sync=settings.sync,
-                                   file_mode=server.file_mode)
+            adopt_recipients(place, settings.encrypt_to, sync=settings.sync,
+                             file_mode=server.file_mode)
         say(f"base backup of database system {server.system_identifier} started: "
             + checkpoint_wait(settings.request.fast))
         request = settings.request
@@ -138,13 +141,42 @@ def run_backup(settings: BackupSettings, *, stopping: Callable[[], bool] = lambd
 
         record = take_backup_into(
             conn, request,
-            lambda started: place.new_backup(started, settings.compress, sync=settings.sync,
-                                             file_mode=server.file_mode,
-                                             recipients=settings.encrypt_to),
+            lambda started: new_backup(place, started, settings.compress, sync=settings.sync,
+                                       file_mode=server.file_mode,
+                                       recipients=settings.encrypt_to),
             server, stopping=stopping,
             before_commit=lambda rec: wait_for_wal(place, rec, settings.wal_wait,
                                                    stopping=stopping, say=say), say=say,
             on_started=checkpoint_done, on_progress=None if watch is None else watch.update)
     finally:
         conn.close()
-    return record, place.backup_where(record.backup_id)
+    return record, backup_where(place, record.backup_id)
+
+
+def new_backup(place: ArchiveView, started: datetime, compress: CompressSpec, *, sync: bool,
+               file_mode: int, recipients: RecipientSet | None = None) -> BackupTarget:
+    """A new backup's target in the archive, named for its start (its files sealed to
+    ``recipients`` when given): a directory of ``backups/``, or a bucket's uploads."""
+    if place.location.is_local:
+        from receivewal.backup.directory import BackupDirectory  # noqa: PLC0415
+
+        return BackupDirectory.create(Path(place.archive), started, compress, sync=sync,
+                                      file_mode=file_mode, recipients=recipients)
+    from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - a bucket's location
+    from receivewal.backup.upload import BucketBackup  # noqa: PLC0415
+
+    assert isinstance(place.location, Bucket)  # what is_local says
+    return BucketBackup.create(place.location, started, compress, recipients)
+
+
+def adopt_recipients(place: ArchiveView, recipients: RecipientSet, *, sync: bool,
+                     file_mode: int) -> None:
+    """List ``recipients`` in the archive's identity record before a backup is sealed to
+    them (``--encrypt-to``). A bucket's identity object is create-only (``stream
+    --upload-to`` writes it, with the sets it knew): it is not rewritten; the backup's record
+    and recipients objects say to whom its files are sealed."""
+    if place.location.is_local:
+        from receivewal.archive.directory import Archive  # noqa: PLC0415
+
+        Archive(Path(place.archive), sync=sync, file_mode=file_mode).adopt_recipients(
+            recipients)

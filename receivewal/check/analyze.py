@@ -34,15 +34,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
-from receivewal.archive.objectstore import is_bucket_url
+from receivewal.archive.location import is_bucket_url, is_uri, pyarrow_uri
 from receivewal.archive.sealed import DecryptingOpener, Unsealer, sealed_cap
-from receivewal.archive.sources import (
-    ArchiveSource,
-    BucketOpener,
-    connect,
-    list_directory,
-    recorded_identity,
-)
+from receivewal.archive.sources import BucketOpener, OpenedLocation, recorded_identity
+from receivewal.archive.view import locate
 from receivewal.check.crosscheck import (
     ArchiveReport,
     FollowerRun,
@@ -81,18 +76,11 @@ RESULT_SCHEMA = (
 
 
 # -- files -------------------------------------------------------------------------------------
-def is_uri(path: str) -> bool:
-    """Whether ``path`` is a URI (hdfs://, s3a://, file://...) rather than a local path."""
-    return "://" in path
-
-
 def open_uri(uri: str) -> BinaryIO:
     """Open a file named by a URI with pyarrow's file systems (hdfs, s3/s3a, gs, file)."""
     from pyarrow import fs as pafs
 
-    if uri.startswith("s3a://"):
-        uri = "s3://" + uri[len("s3a://"):]
-    filesystem, path = pafs.FileSystem.from_uri(uri)
+    filesystem, path = pafs.FileSystem.from_uri(pyarrow_uri(uri))
     return cast(BinaryIO, filesystem.open_input_stream(path))
 
 
@@ -109,10 +97,8 @@ def list_archive(spark: Any, root: str) -> list[tuple[str, int]]:
     ``s3://`` archive: one listing of the prefix, on the driver; a directory as verify lists
     it, so that a FIFO, a device or a directory under a WAL file's name is that file,
     unreadable, and reported)."""
-    if is_bucket_url(root):
-        return connect(root).list_files()
-    if not is_uri(root):
-        return list(list_directory(Path(root)))
+    if is_bucket_url(root) or not is_uri(root):
+        return locate(root).listing()
     rows = spark.read.format("binaryFile").load(root).select("path", "length").collect()
     return sorted((r["path"].rsplit("/", 1)[-1], int(r["length"])) for r in rows)
 
@@ -237,8 +223,7 @@ def plan_archive(spark: Any, root: str, compressibility: bool, identity_file: st
              t.segment.partial, json.dumps(t.followers), sizes[t.file], segment_size,
              compressibility, identity_file)
             for t in plan_scans(chosen, segment_size=segment_size)]
-    histories = histories_of(ArchiveSource(base, opener, tuple(files)), history_names,
-                             problems)
+    histories = histories_of(OpenedLocation(base, opener), history_names, problems)
     return rows, dict(histories), segment_size, problems, system_identifier_of(identity)
 
 

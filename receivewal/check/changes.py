@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from receivewal.archive.compression import open_local
+from receivewal.archive.location import is_uri
 from receivewal.archive.storedform import Unsealing, plain_chunks
-from receivewal.check.analyze import is_uri, list_archive, opener_for, parallelism
+from receivewal.check.analyze import list_archive, opener_for, parallelism
 from receivewal.errors import ArchiveError, ReceivewalError
 from receivewal.logical.scan import scan_file
 from receivewal.logical.store import parse_file_name

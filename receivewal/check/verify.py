@@ -18,7 +18,7 @@ from typing import Any
 
 from receivewal.archive.compression import Opener, compressed_sizes, read_wal_file
 from receivewal.archive.identity import ArchiveIdentity
-from receivewal.archive.reading import HISTORY_FILE_CAP
+from receivewal.archive.location import Location
 from receivewal.archive.sealed import (
     DecryptingOpener,
     NoIdentity,
@@ -27,13 +27,8 @@ from receivewal.archive.sealed import (
     sealed_cap,
 )
 from receivewal.archive.segmentbuffer import read_segment
-from receivewal.archive.sources import (
-    ArchiveSource,
-    decide_segment_size,
-    list_source,
-    read_capped,
-    recorded_identity,
-)
+from receivewal.archive.sources import ArchiveSource, decide_segment_size
+from receivewal.archive.view import ArchiveView, locate, read_histories
 from receivewal.check.crosscheck import (
     ArchiveReport,
     ScanTask,
@@ -238,9 +233,10 @@ def verify_archive(archive: Path | str, *, jobs: int | None = None,
     foreign to it. Sealed segments (``.age``) are decrypted with ``identity_file``
     (``--identity``; KeyFileError at once when it cannot be used); without one each is a
     ``not_checked`` problem naming who can read it (the verdict is then not "recoverable")."""
-    source = list_source(archive)
+    view = ArchiveView(str(archive), locate(str(archive)))
+    source = view.source()
     names = source.names
-    identity = recorded_identity(source.base, names, source.open_binary)
+    identity = view.identity()
     if segment_size is None:
         segment_size = detect_segment_size(source.base, names, source.open_binary, identity)
     segments, history_names = classify(names, segment_size)
@@ -257,7 +253,7 @@ def verify_archive(archive: Path | str, *, jobs: int | None = None,
     results = run_scans(tasks, source, segment_size, jobs=jobs,
                         compressibility=compressibility, collect_lsns=collect_lsns,
                         open_binary=opener)
-    histories = histories_of(source, history_names, problems)
+    histories = histories_of(view.location, history_names, problems)
     for r in results:
         problems.extend(r.problems)
     report = check_archive(segment_size, [r.scan for r in results if r.scan is not None],
@@ -440,20 +436,15 @@ def report_lines(report: ArchiveReport, directory: str, results: list[FileResult
     return lines
 
 
-def histories_of(source: ArchiveSource, names: Iterable[str], problems: list[WalProblem],
+def histories_of(location: Location, names: Iterable[str], problems: list[WalProblem],
                  ) -> Mapping[int, str]:
-    """The text of each history file among ``names``; one that cannot be read (not a regular
+    """The text of each history file among ``names`` at ``location`` (read by
+    :func:`~receivewal.archive.view.read_histories`); one that cannot be read (not a regular
     file, too large) is left out, with a problem naming it added to ``problems``."""
-    out = {}
-    for name in names:
-        tli = parse_history_file_name(name)
-        if tli is None:
-            continue
-        try:
-            out[tli] = read_capped(source.path(name), HISTORY_FILE_CAP,
-                                   source.open_binary).decode(errors="replace")
-        except (ArchiveError, OSError) as exc:
-            detail = str(exc) if isinstance(exc, ArchiveError) else \
-                f'cannot read "{source.path(name)}": {exc.strerror or exc}'
-            problems.append(WalProblem("unreadable", name, 0, detail))
-    return out
+    failed: list[tuple[str, Exception]] = []
+    found = read_histories(location, names, failed)
+    for name, exc in failed:
+        detail = f'cannot read "{location.where(name)}": {exc.strerror or exc}' \
+            if isinstance(exc, OSError) else str(exc)
+        problems.append(WalProblem("unreadable", name, 0, detail))
+    return {timeline: data.decode(errors="replace") for timeline, data in found.items()}

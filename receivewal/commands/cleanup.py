@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import click
 
+from receivewal.archive.location import is_bucket_url
 from receivewal.backup.archivecleanup import plan_archive_cleanup
 from receivewal.backup.cleanup import (
     CleanupReport,
@@ -156,12 +157,8 @@ def after_backup(archive: str | Path, environ: Mapping[str, str] | None = None,
                                          datetime.now(UTC))
     if policy is None:
         return None
-    if str(archive).startswith("s3://"):
-        from receivewal.backup.bucketcleanup import (  # noqa: PLC0415 - boto3 for a bucket
-            apply_policy_to_bucket,
-        )
-
-        return apply_policy_to_bucket(str(archive), policy)
+    if is_bucket_url(str(archive)):  # no daemon state: its slot and backlog are elsewhere
+        return apply_policy(str(archive), policy)
     directory = Path(archive)
     return apply_policy(directory, policy, daemon_holds(directory))
 
@@ -267,7 +264,7 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
         directory, arguments = arguments[0], arguments[1:]
     if not directory:
         raise _usage("give the archive: -D ARCHIVE")
-    if directory.startswith("s3://"):
+    if is_bucket_url(directory):
         _bucket_cleanup(directory, arguments, keep_backups, recovery_window, dry_run=dry_run)
         return
     path = Path(directory)
@@ -316,12 +313,8 @@ def _bucket_cleanup(url: str, arguments: tuple[str, ...], keep_backups: str | No
         raise _usage(f"{url}: OLDESTKEPTWALFILE goes with an archive directory; give a bucket "
                      "a retention policy")
     policy = _policy(keep_backups, recovery_window)
-    from receivewal.backup.bucketcleanup import (  # noqa: PLC0415 - boto3 only for a bucket
-        apply_policy_to_bucket,
-    )
-
     try:
-        report = apply_policy_to_bucket(url, policy, dry_run=dry_run)
+        report = apply_policy(url, policy, dry_run=dry_run)
     except ReceivewalError as exc:
         raise click.ClickException(f"{exc}; cleanup stopped there") from exc
     click.echo("\n".join(report_lines(report)))

@@ -183,7 +183,9 @@ def _may_hold_backups(archive: str) -> bool:
     plain WAL archive's verify loads none of the backups' modules."""
     import os  # noqa: PLC0415 - loaded by the interpreter's start anyway
 
-    return archive.startswith("s3://") or os.path.isdir(os.path.join(archive, "backups"))
+    from receivewal.archive.location import is_bucket_url  # noqa: PLC0415
+
+    return is_bucket_url(archive) or os.path.isdir(os.path.join(archive, "backups"))
 
 
 def check_backups(archive: str, identity: str | None = None) -> list[BackupCheck]:

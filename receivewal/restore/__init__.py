@@ -36,7 +36,7 @@ LEAN = frozenset({
     "receivewal.commands.configfile",  # read first when RECEIVEWAL_CONFIG names a file
     "receivewal.restore", "receivewal.restore.call", "receivewal.restore.served",
     "receivewal.restore.spoolfiles", "receivewal.restore.absence",
-    "receivewal.archive", "receivewal.archive.durable",
+    "receivewal.archive", "receivewal.archive.durable", "receivewal.archive.location",
     "receivewal.wal", "receivewal.wal.lsn", "receivewal.wal.pageheader", "receivewal.wal.majors",
     "receivewal.wal.leannames",
 })

@@ -30,6 +30,7 @@ import os
 import sys
 import time
 
+from receivewal.archive.location import is_bucket_url
 from receivewal.errors import ReceivewalError
 from receivewal.restore import served
 from receivewal.secrets import is_private_key, key_given_as_file, redacted
@@ -79,12 +80,6 @@ class Call:
     def source(self) -> str:
         """Where the archive is, for the prefetch spool (:func:`source_id`)."""
         return source_id(self.directory)
-
-
-def is_bucket_url(text: str) -> bool:
-    """Whether the archive is object storage: :func:`receivewal.archive.objectstore.is_bucket_url`,
-    without importing that module (a test holds the two equal)."""
-    return text.startswith("s3://")
 
 
 class _Terminated(BaseException):

@@ -100,7 +100,7 @@ def fetcher(directory: str, spool: Spool, identity_file: str | None = None,
     ``identity_file`` (the calls' ``--identity``) before they are checked and spooled."""
     from receivewal.archive.directory import Archive  # noqa: PLC0415 - in the filler
     from receivewal.archive.identity import ArchiveIdentity  # noqa: PLC0415
-    from receivewal.archive.objectstore import is_bucket_url  # noqa: PLC0415
+    from receivewal.archive.location import is_bucket_url  # noqa: PLC0415
     from receivewal.restore.local import archive_segment_size, restore_file  # noqa: PLC0415
     from receivewal.restore.spoolfiles import archive_fingerprint  # noqa: PLC0415
     from receivewal.restore.writing import NotInArchive  # noqa: PLC0415

@@ -47,6 +47,9 @@ WRITES_OTHER = {
     "archive/directory.py::Archive.write_file_durably": "small files of the archive",
     "archive/directory.py::Archive.write_history": "a history file as the server sent it",
     "archive/bucket.py::Bucket.claim_prefix": "the prefix's identity object",
+    "archive/location.py::DirectoryLocation.put_new": "the directory driver's create-only put "
+        "of a small file (the location interface's; WAL is uploaded by the uploader, above, "
+        "and restored through write_restored)",
     "archive/partials.py::_convert": "a .partial converted inside the archive (start-up)",
     "archive/uploads.py::write_upload_record": "the upload record",
     "restore/spoolfiles.py::_write_bytes": "the spool's small records (.wanted, .window...)",

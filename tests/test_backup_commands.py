@@ -134,6 +134,9 @@ def recover_and_check(world: World, archive: str, expect_id: str) -> str:
     """``recover --target-time`` from ``archive`` into a new data directory (the tablespace
     moved), the server started: 'before' and every pgbench transaction are there, 'after'
     is not. The command's output."""
+    # the stream daemon goes on completing segments with mode 0600 after the fixture made the
+    # archive readable: the server user's restore_command must read them too
+    readable_by_postgres(world.archive)
     name = f"recovered-{next(_names)}"
     pgdata, moved = world.base / name, world.base / f"{name}-ts"
     env = " ".join(f"{k}={v}" for k, v in world.env().items())

@@ -120,3 +120,52 @@ def test_an_unreadable_state_file_stops_the_cleanup(tmp_path: Path) -> None:
     assert done.stderr.startswith(f"receivewal: error: {tmp_path / '.receivewal-state.json'}: "
                                   "invalid state file")
     assert (tmp_path / "000000010000000000000001").exists()
+
+
+IDENTITY = ('{"system_identifier": "7000000000000000001", "wal_segment_size": 16777216, '
+            '"timeline": 1}\n')
+CHANGE_LOG = ("00000000016B3A28.jsonl", "00000000016C0000.jsonl.partial", ".sealed-through")
+
+
+@pytest.mark.parametrize("form", [("--keep-backups", "1"), ("000000010000000000000003",)])
+@pytest.mark.parametrize(("files", "what"), [
+    ((), "holds neither the archive's identity file (.receivewal-archive.json) nor WAL files"),
+    (("notes.txt",),
+     "holds neither the archive's identity file (.receivewal-archive.json) nor WAL files"),
+    (CHANGE_LOG, "is a logical change log directory"),
+])
+def test_a_directory_that_is_no_wal_archive_is_refused(tmp_path: Path, form: tuple[str, ...],
+                                                       files: tuple[str, ...],
+                                                       what: str) -> None:
+    """Issue 35 item 5: cleanup of a directory that holds no WAL archive (a change log's, an
+    empty one, anything else) says so in one line and exits 2 instead of doing nothing."""
+    for name in files:
+        (tmp_path / name).write_text("x\n")
+    done = run("-D", str(tmp_path), *form)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == (f'receivewal: error: "{tmp_path}" is not a WAL archive: it {what}\n')
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
+
+
+@pytest.mark.parametrize("form", [("--keep-backups", "1"), ("000000010000000000000003",)])
+def test_a_new_archive_with_only_its_identity_is_cleaned_as_before(
+        tmp_path: Path, form: tuple[str, ...]) -> None:
+    """An archive stream has just created (its identity file, no segment yet) is one: cleanup
+    removes nothing and exits 0, in both forms."""
+    (tmp_path / ".receivewal-archive.json").write_text(IDENTITY)
+    done = run("-D", str(tmp_path), *form)
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [".receivewal-archive.json"]
+
+
+def test_pg_archivecleanups_form_on_segments_without_an_identity_file(tmp_path: Path) -> None:
+    """A directory of WAL segments that no receivewal wrote (archive_command's) is still
+    cleaned as pg_archivecleanup cleans it."""
+    for name in ("000000010000000000000001", "000000010000000000000002.gz",
+                 "000000010000000000000003", "00000002.history"):
+        (tmp_path / name).write_bytes(b"")
+    done = run("-D", str(tmp_path), "000000010000000000000003")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["000000010000000000000003",
+                                                          "00000002.history"]

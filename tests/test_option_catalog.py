@@ -33,12 +33,6 @@ HOMONYMS = {
     "-d": "stream's --dbname (pg_receivewal's -d) and cleanup's -d (pg_archivecleanup's debug)",
 }
 
-#: Constants still defined twice, each with the work that ends it.
-PENDING = {
-    "IDENTITY_FILE": "restore's lean path spells the archive identity file's name: the location "
-                     "door (issue 34, section 1) gives it one home",
-}
-
 
 def _spellings(node: ast.Call) -> list[str]:
     """The spellings a declaration's positional arguments give (``"-D"``, ``("-D",
@@ -108,7 +102,7 @@ def constants_twice(package: Path) -> dict[str, list[str]]:
             if text.startswith("RECEIVEWAL_"):
                 variables[text].add(name)
     twice = {f"{name} = {value!r}": modules for (name, value), modules in pairs.items()
-             if len(modules) > 1 and name not in PENDING}
+             if len(modules) > 1}
     twice |= {value: sorted(names) for value, names in variables.items() if len(names) > 1}
     return twice
 

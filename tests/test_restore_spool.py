@@ -19,7 +19,7 @@ import pytest
 from support.holders import holders_of
 from support.walgen import SEGMENT, SYSID, name_of, wal_segment
 
-from receivewal.archive import durable
+from receivewal.archive import durable, location
 from receivewal.restore import served, spoolfiles
 from receivewal.restore.call import source_id
 from receivewal.restore.filler import SPOOL_DIR, Spool
@@ -225,7 +225,7 @@ def test_an_archive_swapped_for_another_clusters_under_a_live_filler_is_refused(
     directory at that path is swapped for cluster Y's archive: the next calls exit 126 naming
     both systems, and nothing is written to %p (before: segment 4 came from the old spool,
     exit 0, and the later calls restored Y's WAL into X's recovery)."""
-    assert spoolfiles.IDENTITY_FILE == IDENTITY
+    assert location.IDENTITY_FILE == IDENTITY
     archive, target, _spool = spool_filled(tmp_path)
     before = target.read_bytes()
     swap_in(archive, OTHER)

@@ -1,3 +1,5 @@
+# Over 500 lines: the S3 driver: the door's operations, retries, stream upload and prefix claim.
+# Moving the multipart stream upload and the prefix claim out of it is pending (issue 34).
 """An archive in object storage: the only module that imports boto3 and botocore.
 
 boto3 is imported when a :class:`Bucket` connects, never at import time, so that nothing that

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the record's name, spelled once at the location (restore's lean path), re-exported here
+from receivewal.archive.location import IDENTITY_FILE as IDENTITY_FILE  # noqa: PLC0414
 from receivewal.archive.recipients import AdoptedSet, sets_from_json, sets_to_json
 from receivewal.errors import ForeignArchive, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER
 from receivewal.wal.timeline import is_timeline_id
-
-IDENTITY_FILE = ".receivewal-archive.json"
 
 
 @dataclass(frozen=True)

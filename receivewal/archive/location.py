@@ -26,6 +26,9 @@ TYPE_CHECKING = False  # typing stays off restore's lean path
 if TYPE_CHECKING:
     from typing import BinaryIO
 
+#: The name of the archive's identity record (:mod:`receivewal.archive.identity`) at its
+#: location, a directory's file or a prefix's object; spelled here, on restore's lean path.
+IDENTITY_FILE = ".receivewal-archive.json"
 #: The scheme of an archive in object storage: ``s3://BUCKET/PREFIX``.
 SCHEME = "s3://"
 #: Spark's name for the same store (Hadoop's S3A file system), which pyarrow calls s3.

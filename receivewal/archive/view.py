@@ -16,13 +16,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from receivewal.archive.identity import ArchiveIdentity
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
 from receivewal.archive.location import DirectoryLocation, Location, is_bucket_url
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.errors import ArchiveError, StoreError
 from receivewal.wal.names import (
     ENCRYPTED_SUFFIX,
     AtRest,
+    is_other_wal_file_name,
+    looks_like_segment,
     parse_encrypted_segment_name,
     parse_history_file_name,
     parse_segment_file_name,
@@ -94,6 +96,15 @@ def held_segments(names: Iterable[str], segment_size: int) -> set[str]:
         if segment is not None and not segment.partial:
             held.add(segment.wal_name(segment_size))
     return held
+
+
+def is_wal_archive(names: Iterable[str]) -> bool:
+    """Whether a listing is a WAL archive's: its identity file (an archive stream has just
+    created holds nothing else yet), or a WAL file in any form (a segment, plain, compressed,
+    encrypted or ``.partial``; a history or backup history file), as a directory that
+    archive_command fills holds without an identity file."""
+    return any(name == IDENTITY_FILE or looks_like_segment(name.removesuffix(ENCRYPTED_SUFFIX))
+               or is_other_wal_file_name(name) for name in names)
 
 
 def segment_forms(wal_name: str) -> list[str]:

@@ -12,6 +12,10 @@ is pg_archivecleanup's, for ``archive_cleanup_command``
 (:mod:`receivewal.backup.archivecleanup`): silent but for ``-n``'s file paths on standard
 output and ``-d``'s lines on standard error, as pg_archivecleanup prints them.
 
+Both refuse a directory that holds no WAL archive (:func:`~receivewal.archive.view.
+is_wal_archive`: neither its identity file nor a WAL file), a logical change log's for one, as
+a usage error: cleanup would do nothing there and say nothing.
+
 Exit codes: 0 done, 1 an error while reading or removing, 2 a usage error (as
 pg_archivecleanup).
 """
@@ -27,7 +31,9 @@ from typing import Any, TypeVar
 
 import click
 
+from receivewal.archive.identity import IDENTITY_FILE
 from receivewal.archive.location import is_bucket_url
+from receivewal.archive.view import is_wal_archive
 from receivewal.backup.archivecleanup import plan_archive_cleanup
 from receivewal.backup.cleanup import (
     CleanupReport,
@@ -52,6 +58,7 @@ from receivewal.commands.plain import TEXT, Option
 from receivewal.daemon.settings import SLOT_NAME_RE
 from receivewal.daemon.state import State, read_state
 from receivewal.errors import ConfigurationError, ForeignArchive, ReceivewalError
+from receivewal.logical.store import parse_file_name
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import RECIPIENTS_SUFFIX
 
@@ -272,6 +279,7 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
         raise _usage(f'archive location "{directory}" does not exist')
     if len(arguments) > 1:
         raise _usage(f'too many command-line arguments (first is "{arguments[1]}")')
+    _check_wal_archive(path)
     if arguments:
         if keep_backups is not None or recovery_window is not None:
             raise _usage("give either a retention policy or OLDESTKEPTWALFILE, not both")
@@ -291,6 +299,23 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
     except ReceivewalError as exc:
         raise click.ClickException(f"{exc}; cleanup stopped there") from exc
     click.echo("\n".join(report_lines(report)))
+
+
+def _check_wal_archive(path: Path) -> None:
+    """A usage error when the directory holds no WAL archive (a logical change log's, an
+    empty one, anything else), where cleanup would do nothing and say nothing."""
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        raise click.ClickException(f'could not open archive location "{path}": '
+                                   f"{exc.strerror or exc}") from exc
+    if is_wal_archive(names):
+        return
+    if any(parse_file_name(name) is not None for name in names):
+        what = "is a logical change log directory"
+    else:
+        what = f"holds neither the archive's identity file ({IDENTITY_FILE}) nor WAL files"
+    raise _usage(f'"{path}" is not a WAL archive: it {what}')
 
 
 def _conninfo(dbname: str | None, host: str | None, port: str | None,

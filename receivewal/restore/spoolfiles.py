@@ -27,6 +27,7 @@ import stat
 import zlib
 
 from receivewal.archive import durable
+from receivewal.archive.location import IDENTITY_FILE
 from receivewal.wal.leannames import is_segment_name
 
 SPOOL_PARTS = (".receivewal", "prefetch")  # below pg_wal; then the archive's digest
@@ -36,7 +37,6 @@ WINDOW_FILE = ".window"
 WANTED_FILE = ".wanted"
 SOURCE_FILE = ".source"  # "SYSID\nSEGMENT_SIZE\nFINGERPRINT\nSOURCE\n": "-" for what is not
 # known yet (a bucket's fingerprint is always "-")
-IDENTITY_FILE = ".receivewal-archive.json"  # archive.identity's, spelled here for the lean path
 ASK_FILE = ".ask"  # a call's question to the filler: "NAME TOKEN"
 ANSWER_FILE = ".answer"  # the filler's answer: "NAME TOKEN absent" or "NAME TOKEN failed"
 

@@ -44,7 +44,13 @@ def install_for_postgres(base: Path, extra: tuple[str, ...] = (), *, package: Pa
 
 
 def readable_by_postgres(archive: Path) -> None:
-    """Let the server user read the archive (its directory and files)."""
+    """Let the server user read the archive (its directory and files) as they are now: a
+    stream daemon writing into it creates what it completes later with mode 0600, so call this
+    again right before each recovery. A file renamed away meanwhile (a ``.partial`` completed,
+    a temporary name) is passed over."""
     archive.chmod(0o755)
     for path in archive.iterdir():
-        path.chmod(0o644)
+        try:
+            path.chmod(0o644)
+        except FileNotFoundError:
+            continue

@@ -170,6 +170,29 @@ def test_recover_to_a_time_from_the_directory(world: World) -> None:
     recover_and_check(world, str(world.archive), world.local_id)
 
 
+def test_backups_lists_the_directorys_and_the_buckets_backups(world: World) -> None:
+    """``backups -D`` (issue 35 §2) of the directory and of the bucket: each backup taken
+    into it on its line, complete, with its WAL held; ``--json`` says the same, oldest
+    first."""
+    for archive, backup_id in ((str(world.archive), world.local_id),
+                               (world.url, world.bucket_id)):
+        shown = run(world, "backups", "-D", archive)
+        assert shown.returncode == 0, shown.stderr
+        line = next(line for line in shown.stdout.splitlines()
+                    if line.startswith(f"{backup_id}  "))
+        assert "  plain  complete  recovers from " in line, line
+        assert line.endswith("  WAL held"), line
+        document = json.loads(run(world, "backups", "-D", archive, "--json").stdout)
+        ids = [b["backup_id"] for b in document]
+        assert ids == sorted(ids)
+        listed = next(b for b in document if b["backup_id"] == backup_id)
+        assert (listed["state"], listed["wal_held"], listed["sealed"]) == \
+            ("complete", True, False)
+        assert listed["stored_bytes"] > 0
+    local = json.loads(run(world, "backups", "-D", str(world.archive), "--json").stdout)
+    assert next(b for b in local if b["backup_id"] == world.local_id)["compression"] == "lz4"
+
+
 def test_a_data_directory_that_is_not_empty_is_refused(world: World, tmp_path: Path) -> None:
     (tmp_path / "PG_VERSION").write_text("15\n")
     done = run(world, "recover", "--to", str(tmp_path), "-D", str(world.archive))

@@ -173,6 +173,59 @@ def test_recover_to_a_time_from_the_directory(world: World) -> None:
     recover_and_check(world, str(world.archive), world.local_id)
 
 
+def test_backups_lists_the_directorys_and_the_buckets_backups(world: World) -> None:
+    """``backups -D`` (issue 35 §2) of the directory and of the bucket: each backup taken
+    into it on its line, complete, with its WAL held; ``--json`` says the same, oldest
+    first."""
+    for archive, backup_id in ((str(world.archive), world.local_id),
+                               (world.url, world.bucket_id)):
+        shown = run(world, "backups", "-D", archive)
+        assert shown.returncode == 0, shown.stderr
+        line = next(line for line in shown.stdout.splitlines()
+                    if line.startswith(f"{backup_id}  "))
+        assert "  plain  complete  recovers from " in line, line
+        assert line.endswith("  WAL held"), line
+        document = json.loads(run(world, "backups", "-D", archive, "--json").stdout)
+        ids = [b["backup_id"] for b in document]
+        assert ids == sorted(ids)
+        listed = next(b for b in document if b["backup_id"] == backup_id)
+        assert (listed["state"], listed["wal_held"], listed["sealed"]) == \
+            ("complete", True, False)
+        assert listed["stored_bytes"] > 0
+    local = json.loads(run(world, "backups", "-D", str(world.archive), "--json").stdout)
+    assert next(b for b in local if b["backup_id"] == world.local_id)["compression"] == "lz4"
+
+
+def test_status_reports_the_backups_of_the_bucket_it_uploads_to(world: World,
+                                                                tmp_path: Path) -> None:
+    """``status`` of a daemon that uploads (issue 35 §3) counts the bucket's backups: with
+    no backup in the directory, its oldest recoverable point is the bucket's oldest (the one
+    ``backups -D BUCKET`` lists first complete with its WAL), not "none"."""
+    listed = json.loads(run(world, "backups", "-D", world.url, "--json").stdout)
+    first = next(b for b in listed if b["state"] == "complete" and b["wal_held"])
+    alone = tmp_path / "alone"  # the daemon's state file, the directory without backups
+    alone.mkdir()
+    shutil.copy(world.archive / ".receivewal-state.json", alone)
+    shown = status_lines(run(world, "status", "-D", str(alone)).stdout)
+    assert shown["oldest recoverable"].endswith(
+        f"(backup {first['backup_id']}, in the bucket)"), shown
+    complete = len([b for b in listed if b["state"] == "complete"])
+    assert shown["bucket"].startswith(f"{complete} backups "), shown
+    document = json.loads(run(world, "status", "-D", str(alone), "--json").stdout)
+    assert document["archive"]["oldest_recoverable"] is None
+    assert document["bucket"]["oldest_recoverable"]["backup_id"] == first["backup_id"]
+    assert document["bucket"]["oldest_recoverable"]["lsn"] == first["start_lsn"]
+    beside = run(world, "status", "-D", str(world.archive))  # the running daemon's
+    assert beside.returncode == 0, beside.stdout
+    assert status_lines(beside.stdout)["bucket"].startswith(f"{complete} backups ")
+
+
+def status_lines(stdout: str) -> dict[str, str]:
+    """``status``'s lines after its first, by label (the columns' padding stripped)."""
+    lines = (line.split(":", 1) for line in stdout.splitlines()[1:] if ":" in line)
+    return {label.strip(): value.strip() for label, value in lines}
+
+
 def test_a_data_directory_that_is_not_empty_is_refused(world: World, tmp_path: Path) -> None:
     (tmp_path / "PG_VERSION").write_text("15\n")
     done = run(world, "recover", "--to", str(tmp_path), "-D", str(world.archive))

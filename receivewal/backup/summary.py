@@ -13,6 +13,11 @@ start through its end (its manifest's WAL ranges) is all in the archive (a seale
 there as much as a plain one): a recovery from it can reach any point from its end on that
 the archive's WAL reaches. ``status`` shows it, and
 the daemon's metrics (the WAL receiver measures, the monitor keeps the numbers).
+
+The same view of an archive, a directory or a bucket (:func:`summarize_view`), gives
+``receivewal backups`` its list (:func:`listed_backups`: each backup with its state and
+whether the archive holds its WAL) and ``status`` its numbers, for the archive directory and,
+when the daemon uploads, for the bucket.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from receivewal.archive.location import list_directory
-from receivewal.backup.catalog import read_catalog, tree_bytes
+from receivewal.archive.location import DirectoryLocation
+from receivewal.archive.view import ArchiveView
+from receivewal.backup.catalog import BackupEntry, EntryState, catalog_of, tree_bytes
 from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord
 from receivewal.wal.names import (
@@ -30,9 +36,7 @@ from receivewal.wal.names import (
     PARTIAL_SUFFIX,
     RECIPIENTS_SUFFIX,
     looks_like_segment,
-    parse_archive_segment_name,
     parse_history_file_name,
-    wal_file_name,
 )
 
 
@@ -65,26 +69,63 @@ class ArchiveSummary:
         return None if self.oldest is None else self.oldest.start_time
 
 
+@dataclass(frozen=True)
+class ListedBackup:
+    """One backup of an archive as ``receivewal backups`` lists it."""
+
+    entry: BackupEntry
+    #: whether the archive holds every segment from its start through its end (False when
+    #: it has no record, so no WAL is known)
+    wal_held: bool
+
+    @property
+    def recoverable(self) -> bool:
+        """Whether a recovery can start from it: complete and its WAL held."""
+        return self.entry.state is EntryState.COMPLETE and self.wal_held
+
+
+def listed_backups(view: ArchiveView) -> list[ListedBackup]:
+    """The backups of the archive ``view`` sees, oldest first (by ID: its start time), each
+    with whether the archive holds its WAL; ArchiveError or StoreError when the archive
+    cannot be listed."""
+    catalog = catalog_of(view)
+    held: dict[int, set[str]] = {}
+    listed = []
+    for entry in catalog:
+        record = entry.record
+        if record is None:
+            listed.append(ListedBackup(entry, wal_held=False))
+            continue
+        size = record.wal_segment_size
+        if size not in held:
+            held[size] = view.held(size)
+        listed.append(ListedBackup(entry, all(n in held[size] for n in record.wal_segments())))
+    return listed
+
+
 def summarize(archive: Path) -> ArchiveSummary:
     """The summary of the archive directory ``archive``; ArchiveError when it cannot be
     listed."""
-    listing = list_directory(archive)
-    catalog = read_catalog(archive)
-    records = sorted((e.record for e in catalog if e.record is not None),
+    return summarize_view(ArchiveView(str(archive), DirectoryLocation(str(archive))))
+
+
+def summarize_view(view: ArchiveView) -> ArchiveSummary:
+    """The summary of the archive ``view`` sees (a directory or a bucket's prefix);
+    ArchiveError or StoreError when it cannot be listed."""
+    listing = view.files
+    listed = listed_backups(view)
+    records = sorted((b.entry.record for b in listed if b.entry.record is not None),
                      key=lambda r: (r.start_lsn, r.start_time))
-    interrupted = tuple((e.backup_id, e.bytes or 0) for e in catalog if e.interrupted)
+    recoverable = {b.entry.backup_id for b in listed if b.recoverable}
+    interrupted = tuple((b.entry.backup_id, b.entry.bytes or 0) for b in listed
+                        if b.entry.interrupted)
     wal = [(name, length) for name, length in listing if wal_file_of(name) is not None]
     files = [name for name, _ in wal if wal_file_of(name) == name]  # not the recipients
-    present: set[str] = set()
-    if records:
-        size = records[0].wal_segment_size
-        for name in files:
-            parsed = parse_archive_segment_name(name, size)
-            if parsed is not None and not parsed.partial:
-                present.add(wal_file_name(parsed.timeline, parsed.segno, size))
-    oldest = next((r for r in records if all(n in present for n in r.wal_segments())), None)
+    oldest = next((r for r in records if r.backup_id in recoverable), None)
+    backup_bytes = (tree_bytes(Path(view.archive) / BACKUPS) if view.location.is_local
+                    else sum(size for _, size in view.files_under(BACKUPS)))
     return ArchiveSummary(len(files), sum(length for _, length in wal), len(records),
-                          tree_bytes(archive / BACKUPS), oldest, interrupted)
+                          backup_bytes, oldest, interrupted)
 
 
 def wal_file_of(name: str) -> str | None:

@@ -82,6 +82,12 @@ def _recover() -> click.Command:
     return recover_command
 
 
+def _backups() -> click.Command:
+    from receivewal.commands.backups import backups_command  # noqa: PLC0415
+
+    return backups_command
+
+
 def _cleanup() -> click.Command:
     from receivewal.commands.cleanup import cleanup_command  # noqa: PLC0415
 
@@ -92,7 +98,7 @@ def _cleanup() -> click.Command:
 LAZY_COMMANDS: dict[str, Callable[[], click.Command]] = {
     "stream": _stream, "logical": _logical, "status": _status, "relay": _relay,
     "verify": _verify, "analyze": _analyze, "restore": _restore, "backup": _backup,
-    "recover": _recover, "cleanup": _cleanup,
+    "recover": _recover, "cleanup": _cleanup, "backups": _backups,
 }
 
 

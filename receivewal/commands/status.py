@@ -14,6 +14,12 @@ Works as a Nagios-style check: the first line is a one-line summary and the exit
 When whoever reads the output leaves early (``status | head -1``) the command stops writing
 quietly and still exits with its verdict. :mod:`receivewal.daemon.health` judges the state;
 this module is the command only.
+
+When the daemon uploads (``stream --upload-to``, recorded in its state file) the bucket's
+backups count too: the oldest recoverable point is the older of the directory's and the
+bucket's (:func:`~receivewal.backup.summary.summarize_view`, as ``receivewal backups`` reads
+them), and a line says what the bucket holds. A bucket that cannot be read is said so, and
+changes no verdict.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from pathlib import Path
 
 import click
 
-from receivewal.backup.record import utc_text
-from receivewal.backup.summary import ArchiveSummary, summarize
+from receivewal.archive.view import ArchiveView
+from receivewal.backup.record import BackupRecord, utc_text
+from receivewal.backup.summary import ArchiveSummary, summarize, summarize_view
 from receivewal.check.sizes import human_bytes
 from receivewal.commands import catalog
 from receivewal.commands.clickoptions import click_option
@@ -86,8 +93,9 @@ def status_command(directory: Path, as_json: bool, max_age: float, upload_warnin
                              else summarize(directory))
     except (ReceivewalError, OSError) as exc:
         summary = f"cannot be read: {exc}"
+    bucket = _bucket_summary(state)
     try:
-        _print(verdict, state, now, summary, as_json=as_json)
+        _print(verdict, state, now, summary, bucket, as_json=as_json)
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader left early (``status | head -1``): stop writing quietly, as a CLI tool
@@ -96,12 +104,25 @@ def status_command(directory: Path, as_json: bool, max_age: float, upload_warnin
     raise click.exceptions.Exit(verdict.code)
 
 
+def _bucket_summary(state: State | None) -> ArchiveSummary | str | None:
+    """What the bucket the daemon uploads to holds; None when it uploads nowhere (or is a
+    change log's); a str saying why it cannot be read."""
+    if state is None or not state.upload_to or state.receiver == "logical":
+        return None
+    try:
+        return summarize_view(ArchiveView.open(state.upload_to))
+    except (ReceivewalError, OSError) as exc:
+        return f"cannot be read: {exc}"
+
+
 def _print(verdict: Verdict, state: State | None, now: float,
-           summary: Contents, *, as_json: bool) -> None:
+           summary: Contents, bucket: ArchiveSummary | str | None, *, as_json: bool) -> None:
     if as_json:
         contents = ({"change_log": _change_log_document(summary)}
                     if isinstance(summary, ChangeLogContents) else
                     {"archive": _archive_document(summary)})
+        if bucket is not None:
+            contents["bucket"] = _archive_document(bucket)
         document = {
             "status": LABELS[verdict.code],
             "code": verdict.code,
@@ -114,13 +135,14 @@ def _print(verdict: Verdict, state: State | None, now: float,
         click.echo(redacted(verdict.summary))
         if state is not None:
             click.echo("")
-            for line in describe(state, now, _archive_lines(summary)):
+            for line in describe(state, now, _archive_lines(summary, bucket)):
                 click.echo(redacted(line))
 
 
-def _archive_lines(summary: Contents) -> list[tuple[str, str]]:
-    """The archive's oldest recoverable point and size, or the change log's files, as
-    ``status`` prints them."""
+def _archive_lines(summary: Contents,
+                   bucket: ArchiveSummary | str | None = None) -> list[tuple[str, str]]:
+    """The archive's oldest recoverable point and size (the bucket's backups too, when the
+    daemon uploads), or the change log's files, as ``status`` prints them."""
     if isinstance(summary, str):
         return [("archive contents", summary)]
     if isinstance(summary, ChangeLogContents):
@@ -130,10 +152,12 @@ def _archive_lines(summary: Contents) -> list[tuple[str, str]]:
         return [("change log", f"{summary.files} complete {files} "
                  f"{human_bytes(summary.bytes)} (newest {summary.newest or '-'}), "
                  f"partial {partial}")]
-    oldest = summary.oldest
+    oldest, where = summary.oldest, ""
+    if isinstance(bucket, ArchiveSummary) and bucket.oldest is not None and (
+            oldest is None or bucket.oldest.start_lsn < oldest.start_lsn):
+        oldest, where = bucket.oldest, ", in the bucket"
     point = "none (no complete backup whose WAL the archive holds)" if oldest is None else \
-        (f"{format_lsn(oldest.start_lsn)} on timeline {oldest.timeline}, "
-         f"{utc_text(oldest.start_time)} (backup {oldest.backup_id})")
+        _point(oldest, where)
     total = summary.wal_bytes + summary.backup_bytes
     lines = [("oldest recoverable", point),
              ("archive size", f"{human_bytes(total)}: {summary.wal_files} WAL files "
@@ -145,7 +169,20 @@ def _archive_lines(summary: Contents) -> list[tuple[str, str]]:
                       f"{len(summary.interrupted)}, {human_bytes(summary.interrupted_bytes)}: "
                       f"{ids} (no record: no recovery starts from them; receivewal cleanup "
                       "removes them)"))
+    if isinstance(bucket, str):
+        lines.append(("bucket", bucket))
+    elif bucket is not None:
+        lines.append(("bucket", f"{bucket.backups} backups {human_bytes(bucket.backup_bytes)}, "
+                      f"{bucket.wal_files} WAL files {human_bytes(bucket.wal_bytes)}; oldest "
+                      "recoverable: " + ("none" if bucket.oldest is None else
+                                         _point(bucket.oldest, ""))))
     return lines
+
+
+def _point(oldest: BackupRecord, where: str) -> str:
+    """A recoverable point as ``status`` prints it."""
+    return (f"{format_lsn(oldest.start_lsn)} on timeline {oldest.timeline}, "
+            f"{utc_text(oldest.start_time)} (backup {oldest.backup_id}{where})")
 
 
 def _change_log_document(summary: ChangeLogContents) -> dict[str, object]:

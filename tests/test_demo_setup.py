@@ -17,6 +17,13 @@ TOOLS = ("bash", "ls", "sort", "tail", "basename", "dirname", "id", "cat")
 SUITE_ONLY = ("rsync", "age", "pglogical", "default-jre-headless", "e2fsprogs")
 
 
+def _fresh_environment() -> dict[str, str]:
+    """This process's environment without the RECEIVEWAL_* variables ``scripts/test`` exports
+    (its extras, whether it needs Java): the plan is a fresh shell's."""
+    return {name: value for name, value in os.environ.items()
+            if not name.startswith("RECEIVEWAL_")}
+
+
 def plan(tmp_path: Path, *argv: str, **env: str) -> str:
     """What setup.sh would install, run with only :data:`TOOLS` on PATH."""
     tools = tmp_path / "bin"
@@ -28,8 +35,8 @@ def plan(tmp_path: Path, *argv: str, **env: str) -> str:
             (tools / tool).symlink_to(found)
     done = subprocess.run(list(argv), cwd=tmp_path, capture_output=True, text=True,
                           check=False, timeout=60,
-                          env={**os.environ, "PATH": str(tools), "RECEIVEWAL_SETUP_PLAN": "1",
-                               **env})
+                          env={**_fresh_environment(), "PATH": str(tools),
+                               "RECEIVEWAL_SETUP_PLAN": "1", **env})
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

@@ -93,7 +93,7 @@ def test_package_ships_the_readme_and_every_docs_page(deb: Path) -> None:
 def test_package_ships_shell_completion_that_completes_a_command(deb: Path,
                                                                   tmp_path: Path) -> None:
     """The bash completion script the package ships is click's for `receivewal`: sourced, it
-    completes `receivewal ba` to `backup` (and zsh's and fish's are there beside it)."""
+    completes `receivewal rec` to `recover` (and zsh's and fish's are there beside it)."""
     run("dpkg-deb", "-x", str(deb), str(tmp_path))
     script = tmp_path / "usr/share/bash-completion/completions/receivewal"
     assert "_RECEIVEWAL_COMPLETE=bash_complete" in script.read_text()
@@ -104,11 +104,11 @@ def test_package_ships_shell_completion_that_completes_a_command(deb: Path,
     (shim / "receivewal").write_text(f"#!/bin/sh\nexec {sys.executable} -m receivewal \"$@\"\n")
     (shim / "receivewal").chmod(0o755)
     done = subprocess.run(
-        ["bash", "-c", f"source {script}; COMP_WORDS=(receivewal ba); COMP_CWORD=1; "
+        ["bash", "-c", f"source {script}; COMP_WORDS=(receivewal rec); COMP_CWORD=1; "
          "_receivewal_completion receivewal; echo \"${COMPREPLY[*]}\""],
         capture_output=True, text=True, check=False, timeout=60,
         env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"})
-    assert done.stdout.split() == ["backup"], done.stdout + done.stderr
+    assert done.stdout.split() == ["recover"], done.stdout + done.stderr
 
 
 def test_package_installs_the_commands_unit_and_user(installed: Path) -> None:
@@ -156,12 +156,17 @@ def stream_while_writing(pg: PgServer, archive: Path, log: Path, **as_user: Any,
         backup = pg.base_backup("restored")
         pg.sql("CREATE TABLE accounts (id int PRIMARY KEY, balance numeric)")
         pg.sql("INSERT INTO accounts SELECT g, g * 1.5 FROM generate_series(1, 30000) g")
-        end = lsn_to_int(pg.switch_wal())
+        switch = pg.switch_wal()
+        end = lsn_to_int(switch)
+        # the segment of the switch record, whole: a flush past the record alone can come
+        # before the rest of the segment, and a recovery reads only complete segments
+        segment = pg.sql(f"SELECT pg_walfile_name('{switch}')")
 
         def flushed() -> int:
             text = pg.sql("SELECT flush_lsn FROM pg_stat_replication")
             return lsn_to_int(text) if text else 0
-        wait_for(lambda: flushed() >= end, what="receivewal to flush the switch")
+        wait_for(lambda: flushed() >= end and (archive / segment).exists(),
+                 what=f"receivewal to flush the switch and complete {segment}")
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)

@@ -28,7 +28,6 @@ import base64
 import contextlib
 import hashlib
 import io
-import json
 import os
 import sys
 import threading
@@ -43,8 +42,8 @@ from receivewal.archive.identity import (
     IDENTITY_FILE,
     ArchiveIdentity,
     check_same_cluster,
-    identity_from_json,
     identity_to_json,
+    parse_identity_record,
 )
 from receivewal.archive.location import Location
 from receivewal.archive.objectstore import (
@@ -487,11 +486,7 @@ class Bucket(Location):
             body = self.get_bytes(IDENTITY_FILE, MAX_IDENTITY_SIZE)
         except ObjectNotFound:
             return None
-        try:
-            return identity_from_json(json.loads(body))
-        except (ValueError, TypeError, RecursionError) as exc:
-            raise ArchiveError(f'invalid archive identity object "{self.url.url(IDENTITY_FILE)}"'
-                               f": {str(exc)[:200]}") from exc
+        return parse_identity_record(body, self.url.url(IDENTITY_FILE), "object")
 
     # -- errors ------------------------------------------------------------------------------
     def _retried(self, action: Callable[[], T], name: str) -> T:

@@ -13,7 +13,6 @@ a crash left behind. Nothing is ever written through a symbolic link.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import socket
 import stat
@@ -35,8 +34,8 @@ from receivewal.archive.identity import (
     IDENTITY_FILE,
     ArchiveIdentity,
     check_same_cluster,
-    identity_from_json,
     identity_to_json,
+    parse_identity_record,
 )
 from receivewal.archive.layout import resume_order
 from receivewal.archive.listing import Listing
@@ -278,17 +277,15 @@ class Archive:
         """The recorded identity, None when the archive has none yet."""
         path = self.directory / IDENTITY_FILE
         try:
-            return identity_from_json(json.loads(read_small_file(path)))
+            body = read_small_file(path)
         except FileNotFoundError:
             return None
         except ArchiveError:  # not a regular file, or too large: it says so, naming the file
             raise
-        except RecursionError:
-            raise ArchiveError(f'invalid archive identity file "{path}": nested too deeply'
-                               ) from None
-        except (OSError, ValueError, TypeError, OverflowError) as exc:
+        except OSError as exc:
             raise ArchiveError(f'invalid archive identity file "{path}": {str(exc)[:200]}'
                                ) from exc
+        return parse_identity_record(body, str(path))
 
     def sniff_system_identifier(self, files: list[SegmentFile], segment_size: int) -> str | None:
         """The system identifier in the long page header of the newest complete plain segment."""

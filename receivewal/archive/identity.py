@@ -15,7 +15,7 @@ from dataclasses import dataclass
 # the record's name, spelled once at the location (restore's lean path), re-exported here
 from receivewal.archive.location import IDENTITY_FILE as IDENTITY_FILE  # noqa: PLC0414
 from receivewal.archive.recipients import AdoptedSet, sets_from_json, sets_to_json
-from receivewal.errors import ForeignArchive, ReceivewalError
+from receivewal.errors import ArchiveError, ForeignArchive, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER
 from receivewal.wal.timeline import is_timeline_id
@@ -50,6 +50,22 @@ def identity_from_json(data: object) -> ArchiveIdentity:
             or not is_timeline_id(timeline):
         raise ValueError(f"timeline {timeline!r} is not a timeline")
     return ArchiveIdentity(str(sysid), size, timeline, sets_from_json(data.get("recipient_sets")))
+
+
+def parse_identity_record(body: bytes, where: str, kind: str = "file") -> ArchiveIdentity:
+    """The identity record read from ``where`` (its file's path, or with ``kind`` "object" an
+    object's URL; the caller reads it, wherever the archive lives): ArchiveError naming it
+    when it is not a valid one. Every reader of the record parses it here."""
+    import json  # noqa: PLC0415 - only an archive with an identity record needs it
+
+    try:
+        return identity_from_json(json.loads(body))
+    except RecursionError:
+        raise ArchiveError(f'invalid archive identity {kind} "{where}": nested too deeply'
+                           ) from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ArchiveError(f'invalid archive identity {kind} "{where}": {str(exc)[:200]}'
+                           ) from exc
 
 
 def identity_to_json(identity: ArchiveIdentity) -> bytes:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
-from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, identity_from_json
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, parse_identity_record
 from receivewal.archive.location import Location
 from receivewal.archive.reading import capped
 from receivewal.errors import ArchiveError, ConfigurationError, StoreError
@@ -121,16 +121,12 @@ def recorded_identity(base: str, names: Iterable[str],
     if IDENTITY_FILE not in names:
         return None
     path = base.rstrip("/") + "/" + IDENTITY_FILE
-    import json  # noqa: PLC0415 - only an archive with an identity record needs it
-
     try:
-        return identity_from_json(json.loads(read_capped(path, IDENTITY_CAP, open_binary)))
-    except RecursionError:
-        raise ArchiveError(f'invalid archive identity file "{path}": nested too deeply'
-                           ) from None
-    except (OSError, ValueError, TypeError) as exc:
+        body = read_capped(path, IDENTITY_CAP, open_binary)
+    except OSError as exc:
         raise ArchiveError(f'invalid archive identity file "{path}": {str(exc)[:200]}'
                            ) from exc
+    return parse_identity_record(body, path)
 
 
 def decide_segment_size(identity: ArchiveIdentity | None, base: str, names: Iterable[str],

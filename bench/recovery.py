@@ -46,6 +46,7 @@ from support.servers import IS_ROOT, PgServer, make_shared_dir, pg_bin
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.directory import Archive
+from receivewal.archive.identity import claim_identity
 from receivewal.wal.lsn import format_lsn, parse_lsn
 from receivewal.wal.names import is_other_wal_file_name, parse_segment_file_name
 
@@ -99,7 +100,7 @@ def upload(store: SeaweedS3, directory: Path) -> str:
     identity = Archive(directory).read_identity()
     if identity is None:
         raise SystemExit(f"{directory} has no identity file: restore needs the prefix's")
-    bucket.claim_prefix(identity)
+    claim_identity(bucket, identity)
     for path in sorted(directory.iterdir()):
         parsed = parse_segment_file_name(path.name, SEGMENT)
         if (parsed is not None and not parsed.partial) or is_other_wal_file_name(path.name):

@@ -35,6 +35,7 @@ from support.streams import (
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.compression import decompress_chunks, new_compressor, parse_compress_option
+from receivewal.archive.multipart import StreamUpload
 from receivewal.backup.catalog import EntryState, read_catalog, read_entry
 from receivewal.errors import ObjectConflict
 
@@ -373,7 +374,7 @@ def test_a_stream_upload_of_several_parts_is_the_bytes_written_and_create_only(
     url = f"s3://{store.bucket}/stream-upload-{next(_names)}"
     bucket = Bucket.connect(url)
     data = os.urandom(1 << 20) * 40
-    upload = bucket.upload_stream("big")
+    upload = StreamUpload(bucket, "big")
     at = 0
     for size in itertools.cycle((1, 70_000, 3 << 20, 12345)):
         if at >= len(data):
@@ -383,12 +384,12 @@ def test_a_stream_upload_of_several_parts_is_the_bytes_written_and_create_only(
     assert upload.finish() == len(data)
     assert len(upload._parts) == 3
     assert bucket.get_bytes("big", len(data)) == data
-    again = bucket.upload_stream("big")
+    again = StreamUpload(bucket, "big")
     again.write(data[:100])
     with pytest.raises(ObjectConflict, match="a different object is already stored"):
         again.finish()
     assert bucket.get_bytes("big", len(data)) == data
-    same = bucket.upload_stream("big")
+    same = StreamUpload(bucket, "big")
     same.write(data)
     assert same.finish() == len(data)
 

@@ -14,7 +14,7 @@ import pytest
 from support.seaweed import SeaweedS3
 
 from receivewal.archive.bucket import Bucket
-from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, claim_identity
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.errors import (
     ArchiveError,
@@ -137,15 +137,15 @@ def test_claim_prefix_refuses_another_cluster_naming_both(bucket: Bucket,
     cluster may claim again (another timeline too), another cluster is refused and nothing
     changes."""
     mine = ArchiveIdentity(SYSID_A, 16 * 1024 * 1024, 1)
-    assert bucket.claim_prefix(mine) is True
-    assert bucket.claim_prefix(mine) is False
-    assert bucket.claim_prefix(ArchiveIdentity(SYSID_A, 16 * 1024 * 1024, 2)) is False
+    assert claim_identity(bucket, mine) is True
+    assert claim_identity(bucket, mine) is False
+    assert claim_identity(bucket, ArchiveIdentity(SYSID_A, 16 * 1024 * 1024, 2)) is False
     original = stored(seaweed, bucket.key(IDENTITY_FILE))
     with pytest.raises(ForeignArchive, match=f"{SYSID_A}.*{SYSID_B}") as info:
-        bucket.claim_prefix(ArchiveIdentity(SYSID_B, 16 * 1024 * 1024, 1))
+        claim_identity(bucket, ArchiveIdentity(SYSID_B, 16 * 1024 * 1024, 1))
     assert not info.value.retryable
     with pytest.raises(ForeignArchive, match=r"16777216.*67108864"):
-        bucket.claim_prefix(ArchiveIdentity(SYSID_A, 64 * 1024 * 1024, 1))
+        claim_identity(bucket, ArchiveIdentity(SYSID_A, 64 * 1024 * 1024, 1))
     assert stored(seaweed, bucket.key(IDENTITY_FILE)) == original
 
 

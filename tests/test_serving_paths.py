@@ -46,7 +46,7 @@ WRITES_OTHER = {
     "archive/directory.py::Archive.write_identity": "the identity file",
     "archive/directory.py::Archive.write_file_durably": "small files of the archive",
     "archive/directory.py::Archive.write_history": "a history file as the server sent it",
-    "archive/bucket.py::Bucket.claim_prefix": "the prefix's identity object",
+    "archive/identity.py::claim_identity": "the identity record, create-only",
     "archive/location.py::DirectoryLocation.put_new": "the directory driver's create-only put "
         "of a small file (the location interface's; WAL is uploaded by the uploader, above, "
         "and restored through write_restored)",

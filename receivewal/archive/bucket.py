@@ -1,5 +1,4 @@
-# Over 500 lines: the S3 driver: the door's operations, retries, stream upload and prefix claim.
-# Moving the multipart stream upload and the prefix claim out of it is pending (issue 34).
+# Over 500 lines: the S3 driver: the door's operations, retries and errors, and the store watch.
 """An archive in object storage: the only module that imports boto3 and botocore.
 
 boto3 is imported when a :class:`Bucket` connects, never at import time, so that nothing that
@@ -38,13 +37,6 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, TypeVar, cast
 
 from receivewal.archive.directory import os_error
-from receivewal.archive.identity import (
-    IDENTITY_FILE,
-    ArchiveIdentity,
-    check_same_cluster,
-    identity_to_json,
-    parse_identity_record,
-)
 from receivewal.archive.location import Location
 from receivewal.archive.objectstore import (
     COMMAND_RETRY,
@@ -67,14 +59,12 @@ from receivewal.errors import (
     ObjectConflict,
     ObjectNotFound,
     ReceivewalError,
-    StopRequested,
     StoreAccessDenied,
     StoreError,
     StoreRefused,
 )
 
 CHUNK = 1 << 20
-MAX_IDENTITY_SIZE = 64 * 1024
 _ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                  "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled",
                  "RequestTimeTooSkewed", "InvalidSecurity"}
@@ -175,7 +165,7 @@ class Bucket(Location):
         self._watch = None if self.patience.notice is None else \
             _Watch(self.patience.notice, self._waited)
         self._exceptions = exceptions
-        self._library_errors = (exceptions.ClientError, exceptions.BotoCoreError)
+        self.library_errors = (exceptions.ClientError, exceptions.BotoCoreError)
 
     @property
     def client(self) -> Any:
@@ -243,7 +233,7 @@ class Bucket(Location):
         :class:`ObjectConflict`, and the stored object is left as it was.
         """
         digest, size = sha256_of(source)
-        return self._retried(lambda: self._put_once(name, source, digest, size), name)
+        return self.retried(lambda: self._put_once(name, source, digest, size), name)
 
     def _put_once(self, name: str, source: Path | bytes, digest: str, size: int) -> bool:
         checksum = base64.b64encode(bytes.fromhex(digest)).decode()
@@ -251,20 +241,20 @@ class Bucket(Location):
             with _opened(source) as body:
                 self.client.put_object(Bucket=self.url.bucket, Key=self.key(name), Body=body,
                                        IfNoneMatch="*", ChecksumSHA256=checksum)
-        except self._library_errors as exc:
-            if not self._precondition_failed(exc):
-                raise self._error(exc, name) from exc
-            self._check_same(name, digest, size)
+        except self.library_errors as exc:
+            if not self.precondition_failed(exc):
+                raise self.translated(exc, name) from exc
+            self.check_same(name, digest, size)
             return False
         return True
 
-    def _precondition_failed(self, exc: Exception) -> bool:
+    def precondition_failed(self, exc: Exception) -> bool:
         if not isinstance(exc, self._exceptions.ClientError):
             return False
         error, meta = exc.response.get("Error", {}), exc.response.get("ResponseMetadata", {})
         return bool(error.get("Code") == "PreconditionFailed" or meta.get("HTTPStatusCode") == 412)
 
-    def _check_same(self, name: str, digest: str, size: int) -> None:
+    def check_same(self, name: str, digest: str, size: int) -> None:
         """The key exists: success when it holds these very bytes, else ObjectConflict."""
         info = self._head_once(name)
         theirs = info.sha256
@@ -281,14 +271,14 @@ class Bucket(Location):
 
     def head(self, name: str) -> ObjectInfo:
         """Size and SHA-256 of ``PREFIX/name``; ObjectNotFound when it does not exist."""
-        return self._retried(lambda: self._head_once(name), name)
+        return self.retried(lambda: self._head_once(name), name)
 
     def _head_once(self, name: str) -> ObjectInfo:
         try:
             response = self.client.head_object(Bucket=self.url.bucket, Key=self.key(name),
                                                ChecksumMode="ENABLED")
-        except self._library_errors as exc:
-            raise self._error(exc, name) from exc
+        except self.library_errors as exc:
+            raise self.translated(exc, name) from exc
         return ObjectInfo(int(response.get("ContentLength", 0)),
                           _hex_of(response.get("ChecksumSHA256")))
 
@@ -303,7 +293,7 @@ class Bucket(Location):
             dest.truncate()
             return self._get_once(name, dest, max_size)
 
-        return self._retried(attempt, name)
+        return self.retried(attempt, name)
 
     def get_bytes(self, name: str, max_size: int) -> bytes:
         """``PREFIX/name`` in memory, at most ``max_size`` bytes (see :meth:`get`)."""
@@ -325,8 +315,8 @@ class Bucket(Location):
                     dest.write(chunk)
             finally:
                 body.close()
-        except self._library_errors as exc:
-            raise self._error(exc, name) from exc
+        except self.library_errors as exc:
+            raise self.translated(exc, name) from exc
         return count
 
     def _check_size(self, name: str, size: int, max_size: int) -> None:
@@ -341,7 +331,7 @@ class Bucket(Location):
 
     def list_files(self, page_size: int = 1000) -> list[tuple[str, int]]:
         """(file name, size) of every object directly under the prefix, sorted by name."""
-        return self._retried(lambda: self._list_once(page_size), "")
+        return self.retried(lambda: self._list_once(page_size), "")
 
     def _list_once(self, page_size: int) -> list[tuple[str, int]]:
         start = f"{self.url.prefix}/" if self.url.prefix else ""
@@ -353,8 +343,8 @@ class Bucket(Location):
             for page in pages:
                 files.extend((item["Key"][len(start):], int(item.get("Size", 0)))
                              for item in page.get("Contents", ()))
-        except self._library_errors as exc:
-            raise self._error(exc, "") from exc
+        except self.library_errors as exc:
+            raise self.translated(exc, "") from exc
         return sorted(files)
 
     def names_after(self, start: str, after: str, count: int) -> list[str]:
@@ -362,22 +352,22 @@ class Bucket(Location):
         and sort after ``after``, in order: ONE request (ListObjectsV2 with Prefix and
         StartAfter), for a restore call that misses a segment (is WAL of its timeline held
         after it?)."""
-        return self._retried(lambda: self._names_after_once(start, after, count), after)
+        return self.retried(lambda: self._names_after_once(start, after, count), after)
 
     def _names_after_once(self, start: str, after: str, count: int) -> list[str]:
         base = f"{self.url.prefix}/" if self.url.prefix else ""
         try:
             page = self.client.list_objects_v2(Bucket=self.url.bucket, Prefix=base + start,
                                                StartAfter=base + after, MaxKeys=count)
-        except self._library_errors as exc:
-            raise self._error(exc, after) from exc
+        except self.library_errors as exc:
+            raise self.translated(exc, after) from exc
         return [item["Key"][len(base):] for item in page.get("Contents", ())
                 if "/" not in item["Key"][len(base):]]
 
     def list_under(self, folder: str, page_size: int = 1000) -> list[tuple[str, int]]:
         """(name, size) of every object under ``PREFIX/folder/``, at any depth, named from the
         prefix (``folder/...``), sorted: the backups of ``cleanup`` and ``status``."""
-        return self._retried(lambda: self._list_under_once(folder, page_size), folder)
+        return self.retried(lambda: self._list_under_once(folder, page_size), folder)
 
     def _list_under_once(self, folder: str, page_size: int) -> list[tuple[str, int]]:
         base = f"{self.url.prefix}/" if self.url.prefix else ""
@@ -389,8 +379,8 @@ class Bucket(Location):
             for page in pages:
                 files.extend((item["Key"][len(base):], int(item.get("Size", 0)))
                              for item in page.get("Contents", ()))
-        except self._library_errors as exc:
-            raise self._error(exc, folder) from exc
+        except self.library_errors as exc:
+            raise self.translated(exc, folder) from exc
         return sorted(files)
 
     def delete(self, name: str) -> None:
@@ -403,12 +393,12 @@ class Bucket(Location):
         def attempt() -> None:
             try:
                 self.client.delete_object(Bucket=self.url.bucket, Key=self.key(name))
-            except self._library_errors as exc:
-                error = self._error(exc, name)
+            except self.library_errors as exc:
+                error = self.translated(exc, name)
                 if not isinstance(error, ObjectNotFound):
                     raise error from exc
 
-        self._retried(attempt, name)
+        self.retried(attempt, name)
 
     def unfinished_uploads(self, folder: str) -> list[tuple[str, str]]:
         """(name from the prefix, upload ID) of every multipart upload begun and neither
@@ -423,11 +413,11 @@ class Bucket(Location):
                 for page in pages:
                     found.extend((item["Key"][len(base):], str(item["UploadId"]))
                                  for item in page.get("Uploads", ()))
-            except self._library_errors as exc:
-                raise self._error(exc, folder) from exc
+            except self.library_errors as exc:
+                raise self.translated(exc, folder) from exc
             return sorted(found)
 
-        return self._retried(attempt, folder)
+        return self.retried(attempt, folder)
 
     def abort_upload(self, name: str, upload_id: str) -> None:
         """Abort the multipart upload ``upload_id`` of ``PREFIX/name`` (its parts are
@@ -436,60 +426,29 @@ class Bucket(Location):
             try:
                 self.client.abort_multipart_upload(Bucket=self.url.bucket, Key=self.key(name),
                                                    UploadId=upload_id)
-            except self._library_errors as exc:
-                error = self._error(exc, name)
+            except self.library_errors as exc:
+                error = self.translated(exc, name)
                 if not isinstance(error, ObjectNotFound):
                     raise error from exc
 
-        self._retried(attempt, name)
-
-    def upload_stream(self, name: str) -> StreamUpload:
-        """A create-only upload of ``PREFIX/name`` written as a stream (see
-        :class:`StreamUpload`)."""
-        return StreamUpload(self, name)
+        self.retried(attempt, name)
 
     def open_object(self, name: str) -> IO[bytes]:
         """``PREFIX/name`` as a buffered stream read from the network as it is consumed
         (bounded memory whatever the object's size). The request is retried; an error while
         reading is the project's error, not retried (the reader reports the file)."""
-        body = self._retried(lambda: self._open_once(name), name)
-        return io.BufferedReader(ObjectStream(body, lambda exc: self._error(exc, name),
-                                               self._library_errors), CHUNK)
+        body = self.retried(lambda: self._open_once(name), name)
+        return io.BufferedReader(ObjectStream(body, lambda exc: self.translated(exc, name),
+                                               self.library_errors), CHUNK)
 
     def _open_once(self, name: str) -> Any:
         try:
             return self.client.get_object(Bucket=self.url.bucket, Key=self.key(name))["Body"]
-        except self._library_errors as exc:
-            raise self._error(exc, name) from exc
-
-    # -- the prefix's owner ------------------------------------------------------------------
-    def claim_prefix(self, identity: ArchiveIdentity) -> bool:
-        """Make sure the prefix holds this cluster's WAL: write the identity object when there
-        is none (create-only), refuse another system identifier or segment size
-        (ForeignArchive naming both; ArchiveError naming the object when it cannot be read).
-        True when this call wrote the identity object, False when it was there already."""
-        # create-only first, read only when something is there: without s3:ListBucket, AWS
-        # answers a GET of a missing key with 403, which would read as access denied
-        try:
-            return self.put_new(IDENTITY_FILE, identity_to_json(identity))
-        except ObjectConflict:  # an identity is there already, and not byte-identical
-            recorded = self.read_identity()
-        if recorded is None:
-            raise ArchiveError(f"{self.url.url(IDENTITY_FILE)}: the identity object vanished "
-                               "while it was claimed")
-        check_same_cluster(str(self.url), recorded, identity)
-        return False
-
-    def read_identity(self) -> ArchiveIdentity | None:
-        """The identity object at the prefix, None when there is none yet."""
-        try:
-            body = self.get_bytes(IDENTITY_FILE, MAX_IDENTITY_SIZE)
-        except ObjectNotFound:
-            return None
-        return parse_identity_record(body, self.url.url(IDENTITY_FILE), "object")
+        except self.library_errors as exc:
+            raise self.translated(exc, name) from exc
 
     # -- errors ------------------------------------------------------------------------------
-    def _retried(self, action: Callable[[], T], name: str) -> T:
+    def retried(self, action: Callable[[], T], name: str) -> T:
         """``action`` (requests about ``PREFIX/name``; "": the prefix) with the retry policy;
         when the patience says so, a line after ``notice`` seconds says what is waited for."""
         what = self.waiting_for(name)
@@ -512,7 +471,7 @@ class Bucket(Location):
                   f"{self.patience.read:g} s at most, {STORE_TIMEOUT_ENV}; a call is tried "
                   f"{self.retry.attempts} times)")
 
-    def _error(self, exc: Exception, name: str) -> ReceivewalError:
+    def translated(self, exc: Exception, name: str) -> ReceivewalError:
         """The project's error for a boto3/botocore error about ``PREFIX/name``."""
         where = f"{self.url.url(name) if name else self.url} at {self.endpoint}"
         if isinstance(exc, self._exceptions.ClientError):
@@ -552,93 +511,6 @@ def _client_error(response: dict[str, Any], where: str) -> ReceivewalError:
     if status >= 500 or status in {408, 409, 429} or code in _TRANSIENT_CODES:
         return StoreError(f"{where}: the store failed the request ({detail})")
     return StoreRefused(f"{where}: the store refused the request ({detail})")
-
-
-class StreamUpload:
-    """An object written piece by piece: a multipart upload whose parts are sent as they fill
-    (memory: one part), completed create-only (``If-None-Match: *``), so that an object
-    already at the key stays as it was (:class:`ObjectConflict`, unless it holds these very
-    bytes: a retry after a lost reply). Each request is retried by the bucket's policy;
-    :meth:`abort` gives the upload up (the store drops its parts)."""
-
-    PART = 16 << 20  # bytes; parts grow by as much every 2,000 (S3 allows 10,000)
-
-    def __init__(self, bucket: Bucket, name: str) -> None:
-        self.bucket, self.name = bucket, name
-        self.size = 0
-        self.digest = hashlib.sha256()
-        self._buffer = bytearray()
-        self._parts: list[dict[str, Any]] = []
-        self._upload_id: str | None = bucket._retried(self._create_once, name)
-
-    def _create_once(self) -> str:
-        try:
-            response = self.bucket.client.create_multipart_upload(
-                Bucket=self.bucket.url.bucket, Key=self.bucket.key(self.name))
-        except self.bucket._library_errors as exc:
-            raise self.bucket._error(exc, self.name) from exc
-        return str(response["UploadId"])
-
-    def _part_size(self) -> int:
-        return self.PART * (1 + len(self._parts) // 2000)
-
-    def write(self, data: bytes | memoryview) -> None:
-        """The object's next bytes; a part is sent each time enough have gathered."""
-        self._buffer += data
-        self.size += len(data)
-        self.digest.update(data)
-        while len(self._buffer) >= self._part_size():
-            size = self._part_size()
-            self._send(bytes(self._buffer[:size]))
-            del self._buffer[:size]
-
-    def _send(self, body: bytes) -> None:
-        number = len(self._parts) + 1
-
-        def attempt() -> str:
-            try:
-                response = self.bucket.client.upload_part(
-                    Bucket=self.bucket.url.bucket, Key=self.bucket.key(self.name),
-                    UploadId=self._upload_id, PartNumber=number, Body=body)
-            except self.bucket._library_errors as exc:
-                raise self.bucket._error(exc, self.name) from exc
-            return str(response["ETag"])
-
-        self._parts.append({"ETag": self.bucket._retried(attempt, self.name),
-                            "PartNumber": number})
-
-    def finish(self) -> int:
-        """Send the last part and complete the upload, create-only; the object's size."""
-        if self._buffer or not self._parts:
-            self._send(bytes(self._buffer))
-            self._buffer = bytearray()
-        self.bucket._retried(self._complete_once, self.name)
-        self._upload_id = None
-        return self.size
-
-    def _complete_once(self) -> None:
-        try:
-            self.bucket.client.complete_multipart_upload(
-                Bucket=self.bucket.url.bucket, Key=self.bucket.key(self.name),
-                UploadId=self._upload_id, IfNoneMatch="*",
-                MultipartUpload={"Parts": self._parts})
-        except self.bucket._library_errors as exc:
-            if not self.bucket._precondition_failed(exc):
-                raise self.bucket._error(exc, self.name) from exc
-            self.abort()
-            self.bucket._check_same(self.name, self.digest.hexdigest(), self.size)
-
-    def abort(self) -> None:
-        """Give the upload up (best effort: a store keeps what it could not be told to drop
-        until its own lifecycle rule does)."""
-        upload_id, self._upload_id = self._upload_id, None
-        if upload_id is None:
-            return
-        with contextlib.suppress(*self.bucket._library_errors, StopRequested), \
-                waiting_for_store(self.bucket.waiting_for(self.name)):
-            self.bucket.client.abort_multipart_upload(
-                Bucket=self.bucket.url.bucket, Key=self.bucket.key(self.name),
-                UploadId=upload_id)
 
 
 class _HashingSink:

@@ -35,12 +35,13 @@ from receivewal.archive.identity import (
     ArchiveIdentity,
     check_same_cluster,
     identity_to_json,
-    parse_identity_record,
+    read_identity,
 )
 from receivewal.archive.layout import resume_order
 from receivewal.archive.listing import Listing
+from receivewal.archive.location import DirectoryLocation
 from receivewal.archive.lock import LOCK_FILE, lock_directory
-from receivewal.archive.reading import open_regular, read_small_file
+from receivewal.archive.reading import open_regular
 from receivewal.archive.recipients import RecipientSet, adopting
 from receivewal.archive.sealed import sealed_problem
 from receivewal.errors import (
@@ -275,17 +276,7 @@ class Archive:
     # -- identity ----------------------------------------------------------------------------
     def read_identity(self) -> ArchiveIdentity | None:
         """The recorded identity, None when the archive has none yet."""
-        path = self.directory / IDENTITY_FILE
-        try:
-            body = read_small_file(path)
-        except FileNotFoundError:
-            return None
-        except ArchiveError:  # not a regular file, or too large: it says so, naming the file
-            raise
-        except OSError as exc:
-            raise ArchiveError(f'invalid archive identity file "{path}": {str(exc)[:200]}'
-                               ) from exc
-        return parse_identity_record(body, str(path))
+        return read_identity(DirectoryLocation(self.directory))
 
     def sniff_system_identifier(self, files: list[SegmentFile], segment_size: int) -> str | None:
         """The system identifier in the long page header of the newest complete plain segment."""

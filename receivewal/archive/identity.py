@@ -14,11 +14,20 @@ from dataclasses import dataclass
 
 # the record's name, spelled once at the location (restore's lean path), re-exported here
 from receivewal.archive.location import IDENTITY_FILE as IDENTITY_FILE  # noqa: PLC0414
+from receivewal.archive.location import Location
 from receivewal.archive.recipients import AdoptedSet, sets_from_json, sets_to_json
-from receivewal.errors import ArchiveError, ForeignArchive, ReceivewalError
+from receivewal.errors import (
+    ArchiveError,
+    ForeignArchive,
+    ObjectConflict,
+    ObjectNotFound,
+    ReceivewalError,
+)
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER
 from receivewal.wal.timeline import is_timeline_id
+
+IDENTITY_CAP = 64 * 1024  # an identity record is a few lines
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,38 @@ def parse_identity_record(body: bytes, where: str, kind: str = "file") -> Archiv
     except (ValueError, TypeError, OverflowError) as exc:
         raise ArchiveError(f'invalid archive identity {kind} "{where}": {str(exc)[:200]}'
                            ) from exc
+
+
+def read_identity(location: Location) -> ArchiveIdentity | None:
+    """The identity record where the archive lives (a directory or a bucket prefix, through
+    the location door), None when it has none yet; ArchiveError naming the file or object
+    when it cannot be read or is not a valid one."""
+    where = location.where(IDENTITY_FILE)
+    try:
+        body = location.read_small(IDENTITY_FILE, IDENTITY_CAP)
+    except (FileNotFoundError, ObjectNotFound):
+        return None
+    except OSError as exc:
+        raise ArchiveError(f'invalid archive identity file "{where}": {str(exc)[:200]}'
+                           ) from exc
+    return parse_identity_record(body, where, "file" if location.is_local else "object")
+
+
+def claim_identity(location: Location, identity: ArchiveIdentity) -> bool:
+    """Record ``identity`` where the archive lives, create-only, unless that location is
+    another cluster's already (ForeignArchive naming both). True when this call wrote the
+    record, False when it was there already."""
+    # create-only first, read only when something is there: without s3:ListBucket, AWS
+    # answers a GET of a missing key with 403, which would read as access denied
+    try:
+        return location.put_new(IDENTITY_FILE, identity_to_json(identity))
+    except ObjectConflict:  # a record is there already, and not byte-identical
+        recorded = read_identity(location)
+    if recorded is None:
+        raise ArchiveError(f"{location.where(IDENTITY_FILE)}: the identity record vanished "
+                           "while it was claimed")
+    check_same_cluster(location.where(), recorded, identity)
+    return False
 
 
 def identity_to_json(identity: ArchiveIdentity) -> bytes:

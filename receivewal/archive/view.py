@@ -151,10 +151,10 @@ class ArchiveView:
         """The archive's identity record; None when it has none (ArchiveError naming it when
         it cannot be read or is no valid one)."""
         if self._identity is None:
-            from receivewal.archive.sources import recorded_identity  # noqa: PLC0415
+            from receivewal.archive.identity import read_identity  # noqa: PLC0415
 
-            source = self.source()
-            self._identity = (recorded_identity(source.base, self.names, source.open_binary),)
+            self._identity = (read_identity(self.location) if IDENTITY_FILE in self.names
+                              else None,)
         return self._identity[0]
 
     def histories(self) -> dict[int, list[TimelineSwitch]]:

@@ -2,7 +2,7 @@
 
 The same names as a backup directory (:mod:`receivewal.backup.directory`): each archive
 (compressed on the way when asked) is streamed into a create-only multipart upload
-(:class:`~receivewal.archive.bucket.StreamUpload`: memory is one part and a compressor's
+(:class:`~receivewal.archive.multipart.StreamUpload`: memory is one part and a compressor's
 window, whatever the database's size), then the manifest, and the record last. Nothing is
 overwritten. A backup given up (an error, SIGTERM) aborts its upload in flight and removes
 what it uploaded, record first (best effort: :meth:`BucketBackup.abort` names what stays;
@@ -38,8 +38,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 
-from receivewal.archive.bucket import Bucket, StreamUpload
+from receivewal.archive.bucket import Bucket
 from receivewal.archive.compression import CompressSpec
+from receivewal.archive.multipart import StreamUpload
 from receivewal.archive.recipients import RecipientSet, recipients_file_text
 from receivewal.archive.storedform import FormWriter
 from receivewal.backup.directory import BACKUPS, backup_id_for
@@ -143,7 +144,7 @@ class BucketBackup:
         """Start the upload of ``archive``."""
         name, method, form = stored_archive(archive, self.compress, self.recipients)
         self._put_recipients(name)
-        upload = self.bucket.upload_stream(backup_key(self.backup_id, name))
+        upload = StreamUpload(self.bucket, backup_key(self.backup_id, name))
         self._open = _Open(archive, name, method, upload, form)
         upload.write(self._open.form.begin())
 

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.directory import Archive, os_error
-from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, claim_identity
 from receivewal.archive.listing import Listing
 from receivewal.archive.objectstore import Patience, RetryPolicy, backoff_delay
 from receivewal.archive.sealed import recipients_path, sealed_problem
@@ -312,7 +312,7 @@ class Uploader:
         """Claim the prefix (again): write the identity object when it is missing, refuse one
         that names another cluster or cannot be read."""
         assert self._identity is not None
-        written = self.bucket.claim_prefix(self._identity)
+        written = claim_identity(self.bucket, self._identity)
         key = self.bucket.key(IDENTITY_FILE)
         if written and self._claimed_at is not None:
             self.log.warning("identity_object_restored", key=key,

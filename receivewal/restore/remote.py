@@ -30,7 +30,7 @@ from typing import BinaryIO
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.durable import spooled_buffer
-from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, read_identity
 from receivewal.archive.objectstore import Patience, RetryPolicy
 from receivewal.archive.recipients import RECIPIENTS_FILE_CAP
 from receivewal.archive.sources import decide_segment_size
@@ -77,7 +77,7 @@ class BucketSource:
         mistyped prefix, another endpoint or profile): an ArchiveError, never "not in the
         archive", which would end recovery early."""
         if self._identity is None:
-            identity = self.bucket.read_identity()
+            identity = read_identity(self.bucket)
             if identity is None:
                 raise ArchiveError(
                     f'"{self.bucket.url.url(IDENTITY_FILE)}": no archive identity object at '

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from receivewal.archive.bucket import Bucket
-from receivewal.archive.identity import ArchiveIdentity
+from receivewal.archive.identity import ArchiveIdentity, claim_identity
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.restore.filler import Spool
 from support.seaweed import SeaweedS3
@@ -26,7 +26,7 @@ def new_prefix(store: SeaweedS3, sysid: int | str | None = SYSID,
     ``sysid`` as the daemon leaves it (None: no identity object)."""
     prefix = f"s3://{store.bucket}/restore-{os.getpid()}-{next(_prefixes)}/wal"
     if sysid is not None:
-        Bucket.connect(prefix).claim_prefix(ArchiveIdentity(str(sysid), size, 1))
+        claim_identity(Bucket.connect(prefix), ArchiveIdentity(str(sysid), size, 1))
     return prefix
 
 

@@ -91,6 +91,11 @@ class LogicalOptions:
         "create_slot", help="Create the logical slot (with --plugin, --two-phase) and exit.")
     drop_slot: bool = same_option("drop_slot")
     if_not_exists: bool = same_option("if_not_exists")
+    snapshot: bool = option(
+        False, "--snapshot", setting="snapshot",
+        help="With --create-slot: copy every table of the publications, as of the slot's "
+        "consistent point, into DIRECTORY/snapshot/ before the first change (the snapshot "
+        "and the change log together rebuild the tables).")
     proto_version: str | None = option(
         None, "--proto-version", setting="proto_version", choices=("1", "2", "3", "4"),
         to_setting=parse_proto_version,

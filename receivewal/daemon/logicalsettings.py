@@ -43,6 +43,7 @@ class LogicalSettings:
     file_size: int = DEFAULT_FILE_SIZE
     files_compression: CompressSpec = NO_COMPRESSION
     accept_gap: bool = False  # a slot confirmed past the log: go on, the gap recorded
+    snapshot: bool = False  # --create-slot copies the published tables in the slot's snapshot
 
     def validate(self) -> LogicalSettings:
         """Raise ConfigurationError for what cannot run (the base's checks too)."""
@@ -66,7 +67,28 @@ class LogicalSettings:
             raise ConfigurationError(f"--file-size {self.file_size} is too small (1 kB at least)")
         if self.plugin == "pgoutput" and self.proto_version is not None:
             self._pgoutput(self.proto_version)  # refuses a combination no server takes
+        if self.snapshot:
+            self._check_snapshot()
         return self
+
+    def _check_snapshot(self) -> None:
+        """ConfigurationError for a --snapshot that cannot run."""
+        base = self.base
+        if not base.create_slot:
+            raise ConfigurationError("--snapshot is taken when the slot is created: give "
+                                     "--create-slot")
+        if base.if_not_exists:
+            raise ConfigurationError("--snapshot cannot go with --if-not-exists: an existing "
+                                     "slot's snapshot is gone")
+        if base.directory is None:
+            raise ConfigurationError("--snapshot writes into the change log's directory: give "
+                                     "-D/--directory")
+        if self.plugin != "pgoutput":
+            raise ConfigurationError("--snapshot copies the tables of pgoutput publications; "
+                                     f"the {self.plugin} plugin is not supported")
+        if not self.publications:
+            raise ConfigurationError("--snapshot copies the tables of the publications: name "
+                                     "them (-P/--publication)")
 
     def pgoutput_options(self, server_version: int) -> PgoutputOptions:
         """What to ask pgoutput on a server of ``server_version`` for; ConfigurationError when

@@ -134,6 +134,29 @@ def create_logical_slot(conn: ReplicationLink, slot: str, plugin: str, *, two_ph
         slot, plugin, two_phase=two_phase, server_version=conn.server_version), if_not_exists)
 
 
+@dataclass(frozen=True)
+class ExportedSnapshot:
+    """A logical slot just created with its snapshot exported: the slot's consistent point
+    (its first change comes after it) and the snapshot's name (SET TRANSACTION SNAPSHOT)."""
+
+    slot: str
+    consistent_point: int
+    name: str
+
+
+def create_exporting_slot(conn: ReplicationLink, slot: str, plugin: str, *,
+                          two_phase: bool) -> ExportedSnapshot:
+    """CREATE_REPLICATION_SLOT ... LOGICAL exporting its snapshot: the snapshot stays
+    usable by other sessions until ``conn`` runs another command or ends."""
+    rows = conn.query(create_logical_slot_command(slot, plugin, two_phase=two_phase,
+                                                  server_version=conn.server_version,
+                                                  export=True))
+    if len(rows) != 1 or len(rows[0]) < 3 or rows[0][1] is None or rows[0][2] is None:
+        raise ServerError("unexpected response to CREATE_REPLICATION_SLOT: no exported "
+                          "snapshot")
+    return ExportedSnapshot(slot, parse_lsn(rows[0][1]), rows[0][2])
+
+
 def read_slot(conn: ReplicationLink, slot: str) -> tuple[int, int] | None:
     """The slot's (restart_lsn, timeline), or None when it has not reserved WAL yet.
 
@@ -190,17 +213,19 @@ def quote_literal(value: str) -> str:
 
 
 def create_logical_slot_command(slot: str, plugin: str, *, two_phase: bool,
-                                server_version: int) -> str:
-    """CREATE_REPLICATION_SLOT ... LOGICAL for ``plugin``, exporting no snapshot, with
+                                server_version: int, export: bool = False) -> str:
+    """CREATE_REPLICATION_SLOT ... LOGICAL for ``plugin``, exporting no snapshot (with
+    ``export``, its snapshot, for as long as the connection runs no other command), with
     two-phase decoding when asked (PostgreSQL 15 and later: the option list syntax;
-    before 15 the old keyword, and no two-phase)."""
+    before 15 the old keywords, and no two-phase)."""
     head = f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} LOGICAL {quote_identifier(plugin)}"
+    snapshot = "export" if export else "nothing"
     if server_version >= 150000:
-        return head + " (SNAPSHOT 'nothing'" + (", TWO_PHASE)" if two_phase else ")")
+        return head + f" (SNAPSHOT '{snapshot}'" + (", TWO_PHASE)" if two_phase else ")")
     if two_phase:
         raise ConfigurationError("a two-phase slot needs PostgreSQL 15 or later (the server "
                                  f"is {server_version // 10000})")
-    return head + " NOEXPORT_SNAPSHOT"
+    return head + (" EXPORT_SNAPSHOT" if export else " NOEXPORT_SNAPSHOT")
 
 
 def start_logical_replication_command(slot: str, lsn: int,

@@ -226,6 +226,26 @@ class ReplicationConnection:
         """Which receive loop runs: ``"c"`` (receivewal.replication._recv) or ``"python"``."""
         return "python" if self.native is None else "c"
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the stop signal this connection waits on has come."""
+        return self.stop is not None and self.stop.requested
+
+    def sql_session(self) -> ReplicationConnection:
+        """A plain connection (no replication) to the same server and database with the
+        settings and credentials this one was opened with (a password asked for included):
+        SQL beside this connection while it holds something, such as the snapshot a new
+        slot exported. ConnectionLost when it cannot connect."""
+        params = {option.keyword.decode(): option.val.decode() for option in self.pgconn.info
+                  if option.val is not None}
+        params.pop("replication", None)
+        pgconn = _connect(make_conninfo("", **params), self.stop, self.timeout)
+        if pgconn.status != pq.ConnStatus.OK:
+            message = one_line(pgconn.get_error_message())
+            pgconn.finish()
+            raise ConnectionLost(message or "could not connect to server")
+        return ReplicationConnection(pgconn, self.stop, self.timeout)
+
     def close(self) -> None:
         """Close the connection (idempotent)."""
         if not self.closed:

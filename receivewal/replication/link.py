@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
 Row = tuple[str | None, ...]
 
@@ -116,3 +116,31 @@ class ReplicationLink(Protocol):
     def end_copy(self) -> None: ...
 
     def next_result(self) -> Result | None: ...
+
+
+class SqlLink(Protocol):
+    """A plain connection: SQL and COPY ... TO STDOUT (a snapshot's copy)."""
+
+    def query(self, sql: str) -> list[Row]: ...
+
+    def start_copy_out(self, sql: str) -> list[list[Row]]: ...
+
+    def read_copy(self, timeout: float) -> CopyData | CopyDone | None: ...
+
+    def next_result(self) -> Result | None: ...
+
+    def close(self) -> None: ...
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop signal came (a read that returned nothing may say why)."""
+
+
+@runtime_checkable
+class SessionLink(ReplicationLink, Protocol):
+    """A replication connection that can open a plain one beside it: what a slot's exported
+    snapshot is copied through."""
+
+    def sql_session(self) -> SqlLink:
+        """A plain connection beside this one, to the same database with the same
+        credentials (SQL while this one holds an exported snapshot)."""

@@ -26,6 +26,8 @@ Beside that path, each over the layers it reads:
     logical/      logical change streams kept as a change log (decode, assemble, write): another
                   consumer of the daemon's COPY loop
     relay/        compresses a plain server's stream for receivers over a slow link
+    apply/        a change log made tables: its snapshot and transactions applied to a
+                  target database, exactly once, in commit order
 """
 
 __version__ = "0.1.0"

@@ -133,17 +133,19 @@ def test_no_two_modules_import_each_other_in_a_circle() -> None:
 
 
 def test_the_replication_connection_hands_out_only_receivewal_types() -> None:
-    """psycopg stays behind its door: only replication/connection.py imports it, and every
-    name another module takes from that module is receivewal's own (no psycopg enum, class or
-    result crosses the connection's interface)."""
+    """psycopg stays behind its doors: only replication/connection.py (the replication
+    connection, libpq's pq layer) and apply/postgres.py (apply's target database, a plain
+    client session) import it, and every name another module takes from the connection is
+    receivewal's own (no psycopg enum, class or result crosses the connection's interface)."""
     door = "receivewal.replication.connection"
+    target = "receivewal.apply.postgres"
     foreign: list[str] = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(syntax_tree(path)):
             if isinstance(node, ast.Import | ast.ImportFrom):
                 names = [alias.name for alias in node.names]
                 module = node.module if isinstance(node, ast.ImportFrom) else None
-                if module_name(path) != door and any(
+                if module_name(path) not in (door, target) and any(
                         name.split(".")[0] == "psycopg" for name in [module or "", *names]):
                     foreign.append(f"{module_name(path)} imports psycopg")
                 if module == door:

@@ -31,6 +31,8 @@ HOMONYMS = {
     "-n": "stream's --no-loop (pg_receivewal's -n) and cleanup's --dry-run (pg_archivecleanup's)",
     "-P": "backup's and recover's --progress (pg_basebackup's -P) and logical's --publication",
     "-d": "stream's --dbname (pg_receivewal's -d) and cleanup's -d (pg_archivecleanup's debug)",
+    "--to": "where a command's result goes: recover's new data directory, apply's target "
+            "database",
 }
 
 

@@ -88,6 +88,12 @@ def _backups() -> click.Command:
     return backups_command
 
 
+def _apply() -> click.Command:
+    from receivewal.commands.apply import apply_command  # noqa: PLC0415
+
+    return apply_command
+
+
 def _cleanup() -> click.Command:
     from receivewal.commands.cleanup import cleanup_command  # noqa: PLC0415
 
@@ -98,7 +104,7 @@ def _cleanup() -> click.Command:
 LAZY_COMMANDS: dict[str, Callable[[], click.Command]] = {
     "stream": _stream, "logical": _logical, "status": _status, "relay": _relay,
     "verify": _verify, "analyze": _analyze, "restore": _restore, "backup": _backup,
-    "recover": _recover, "cleanup": _cleanup, "backups": _backups,
+    "recover": _recover, "cleanup": _cleanup, "backups": _backups, "apply": _apply,
 }
 
 

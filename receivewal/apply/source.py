@@ -1,0 +1,161 @@
+"""What a change log directory holds, as ``apply`` takes it: the snapshot, then transactions.
+
+The change log's files are read in name order (which is commit order), the complete ones and
+then the partial one up to its last whole line, each decompressed and unsealed as it is kept
+(:func:`~receivewal.archive.storedform.plain_chunks`). Lines become :class:`Transaction`
+units: a ``begin`` .. ``commit`` run; a ``begin_prepare`` .. ``prepare`` run held until its
+``commit_prepared`` (then applied, under that line's end LSN) or dropped at its
+``rollback_prepared``. Each change carries the columns its table's relation line described
+when it came (the replica identity's key among them). A run the log does not hold whole yet
+(the partial file's last) ends the sequence; a ``gap`` line stops it with an error naming its
+LSNs: the log misses transactions there, and applying past them would build wrong tables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from receivewal.archive.storedform import Unsealing, plain_chunks
+from receivewal.errors import ArchiveError
+from receivewal.logical.store import is_sealed, parse_file_name
+from receivewal.wal.lsn import format_lsn, parse_lsn
+
+if TYPE_CHECKING:
+    from receivewal.archive.encryption import Keys
+
+Record = dict[str, Any]
+Columns = list[dict[str, Any]]
+
+
+class LogGap(ArchiveError):  # noqa: N818 - what the log holds, as its line says
+    """The change log misses transactions (a ``gap`` line): nothing past it is applied."""
+
+
+@dataclass
+class Transaction:
+    """One committed transaction: its changes, each with its table's columns, and the LSN
+    the target records as applied (its commit's end)."""
+
+    end_lsn: int
+    commit_lsn: int
+    commit_time: str | None
+    changes: list[tuple[Record, Columns]] = field(default_factory=list)
+
+    @property
+    def lsn(self) -> str:
+        return format_lsn(self.commit_lsn)
+
+
+def log_files(outdir: Path) -> list[Path]:
+    """The change log's files in order: the complete ones, then the partial one."""
+    named = []
+    for entry in outdir.iterdir():
+        parsed = parse_file_name(entry.name)
+        if parsed is not None:
+            named.append(((parsed[0], parsed[2]), entry))
+    return [path for _, path in sorted(named)]
+
+
+def file_records(path: Path, keys: Keys | None) -> Iterator[Record]:
+    """The whole lines of one change file (a partial one's up to its last newline)."""
+    parsed = parse_file_name(path.name)
+    assert parsed is not None
+    unsealing = None
+    if is_sealed(path.name):
+        if keys is None:
+            raise ArchiveError(f"{path} is sealed: applying it needs an identity file "
+                               "(--identity)")
+        unsealing = Unsealing(keys, str(path))
+    rest = b""
+    try:
+        with path.open("rb") as fh:
+            for chunk in plain_chunks(fh, parsed[1], unsealing):
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    yield json.loads(line)
+    except FileNotFoundError:
+        return  # completed (renamed) or expired meanwhile: the next listing has it
+    except (OSError, ValueError) as exc:
+        raise ArchiveError(f"change file {path}: {exc}") from exc
+
+
+def transactions(outdir: Path, keys: Keys | None = None) -> Iterator[Transaction]:
+    """The log's committed transactions in commit order (see the module's docstring)."""
+    runs = _Runs()
+    for path in log_files(outdir):
+        for record in file_records(path, keys):
+            handler = runs.handlers.get(record.get("op"))
+            if handler is None:
+                continue  # header, origin, message: nothing to apply
+            done = handler(path, record)
+            if done is not None:
+                yield done
+
+
+class _Runs:
+    """The state between lines: the relations described, the run being read, the prepared
+    runs held for their COMMIT PREPARED."""
+
+    def __init__(self) -> None:
+        self.relations: dict[tuple[str, str], Columns] = {}
+        self.prepared: dict[str, Transaction] = {}
+        self.current: Transaction | None = None
+        self.handlers: dict[object, Callable[[Path, Record], Transaction | None]] = {
+            "relation": self.relation, "begin": self.begin, "begin_prepare": self.begin,
+            "insert": self.change, "update": self.change, "delete": self.change,
+            "truncate": self.change, "commit": self.commit, "prepare": self.prepare,
+            "commit_prepared": self.commit_prepared,
+            "rollback_prepared": self.rollback_prepared, "gap": self.gap}
+
+    def _open(self, path: Path, record: Record) -> Transaction:
+        if self.current is None:
+            raise ArchiveError(f"{path}: a {record.get('op')} line outside a transaction at "
+                               f"{record.get('lsn')}")
+        return self.current
+
+    def relation(self, path: Path, record: Record) -> None:
+        self.relations[(record["schema"], record["table"])] = record["columns"]
+
+    def begin(self, path: Path, record: Record) -> None:
+        lsn = record.get("commit_lsn") or record.get("prepare_lsn")
+        self.current = Transaction(0, parse_lsn(str(lsn)), record.get("commit_time"))
+
+    def change(self, path: Path, record: Record) -> None:
+        columns = [] if record["op"] == "truncate" else \
+            self.relations[(record["schema"], record["table"])]
+        self._open(path, record).changes.append((record, columns))
+
+    def commit(self, path: Path, record: Record) -> Transaction:
+        done = self._open(path, record)
+        done.end_lsn = parse_lsn(record["end_lsn"])
+        done.commit_time = record.get("commit_time")
+        self.current = None
+        return done
+
+    def prepare(self, path: Path, record: Record) -> None:
+        self.prepared[record["gid"]] = self._open(path, record)
+        self.current = None
+
+    def commit_prepared(self, path: Path, record: Record) -> Transaction:
+        held = self.prepared.pop(record["gid"], None)
+        if held is None:  # its changes are not in the log: never applied as empty
+            raise ArchiveError(f"{path}: COMMIT PREPARED of {record['gid']!r} at "
+                               f"{record.get('lsn')}, but the log does not hold its PREPARE "
+                               "(removed, or before the log began)")
+        held.end_lsn = parse_lsn(record["end_lsn"])
+        held.commit_lsn = parse_lsn(record["commit_lsn"])
+        held.commit_time = record.get("commit_time")
+        return held
+
+    def rollback_prepared(self, path: Path, record: Record) -> None:
+        self.prepared.pop(record["gid"], None)
+
+    def gap(self, path: Path, record: Record) -> None:
+        raise LogGap(f"the change log misses the transactions committed between "
+                     f"{record['from_lsn']} and {record['lsn']} (a gap line: the slot was "
+                     "confirmed past the log); nothing after it is applied")

@@ -13,6 +13,7 @@ import pytest
 
 from receivewal.archive.lock import lock_directory
 from receivewal.backup.archivecleanup import oldest_kept_name, plan_archive_cleanup
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import BackupEntry, EntryState, proven, read_catalog
 from receivewal.backup.choice import (
     RecoveryTarget,
@@ -23,7 +24,6 @@ from receivewal.backup.choice import (
     time_target,
     xid_target,
 )
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import (
     RECORD_NAME,
     BackupRecord,

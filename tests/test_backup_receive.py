@@ -36,10 +36,10 @@ from support.servers import PgServer, as_server_user, make_shared_dir, pg_bin
 
 from receivewal.archive.compression import parse_compress_option
 from receivewal.archive.durable import is_temporary
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import EntryState, read_catalog
 from receivewal.backup.choice import RecoveryTarget, choose_backup
 from receivewal.backup.command import BackupRequest
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.manifest import BackupMismatch, ManifestCheck, parse_manifest
 from receivewal.backup.record import RECORD_NAME, BackupRecord
 from receivewal.backup.tar import MemberData, MemberStart, TarReader

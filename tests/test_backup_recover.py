@@ -26,9 +26,9 @@ from support.recovery import complete_segments
 from support.servers import PgServer, make_shared_dir
 
 from receivewal.archive.compression import decompress_chunks, new_compressor, parse_compress_option
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import read_catalog
 from receivewal.backup.choice import choose_backup, time_target
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.manifest import BackupMismatch
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.settings import recovery_settings, restore_command, start_instructions

@@ -23,11 +23,11 @@ from support.recovery import complete_segments
 from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir, pg_bin
 
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import read_catalog
 from receivewal.backup.choice import RecoveryTarget, TargetKind, choose_backup
 from receivewal.backup.cleanup import apply_plan, read_contents, read_histories
 from receivewal.backup.command import BackupRequest
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.retention import KeepBackups, plan_retention
 from receivewal.backup.settings import recovery_settings, restore_command

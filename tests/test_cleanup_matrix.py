@@ -35,10 +35,10 @@ from support.servers import PgServer, make_shared_dir
 from support.streams import receivewal, slot_restart_lsn, start_streaming, stop, wait_for
 
 from receivewal.archive.identity import IDENTITY_FILE
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.choice import RecoveryTarget, TargetKind
 from receivewal.backup.cleanup import apply_policy
 from receivewal.backup.command import BackupRequest
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.retention import KeepBackups
 from receivewal.backup.settings import recovery_settings, restore_command

@@ -3,12 +3,12 @@
 The flow of ``receivewal backup``, top to bottom, and the halves of ``recover`` and ``cleanup``:
 
     command        PostgreSQL 15's BASE_BACKUP command text and its result sets (pure)
-    copystream     the COPY stream's messages: new archive, data, progress, manifest (pure)
+    backupstream   the COPY stream's messages: new archive, data, progress, manifest (pure)
     tar            a streaming tar reader: members and their data in pieces (pure)
     manifest       backup_manifest, its own checksum, the check of the files against it (pure)
     receipt        the stream fed in, every file hashed, compared with the manifest (pure)
     transfer       BASE_BACKUP over a link, into a backup directory
-    directory      ARCHIVE/backups/<id>/: archives, manifest, the record last (files)
+    backupdir      ARCHIVE/backups/<id>/: archives, manifest, the record last (files)
     record         backup.json, the record of a complete backup (pure)
     catalog        the backups an archive holds: complete, running, interrupted (files)
     stored         a stored backup read back, every file checked against its manifest (files)

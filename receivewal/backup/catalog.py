@@ -38,7 +38,7 @@ from receivewal.archive.location import Location
 from receivewal.archive.lock import is_locked
 from receivewal.archive.reading import read_small_file
 from receivewal.archive.view import ArchiveView
-from receivewal.backup.directory import BACKUPS, is_backup_id
+from receivewal.backup.backupdir import BACKUPS, is_backup_id
 from receivewal.backup.record import (
     RECORD_CAP,
     RECORD_NAME,

@@ -39,8 +39,8 @@ from receivewal.archive.sources import recorded_identity
 from receivewal.archive.uploads import pending_files, read_upload_record, recorded_destination
 from receivewal.archive.view import ArchiveView, locate, parsed_histories
 from receivewal.archive.view import read_histories as view_histories
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import backup_of, catalog_of, read_catalog
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import RECORD_NAME
 from receivewal.backup.retention import ArchiveContents, Policy, RetentionPlan, plan_retention
 from receivewal.errors import ArchiveError, StoreAccessDenied

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from receivewal.archive.inflate import Inflater, compression_of
-from receivewal.backup.command import Position, Tablespace
-from receivewal.backup.copystream import (
+from receivewal.backup.backupstream import (
     BackupData,
     BackupStream,
     BackupStreamError,
@@ -28,6 +27,7 @@ from receivewal.backup.copystream import (
     NewArchive,
     Part,
 )
+from receivewal.backup.command import Position, Tablespace
 from receivewal.backup.manifest import (
     MANIFEST_CAP,
     Manifest,

@@ -1,6 +1,6 @@
 """A backup uploaded to object storage as it arrives: ``s3://BUCKET/PREFIX/backups/<id>/``.
 
-The same names as a backup directory (:mod:`receivewal.backup.directory`): each archive
+The same names as a backup directory (:mod:`receivewal.backup.backupdir`): each archive
 (compressed on the way when asked) is streamed into a create-only multipart upload
 (:class:`~receivewal.archive.bucket.StreamUpload`: memory is one part and a compressor's
 window, whatever the database's size), then the manifest, and the record last. Nothing is
@@ -42,7 +42,7 @@ from receivewal.archive.bucket import Bucket, StreamUpload
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.recipients import RecipientSet, recipients_file_text
 from receivewal.archive.storedform import FormWriter
-from receivewal.backup.directory import BACKUPS, backup_id_for
+from receivewal.backup.backupdir import BACKUPS, backup_id_for
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import (

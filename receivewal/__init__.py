@@ -22,7 +22,8 @@ Beside that path, each over the layers it reads:
     check/        reads archives back (verify, analyze)
     restore/      serves the archive to PostgreSQL's recovery: restore_command's helper and
                   its prefetch spool
-    backup/       base backups over the replication protocol, recovery from them, retention
+    backup/       base backups over the replication protocol: taken, stored, read back
+    recovery/     recover: a backup unpacked into a data directory that recovers from the archive
     logical/      logical change streams kept as a change log (decode, assemble, write): another
                   consumer of the daemon's COPY loop
     relay/        compresses a plain server's stream for receivers over a slow link

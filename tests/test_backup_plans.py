@@ -15,15 +15,6 @@ from receivewal.archive.lock import lock_directory
 from receivewal.backup.archivecleanup import oldest_kept_name, plan_archive_cleanup
 from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import BackupEntry, EntryState, proven, read_catalog
-from receivewal.backup.choice import (
-    RecoveryTarget,
-    TargetKind,
-    choose_backup,
-    lsn_target,
-    name_target,
-    time_target,
-    xid_target,
-)
 from receivewal.backup.record import (
     RECORD_NAME,
     BackupRecord,
@@ -39,7 +30,17 @@ from receivewal.backup.retention import (
     RecoveryWindow,
     plan_retention,
 )
-from receivewal.backup.settings import (
+from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.recovery.choice import (
+    RecoveryTarget,
+    TargetKind,
+    choose_backup,
+    lsn_target,
+    name_target,
+    time_target,
+    xid_target,
+)
+from receivewal.recovery.recoveryconf import (
     RECOVERY_SETTINGS,
     auto_conf_lines,
     include_directives,
@@ -49,8 +50,7 @@ from receivewal.backup.settings import (
     restore_command,
     without_recovery_settings,
 )
-from receivewal.backup.unpack import tablespace_map_entries
-from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.recovery.unpack import tablespace_map_entries
 from receivewal.wal.names import history_file_name, wal_file_name
 from receivewal.wal.timeline import TimelineSwitch
 

@@ -36,16 +36,16 @@ from support.streams import receivewal, slot_restart_lsn, start_streaming, stop,
 
 from receivewal.archive.identity import IDENTITY_FILE
 from receivewal.backup.backupdir import BACKUPS
-from receivewal.backup.choice import RecoveryTarget, TargetKind
 from receivewal.backup.cleanup import apply_policy
 from receivewal.backup.command import BackupRequest
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.retention import KeepBackups
-from receivewal.backup.settings import recovery_settings, restore_command
 from receivewal.backup.transfer import take_backup
-from receivewal.backup.unpack import unpack_backup, write_recovery
 from receivewal.commands.cleanup import daemon_holds
 from receivewal.daemon.state import State, write_state
+from receivewal.recovery.choice import RecoveryTarget, TargetKind
+from receivewal.recovery.recoveryconf import recovery_settings, restore_command
+from receivewal.recovery.unpack import unpack_backup, write_recovery
 from receivewal.replication.commands import identify_server
 from receivewal.wal.lsn import format_lsn, parse_lsn, segment_of
 from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, history_file_name

@@ -64,8 +64,8 @@ WRITES_OTHER = {
     "backup/backupdir.py::BackupDirectory.end_archive": "a base backup's tar (no WAL)",
     "backup/backupdir.py::BackupDirectory.write_manifest": "a base backup's manifest",
     "backup/backupdir.py::BackupDirectory.commit": "a base backup's record",
-    "backup/unpack.py::_rewrite_tablespace_map": "a recovered data directory's tablespace map",
-    "backup/unpack.py::write_recovery": "a recovered data directory's recovery settings",
+    "recovery/unpack.py::_rewrite_tablespace_map": "a recovered data directory's tablespace map",
+    "recovery/unpack.py::write_recovery": "a recovered data directory's recovery settings",
     "logical/store.py::ChangeLogStore._compress": "a change log file (no WAL)",
     "archive/sealed.py::seal_stream": "a completed file sealed inside the archive (a segment "
     "is checked first: SegmentWriter._seal's sealed_input reaches checked_segment, since "

@@ -23,6 +23,7 @@ Beside that path, each over the layers it reads:
     restore/      serves the archive to PostgreSQL's recovery: restore_command's helper and
                   its prefetch spool
     backup/       base backups over the replication protocol: taken, stored, read back
+    retention/    cleanup: what a retention policy removes; an archive's summary (size, backups)
     recovery/     recover: a backup unpacked into a data directory that recovers from the archive
     logical/      logical change streams kept as a change log (decode, assemble, write): another
                   consumer of the daemon's COPY loop

@@ -13,10 +13,7 @@ The flow of ``receivewal backup``, top to bottom:
     record         backup.json, the record of a complete backup (pure)
     catalog        the backups an archive holds: complete, running, interrupted (files)
     stored         a stored backup read back, every file checked against its manifest (files)
-    retention      what cleanup removes and keeps, and why (pure)
-    archivecleanup cleanup -D DIR OLDESTKEPTWALFILE, pg_archivecleanup's rule (pure)
-    cleanup        the archive read for the planner, and the removal (files)
-    place          an archive's backups and WAL, in a directory or a bucket (files, objects)
+    sealing        a tar's and the manifest's stored form (--encrypt-to), read back too
     upload         a backup streamed into a bucket, record last (objects)
     taking         ``receivewal backup`` end to end: identity, transfer, the wait for its WAL
     audit          the archive's backups checked, for ``verify``

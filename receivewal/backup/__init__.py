@@ -16,7 +16,6 @@ The flow of ``receivewal backup``, top to bottom:
     sealing        a tar's and the manifest's stored form (--encrypt-to), read back too
     upload         a backup streamed into a bucket, record last (objects)
     taking         ``receivewal backup`` end to end: identity, transfer, the wait for its WAL
-    audit          the archive's backups checked, for ``verify``
 
 Every fsync and rename goes through :mod:`receivewal.archive.durable`; the connection is
 reached through :class:`~receivewal.backup.transfer.BackupLink` (no psycopg here).

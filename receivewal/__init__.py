@@ -5,11 +5,13 @@ below it (docs/architecture.md has the module map):
 
     commands/     the command line: options declared once, parsed (click, or by hand on the
                   lean restore and verify paths and in the pg_receivewal drop-in), handed over
-    daemon/       supervisor (signals, reconnects, exit codes) running a receiver (the WAL
-                  archive's: walreceiver; a logical slot's: logicalreceiver) and its sessions
-                  (session: startpoint, then the COPY loop, copyloop, driving a consumer,
-                  archivefeed; logicalsession, changefeed); one event stream (events,
-                  lifecycle) and what it tells the outside (monitor, state file, metrics, systemd)
+    walreceiver/  the WAL archive's receiver (receiver) and its sessions (session: startpoint,
+                  then the daemon's COPY loop driving archivefeed), the uploader, the meter
+    daemon/       what both receivers share: the supervisor (signals, reconnects, exit codes)
+                  running a receiver (the WAL archive's: walreceiver/; a logical slot's:
+                  logicalreceiver) and its sessions (logicalsession, changefeed); the COPY loop
+                  (copyloop); one event stream (events, lifecycle) and what it tells the
+                  outside (monitor, state file, metrics, systemd)
     replication/  libpq connection (non-blocking; waiting on socket + stop signal), replication
                   commands, the COPY stream (copystream: runs of XLogData, keepalives, the
                   end), CopyData codecs, pg_streampack codec and its negotiation

@@ -231,10 +231,10 @@ def test_the_copy_loop_knows_only_its_consumer() -> None:
     graph = import_graph()
     loop = graph["receivewal.daemon.copyloop"]
     assert [name for name in loop if name.startswith("receivewal.archive")] == []
-    assert loop & {"receivewal.daemon.session", "receivewal.daemon.startpoint",
-                   "receivewal.daemon.archivefeed"} == set()
-    assert "receivewal.daemon.archivefeed" in graph["receivewal.daemon.session"]
-    assert "receivewal.archive.writer" not in graph["receivewal.daemon.session"]
+    assert loop & {"receivewal.walreceiver.session", "receivewal.walreceiver.startpoint",
+                   "receivewal.walreceiver.archivefeed"} == set()
+    assert "receivewal.walreceiver.archivefeed" in graph["receivewal.walreceiver.session"]
+    assert "receivewal.archive.writer" not in graph["receivewal.walreceiver.session"]
     assert not [path for path in sorted(PACKAGE.rglob("*.py")) if "on_completed" in
                 path.read_text()]
 
@@ -309,9 +309,9 @@ def test_the_dropin_does_not_import_click() -> None:
     assert clicking == []
 
 
-PHYSICAL = {"receivewal.daemon.session", "receivewal.daemon.startpoint",
-            "receivewal.daemon.archivefeed", "receivewal.daemon.walreceiver",
-            "receivewal.daemon.uploader"}
+PHYSICAL = {"receivewal.walreceiver.session", "receivewal.walreceiver.startpoint",
+            "receivewal.walreceiver.archivefeed", "receivewal.walreceiver.receiver",
+            "receivewal.walreceiver.uploader"}
 
 
 @pytest.mark.parametrize("module", ["receivewal.daemon.supervisor", "receivewal.daemon.copyloop",
@@ -398,11 +398,11 @@ def test_the_flushed_position_has_one_holder() -> None:
     stating = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Flushed"
                       for node in ast.walk(syntax_tree(path)))]
-    assert stating == ["receivewal.daemon.archivefeed", "receivewal.daemon.changefeed"]
+    assert stating == ["receivewal.daemon.changefeed", "receivewal.walreceiver.archivefeed"]
     reading = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if "previous_flush(" in path.read_text()
                and module_name(path) != "receivewal.daemon.state"]
-    assert reading == ["receivewal.daemon.walreceiver"]
+    assert reading == ["receivewal.walreceiver.receiver"]
 
 
 LOCATION_DOOR = "receivewal.archive.location"

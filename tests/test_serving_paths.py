@@ -25,7 +25,7 @@ HANDS_OUT = {
     "restore/writing.py::write_restored":
         "restore's one writer of %p: a directory, --partial, a bucket (BucketSource.restore), "
         "and the prefetch filler (whose fetch is restore_file or BucketSource.restore)",
-    "daemon/uploader.py::Uploader._upload":
+    "walreceiver/uploader.py::Uploader._upload":
         "uploads a completed segment: the bytes checked_file read and checked are the bytes "
         "put (issue 25 item 6)",
     "restore/filler.py::Spool._fetch_sized":
@@ -71,7 +71,7 @@ WRITES_OTHER = {
     "is checked first: SegmentWriter._seal's sealed_input reaches checked_segment, since "
     "nothing can check it once sealed; the uploader then puts it as it sits)",
     "archive/sealed.py::write_recipients_file": "a sealed file's recipients file",
-    "daemon/uploader.py::Uploader._sealed_body": "a sealed file's recipients object",
+    "walreceiver/uploader.py::Uploader._sealed_body": "a sealed file's recipients object",
     "backup/upload.py::BucketBackup.claim": "a bucket backup's claim of its ID (no WAL)",
     "backup/upload.py::BucketBackup._put_new": "a base backup's small object, in a bucket: its "
     "manifest, record or recipients (no WAL)",

@@ -2,7 +2,7 @@
 
 The supervisor (:mod:`receivewal.daemon.supervisor`) runs a
 :class:`~receivewal.daemon.supervisor.Receiver`; :class:`LogicalReceiver` is a logical slot's,
-beside the WAL archive's (:mod:`receivewal.daemon.walreceiver`): --create-slot (LOGICAL, with
+beside the WAL archive's (:mod:`receivewal.walreceiver.receiver`): --create-slot (LOGICAL, with
 TWO_PHASE when --two-phase) and --drop-slot; OUTDIR's one-writer lock (the archive's, on the
 directory itself: :mod:`receivewal.archive.lock`); the change log store, opened once (a crash
 is recovered from there: the partial file cut after its last complete transaction) and closed

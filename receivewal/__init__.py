@@ -7,10 +7,11 @@ below it (docs/architecture.md has the module map):
                   lean restore and verify paths and in the pg_receivewal drop-in), handed over
     walreceiver/  the WAL archive's receiver (receiver) and its sessions (session: startpoint,
                   then the daemon's COPY loop driving archivefeed), the uploader, the meter
+    logicalreceiver/  a logical slot's receiver (receiver), its session and its consumer
+                  (changefeed), writing the change log of logical/
     daemon/       what both receivers share: the supervisor (signals, reconnects, exit codes)
-                  running a receiver (the WAL archive's: walreceiver/; a logical slot's:
-                  logicalreceiver) and its sessions (logicalsession, changefeed); the COPY loop
-                  (copyloop); one event stream (events, lifecycle) and what it tells the
+                  running a receiver and its sessions, the COPY loop (copyloop) driving a
+                  consumer, one event stream (events, lifecycle) and what it tells the
                   outside (monitor, state file, metrics, systemd)
     replication/  libpq connection (non-blocking; waiting on socket + stop signal), replication
                   commands, the COPY stream (copystream: runs of XLogData, keepalives, the

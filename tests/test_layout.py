@@ -327,8 +327,8 @@ def test_what_a_logical_receiver_reuses_knows_no_archive(module: str) -> None:
     assert imported & PHYSICAL == set()
 
 
-LOGICAL = {"receivewal.daemon.logicalreceiver", "receivewal.daemon.logicalsession",
-           "receivewal.daemon.changefeed", "receivewal.daemon.logicalsettings"}
+LOGICAL = {"receivewal.logicalreceiver.receiver", "receivewal.logicalreceiver.session",
+           "receivewal.logicalreceiver.changefeed", "receivewal.logicalreceiver.logicalsettings"}
 
 
 @pytest.mark.parametrize("module", ["receivewal.daemon.supervisor", "receivewal.daemon.copyloop",
@@ -351,8 +351,8 @@ def test_the_logical_receiver_stands_beside_the_wal_archives() -> None:
     assert set(graph) >= LOGICAL
     for module in sorted(LOGICAL):
         assert graph[module] & PHYSICAL == set(), module
-    assert "receivewal.daemon.copyloop" in graph["receivewal.daemon.logicalsession"]
-    assert "receivewal.daemon.changefeed" in graph["receivewal.daemon.logicalsession"]
+    assert "receivewal.daemon.copyloop" in graph["receivewal.logicalreceiver.session"]
+    assert "receivewal.logicalreceiver.changefeed" in graph["receivewal.logicalreceiver.session"]
     for module in sorted(PHYSICAL):
         assert graph[module] & LOGICAL == set(), module
     supervisor_users = {m for m, targets in graph.items()
@@ -398,7 +398,8 @@ def test_the_flushed_position_has_one_holder() -> None:
     stating = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Flushed"
                       for node in ast.walk(syntax_tree(path)))]
-    assert stating == ["receivewal.daemon.changefeed", "receivewal.walreceiver.archivefeed"]
+    assert stating == ["receivewal.logicalreceiver.changefeed",
+                       "receivewal.walreceiver.archivefeed"]
     reading = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if "previous_flush(" in path.read_text()
                and module_name(path) != "receivewal.daemon.state"]

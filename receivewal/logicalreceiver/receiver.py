@@ -6,7 +6,7 @@ beside the WAL archive's (:mod:`receivewal.walreceiver.receiver`): --create-slot
 TWO_PHASE when --two-phase) and --drop-slot; OUTDIR's one-writer lock (the archive's, on the
 directory itself: :mod:`receivewal.archive.lock`); the change log store, opened once (a crash
 is recovered from there: the partial file cut after its last complete transaction) and closed
-at the end; one :class:`~receivewal.daemon.logicalsession.LogicalSession` per connection.
+at the end; one :class:`~receivewal.logicalreceiver.session.LogicalSession` per connection.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from receivewal.daemon.lifecycle import (
     SlotExisted,
     TemporaryFileRemoved,
 )
-from receivewal.daemon.logicalsession import LogicalSession
-from receivewal.daemon.logicalsettings import LogicalSettings
 from receivewal.daemon.signals import StopSignal
 from receivewal.logical.store import ChangeLogStore
+from receivewal.logicalreceiver.logicalsettings import LogicalSettings
+from receivewal.logicalreceiver.session import LogicalSession
 from receivewal.replication.commands import create_logical_slot, drop_slot
 from receivewal.replication.link import ReplicationLink
 from receivewal.replication.waiting import StopFlag

@@ -289,6 +289,56 @@ def test_restore_is_a_room_beside_the_daemon() -> None:
     assert [m for m in users if not m.startswith("receivewal.commands.")] == []
 
 
+# The floors of the house, bottom up: a room imports only the rooms on the floors below its
+# own (the modules at the package's top, errors, logs and secrets, are the ground; __main__
+# is the command line's door). Rooms on one floor stand beside each other and import none
+# of each other: the daemon's shared core knows no receiver, backup/ neither recovers nor
+# expires, and the WAL receiver's meter reads retention's summary from a floor above it.
+FLOORS = {
+    "": 0,
+    "wal": 1,
+    "archive": 2, "replication": 2,
+    "backup": 3, "daemon": 3, "logical": 3, "relay": 3, "restore": 3,
+    "check": 4, "retention": 4, "logicalreceiver": 4,
+    "recovery": 5, "walreceiver": 5,
+    "commands": 6,
+}
+
+
+def room_of(module: str) -> str:
+    """The room (subpackage) of one of the package's modules; "" for the modules at its top
+    (``__main__``, the entry point, counts as the command line's)."""
+    if module == "receivewal.__main__":
+        return "commands"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) \
+        else ""
+
+
+def climbing_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module in another room that is not on a floor below the importer's."""
+    return sorted(f"{module} -> {target}" for module, targets in graph.items()
+                  for target in targets if room_of(target) != room_of(module)
+                  and FLOORS[room_of(target)] >= FLOORS[room_of(module)])
+
+
+def test_the_floors_name_every_room() -> None:
+    """Each subpackage has its floor, so that a new room cannot be added without saying
+    where it stands."""
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders ^ (set(FLOORS) - {""}) == set()
+
+
+def test_no_import_climbs_a_floor() -> None:
+    """No module imports, at its top or inside a function, a module of a room on its own floor
+    or above: the WAL receiver and the logical one stand on the daemon's shared core, which
+    imports neither; recovery and retention stand on backup/, which imports neither."""
+    assert climbing_imports({"receivewal.daemon.monitor": {"receivewal.walreceiver.session"},
+                             "receivewal.backup.catalog": {"receivewal.wal.names"}}) == \
+        ["receivewal.daemon.monitor -> receivewal.walreceiver.session"]  # the check sees one
+    assert climbing_imports(import_graph()) == []
+
+
 def test_the_layer_map_names_every_subpackage() -> None:
     """receivewal/__init__.py's layer map lists each subpackage of the package, so that a
     new room cannot be added without a line saying where it stands."""

@@ -1,8 +1,8 @@
 """A backup unpacked into a new data directory, and the recovery files written into it.
 
 :func:`unpack_backup` refuses a data directory or tablespace directory that is not empty,
-then reads each archive file of the backup (decompressed as it is read) through
-:class:`~receivewal.backup.tar.TarReader` and writes its members: the main archive into the
+then reads each tar of the backup (decompressed as it is read) through
+:class:`~receivewal.backup.tar.TarReader` and writes its members: the main tar into the
 data directory, each tablespace's into its directory on the server or the one the mapping
 gives. Every file is checked against the backup's manifest on the way (size and checksum,
 each listed file once: a backup damaged at rest is refused), written with ``O_EXCL`` and

@@ -276,10 +276,12 @@ def test_a_file_is_finished_by_one_function() -> None:
 def test_restore_is_a_room_beside_the_daemon() -> None:
     """restore/ (restore_command and its prefetch spool) stands on archive/ and wal/ beside
     daemon/ and check/: only the command line imports it, and it imports neither the command
-    line nor the daemon, replication, check, relay or logical rooms."""
+    line nor the daemon (its core and both receivers), replication, check, relay or logical
+    rooms."""
     graph = import_graph()
-    rooms = ("receivewal.commands", "receivewal.daemon", "receivewal.replication",
-             "receivewal.check", "receivewal.relay", "receivewal.logical")
+    rooms = ("receivewal.commands", "receivewal.daemon", "receivewal.walreceiver",
+             "receivewal.logicalreceiver", "receivewal.replication", "receivewal.check",
+             "receivewal.relay", "receivewal.logical")
     inside = [m for m in graph if m.startswith("receivewal.restore")]
     assert "receivewal.restore.call" in inside
     up = sorted(f"{m} -> {t}" for m in inside for t in graph[m] if t.startswith(rooms))

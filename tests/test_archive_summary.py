@@ -19,12 +19,12 @@ from support.scrape import scrape
 from support.servers import PgServer, free_port
 from support.streams import start_receivewal, stop, wait_for
 
-from receivewal.backup.cleanup import backup_bytes
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.command import BackupRequest
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import utc_text
 from receivewal.backup.transfer import take_backup
 from receivewal.replication.commands import identify_server
+from receivewal.retention.removal import backup_bytes
 from receivewal.wal.lsn import format_lsn, parse_lsn
 
 pytestmark = pytest.mark.server

@@ -20,15 +20,7 @@ from support.backups import (
 )
 
 from receivewal.archive.compression import parse_compress_option
-from receivewal.backup.command import (
-    BackupRequest,
-    Position,
-    Tablespace,
-    base_backup_command,
-    parse_position,
-    parse_tablespaces,
-)
-from receivewal.backup.copystream import (
+from receivewal.backup.backupstream import (
     BackupData,
     BackupStream,
     BackupStreamError,
@@ -36,6 +28,14 @@ from receivewal.backup.copystream import (
     NewArchive,
     Progress,
     parse_backup_message,
+)
+from receivewal.backup.command import (
+    BackupRequest,
+    Position,
+    Tablespace,
+    base_backup_command,
+    parse_position,
+    parse_tablespaces,
 )
 from receivewal.backup.manifest import (
     BackupMismatch,

@@ -12,18 +12,8 @@ from pathlib import Path
 import pytest
 
 from receivewal.archive.lock import lock_directory
-from receivewal.backup.archivecleanup import oldest_kept_name, plan_archive_cleanup
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import BackupEntry, EntryState, proven, read_catalog
-from receivewal.backup.choice import (
-    RecoveryTarget,
-    TargetKind,
-    choose_backup,
-    lsn_target,
-    name_target,
-    time_target,
-    xid_target,
-)
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import (
     RECORD_NAME,
     BackupRecord,
@@ -33,13 +23,17 @@ from receivewal.backup.record import (
     record_from_json,
     record_to_json,
 )
-from receivewal.backup.retention import (
-    ArchiveContents,
-    KeepBackups,
-    RecoveryWindow,
-    plan_retention,
+from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.recovery.choice import (
+    RecoveryTarget,
+    TargetKind,
+    choose_backup,
+    lsn_target,
+    name_target,
+    time_target,
+    xid_target,
 )
-from receivewal.backup.settings import (
+from receivewal.recovery.recoveryconf import (
     RECOVERY_SETTINGS,
     auto_conf_lines,
     include_directives,
@@ -49,8 +43,14 @@ from receivewal.backup.settings import (
     restore_command,
     without_recovery_settings,
 )
-from receivewal.backup.unpack import tablespace_map_entries
-from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.recovery.unpack import tablespace_map_entries
+from receivewal.retention.archivecleanup import oldest_kept_name, plan_archive_cleanup
+from receivewal.retention.plan import (
+    ArchiveContents,
+    KeepBackups,
+    RecoveryWindow,
+    plan_retention,
+)
 from receivewal.wal.names import history_file_name, wal_file_name
 from receivewal.wal.timeline import TimelineSwitch
 
@@ -497,7 +497,7 @@ def test_the_oldest_recoverable_point_is_the_oldest_backup_whose_wal_is_all_ther
     """Backups at segments 2-3 (its segment 3 missing), 5-6 and 8: the oldest recoverable
     point is the second's start; sizes count WAL files (a .partial and history too) and every
     file under backups/, an interrupted backup's as well."""
-    from receivewal.backup.summary import summarize  # noqa: PLC0415
+    from receivewal.retention.summary import summarize  # noqa: PLC0415
 
     for rec in (record("a", 2, 3), record("b", 5, 6), record("c", 8, 8)):
         (tmp_path / BACKUPS / rec.backup_id).mkdir(parents=True)

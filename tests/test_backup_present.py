@@ -30,8 +30,8 @@ from support.servers import PgServer, make_shared_dir
 from support.streams import receivewal, start_streaming, stop, wait_for
 
 from receivewal.archive.identity import IDENTITY_FILE
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.command import BackupRequest
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.transfer import take_backup
 from receivewal.replication.commands import identify_server

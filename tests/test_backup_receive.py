@@ -36,16 +36,16 @@ from support.servers import PgServer, as_server_user, make_shared_dir, pg_bin
 
 from receivewal.archive.compression import parse_compress_option
 from receivewal.archive.durable import is_temporary
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import EntryState, read_catalog
-from receivewal.backup.choice import RecoveryTarget, choose_backup
 from receivewal.backup.command import BackupRequest
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.manifest import BackupMismatch, ManifestCheck, parse_manifest
 from receivewal.backup.record import RECORD_NAME, BackupRecord
 from receivewal.backup.tar import MemberData, MemberStart, TarReader
 from receivewal.backup.transfer import BackupLink, take_backup
-from receivewal.backup.unpack import unpack_backup
 from receivewal.errors import ArchiveError, ReceivewalError
+from receivewal.recovery.choice import RecoveryTarget, choose_backup
+from receivewal.recovery.unpack import unpack_backup
 from receivewal.replication.commands import ServerInfo
 
 pytestmark = pytest.mark.server

@@ -26,15 +26,15 @@ from support.recovery import complete_segments
 from support.servers import PgServer, make_shared_dir
 
 from receivewal.archive.compression import decompress_chunks, new_compressor, parse_compress_option
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import read_catalog
-from receivewal.backup.choice import choose_backup, time_target
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.manifest import BackupMismatch
 from receivewal.backup.record import BackupRecord
-from receivewal.backup.settings import recovery_settings, restore_command, start_instructions
 from receivewal.backup.stored import stored_manifest, verify_backup
-from receivewal.backup.unpack import unpack_backup, write_recovery
 from receivewal.errors import ArchiveError
+from receivewal.recovery.choice import choose_backup, time_target
+from receivewal.recovery.recoveryconf import recovery_settings, restore_command, start_instructions
+from receivewal.recovery.unpack import unpack_backup, write_recovery
 
 pytestmark = pytest.mark.server
 

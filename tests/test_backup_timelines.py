@@ -23,19 +23,19 @@ from support.recovery import complete_segments
 from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir, pg_bin
 
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import read_catalog
-from receivewal.backup.choice import RecoveryTarget, TargetKind, choose_backup
-from receivewal.backup.cleanup import apply_plan, read_contents, read_histories
 from receivewal.backup.command import BackupRequest
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord
-from receivewal.backup.retention import KeepBackups, plan_retention
-from receivewal.backup.settings import recovery_settings, restore_command
 from receivewal.backup.transfer import take_backup
-from receivewal.backup.unpack import unpack_backup, write_recovery
 from receivewal.commands.cleanup import after_backup
 from receivewal.daemon.state import State, write_state
+from receivewal.recovery.choice import RecoveryTarget, TargetKind, choose_backup
+from receivewal.recovery.recoveryconf import recovery_settings, restore_command
+from receivewal.recovery.unpack import unpack_backup, write_recovery
 from receivewal.replication.commands import identify_server
+from receivewal.retention.plan import KeepBackups, plan_retention
+from receivewal.retention.removal import apply_plan, read_contents, read_histories
 from receivewal.wal.lsn import format_lsn, parse_lsn, segment_of
 
 pytestmark = pytest.mark.server

@@ -11,7 +11,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from receivewal.backup.directory import BACKUPS
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.record import (
     RECORD_NAME,
     BackupRecord,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from receivewal.backup.policy import parse_window, policy_from_environment
-from receivewal.backup.retention import KeepBackups, RecoveryWindow
 from receivewal.errors import ConfigurationError
+from receivewal.retention.plan import KeepBackups, RecoveryWindow
+from receivewal.retention.policy import parse_window, policy_from_environment
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

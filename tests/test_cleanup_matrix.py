@@ -35,18 +35,18 @@ from support.servers import PgServer, make_shared_dir
 from support.streams import receivewal, slot_restart_lsn, start_streaming, stop, wait_for
 
 from receivewal.archive.identity import IDENTITY_FILE
-from receivewal.backup.choice import RecoveryTarget, TargetKind
-from receivewal.backup.cleanup import apply_policy
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.command import BackupRequest
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord
-from receivewal.backup.retention import KeepBackups
-from receivewal.backup.settings import recovery_settings, restore_command
 from receivewal.backup.transfer import take_backup
-from receivewal.backup.unpack import unpack_backup, write_recovery
 from receivewal.commands.cleanup import daemon_holds
 from receivewal.daemon.state import State, write_state
+from receivewal.recovery.choice import RecoveryTarget, TargetKind
+from receivewal.recovery.recoveryconf import recovery_settings, restore_command
+from receivewal.recovery.unpack import unpack_backup, write_recovery
 from receivewal.replication.commands import identify_server
+from receivewal.retention.plan import KeepBackups
+from receivewal.retention.removal import apply_policy
 from receivewal.wal.lsn import format_lsn, parse_lsn, segment_of
 from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, history_file_name
 from receivewal.wal.timeline import parse_history
@@ -313,7 +313,7 @@ def test_cleanup_removes_exactly_what_no_kept_backup_needs(
     if where == "directory":  # the dry run's list of files
         report = apply_policy(Path(location), KeepBackups(keep), dry_run=True)
     else:
-        from receivewal.backup.cleanup import (  # noqa: PLC0415
+        from receivewal.retention.removal import (  # noqa: PLC0415
             apply_policy as apply_policy_to_bucket,
         )
 

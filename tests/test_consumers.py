@@ -1,5 +1,5 @@
 """The COPY loop drives any consumer of a stream: a logical change log is a second one beside
-the WAL archive, through the logical receiver's feed (daemon/changefeed.py), with the same
+the WAL archive, through the logical receiver's feed (logicalreceiver/changefeed.py), with the same
 loop, status updates, events and monitor (issue 26 item 4, for issue 27's logical
 receiver)."""
 
@@ -13,13 +13,13 @@ from support.changelog import open_store, read_log, runs
 from support.scripted import ScriptedConnection, status_updates
 from support.stopflag import Stop
 
-from receivewal.daemon.changefeed import ChangeFeed
 from receivewal.daemon.copyloop import STOPPED, CopyLoop, StreamConsumer
 from receivewal.daemon.events import CompressionKnown, Event, Flushed, Received
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.settings import Settings
 from receivewal.logical.consumer import ChangeLogConsumer, PluginSettings
 from receivewal.logical.pgoutput import PgoutputOptions
+from receivewal.logicalreceiver.changefeed import ChangeFeed
 from receivewal.replication.link import WalRun
 from receivewal.replication.messages import build_xlogdata
 from receivewal.replication.streampack import StreampackEncoder, is_compressed

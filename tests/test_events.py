@@ -27,18 +27,18 @@ from receivewal.daemon.events import (
 )
 from receivewal.daemon.lifecycle import Connecting, Stopped, Stopping
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.startpoint import (
+from receivewal.daemon.state import read_state
+from receivewal.daemon.supervisor import Supervisor
+from receivewal.replication.connection import build_conninfo
+from receivewal.wal.lsn import parse_lsn
+from receivewal.wal.names import is_wal_file_name, parse_segment_file_name
+from receivewal.walreceiver.receiver import WalReceiver
+from receivewal.walreceiver.startpoint import (
     ArchiveWarning,
     FileModeChosen,
     SegmentFileRejected,
     SlotState,
 )
-from receivewal.daemon.state import read_state
-from receivewal.daemon.supervisor import Supervisor
-from receivewal.daemon.walreceiver import WalReceiver
-from receivewal.replication.connection import build_conninfo
-from receivewal.wal.lsn import parse_lsn
-from receivewal.wal.names import is_wal_file_name, parse_segment_file_name
 
 PACKAGE = Path(__file__).parent.parent / "receivewal"
 SEGMENT = 16 * 1024 * 1024

@@ -233,10 +233,10 @@ def test_the_copy_loop_knows_only_its_consumer() -> None:
     graph = import_graph()
     loop = graph["receivewal.daemon.copyloop"]
     assert [name for name in loop if name.startswith("receivewal.archive")] == []
-    assert loop & {"receivewal.daemon.session", "receivewal.daemon.startpoint",
-                   "receivewal.daemon.archivefeed"} == set()
-    assert "receivewal.daemon.archivefeed" in graph["receivewal.daemon.session"]
-    assert "receivewal.archive.writer" not in graph["receivewal.daemon.session"]
+    assert loop & {"receivewal.walreceiver.session", "receivewal.walreceiver.startpoint",
+                   "receivewal.walreceiver.archivefeed"} == set()
+    assert "receivewal.walreceiver.archivefeed" in graph["receivewal.walreceiver.session"]
+    assert "receivewal.archive.writer" not in graph["receivewal.walreceiver.session"]
     assert not [path for path in sorted(PACKAGE.rglob("*.py")) if "on_completed" in
                 path.read_text()]
 
@@ -278,10 +278,12 @@ def test_a_file_is_finished_by_one_function() -> None:
 def test_restore_is_a_room_beside_the_daemon() -> None:
     """restore/ (restore_command and its prefetch spool) stands on archive/ and wal/ beside
     daemon/ and check/: only the command line imports it, and it imports neither the command
-    line nor the daemon, replication, check, relay or logical rooms."""
+    line nor the daemon (its core and both receivers), replication, check, relay or logical
+    rooms."""
     graph = import_graph()
-    rooms = ("receivewal.commands", "receivewal.daemon", "receivewal.replication",
-             "receivewal.check", "receivewal.relay", "receivewal.logical")
+    rooms = ("receivewal.commands", "receivewal.daemon", "receivewal.walreceiver",
+             "receivewal.logicalreceiver", "receivewal.replication", "receivewal.check",
+             "receivewal.relay", "receivewal.logical")
     inside = [m for m in graph if m.startswith("receivewal.restore")]
     assert "receivewal.restore.call" in inside
     up = sorted(f"{m} -> {t}" for m in inside for t in graph[m] if t.startswith(rooms))
@@ -289,6 +291,56 @@ def test_restore_is_a_room_beside_the_daemon() -> None:
     users = sorted(m for m, targets in graph.items() if not m.startswith("receivewal.restore")
                    and any(t.startswith("receivewal.restore") for t in targets))
     assert [m for m in users if not m.startswith("receivewal.commands.")] == []
+
+
+# The floors of the house, bottom up: a room imports only the rooms on the floors below its
+# own (the modules at the package's top, errors, logs and secrets, are the ground; __main__
+# is the command line's door). Rooms on one floor stand beside each other and import none
+# of each other: the daemon's shared core knows no receiver, backup/ neither recovers nor
+# expires, and the WAL receiver's meter reads retention's summary from a floor above it.
+FLOORS = {
+    "": 0,
+    "wal": 1,
+    "archive": 2, "replication": 2,
+    "backup": 3, "daemon": 3, "logical": 3, "relay": 3, "restore": 3,
+    "check": 4, "retention": 4, "logicalreceiver": 4, "apply": 4,
+    "recovery": 5, "walreceiver": 5,
+    "commands": 6,
+}
+
+
+def room_of(module: str) -> str:
+    """The room (subpackage) of one of the package's modules; "" for the modules at its top
+    (``__main__``, the entry point, counts as the command line's)."""
+    if module == "receivewal.__main__":
+        return "commands"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) \
+        else ""
+
+
+def climbing_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module in another room that is not on a floor below the importer's."""
+    return sorted(f"{module} -> {target}" for module, targets in graph.items()
+                  for target in targets if room_of(target) != room_of(module)
+                  and FLOORS[room_of(target)] >= FLOORS[room_of(module)])
+
+
+def test_the_floors_name_every_room() -> None:
+    """Each subpackage has its floor, so that a new room cannot be added without saying
+    where it stands."""
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders ^ (set(FLOORS) - {""}) == set()
+
+
+def test_no_import_climbs_a_floor() -> None:
+    """No module imports, at its top or inside a function, a module of a room on its own floor
+    or above: the WAL receiver and the logical one stand on the daemon's shared core, which
+    imports neither; recovery and retention stand on backup/, which imports neither."""
+    assert climbing_imports({"receivewal.daemon.monitor": {"receivewal.walreceiver.session"},
+                             "receivewal.backup.catalog": {"receivewal.wal.names"}}) == \
+        ["receivewal.daemon.monitor -> receivewal.walreceiver.session"]  # the check sees one
+    assert climbing_imports(import_graph()) == []
 
 
 def test_the_layer_map_names_every_subpackage() -> None:
@@ -311,9 +363,9 @@ def test_the_dropin_does_not_import_click() -> None:
     assert clicking == []
 
 
-PHYSICAL = {"receivewal.daemon.session", "receivewal.daemon.startpoint",
-            "receivewal.daemon.archivefeed", "receivewal.daemon.walreceiver",
-            "receivewal.daemon.uploader"}
+PHYSICAL = {"receivewal.walreceiver.session", "receivewal.walreceiver.startpoint",
+            "receivewal.walreceiver.archivefeed", "receivewal.walreceiver.receiver",
+            "receivewal.walreceiver.uploader"}
 
 
 @pytest.mark.parametrize("module", ["receivewal.daemon.supervisor", "receivewal.daemon.copyloop",
@@ -329,8 +381,8 @@ def test_what_a_logical_receiver_reuses_knows_no_archive(module: str) -> None:
     assert imported & PHYSICAL == set()
 
 
-LOGICAL = {"receivewal.daemon.logicalreceiver", "receivewal.daemon.logicalsession",
-           "receivewal.daemon.changefeed", "receivewal.daemon.logicalsettings"}
+LOGICAL = {"receivewal.logicalreceiver.receiver", "receivewal.logicalreceiver.session",
+           "receivewal.logicalreceiver.changefeed", "receivewal.logicalreceiver.logicalsettings"}
 
 
 @pytest.mark.parametrize("module", ["receivewal.daemon.supervisor", "receivewal.daemon.copyloop",
@@ -353,8 +405,8 @@ def test_the_logical_receiver_stands_beside_the_wal_archives() -> None:
     assert set(graph) >= LOGICAL
     for module in sorted(LOGICAL):
         assert graph[module] & PHYSICAL == set(), module
-    assert "receivewal.daemon.copyloop" in graph["receivewal.daemon.logicalsession"]
-    assert "receivewal.daemon.changefeed" in graph["receivewal.daemon.logicalsession"]
+    assert "receivewal.daemon.copyloop" in graph["receivewal.logicalreceiver.session"]
+    assert "receivewal.logicalreceiver.changefeed" in graph["receivewal.logicalreceiver.session"]
     for module in sorted(PHYSICAL):
         assert graph[module] & LOGICAL == set(), module
     supervisor_users = {m for m, targets in graph.items()
@@ -400,11 +452,12 @@ def test_the_flushed_position_has_one_holder() -> None:
     stating = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Flushed"
                       for node in ast.walk(syntax_tree(path)))]
-    assert stating == ["receivewal.daemon.archivefeed", "receivewal.daemon.changefeed"]
+    assert stating == ["receivewal.logicalreceiver.changefeed",
+                       "receivewal.walreceiver.archivefeed"]
     reading = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
                if "previous_flush(" in path.read_text()
                and module_name(path) != "receivewal.daemon.state"]
-    assert reading == ["receivewal.daemon.walreceiver"]
+    assert reading == ["receivewal.walreceiver.receiver"]
 
 
 LOCATION_DOOR = "receivewal.archive.location"

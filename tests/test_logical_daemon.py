@@ -21,10 +21,10 @@ from support.stopflag import Stop
 
 from receivewal.daemon.events import Event, Flushed
 from receivewal.daemon.lifecycle import Failed
-from receivewal.daemon.logicalreceiver import LogicalReceiver
-from receivewal.daemon.logicalsettings import LogicalSettings
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.supervisor import Supervisor
+from receivewal.logicalreceiver.logicalsettings import LogicalSettings
+from receivewal.logicalreceiver.receiver import LogicalReceiver
 from receivewal.replication.link import CopyData, CopyDone, WalRun
 from receivewal.replication.messages import build_xlogdata
 from receivewal.wal.lsn import format_lsn

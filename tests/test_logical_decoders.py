@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from support import logical_wire as w
 
 from receivewal.errors import ConfigurationError, ProtocolError
-from receivewal.logical import messages as m
+from receivewal.logical import outputmessages as m
 from receivewal.logical.pglogical import PglogicalDecoder, startup_parameters
 from receivewal.logical.pgoutput import PgoutputDecoder, PgoutputOptions, highest_proto_version
 
@@ -434,7 +434,7 @@ def _read_both(data: bytes, binary: bool) -> tuple[object, object]:
     """read_tuple's hot path and the field-by-field reader on the same bytes: each one's
     result and where it left the reader, or its error's words."""
     from receivewal.logical import pgoutput  # noqa: PLC0415 - the two readers compared
-    from receivewal.logical.reader import MessageReader  # noqa: PLC0415
+    from receivewal.logical.cursor import MessageReader  # noqa: PLC0415
 
     outcomes: list[object] = []
     for read in (pgoutput.read_tuple, pgoutput._read_tuple_checked):

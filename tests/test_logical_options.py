@@ -18,8 +18,8 @@ from receivewal.commands.group import cli
 from receivewal.commands.logical import logical_command
 from receivewal.commands.logical_options import LogicalOptions, build_logical_settings
 from receivewal.commands.options import CONNECTION, declared_options, typed_values
-from receivewal.daemon.logicalsettings import LogicalSettings
 from receivewal.errors import ConfigurationError
+from receivewal.logicalreceiver.logicalsettings import LogicalSettings
 
 OPTIONS = {f.name: (spec, kind, f.default) for f, spec, kind in declared_options(LogicalOptions)}
 # --progress acts only when stderr is a terminal (test_options proves it for the shared code)

@@ -27,7 +27,7 @@ from support.logical import (
 from support.replay import compare_tables, replay
 from support.servers import PG_BIN, PgServer, running_server
 
-from receivewal.logical.messages import Startup
+from receivewal.logical.outputmessages import Startup
 from receivewal.logical.pglogical import PglogicalDecoder, startup_parameters
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

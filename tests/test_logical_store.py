@@ -213,7 +213,7 @@ def test_a_partial_file_cut_anywhere_resumes_exactly_once(tmp_path: Path,
 
 
 def _end(record: dict[str, object]) -> int:
-    from receivewal.logical.records import run_end  # noqa: PLC0415
+    from receivewal.logical.changelines import run_end  # noqa: PLC0415
     end = run_end(record)
     assert end is not None
     return end

@@ -20,10 +20,10 @@ from receivewal.archive.writer import open_segment_writer
 from receivewal.daemon.events import EventStream
 from receivewal.daemon.monitor import Monitor
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.startpoint import Start
-from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.replication.commands import ServerInfo
 from receivewal.wal.lsn import format_lsn, parse_lsn
+from receivewal.walreceiver.receiver import WalReceiver
+from receivewal.walreceiver.startpoint import Start
 
 SEGMENT = 16 << 20
 SEGMENT_START, DURABLE = parse_lsn("0/4000000"), parse_lsn("0/4C77B68")

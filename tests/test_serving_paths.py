@@ -25,7 +25,7 @@ HANDS_OUT = {
     "restore/writing.py::write_restored":
         "restore's one writer of %p: a directory, --partial, a bucket (BucketSource.restore), "
         "and the prefetch filler (whose fetch is restore_file or BucketSource.restore)",
-    "daemon/uploader.py::Uploader._upload":
+    "walreceiver/uploader.py::Uploader._upload":
         "uploads a completed segment: the bytes checked_file read and checked are the bytes "
         "put (issue 25 item 6)",
     "restore/filler.py::Spool._fetch_sized":
@@ -60,18 +60,18 @@ WRITES_OTHER = {
     "archive/writer.py::CompressedSegmentWriter._synced": "the daemon writing what it receives",
     "daemon/state.py::write_state": "the state file",
     "logical/store.py::ChangeLogStore._complete": "a change log file (no WAL)",
-    "backup/directory.py::BackupDirectory.begin_archive": "a base backup's tar (no WAL)",
-    "backup/directory.py::BackupDirectory.end_archive": "a base backup's tar (no WAL)",
-    "backup/directory.py::BackupDirectory.write_manifest": "a base backup's manifest",
-    "backup/directory.py::BackupDirectory.commit": "a base backup's record",
-    "backup/unpack.py::_rewrite_tablespace_map": "a recovered data directory's tablespace map",
-    "backup/unpack.py::write_recovery": "a recovered data directory's recovery settings",
+    "backup/backupdir.py::BackupDirectory.begin_archive": "a base backup's tar (no WAL)",
+    "backup/backupdir.py::BackupDirectory.end_archive": "a base backup's tar (no WAL)",
+    "backup/backupdir.py::BackupDirectory.write_manifest": "a base backup's manifest",
+    "backup/backupdir.py::BackupDirectory.commit": "a base backup's record",
+    "recovery/unpack.py::_rewrite_tablespace_map": "a recovered data directory's tablespace map",
+    "recovery/unpack.py::write_recovery": "a recovered data directory's recovery settings",
     "logical/store.py::ChangeLogStore._compress": "a change log file (no WAL)",
     "archive/sealed.py::seal_stream": "a completed file sealed inside the archive (a segment "
     "is checked first: SegmentWriter._seal's sealed_input reaches checked_segment, since "
     "nothing can check it once sealed; the uploader then puts it as it sits)",
     "archive/sealed.py::write_recipients_file": "a sealed file's recipients file",
-    "daemon/uploader.py::Uploader._sealed_body": "a sealed file's recipients object",
+    "walreceiver/uploader.py::Uploader._sealed_body": "a sealed file's recipients object",
     "backup/upload.py::BucketBackup.claim": "a bucket backup's claim of its ID (no WAL)",
     "backup/upload.py::BucketBackup._put_new": "a base backup's small object, in a bucket: its "
     "manifest, record or recipients (no WAL)",

@@ -16,9 +16,7 @@ from receivewal.archive.directory import Archive
 from receivewal.archive.layout import StartPoint
 from receivewal.daemon.events import Event, SegmentCompleted
 from receivewal.daemon.monitor import Monitor
-from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.startpoint import Start
 from receivewal.errors import ProtocolError, StreampackError
 from receivewal.replication.commands import ServerInfo
 from receivewal.replication.copystream import CopyStream
@@ -29,6 +27,8 @@ from receivewal.replication.link import (
 )
 from receivewal.replication.messages import PrimaryKeepalive, build_xlogdata
 from receivewal.replication.streampack import StreampackEncoder
+from receivewal.walreceiver.session import Session
+from receivewal.walreceiver.startpoint import Start
 
 SEG = 1 << 20
 START = 3 * SEG

@@ -56,7 +56,7 @@ def probe_stream(archive: Path, *args: str, env: dict[str, str] | None = None,
 NOT_NEEDED_PACKAGES = {"zstandard", "lz4", "backports", "compression", "crc32c", "boto3",
                        "botocore", "prometheus_client"}
 NOT_NEEDED_MODULES = {"receivewal.archive.bucket", "receivewal.archive.objectstore",
-                      "receivewal.archive.uploads", "receivewal.daemon.uploader",
+                      "receivewal.archive.uploads", "receivewal.walreceiver.uploader",
                       "receivewal.wal.reader"}
 
 

@@ -43,16 +43,16 @@ from receivewal.archive.files import CRASH_ENV, PREALLOCATE_ENV, preallocate
 from receivewal.archive.layout import older_islands
 from receivewal.archive.writer import open_segment_writer
 from receivewal.commands.pg_receivewal import PgReceivewalMessages
-from receivewal.daemon.startpoint import (
+from receivewal.daemon.state import State, write_state
+from receivewal.errors import ArchiveError
+from receivewal.replication.commands import ServerInfo
+from receivewal.wal.names import SegmentFile
+from receivewal.walreceiver.startpoint import (
     ArchiveWarning,
     OlderIsland,
     SegmentFileRejected,
     read_archive,
 )
-from receivewal.daemon.state import State, write_state
-from receivewal.errors import ArchiveError
-from receivewal.replication.commands import ServerInfo
-from receivewal.wal.names import SegmentFile
 
 SEGMENT = 16 << 20
 KILLED = -9

@@ -22,8 +22,8 @@ from receivewal.commands.cli import cli
 from receivewal.daemon.health import CRITICAL, OK, WARNING, UploadLimits, evaluate
 from receivewal.daemon.metrics import Metrics
 from receivewal.daemon.state import LastError, State, UploadStatus, decode_state, encode_state
-from receivewal.daemon.uploader import confirmable_flush
 from receivewal.errors import ArchiveError
+from receivewal.walreceiver.uploader import confirmable_flush
 
 SEGMENT = 16 * 1024 * 1024
 URL = "s3://bucket/wal"

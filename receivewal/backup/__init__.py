@@ -1,28 +1,21 @@
-"""Base backups: taken over the replication protocol into the archive, recovered, expired.
+"""Base backups: taken over the replication protocol into the archive, stored, read back
+(recovery is :mod:`receivewal.recovery`'s, retention :mod:`receivewal.retention`'s).
 
-The flow of ``receivewal backup``, top to bottom, and the halves of ``recover`` and ``cleanup``:
+The flow of ``receivewal backup``, top to bottom:
 
     command        PostgreSQL 15's BASE_BACKUP command text and its result sets (pure)
-    copystream     the COPY stream's messages: new archive, data, progress, manifest (pure)
+    backupstream   the COPY stream's messages: new archive, data, progress, manifest (pure)
     tar            a streaming tar reader: members and their data in pieces (pure)
     manifest       backup_manifest, its own checksum, the check of the files against it (pure)
     receipt        the stream fed in, every file hashed, compared with the manifest (pure)
     transfer       BASE_BACKUP over a link, into a backup directory
-    directory      ARCHIVE/backups/<id>/: archives, manifest, the record last (files)
+    backupdir      ARCHIVE/backups/<id>/: archives, manifest, the record last (files)
     record         backup.json, the record of a complete backup (pure)
     catalog        the backups an archive holds: complete, running, interrupted (files)
     stored         a stored backup read back, every file checked against its manifest (files)
-    choice         which backup a recovery to a target starts from (pure)
-    settings       the recovery settings as text; how to start the server (pure)
-    unpack         a backup into an empty data directory, and the recovery files (files)
-    retention      what cleanup removes and keeps, and why (pure)
-    archivecleanup cleanup -D DIR OLDESTKEPTWALFILE, pg_archivecleanup's rule (pure)
-    cleanup        the archive read for the planner, and the removal (files)
-    place          an archive's backups and WAL, in a directory or a bucket (files, objects)
+    sealing        a tar's and the manifest's stored form (--encrypt-to), read back too
     upload         a backup streamed into a bucket, record last (objects)
     taking         ``receivewal backup`` end to end: identity, transfer, the wait for its WAL
-    recovering     ``receivewal recover`` end to end: choice, unpack, recovery settings
-    audit          the archive's backups checked, for ``verify``
 
 Every fsync and rename goes through :mod:`receivewal.archive.durable`; the connection is
 reached through :class:`~receivewal.backup.transfer.BackupLink` (no psycopg here).

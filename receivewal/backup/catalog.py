@@ -14,7 +14,7 @@ directory may be a backup between its ``mkdir`` and its lock: it is left alone.
 
 A record is not proof that the files are there: a file deleted, lost or cut short later leaves
 a record that lies. So a backup is :attr:`EntryState.COMPLETE` only when a listing of its
-directory (or its prefix) shows every file its record names, each archive of its recorded
+directory (or its prefix) shows every file its record names, each tar of its recorded
 size (:func:`~receivewal.backup.record.absent_files`: names and sizes, no data read); else it is
 :attr:`EntryState.INCOMPLETE`, with what is missing, and neither recovery nor retention counts
 it (:func:`proven`).
@@ -38,7 +38,7 @@ from receivewal.archive.location import Location
 from receivewal.archive.lock import is_locked
 from receivewal.archive.reading import read_small_file
 from receivewal.archive.view import ArchiveView
-from receivewal.backup.directory import BACKUPS, is_backup_id
+from receivewal.backup.backupdir import BACKUPS, is_backup_id
 from receivewal.backup.record import (
     RECORD_CAP,
     RECORD_NAME,

@@ -2,7 +2,7 @@
 
 PostgreSQL 15 takes the options as a parenthesised list (``BASE_BACKUP ( LABEL 'x', ... )``);
 the older keyword form of the seed document is not used. ``TARGET 'client'`` selects the one
-COPY stream of :mod:`receivewal.backup.copystream`. Values are string literals of the
+COPY stream of :mod:`receivewal.backup.backupstream`. Values are string literals of the
 replication grammar (a quote doubled; a backslash is an ordinary character there), numbers are
 bare. WAL is never asked for (``WAL false``): the archive holds it.
 

@@ -1,7 +1,7 @@
-"""A base backup as it arrives: the COPY stream's messages, each archive's tar members and
+"""A base backup as it arrives: the COPY stream's messages, each tar's members and
 their checksums, the manifest, all checked before the backup is declared received (pure).
 
-:class:`Receipt` is fed BASE_BACKUP's CopyData payloads. Each archive's bytes go, as they came,
+:class:`Receipt` is fed BASE_BACKUP's CopyData payloads. Each tar's bytes go, as they came,
 to a :class:`BackupSink` (the backup directory writes them) and, decompressed when the server
 compressed them, through a :class:`~receivewal.backup.tar.TarReader`: every file's size and
 digest are taken on the way (:class:`~receivewal.backup.manifest.ManifestCheck`). The manifest
@@ -9,7 +9,7 @@ comes last in the stream, so the comparison happens at :meth:`Receipt.finish`: e
 manifest lists received exactly once, with its size and checksum, nothing else, and the WAL
 range it names that of the result sets. Memory: one digest per file and the manifest.
 
-A file of a tablespace archive is named in the manifest ``pg_tblspc/<oid>/<member>``.
+A file of a tablespace's tar is named in the manifest ``pg_tblspc/<oid>/<member>``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from receivewal.archive.inflate import Inflater, compression_of
-from receivewal.backup.command import Position, Tablespace
-from receivewal.backup.copystream import (
+from receivewal.backup.backupstream import (
     BackupData,
     BackupStream,
     BackupStreamError,
@@ -28,6 +27,7 @@ from receivewal.backup.copystream import (
     NewArchive,
     Part,
 )
+from receivewal.backup.command import Position, Tablespace
 from receivewal.backup.manifest import (
     MANIFEST_CAP,
     Manifest,
@@ -41,7 +41,7 @@ from receivewal.wal.lsn import format_lsn
 
 @dataclass(frozen=True)
 class ArchiveInfo:
-    """One archive of the backup: the server's name for it (``base.tar``, ``16385.tar.zst``),
+    """One tar of the backup: the server's name for it (``base.tar``, ``16385.tar.zst``),
     its tablespace (None and "" for the main data directory) and the server's compression."""
 
     name: str
@@ -50,7 +50,7 @@ class ArchiveInfo:
     compression: str  # "", "gzip", "lz4" or "zstd"
 
     def manifest_path(self, member: str) -> str:
-        """How the manifest names a member of this archive."""
+        """How the manifest names a member of this tar."""
         if self.tablespace_oid is None:
             return member
         return f"pg_tblspc/{self.tablespace_oid}/{member}"
@@ -58,7 +58,7 @@ class ArchiveInfo:
 
 @dataclass(frozen=True)
 class ArchiveSummary:
-    """What one archive held: bytes as sent, tar bytes, files."""
+    """What one tar held: bytes as sent, tar bytes, files."""
 
     info: ArchiveInfo
     sent_bytes: int
@@ -83,7 +83,7 @@ class ReceivedBackup:
 
 
 class BackupSink(Protocol):
-    """Where the archives' bytes go as they arrive, in order."""
+    """Where the tars' bytes go as they arrive, in order."""
 
     def begin_archive(self, archive: ArchiveInfo) -> None: ...
 
@@ -93,7 +93,7 @@ class BackupSink(Protocol):
 
 
 class _Current:
-    """The archive being received."""
+    """The tar being received."""
 
     def __init__(self, info: ArchiveInfo) -> None:
         self.info = info
@@ -126,12 +126,12 @@ class Receipt:
                     raise ManifestError(f"the manifest is larger than {MANIFEST_CAP} bytes")
                 self._manifest += message.data
             else:
-                self._archive_bytes(message.data)
+                self._sent_bytes(message.data)
         elif isinstance(message, NewArchive):
-            self._end_archive()
-            self._begin_archive(message)
+            self._end_tar()
+            self._begin_tar(message)
         elif isinstance(message, ManifestStart):
-            self._end_archive()
+            self._end_tar()
         elif self.on_progress is not None:
             self.on_progress(message.done)
 
@@ -157,8 +157,8 @@ class Receipt:
                 f"{format_lsn(end.lsn)} on timeline {end.timeline})")
         return ReceivedBackup(start, end, tuple(self.summaries), manifest, data)
 
-    # -- archives ----------------------------------------------------------------------------
-    def _begin_archive(self, message: NewArchive) -> None:
+    # -- tars --------------------------------------------------------------------------------
+    def _begin_tar(self, message: NewArchive) -> None:
         stem = message.name.split(".", 1)[0]
         if message.location:
             match = [t for t in self.tablespaces if t.location == message.location]
@@ -174,9 +174,9 @@ class Receipt:
         self._current = _Current(info)
         self.sink.begin_archive(info)
 
-    def _archive_bytes(self, data: memoryview) -> None:
+    def _sent_bytes(self, data: memoryview) -> None:
         current = self._current
-        assert current is not None  # BackupStream refuses data before an archive
+        assert current is not None  # BackupStream refuses data before a tar
         self.sink.archive_bytes(data)
         current.sent += len(data)
         if current.inflater is None:
@@ -191,7 +191,7 @@ class Receipt:
             if isinstance(event, MemberEnd) and event.member.kind is MemberKind.FILE:
                 current.files += 1
 
-    def _end_archive(self) -> None:
+    def _end_tar(self) -> None:
         current, self._current = self._current, None
         if current is None:
             return

@@ -1,10 +1,10 @@
 """The record of a complete backup, ``backups/<id>/backup.json`` (pure).
 
-The record is written last, once every archive and the manifest are durable: a backup directory
+The record is written last, once every tar and the manifest are durable: a backup directory
 without it is no backup (an interrupted or running one), whatever else it holds. It says what
-recovery and retention need without opening the archives: the start and end positions and
+recovery and retention need without opening the tars: the start and end positions and
 timelines, when the backup started and ended, its label, the system it comes from, and each
-stored archive (file name, tablespace, how it is compressed, its sizes).
+stored tar (file name, tablespace, how it is compressed, its sizes).
 
 Times are UTC in ISO 8601. The end time is the client's clock when the server reported the end
 position, which is after the server reached it: choosing a backup that "ends before" a target
@@ -35,7 +35,7 @@ class RecordError(ArchiveError):
 
 @dataclass(frozen=True)
 class StoredArchive:
-    """One archive file of a backup directory."""
+    """One tar file of a backup directory."""
 
     name: str  # the file in the backup directory: base.tar.zst, 16385.tar.gz, ...
     tablespace_oid: int | None  # None: the main data directory
@@ -74,13 +74,13 @@ class BackupRecord:
     manifest_name: str
     manifest_sha256: str  # of the manifest (its plaintext when sealed)
     database_bytes: int  # the size of the files the manifest lists
-    #: the age recipients every archive and the manifest are sealed to (``--encrypt-to``),
+    #: the age recipients every tar and the manifest are sealed to (``--encrypt-to``),
     #: sorted; empty: stored plain
     encrypted_to: tuple[str, ...] = ()
 
     @property
     def stored_bytes(self) -> int:
-        """The bytes of the backup's archives as stored."""
+        """The bytes of the backup's tars as stored."""
         return sum(archive.stored_bytes for archive in self.archives)
 
     def wal_segments(self) -> list[str]:
@@ -98,7 +98,7 @@ class BackupRecord:
 
 def recorded_files(record: BackupRecord) -> dict[str, int | None]:
     """Every file the backup's record says it has, with its size when the record gives one
-    (its archives'; None: the manifest's, and the recipients files of a sealed backup)."""
+    (its tars'; None: the manifest's, and the recipients files of a sealed backup)."""
     files: dict[str, int | None] = {a.name: a.stored_bytes for a in record.archives}
     files[record.manifest_name] = None
     if record.encrypted_to:  # each sealed file's recipients file beside it, as written
@@ -108,7 +108,7 @@ def recorded_files(record: BackupRecord) -> dict[str, int | None]:
 
 def absent_files(record: BackupRecord, listing: Mapping[str, int]) -> str | None:
     """Why the backup is not all there, by a listing of its files (name: size); None when
-    every file its record names is listed, each archive with its recorded size. The proof
+    every file its record names is listed, each tar with its recorded size. The proof
     retention and recovery ask of a backup before they count it (a listing, no data read)."""
     problems = []
     for name, size in recorded_files(record).items():
@@ -190,7 +190,7 @@ def _time(document: dict[str, Any], key: str) -> datetime:
     return moment
 
 
-def _archive_of(item: Any) -> StoredArchive:
+def _tar_of(item: Any) -> StoredArchive:
     if not isinstance(item, dict):
         raise TypeError("an archive entry is not an object")
     name = _str(item, "name")
@@ -230,7 +230,7 @@ def _encrypted_to(value: Any) -> tuple[str, ...]:
 def _record_of(document: Any) -> BackupRecord:
     if not isinstance(document, dict) or document.get("format") != RECORD_FORMAT:
         raise ValueError(f"not a backup record of format {RECORD_FORMAT}")
-    archives = tuple(_archive_of(item) for item in document["archives"])
+    archives = tuple(_tar_of(item) for item in document["archives"])
     if sum(1 for a in archives if a.tablespace_oid is None) != 1:
         raise ValueError("not exactly one archive of the main data directory")
     manifest = document["manifest"]

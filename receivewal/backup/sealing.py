@@ -1,7 +1,7 @@
 """How a backup's files are stored (issue 28 §4): compressed when asked, then sealed to the
 ``--encrypt-to`` recipients when given, as they arrive; and a sealed backup read back.
 
-:func:`stored_archive` gives the writer of the stored form
+:func:`stored_tar` gives the writer of the stored form
 (:class:`~receivewal.archive.storedform.FormWriter`) that a backup directory and a bucket's
 backup push a tar's bytes through (a compressor's window and the encryptor's: memory is
 bounded whatever the database's size). A sealed file is ``NAME.age`` with its recipients
@@ -44,9 +44,9 @@ def sealed_name(name: str, recipients: RecipientSet | None) -> str:
     return StoredForm(recipients=recipients).name(name)
 
 
-def stored_archive(archive: ArchiveInfo, compress: CompressSpec,
+def stored_tar(archive: ArchiveInfo, compress: CompressSpec,
                    recipients: RecipientSet | None) -> tuple[str, str, FormWriter]:
-    """How a received archive is stored, in a directory or a bucket alike: its stored name,
+    """How a received tar is stored, in a directory or a bucket alike: its stored name,
     its compression ("" for none) and the writer of its form. Compressed here unless the
     server compressed it or none was asked; sealed when there are recipients."""
     form = StoredForm(NO_COMPRESSION if archive.compression else compress, recipients)

@@ -1,8 +1,8 @@
-"""A stored backup read back: its manifest and its archives' members, every file checked
+"""A stored backup read back: its manifest and its tars' members, every file checked
 against the manifest as it passes (files opened: the backup directory's, or the objects of a
 bucket's backup through :class:`BackupFiles`).
 
-:func:`read_members` yields the members of one stored archive, decompressed as read, and
+:func:`read_members` yields the members of one stored tar, decompressed as read, and
 feeds each file's size and digest to a :class:`~receivewal.backup.manifest.ManifestCheck`;
 :func:`verify_backup` reads a whole backup so, which is what ``verify`` (and ``recover``,
 while it unpacks) check: every file of the manifest there once, of its size and checksum.
@@ -120,7 +120,7 @@ def manifest_path(archive: StoredArchive, member: str) -> str:
 
 def read_members(backup_dir: Path | BackupFiles, archive: StoredArchive, check: ManifestCheck,
                  ) -> Iterator[TarEvent]:
-    """The members of one stored archive; each file's size and digest go to ``check`` when
+    """The members of one stored tar; each file's size and digest go to ``check`` when
     it ends. Errors (unreadable, damaged, not a tar) name the file."""
     files = files_of(backup_dir)
     path = files.where(archive.name)
@@ -139,7 +139,7 @@ def read_members(backup_dir: Path | BackupFiles, archive: StoredArchive, check: 
 
 
 def verify_backup(backup_dir: Path | BackupFiles, record: BackupRecord) -> Verified:
-    """Read every archive of the backup and check its files against the manifest;
+    """Read every tar of the backup and check its files against the manifest;
     BackupMismatch naming the files, or an ArchiveError naming the damaged file."""
     manifest = stored_manifest(backup_dir, record)
     check = manifest_check(manifest, record)

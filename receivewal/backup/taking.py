@@ -158,7 +158,7 @@ def new_backup(place: ArchiveView, started: datetime, compress: CompressSpec, *,
     """A new backup's target in the archive, named for its start (its files sealed to
     ``recipients`` when given): a directory of ``backups/``, or a bucket's uploads."""
     if place.location.is_local:
-        from receivewal.backup.directory import BackupDirectory  # noqa: PLC0415
+        from receivewal.backup.backupdir import BackupDirectory  # noqa: PLC0415
 
         return BackupDirectory.create(Path(place.archive), started, compress, sync=sync,
                                       file_mode=file_mode, recipients=recipients)

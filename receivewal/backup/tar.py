@@ -12,7 +12,7 @@ PostgreSQL's ``print_tar_number`` uses for large values, the ``prefix`` field, p
 headers (``path``, ``linkpath``, ``size``; global ones are read and ignored) and GNU long
 names. Members are regular files, directories and symbolic links, which is all PostgreSQL
 writes; any other kind is refused. A name is given without its ``./`` and trailing ``/``; an
-absolute name or one with a ``..`` step is refused. The archive must end with its two zero
+absolute name or one with a ``..`` step is refused. The tar must end with its two zero
 blocks (PostgreSQL 15 sends them); zeros may follow them, nothing else.
 
 Every problem is a :class:`TarError` naming the archive and the byte offset.
@@ -140,14 +140,14 @@ class _State(Enum):
 
 
 class TarReader:
-    """Feed an archive's bytes in pieces; get its members (see the module's docstring).
+    """Feed a tar's bytes in pieces; get its members (see the module's docstring).
 
-    ``where`` names the archive in errors.
+    ``where`` names the tar in errors.
     """
 
     def __init__(self, where: str) -> None:
         self.where = where
-        self.offset = 0  # bytes of the archive consumed
+        self.offset = 0  # bytes of the tar consumed
         self._state = _State.HEADER
         self._block = bytearray()
         self._left = 0  # bytes of data, extended header or padding still to come
@@ -195,7 +195,7 @@ class TarReader:
                     yield from self._header(block)
 
     def close(self) -> None:
-        """The archive has no more bytes: it must have ended with its two zero blocks."""
+        """The tar has no more bytes: it must have ended with its two zero blocks."""
         if self._state is _State.SECOND_ZERO:
             raise self._error("archive ends after one of its two end-of-archive blocks")
         if self._state is not _State.ENDED:

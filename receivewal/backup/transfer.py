@@ -3,7 +3,7 @@
 :func:`take_backup` sends BASE_BACKUP (:mod:`receivewal.backup.command`), reads the start
 position and the tablespaces, feeds the COPY stream to a
 :class:`~receivewal.backup.receipt.Receipt` that writes into a
-:class:`~receivewal.backup.directory.BackupDirectory`, reads the end position, checks the
+:class:`~receivewal.backup.backupdir.BackupDirectory`, reads the end position, checks the
 backup against its manifest, writes the manifest, and (once ``before_commit`` has had its say,
 e.g. waited for the archive to hold the backup's WAL) the record. On any error the directory
 is removed; a crash leaves it without a record.
@@ -22,13 +22,13 @@ from typing import Protocol
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
 from receivewal.archive.recipients import RecipientSet
+from receivewal.backup.backupdir import BackupDirectory
 from receivewal.backup.command import (
     BackupRequest,
     base_backup_command,
     parse_position,
     parse_tablespaces,
 )
-from receivewal.backup.directory import BackupDirectory
 from receivewal.backup.receipt import BackupSink, Receipt, ReceivedBackup
 from receivewal.backup.record import BackupRecord, StoredArchive, WalSpan
 from receivewal.errors import ConnectionLost, ProtocolError, ServerError, StopRequested

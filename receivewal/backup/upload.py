@@ -1,6 +1,6 @@
 """A backup uploaded to object storage as it arrives: ``s3://BUCKET/PREFIX/backups/<id>/``.
 
-The same names as a backup directory (:mod:`receivewal.backup.directory`): each archive
+The same names as a backup directory (:mod:`receivewal.backup.backupdir`): each tar
 (compressed on the way when asked) is streamed into a create-only multipart upload
 (:class:`~receivewal.archive.multipart.StreamUpload`: memory is one part and a compressor's
 window, whatever the database's size), then the manifest, and the record last. Nothing is
@@ -11,7 +11,7 @@ backup whose process dies leaves at most objects without a record, which recover
 for a backup and ``cleanup`` removes once the backup is abandoned
 (:func:`~receivewal.backup.catalog.abandoned`), and unfinished multipart uploads, which are no
 objects. Before its record, a backup checks by one listing of its prefix that every object it
-wrote and every object its record names is there, each archive of its size: a backup that ran
+wrote and every object its record names is there, each tar of its size: a backup that ran
 longer than that bound and whose objects cleanup took fails instead of recording a backup
 without its files.
 
@@ -43,7 +43,7 @@ from receivewal.archive.compression import CompressSpec
 from receivewal.archive.multipart import StreamUpload
 from receivewal.archive.recipients import RecipientSet, recipients_file_text
 from receivewal.archive.storedform import FormWriter
-from receivewal.backup.directory import BACKUPS, backup_id_for
+from receivewal.backup.backupdir import BACKUPS, backup_id_for
 from receivewal.backup.manifest import MANIFEST_NAME
 from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import (
@@ -55,7 +55,7 @@ from receivewal.backup.record import (
     recorded_files,
     utc_text,
 )
-from receivewal.backup.sealing import seal_small, sealed_name, stored_archive
+from receivewal.backup.sealing import seal_small, sealed_name, stored_tar
 from receivewal.errors import ArchiveError, ObjectConflict, ReceivewalError, StoreAccessDenied
 from receivewal.wal.names import RECIPIENTS_SUFFIX
 
@@ -70,7 +70,7 @@ def backup_key(backup_id: str, name: str) -> str:
 
 
 class _Open:
-    """The archive being uploaded."""
+    """The tar being uploaded."""
 
     def __init__(self, info: ArchiveInfo, name: str, compression: str, upload: StreamUpload,
                  form: FormWriter) -> None:
@@ -142,7 +142,7 @@ class BucketBackup:
     # -- the sink ----------------------------------------------------------------------------
     def begin_archive(self, archive: ArchiveInfo) -> None:
         """Start the upload of ``archive``."""
-        name, method, form = stored_archive(archive, self.compress, self.recipients)
+        name, method, form = stored_tar(archive, self.compress, self.recipients)
         self._put_recipients(name)
         upload = StreamUpload(self.bucket, backup_key(self.backup_id, name))
         self._open = _Open(archive, name, method, upload, form)
@@ -169,7 +169,7 @@ class BucketBackup:
 
     # -- the end -----------------------------------------------------------------------------
     def write_manifest(self, data: bytes) -> str:
-        """Upload the manifest, create-only (sealed with the archives); its plaintext's
+        """Upload the manifest, create-only (sealed with the tars); its plaintext's
         SHA-256."""
         self._put_recipients(self.manifest_name)
         self._put_new(self.manifest_name, seal_small(data, self.recipients))
@@ -179,7 +179,7 @@ class BucketBackup:
     def commit(self, record: BackupRecord) -> None:
         """Upload the record, last: from now on the prefix holds a complete backup. First one
         listing of the backup's prefix must show its claim, every object it wrote and every
-        object the record names, each archive of its size: one removed meanwhile (cleanup
+        object the record names, each tar of its size: one removed meanwhile (cleanup
         took the backup for an abandoned one) is an error, never a record."""
         assert self._open is None
         assert record.backup_id == self.backup_id

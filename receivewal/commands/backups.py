@@ -7,7 +7,7 @@ whether it is sealed (``--encrypt-to``), its state in the catalog
 (its end: no target before it is consistent) and whether the archive holds its WAL (every
 segment from its start through its end). Only the backups' records and the listing are read:
 a sealed backup's record is plain, so no ``--identity`` is asked for.
-:func:`receivewal.backup.summary.listed_backups` reads them, as ``status`` does.
+:func:`receivewal.retention.summary.listed_backups` reads them, as ``status`` does.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import click
 
 from receivewal.archive.view import ArchiveView
 from receivewal.backup.record import BackupRecord, utc_text
-from receivewal.backup.summary import ListedBackup, listed_backups
 from receivewal.check.sizes import human_bytes
 from receivewal.commands import catalog
 from receivewal.commands.clickoptions import click_option
 from receivewal.errors import ReceivewalError
+from receivewal.retention.summary import ListedBackup, listed_backups
 from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
 

@@ -2,14 +2,14 @@
 
 ``cleanup -D ARCHIVE --keep-backups N | --recovery-window D [--dry-run]`` removes the backups
 the policy no longer needs, then the WAL no kept backup and no timeline needs
-(:func:`~receivewal.backup.cleanup.apply_policy`, :mod:`receivewal.backup.retention`), and
+(:func:`~receivewal.retention.removal.apply_policy`, :mod:`receivewal.retention.plan`), and
 prints what it removed and kept and why. What the daemon streaming into the archive holds on
 to is read from its state file: the slot's restart position (the WAL from there stays), its
 timeline and where it uploads (the files waiting for their upload stay).
 
 ``cleanup [-n] [-d] [-x EXT] -D DIR OLDESTKEPTWALFILE`` (or ``cleanup DIR OLDESTKEPTWALFILE``)
 is pg_archivecleanup's, for ``archive_cleanup_command``
-(:mod:`receivewal.backup.archivecleanup`): silent but for ``-n``'s file paths on standard
+(:mod:`receivewal.retention.archivecleanup`): silent but for ``-n``'s file paths on standard
 output and ``-d``'s lines on standard error, as pg_archivecleanup prints them.
 
 Both refuse a directory that holds no WAL archive (:func:`~receivewal.archive.view.
@@ -34,23 +34,6 @@ import click
 from receivewal.archive.identity import IDENTITY_FILE
 from receivewal.archive.location import is_bucket_url
 from receivewal.archive.view import is_wal_archive
-from receivewal.backup.archivecleanup import plan_archive_cleanup
-from receivewal.backup.cleanup import (
-    CleanupReport,
-    Holds,
-    apply_policy,
-    read_server_slot,
-    remove_files,
-)
-from receivewal.backup.policy import (
-    KEEP_BACKUPS_ENV,
-    RECOVERY_WINDOW_ENV,
-    make_policy,
-    parse_keep,
-    parse_window,
-    policy_from_environment,
-)
-from receivewal.backup.retention import Policy, Verdict
 from receivewal.check.sizes import human_bytes
 from receivewal.commands import catalog
 from receivewal.commands.clickoptions import click_option
@@ -59,6 +42,23 @@ from receivewal.daemon.settings import SLOT_NAME_RE
 from receivewal.daemon.state import State, read_state
 from receivewal.errors import ConfigurationError, ForeignArchive, ReceivewalError
 from receivewal.logical.store import parse_file_name
+from receivewal.retention.archivecleanup import plan_archive_cleanup
+from receivewal.retention.plan import Policy, Verdict
+from receivewal.retention.policy import (
+    KEEP_BACKUPS_ENV,
+    RECOVERY_WINDOW_ENV,
+    make_policy,
+    parse_keep,
+    parse_window,
+    policy_from_environment,
+)
+from receivewal.retention.removal import (
+    CleanupReport,
+    Holds,
+    apply_policy,
+    read_server_slot,
+    remove_files,
+)
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import RECIPIENTS_SUFFIX
 

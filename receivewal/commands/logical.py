@@ -4,7 +4,7 @@ Every option can also come from a ``RECEIVEWAL_*`` environment variable named af
 option (``RECEIVEWAL_PUBLICATION``, ``RECEIVEWAL_PLUGIN``...), as for ``stream``, so that the
 systemd unit's env file serves both. The daemon is ``stream``'s: the supervisor, reconnects,
 status, metrics, systemd and the progress line, running a
-:class:`~receivewal.daemon.logicalreceiver.LogicalReceiver`.
+:class:`~receivewal.logicalreceiver.receiver.LogicalReceiver`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import click
 from receivewal.commands.logical_options import LogicalOptions, build_logical_settings
 from receivewal.commands.options import json_logs, prompt_password, typed_values
 from receivewal.commands.stream import click_options_of
-from receivewal.daemon.logicalreceiver import LogicalReceiver
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.supervisor import Supervisor
 from receivewal.errors import ReceivewalError
+from receivewal.logicalreceiver.receiver import LogicalReceiver
 from receivewal.logs import configure_logging
 
 

@@ -5,7 +5,7 @@ Declared as ``stream``'s are (:mod:`receivewal.commands.options`): one field of
 variable and the settings field it reaches. The options the two commands share are ``stream``'s
 own declarations (:func:`~receivewal.commands.options.same_option`); those that reach a field
 of :class:`~receivewal.daemon.settings.Settings` go to the daemon's settings, the others to
-:class:`~receivewal.daemon.logicalsettings.LogicalSettings`.
+:class:`~receivewal.logicalreceiver.logicalsettings.LogicalSettings`.
 
 No click here: ``receivewal logical`` builds its click options from these declarations.
 """
@@ -28,12 +28,12 @@ from receivewal.commands.options import (
     shared,
     with_connection,
 )
-from receivewal.daemon.logicalsettings import ORIGINS, SESSION_OPTIONS, LogicalSettings
 from receivewal.daemon.settings import Settings
 from receivewal.errors import ConfigurationError
 from receivewal.logical.consumer import PLUGINS
 from receivewal.logical.pgoutput import STREAMING_MODES
 from receivewal.logical.store import DEFAULT_FILE_SIZE
+from receivewal.logicalreceiver.logicalsettings import ORIGINS, SESSION_OPTIONS, LogicalSettings
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(|B|kB|MB|GB)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}

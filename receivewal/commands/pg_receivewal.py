@@ -56,12 +56,12 @@ from receivewal.daemon.lifecycle import (
 )
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.startpoint import SegmentFileRejected
 from receivewal.daemon.supervisor import Supervisor
-from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import CommandLineError, ReceivewalError
 from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn, scan_lsn
+from receivewal.walreceiver.receiver import WalReceiver
+from receivewal.walreceiver.startpoint import SegmentFileRejected
 
 PROGNAME = "pg_receivewal"
 PG_VERSION = "15.18"  # the pg_receivewal whose behaviour this reproduces

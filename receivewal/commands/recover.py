@@ -1,4 +1,4 @@
-"""``receivewal recover``: click parses, :mod:`receivewal.backup.recovering` does the work."""
+"""``receivewal recover``: click parses, :mod:`receivewal.recovery.recovering` does the work."""
 
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ from pathlib import Path
 import click
 
 import receivewal
-from receivewal.backup.choice import (
+from receivewal.commands import catalog
+from receivewal.commands.clickoptions import click_option
+from receivewal.commands.verify import named_archive
+from receivewal.commands.watching import Watch
+from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.recovery.choice import (
     RecoveryTarget,
     TargetKind,
     lsn_target,
@@ -20,14 +25,9 @@ from receivewal.backup.choice import (
     time_target,
     xid_target,
 )
-from receivewal.backup.owner import choose_owner
-from receivewal.backup.recovering import LATEST, RecoverSettings, run_recover
-from receivewal.backup.settings import ACTIONS, parse_extra_setting, quote_setting
-from receivewal.commands import catalog
-from receivewal.commands.clickoptions import click_option
-from receivewal.commands.verify import named_archive
-from receivewal.commands.watching import Watch
-from receivewal.errors import ConfigurationError, ReceivewalError
+from receivewal.recovery.owner import choose_owner
+from receivewal.recovery.recovering import LATEST, RecoverSettings, run_recover
+from receivewal.recovery.recoveryconf import ACTIONS, parse_extra_setting, quote_setting
 from receivewal.wal.lsn import format_lsn
 
 

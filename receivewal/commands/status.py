@@ -17,7 +17,7 @@ this module is the command only.
 
 When the daemon uploads (``stream --upload-to``, recorded in its state file) the bucket's
 backups count too: the oldest recoverable point is the older of the directory's and the
-bucket's (:func:`~receivewal.backup.summary.summarize_view`, as ``receivewal backups`` reads
+bucket's (:func:`~receivewal.retention.summary.summarize_view`, as ``receivewal backups`` reads
 them), and a line says what the bucket holds. A bucket that cannot be read is said so, and
 changes no verdict.
 """
@@ -33,7 +33,6 @@ import click
 
 from receivewal.archive.view import ArchiveView
 from receivewal.backup.record import BackupRecord, utc_text
-from receivewal.backup.summary import ArchiveSummary, summarize, summarize_view
 from receivewal.check.sizes import human_bytes
 from receivewal.commands import catalog
 from receivewal.commands.clickoptions import click_option
@@ -50,6 +49,7 @@ from receivewal.daemon.health import (
 from receivewal.daemon.state import State, state_to_dict
 from receivewal.errors import ReceivewalError
 from receivewal.logical.store import ChangeLogContents, change_log_contents
+from receivewal.retention.summary import ArchiveSummary, summarize, summarize_view
 from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
 

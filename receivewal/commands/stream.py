@@ -27,10 +27,10 @@ from receivewal.commands.options import (
 )
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.supervisor import Supervisor
-from receivewal.daemon.walreceiver import WalReceiver
 from receivewal.errors import ConfigurationError, ReceivewalError
 from receivewal.logs import configure_logging
 from receivewal.wal.lsn import parse_lsn
+from receivewal.walreceiver.receiver import WalReceiver
 
 
 def parsed_lsn(ctx: click.Context, param: click.Parameter, value: str | None) -> Lsn | None:

@@ -28,7 +28,7 @@ from receivewal.commands.plain import COUNT, FLAG, KEYFILE, PATH, Option, Plain,
 from receivewal.secrets import is_private_key, key_given_as_file, redacted
 
 if TYPE_CHECKING:
-    from receivewal.backup.audit import BackupCheck
+    from receivewal.check.backupcheck import BackupCheck
 
 LSN = "lsn"  # an LSN as text, or empty: no start (start_lsn reads it)
 
@@ -190,7 +190,7 @@ def _may_hold_backups(archive: str) -> bool:
 
 def check_backups(archive: str, identity: str | None = None) -> list[BackupCheck]:
     """Every backup of the archive, checked (a sealed one through ``identity``)."""
-    from receivewal.backup.audit import check_backups as check  # noqa: PLC0415
+    from receivewal.check.backupcheck import check_backups as check  # noqa: PLC0415
 
     return check(archive, identity)
 

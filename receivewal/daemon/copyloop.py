@@ -8,7 +8,7 @@ consumer's), the receive timeout, --endpos, the stop signal, and the monitor's p
 states the stream's facts (received, written, compression, endpos, stop...) on the event
 stream; the consumer states its own (what it made durable, the files it completed). Nothing
 here knows what the stream carries: the WAL archive is one consumer
-(:class:`~receivewal.daemon.archivefeed.ArchiveFeed`), a logical change log another.
+(:class:`~receivewal.walreceiver.archivefeed.ArchiveFeed`), a logical change log another.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The session, the supervisor and the uploader state each fact once, as a frozen dataclass
 (an :class:`Event`) handed to an :class:`EventStream`. This module holds the stream and the
 facts of streaming (the COPY loop's, the session's, the archive feed's); the start-up's
-findings are in :mod:`receivewal.daemon.startpoint`, the daemon's life (connections, slot
+findings are in :mod:`receivewal.walreceiver.startpoint`, the daemon's life (connections, slot
 commands, failures, reconnects, the uploads, stopping) in :mod:`receivewal.daemon.lifecycle`.
 The consumers subscribe to the stream: :class:`EventLog` (each event's structlog line: its
 ``name``, ``level`` and :meth:`Event.log_fields`), the monitor (each event's

@@ -4,7 +4,7 @@ Connecting, the slot commands (--create-slot, --drop-slot), the temporary files 
 holder removed, failures and how they are counted, disconnections and reconnects, the wait for
 the first server, the uploads' status (posted from the uploader's thread), stopping and
 stopped. The stream's own facts are in :mod:`receivewal.daemon.events`, the start-up's
-findings in :mod:`receivewal.daemon.startpoint`.
+findings in :mod:`receivewal.walreceiver.startpoint`.
 """
 
 from __future__ import annotations

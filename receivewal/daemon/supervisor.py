@@ -70,7 +70,7 @@ def backoff_delay(attempt: int, base: float, cap: float,
 
 class Session(Protocol):
     """One connection's work, as the supervisor runs it (the WAL archive's:
-    :class:`receivewal.daemon.session.Session`)."""
+    :class:`receivewal.walreceiver.session.Session`)."""
 
     def prepare(self) -> None:
         """Everything before streaming: identify the server, find where to start. An error
@@ -86,7 +86,7 @@ class Session(Protocol):
 class Receiver(Protocol):
     """What the daemon receives into, across its connections: the supervisor opens it once,
     runs one of its sessions per connection, and closes it. The WAL archive's is
-    :class:`receivewal.daemon.walreceiver.WalReceiver`."""
+    :class:`receivewal.walreceiver.receiver.WalReceiver`."""
 
     @property
     def file_mode(self) -> int:

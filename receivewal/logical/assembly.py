@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from receivewal.errors import ProtocolError
-from receivewal.logical import messages as m
-from receivewal.logical import records
+from receivewal.logical import changelines
+from receivewal.logical import outputmessages as m
 from receivewal.logical.relations import RelationInfo, RelationMap
 from receivewal.logical.spool import TransactionBuffer
 from receivewal.wal.lsn import format_lsn
@@ -202,8 +202,8 @@ class Assembler:
     def _committed(self, lsn: int, txn: _Transaction, message: m.Commit | m.StreamCommit,
                    ) -> None:
         """Write a committed transaction: begin, its lines, commit."""
-        first = records.begin(txn.lsn, txn.xid, message.commit_lsn, message.commit_time)
-        last = records.commit(lsn, txn.xid, message.commit_lsn, message.end_lsn,
+        first = changelines.begin(txn.lsn, txn.xid, message.commit_lsn, message.commit_time)
+        last = changelines.commit(lsn, txn.xid, message.commit_lsn, message.end_lsn,
                               message.commit_time)
         self._emit(self._transaction_run(txn, first, last, message.commit_lsn,
                                          message.end_lsn), txn)
@@ -211,11 +211,11 @@ class Assembler:
     def _prepared(self, lsn: int, txn: _Transaction, message: m.Prepare | m.StreamPrepare,
                   ) -> None:
         """Write a prepared transaction: begin_prepare, its lines, prepare."""
-        first = records.begin_prepare(txn.lsn, txn.xid, message.gid,
+        first = changelines.begin_prepare(txn.lsn, txn.xid, message.gid,
                                       prepare_lsn=message.prepare_lsn,
                                       end_lsn=message.end_lsn,
                                       prepare_time=message.prepare_time)
-        self._emit(self._transaction_run(txn, first, records.prepare(lsn, message),
+        self._emit(self._transaction_run(txn, first, changelines.prepare(lsn, message),
                                          message.prepare_lsn, message.end_lsn), txn)
 
     def _prepare(self, lsn: int, message: m.Prepare) -> None:
@@ -230,12 +230,12 @@ class Assembler:
 
     def _commit_prepared(self, lsn: int, message: m.CommitPrepared) -> None:
         self._outside(lsn, "Commit Prepared")
-        line = records.commit_prepared(lsn, message)
+        line = changelines.commit_prepared(lsn, message)
         self._emit(Run(message.commit_lsn, message.end_lsn, [], iter([(None, line)])))
 
     def _rollback_prepared(self, lsn: int, message: m.RollbackPrepared) -> None:
         self._outside(lsn, "Rollback Prepared")
-        line = records.rollback_prepared(lsn, message)
+        line = changelines.rollback_prepared(lsn, message)
         self._emit(Run(message.rollback_end_lsn, message.rollback_end_lsn, [],
                        iter([(None, line)])))
 
@@ -243,7 +243,7 @@ class Assembler:
         txn = self.streams.get(self.stream) if self.stream is not None else self.current
         if txn is None or txn.origin is not None or txn.buffer.count:
             raise self._error(lsn, "Origin not right after the start of a transaction")
-        txn.origin = records.origin(lsn, txn.xid, message)
+        txn.origin = changelines.origin(lsn, txn.xid, message)
 
     # -- streamed transactions -------------------------------------------------------------
     def _stream_start(self, lsn: int, message: m.StreamStart) -> None:
@@ -306,32 +306,32 @@ class Assembler:
     def _insert(self, lsn: int, message: m.Insert) -> None:
         txn = self._target(lsn, message.xid, "Insert")
         info = self._relation(lsn, message.relation_id)
-        txn.add(info, records.insert(lsn, txn.xid, info, message))
+        txn.add(info, changelines.insert(lsn, txn.xid, info, message))
 
     def _update(self, lsn: int, message: m.Update) -> None:
         txn = self._target(lsn, message.xid, "Update")
         info = self._relation(lsn, message.relation_id)
-        txn.add(info, records.update(lsn, txn.xid, info, message))
+        txn.add(info, changelines.update(lsn, txn.xid, info, message))
 
     def _delete(self, lsn: int, message: m.Delete) -> None:
         txn = self._target(lsn, message.xid, "Delete")
         info = self._relation(lsn, message.relation_id)
-        txn.add(info, records.delete(lsn, txn.xid, info, message))
+        txn.add(info, changelines.delete(lsn, txn.xid, info, message))
 
     def _truncate(self, lsn: int, message: m.Truncate) -> None:
         txn = self._target(lsn, message.xid, "Truncate")
         tables = [self._relation(lsn, relation_id) for relation_id in message.relation_ids]
         for info in tables:  # no line: each table described, as it is now, before the truncate
             txn.add(info, b"")
-        txn.add(None, records.truncate(lsn, txn.xid, tables, message))
+        txn.add(None, changelines.truncate(lsn, txn.xid, tables, message))
 
     def _message(self, lsn: int, message: m.Message) -> None:
         if message.transactional:
             txn = self._target(lsn, message.xid, "a transactional Message")
-            txn.add(None, records.message(message.lsn, txn.xid, message))
+            txn.add(None, changelines.message(message.lsn, txn.xid, message))
             return
         self._outside(lsn, "a non-transactional Message")
-        line = records.message(message.lsn, None, message)
+        line = changelines.message(message.lsn, None, message)
         self._emit(Run(message.lsn, message.lsn + 1, [], iter([(None, line)])))
 
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from receivewal.errors import ProtocolError
-from receivewal.logical import messages as m
-from receivewal.logical.reader import MessageReader
+from receivewal.logical import outputmessages as m
+from receivewal.logical.cursor import MessageReader
 from receivewal.wal.lsn import format_lsn
 
 PROTOCOL_VERSION = "1"  # the only native protocol version pglogical_output speaks

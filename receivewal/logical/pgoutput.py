@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from receivewal.errors import ConfigurationError, ProtocolError
-from receivewal.logical import messages as m
-from receivewal.logical.reader import MessageReader
+from receivewal.logical import outputmessages as m
+from receivewal.logical.cursor import MessageReader
 from receivewal.replication.commands import quote_identifier
 from receivewal.wal.lsn import format_lsn
 

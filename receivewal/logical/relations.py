@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from receivewal.logical import messages as m
+from receivewal.logical import outputmessages as m
 from receivewal.logical.typenames import built_in_type_name
 
 CATALOG = "pg_catalog"  # pgoutput sends pg_catalog's name as an empty string

@@ -1,10 +1,10 @@
 """pgoutput's row changes straight to change log lines: the hot path of a logical stream.
 
 Insert, Update and Delete are nearly every message of a busy stream. :class:`RowLines` reads
-such a message and writes its line (format 1, :mod:`receivewal.logical.records`) in one go,
+such a message and writes its line (format 1, :mod:`receivewal.logical.changelines`) in one go,
 without the message dataclasses, the dict and the JSON encoder of the reference path
 (:class:`~receivewal.logical.pgoutput.PgoutputDecoder`,
-:class:`~receivewal.logical.assembly.Assembler`, :func:`receivewal.logical.records.row`). It
+:class:`~receivewal.logical.assembly.Assembler`, :func:`receivewal.logical.changelines.row`). It
 takes a message only when it is exactly right: a row of text, binary (when agreed), NULL and
 unchanged TOAST values of a relation announced with distinct column names, inside a
 transaction (or a stream block), every byte read. Anything else (a malformed or unexpected

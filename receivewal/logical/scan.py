@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from receivewal.errors import ConfigurationError
-from receivewal.logical import records
+from receivewal.logical import changelines
 from receivewal.wal.lsn import format_lsn, parse_lsn
 
 
@@ -130,9 +130,9 @@ def _take(found: FileScan, pending: dict[tuple[str, str], bytes], record: dict[s
         found.good_size = offset
         return False
     if op == "relation":
-        pending[(record["schema"], record["table"])] = records.recorded_shape(record)
+        pending[(record["schema"], record["table"])] = changelines.recorded_shape(record)
         return in_run
-    end = records.run_end(record)
+    end = changelines.run_end(record)
     if end is not None:
         closes = op in ("commit", "prepare")  # the others stand alone
         if closes != in_run:
@@ -143,7 +143,7 @@ def _take(found: FileScan, pending: dict[tuple[str, str], bytes], record: dict[s
         found.shapes.update(pending)
         pending.clear()
         return False
-    if records.starts_run(record):
+    if changelines.starts_run(record):
         if in_run:
             raise ValueError(f"{op} inside a run")
         return True

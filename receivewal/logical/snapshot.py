@@ -2,7 +2,7 @@
 
 ``receivewal logical --create-slot --snapshot`` creates the slot exporting its snapshot and,
 while the slot's connection holds it, copies every table of the publications in that
-snapshot (:mod:`receivewal.daemon.logicalsnapshot`). The snapshot and the change log together
+snapshot (:mod:`receivewal.logicalreceiver.snapshot`). The snapshot and the change log together
 rebuild the tables: the rows here, then every transaction the log holds (each committed after
 the consistent point). This module is the format (docs/changelog.md, "The snapshot"):
 
@@ -13,7 +13,7 @@ complete only once its manifest is there. While it is taken the directory is
 created, so that a run killed before the end is known as such and taken again from a new slot
 (:func:`unfinished_snapshot`).
 
-A table's file has the lines of the change log's format (:mod:`receivewal.logical.records`):
+A table's file has the lines of the change log's format (:mod:`receivewal.logical.changelines`):
 a ``header`` (format, slot, snapshot name, consistent point), the table's ``relation`` line,
 one ``row`` line per row (``new``: column name to PostgreSQL's text output, NULL as null, under
 the change log's session settings, so that a value reads here as it does in the log), and an
@@ -36,7 +36,7 @@ from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sealed import seal_file
 from receivewal.archive.storedform import StoredForm, Unsealing, plain_chunks
 from receivewal.errors import ArchiveError
-from receivewal.logical.records import encode
+from receivewal.logical.changelines import encode
 from receivewal.wal.lsn import format_lsn, parse_lsn
 from receivewal.wal.names import ENCRYPTED_SUFFIX, AtRest
 

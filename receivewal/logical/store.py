@@ -43,7 +43,7 @@ from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sealed import seal_file
 from receivewal.archive.storedform import StoredForm, plain_chunks
 from receivewal.errors import ArchiveError, ConfigurationError, DiskFullError
-from receivewal.logical import records
+from receivewal.logical import changelines
 from receivewal.logical.assembly import Run
 from receivewal.logical.relations import RelationInfo
 from receivewal.logical.scan import FileScan, scan_file
@@ -224,7 +224,7 @@ class ChangeLogStore:
         """--accept-gap: a line of its own saying that what committed after ``from_lsn``
         and up to ``lsn`` is not in the log, written as a run that ends at ``lsn`` (the
         stream resumes there), and made durable."""
-        self.write_run(Run(lsn, lsn, [], iter([(None, records.gap(lsn, from_lsn, slot,
+        self.write_run(Run(lsn, lsn, [], iter([(None, changelines.gap(lsn, from_lsn, slot,
                                                                    recorded_at))])))
         self.flush()
 
@@ -292,9 +292,9 @@ class ChangeLogStore:
                                "--accept-gap to go on from the slot with the gap recorded)")
         if found.stopped and not partial:
             raise ArchiveError(f"{path} is damaged: {found.stopped}")
-        if found.header is not None and found.header.get("format") != records.FORMAT:
+        if found.header is not None and found.header.get("format") != changelines.FORMAT:
             raise ArchiveError(f"{path} is change log format {found.header.get('format')!r}, "
-                               f"not {records.FORMAT}")
+                               f"not {changelines.FORMAT}")
         return found
 
     def _resume(self, name: int, path: Path) -> None:
@@ -401,9 +401,9 @@ class ChangeLogStore:
         """Write a relation line unless the file already describes the table so."""
         if self._versions.get(info.name) == info.version:
             return
-        shape = records.relation_shape(info)
+        shape = changelines.relation_shape(info)
         if self._shapes.get(info.name) != shape:
-            self._write(records.relation(info))
+            self._write(changelines.relation(info))
             self._shapes[info.name] = shape
         self._versions[info.name] = info.version
 
@@ -429,7 +429,7 @@ class ChangeLogStore:
         self._partial, self._size, self._new_file = path, 0, True
         self.last_name = name
         self._versions, self._shapes = {}, {}
-        self._write(records.header(dict(self.settings.header)))
+        self._write(changelines.header(dict(self.settings.header)))
 
     def _complete(self) -> None:
         """Complete the partial file: fsync and rename, or compress into its final name."""

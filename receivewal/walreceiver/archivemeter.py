@@ -1,7 +1,7 @@
 """The archive measured now and then, for the metrics: a thread of the WAL receiver's, started
 only when metrics are served, that posts :class:`~receivewal.daemon.events.ArchiveMeasured`
 (the size of the WAL files and of the backups, the oldest recoverable point:
-:func:`~receivewal.backup.summary.summarize`) at start and every
+:func:`~receivewal.retention.summary.summarize`) at start and every
 ``RECEIVEWAL_ARCHIVE_MEASURE_SECONDS`` (60 by default). Off the main thread: listing a large
 archive must not hold the COPY loop up.
 """
@@ -12,10 +12,10 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from receivewal.backup.summary import summarize
 from receivewal.daemon.events import ArchiveMeasured, Event
 from receivewal.errors import ReceivewalError
 from receivewal.logs import get_logger
+from receivewal.retention.summary import summarize
 
 INTERVAL_ENV = "RECEIVEWAL_ARCHIVE_MEASURE_SECONDS"
 DEFAULT_INTERVAL = 60.0

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from receivewal.backup.retention import KeepBackups, Policy, RecoveryWindow
 from receivewal.errors import ConfigurationError
+from receivewal.retention.plan import KeepBackups, Policy, RecoveryWindow
 
 KEEP_BACKUPS_ENV = "RECEIVEWAL_KEEP_BACKUPS"
 RECOVERY_WINDOW_ENV = "RECEIVEWAL_RECOVERY_WINDOW"

@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from receivewal.backup.backupdir import is_backup_id
 from receivewal.backup.catalog import BackupEntry, EntryState
-from receivewal.backup.directory import is_backup_id
 from receivewal.backup.record import BackupRecord, utc_text
 from receivewal.errors import ConfigurationError
 from receivewal.wal.lsn import format_lsn, segment_of

@@ -1,10 +1,10 @@
 """One replication connection into the WAL archive: find the start, stream, follow timelines.
 
-Per connection: where to start (:mod:`receivewal.daemon.startpoint`, pg_receivewal's
+Per connection: where to start (:mod:`receivewal.walreceiver.startpoint`, pg_receivewal's
 FindStreamingStart: IDENTIFY_SYSTEM, what the archive holds, the slot, the history), then for
 each timeline TIMELINE_HISTORY (when missing) and START_REPLICATION PHYSICAL, and the COPY loop
 (:mod:`receivewal.daemon.copyloop`, receivelog.c's HandleCopyStream) feeding the archive
-(:class:`~receivewal.daemon.archivefeed.ArchiveFeed`). When a timeline ends the server says
+(:class:`~receivewal.walreceiver.archivefeed.ArchiveFeed`). When a timeline ends the server says
 which one comes next, and streaming goes on on the same connection.
 """
 
@@ -19,19 +19,19 @@ from typing import TYPE_CHECKING
 from receivewal.archive.directory import Archive
 from receivewal.archive.listing import Listing
 from receivewal.daemon import events as ev
-from receivewal.daemon.archivefeed import ArchiveFeed
 from receivewal.daemon.copyloop import CopyLoop
 from receivewal.daemon.settings import Settings
-from receivewal.daemon.startpoint import Start, fetch_history, find_start
 from receivewal.errors import WalRemovedError
 from receivewal.replication.commands import read_timeline_end
 from receivewal.replication.link import COPY_DONE, ReplicationLink
 from receivewal.replication.waiting import StopFlag
 from receivewal.wal.lsn import format_lsn, round_down_to_segment
 from receivewal.wal.names import wal_file_name
+from receivewal.walreceiver.archivefeed import ArchiveFeed
+from receivewal.walreceiver.startpoint import Start, fetch_history, find_start
 
 if TYPE_CHECKING:  # loaded only with --upload-to
-    from receivewal.daemon.uploader import Uploader
+    from receivewal.walreceiver.uploader import Uploader
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Session:
         return self.stop.requested
 
     def prepare(self) -> None:
-        """Find where to start (:func:`~receivewal.daemon.startpoint.find_start`).
+        """Find where to start (:func:`~receivewal.walreceiver.startpoint.find_start`).
 
         The archive directory is listed once per connection: the first uses the listing the
         lock took at start-up."""

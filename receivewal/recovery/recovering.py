@@ -2,10 +2,10 @@
 PostgreSQL recovers from, end to end.
 
 The backup is the one named, or the newest one a recovery to the target can start from
-(:func:`~receivewal.backup.choice.choose_backup`: complete, of the archive's system, on the
+(:func:`~receivewal.recovery.choice.choose_backup`: complete, of the archive's system, on the
 target timeline's history, its WAL in the archive, ending before a time or LSN target). It is
 unpacked into the empty data directory, checked against its manifest on the way
-(:mod:`receivewal.backup.unpack`), and the recovery settings are written with a
+(:mod:`receivewal.recovery.unpack`), and the recovery settings are written with a
 ``restore_command`` that reads this very archive through ``receivewal restore``: recover's
 block alone decides the recovery, whatever recovery settings the backup inherited.
 
@@ -13,7 +13,7 @@ A hole in the archive's WAL between the backup and the end of the target timelin
 missing while later WAL of its timeline is held) is refused before anything is written: the
 server's restore calls would stop recovery there. A time target after the last commit or abort
 the archive's WAL holds on the way to the target timeline is refused before anything is written
-(:mod:`receivewal.backup.reach`): PostgreSQL would replay the whole archive and stop with FATAL
+(:mod:`receivewal.recovery.reach`): PostgreSQL would replay the whole archive and stop with FATAL
 "recovery ended before configured recovery target was reached"; ``beyond_archive`` accepts it
 (the WAL up to it will still come).
 """
@@ -27,18 +27,19 @@ from pathlib import Path
 from receivewal.archive.sealed import NoIdentity
 from receivewal.archive.view import ArchiveView
 from receivewal.backup.catalog import EntryState, backup_files, catalog_of
-from receivewal.backup.choice import RecoveryTarget, choose_backup, unusable
-from receivewal.backup.owner import Owner, hand_over, owner_problem
-from receivewal.backup.reach import chain_hole, last_transaction, replayed_segments
 from receivewal.backup.record import BackupRecord, utc_text
 from receivewal.backup.sealing import readable_files
-from receivewal.backup.settings import (
+from receivewal.errors import ArchiveError
+from receivewal.recovery.choice import RecoveryTarget, choose_backup, unusable
+from receivewal.recovery.owner import Owner, hand_over, owner_problem
+from receivewal.recovery.reach import chain_hole, last_transaction, replayed_segments
+from receivewal.recovery.recoveryconf import (
     recovery_settings,
     restore_command,
     start_instructions,
     with_extra_settings,
 )
-from receivewal.backup.unpack import (
+from receivewal.recovery.unpack import (
     RecoveryConfig,
     Unpacked,
     refuse_unless_empty,
@@ -46,7 +47,6 @@ from receivewal.backup.unpack import (
     unpack_backup,
     write_recovery,
 )
-from receivewal.errors import ArchiveError
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import parse_segment_file_name
 

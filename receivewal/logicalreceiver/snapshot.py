@@ -27,7 +27,6 @@ from pathlib import Path
 from receivewal.archive.directory import Archive
 from receivewal.daemon.events import Event, Listener
 from receivewal.daemon.lifecycle import SlotCreating, SlotDropping
-from receivewal.daemon.logicalsettings import LogicalSettings
 from receivewal.errors import ArchiveError, ConfigurationError, ServerError, StopRequested
 from receivewal.logical.snapshot import (
     SnapshotColumn,
@@ -38,6 +37,7 @@ from receivewal.logical.snapshot import (
     unfinished_snapshot,
 )
 from receivewal.logical.store import change_log_contents
+from receivewal.logicalreceiver.logicalsettings import LogicalSettings
 from receivewal.replication.commands import (
     ExportedSnapshot,
     create_exporting_slot,

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from receivewal.errors import ProtocolError
-from receivewal.logical import messages as m
+from receivewal.logical import outputmessages as m
 from receivewal.logical.binary import binary_to_text
 from receivewal.logical.pgtime import iso_utc
 from receivewal.logical.relations import RelationInfo

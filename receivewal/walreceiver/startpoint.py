@@ -66,7 +66,7 @@ from receivewal.wal.timeline import (
 )
 
 if TYPE_CHECKING:  # loaded only with --upload-to
-    from receivewal.daemon.uploader import Uploader
+    from receivewal.walreceiver.uploader import Uploader
 
 
 # -- the findings, as the events that state them ---------------------------------------------

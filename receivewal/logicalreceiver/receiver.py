@@ -2,13 +2,13 @@
 
 The supervisor (:mod:`receivewal.daemon.supervisor`) runs a
 :class:`~receivewal.daemon.supervisor.Receiver`; :class:`LogicalReceiver` is a logical slot's,
-beside the WAL archive's (:mod:`receivewal.daemon.walreceiver`): --create-slot (LOGICAL, with
+beside the WAL archive's (:mod:`receivewal.walreceiver.receiver`): --create-slot (LOGICAL, with
 TWO_PHASE when --two-phase; with --snapshot, the published tables copied in the slot's
-exported snapshot: :mod:`receivewal.daemon.logicalsnapshot`) and --drop-slot; OUTDIR's
+exported snapshot: :mod:`receivewal.logicalreceiver.snapshot`) and --drop-slot; OUTDIR's
 one-writer lock (the archive's, on the directory itself: :mod:`receivewal.archive.lock`); the
 change log store, opened once (a crash is recovered from there: the partial file cut after its
 last complete transaction) and closed at the end; one
-:class:`~receivewal.daemon.logicalsession.LogicalSession` per connection.
+:class:`~receivewal.logicalreceiver.session.LogicalSession` per connection.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from receivewal.daemon.lifecycle import (
     SlotExisted,
     TemporaryFileRemoved,
 )
-from receivewal.daemon.logicalsession import LogicalSession
-from receivewal.daemon.logicalsettings import LogicalSettings
-from receivewal.daemon.logicalsnapshot import take_snapshot
 from receivewal.daemon.signals import StopSignal
 from receivewal.errors import ConfigurationError
 from receivewal.logical.store import ChangeLogStore
+from receivewal.logicalreceiver.logicalsettings import LogicalSettings
+from receivewal.logicalreceiver.session import LogicalSession
+from receivewal.logicalreceiver.snapshot import take_snapshot
 from receivewal.replication.commands import create_logical_slot, drop_slot
 from receivewal.replication.link import ReplicationLink, SessionLink
 from receivewal.replication.waiting import StopFlag

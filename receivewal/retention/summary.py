@@ -28,8 +28,8 @@ from pathlib import Path
 
 from receivewal.archive.location import DirectoryLocation
 from receivewal.archive.view import ArchiveView
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import BackupEntry, EntryState, catalog_of, tree_bytes
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import BackupRecord
 from receivewal.wal.names import (
     ENCRYPTED_SUFFIX,

@@ -1,6 +1,6 @@
 """The files of ``cleanup``: the archive read for the planner, and what a plan removes.
 
-:func:`read_contents` gathers what :func:`~receivewal.backup.retention.plan_retention` judges:
+:func:`read_contents` gathers what :func:`~receivewal.retention.plan.plan_retention` judges:
 the backups (:func:`~receivewal.backup.catalog.read_catalog`), the archive directory's names and
 its history files, parsed. :func:`apply_plan` removes the backups first, then the WAL files. A
 backup's record goes first, with the directory fsynced, so that a crash in the middle of a
@@ -39,11 +39,11 @@ from receivewal.archive.sources import recorded_identity
 from receivewal.archive.uploads import pending_files, read_upload_record, recorded_destination
 from receivewal.archive.view import ArchiveView, locate, parsed_histories
 from receivewal.archive.view import read_histories as view_histories
+from receivewal.backup.backupdir import BACKUPS
 from receivewal.backup.catalog import backup_of, catalog_of, read_catalog
-from receivewal.backup.directory import BACKUPS
 from receivewal.backup.record import RECORD_NAME
-from receivewal.backup.retention import ArchiveContents, Policy, RetentionPlan, plan_retention
 from receivewal.errors import ArchiveError, StoreAccessDenied
+from receivewal.retention.plan import ArchiveContents, Policy, RetentionPlan, plan_retention
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
 from receivewal.wal.names import parse_archive_segment_name
 from receivewal.wal.timeline import TimelineSwitch

@@ -1,8 +1,8 @@
 """A backup unpacked into a new data directory, and the recovery files written into it.
 
 :func:`unpack_backup` refuses a data directory or tablespace directory that is not empty,
-then reads each archive file of the backup (decompressed as it is read) through
-:class:`~receivewal.backup.tar.TarReader` and writes its members: the main archive into the
+then reads each tar of the backup (decompressed as it is read) through
+:class:`~receivewal.backup.tar.TarReader` and writes its members: the main tar into the
 data directory, each tablespace's into its directory on the server or the one the mapping
 gives. Every file is checked against the backup's manifest on the way (size and checksum,
 each listed file once: a backup damaged at rest is refused), written with ``O_EXCL`` and
@@ -12,7 +12,7 @@ mapped directories: PostgreSQL makes the ``pg_tblspc`` links from it when it sta
 
 :func:`write_recovery` rewrites ``postgresql.auto.conf`` without the recovery settings the
 backup inherited (a backup of a recovered server holds that recovery's target) and appends
-recover's own block (:mod:`receivewal.backup.settings`), writes ``recovery.signal`` (and
+recover's own block (:mod:`receivewal.recovery.recoveryconf`), writes ``recovery.signal`` (and
 removes a ``standby.signal`` the backup may hold). It names what it removed, and the same
 settings in ``postgresql.conf`` and the files it includes, which the block overrides.
 """
@@ -33,12 +33,6 @@ from receivewal.archive.durable import (
 )
 from receivewal.archive.reading import read_small_file
 from receivewal.backup.record import BackupRecord, StoredArchive
-from receivewal.backup.settings import (
-    auto_conf_lines,
-    include_directives,
-    recovery_lines,
-    without_recovery_settings,
-)
 from receivewal.backup.stored import (
     BackupFiles,
     manifest_check,
@@ -47,6 +41,12 @@ from receivewal.backup.stored import (
 )
 from receivewal.backup.tar import MemberData, MemberKind, MemberStart, TarEvent
 from receivewal.errors import ArchiveError, ConfigurationError
+from receivewal.recovery.recoveryconf import (
+    auto_conf_lines,
+    include_directives,
+    recovery_lines,
+    without_recovery_settings,
+)
 
 TABLESPACE_MAP = "tablespace_map"
 AUTO_CONF = "postgresql.auto.conf"

@@ -5,7 +5,7 @@ The supervisor (:mod:`receivewal.daemon.supervisor`) runs a
 connections, reconnects, exit codes, the event stream and the monitor). :class:`WalReceiver`
 is physical streaming's: --create-slot and --drop-slot; the archive directory's one-writer
 lock (the temporary files a crashed writer left are removed); the uploader of --upload-to;
-one :class:`~receivewal.daemon.session.Session` per connection; and, before an exit no stop
+one :class:`~receivewal.walreceiver.session.Session` per connection; and, before an exit no stop
 signal asked for, the wait for the uploads.
 """
 
@@ -26,17 +26,17 @@ from receivewal.daemon.lifecycle import (
     TemporaryFileRemoved,
     WaitingForServer,
 )
-from receivewal.daemon.session import Session
 from receivewal.daemon.settings import Settings
 from receivewal.daemon.signals import StopSignal
 from receivewal.daemon.state import previous_flush
 from receivewal.replication.commands import create_slot, drop_slot
 from receivewal.replication.link import ReplicationLink
 from receivewal.replication.waiting import StopFlag
+from receivewal.walreceiver.session import Session
 
 if TYPE_CHECKING:  # the uploader's modules are loaded only with --upload-to
-    from receivewal.daemon.archivemeter import ArchiveMeter
-    from receivewal.daemon.uploader import Uploader
+    from receivewal.walreceiver.archivemeter import ArchiveMeter
+    from receivewal.walreceiver.uploader import Uploader
 
 
 class WalReceiver:
@@ -90,7 +90,7 @@ class WalReceiver:
         events.subscribe(self._waited)
         self.uploads = self._uploader(archive, events)
         if self.settings.metrics_address is not None:
-            from receivewal.daemon.archivemeter import (  # noqa: PLC0415 - with metrics only
+            from receivewal.walreceiver.archivemeter import (  # noqa: PLC0415 - with metrics only
                 ArchiveMeter,
                 measure_interval,
             )
@@ -160,13 +160,13 @@ class WalReceiver:
         if self.settings.upload_to is None:
             return None
         from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
-        from receivewal.daemon.uploader import (  # noqa: PLC0415
+        from receivewal.logs import get_logger  # noqa: PLC0415
+        from receivewal.walreceiver.uploader import (  # noqa: PLC0415
             ONE_TRY,
             Uploader,
             retry_policy,
             upload_patience,
         )
-        from receivewal.logs import get_logger  # noqa: PLC0415
 
         bucket = Bucket.connect(self.settings.upload_to, ONE_TRY, upload_patience(os.environ))
         return Uploader(archive, bucket, get_logger(), retry_policy(os.environ), events,

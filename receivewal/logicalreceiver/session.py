@@ -10,7 +10,7 @@ slot's position), then ``START_REPLICATION SLOT s LOGICAL <lsn> (options)`` at t
 ``written_through`` (the server skips what committed before it; a run it sends again anyway
 is skipped by its end LSN) and the COPY loop
 (:mod:`receivewal.daemon.copyloop`) feeding the change log
-(:class:`~receivewal.daemon.changefeed.ChangeFeed`). When the server ends the stream, its
+(:class:`~receivewal.logicalreceiver.changefeed.ChangeFeed`). When the server ends the stream, its
 error is read and said in its own words; one the slot meets again at the same position on
 every start (``publication "p" does not exist``) is final: the daemon stays down.
 """
@@ -22,9 +22,7 @@ import time
 from collections.abc import Callable
 
 from receivewal.daemon import events as ev
-from receivewal.daemon.changefeed import ChangeFeed
 from receivewal.daemon.copyloop import CopyLoop
-from receivewal.daemon.logicalsettings import LogicalSettings
 from receivewal.errors import (
     ConfigurationError,
     ConnectionLost,
@@ -35,6 +33,8 @@ from receivewal.errors import (
 )
 from receivewal.logical.consumer import ChangeLogConsumer
 from receivewal.logical.store import ChangeLogStore
+from receivewal.logicalreceiver.changefeed import ChangeFeed
+from receivewal.logicalreceiver.logicalsettings import LogicalSettings
 from receivewal.replication.commands import (
     DatabaseInfo,
     LogicalSlot,

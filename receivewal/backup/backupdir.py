@@ -1,7 +1,7 @@
 """A backup directory, ``ARCHIVE/backups/<id>/``, written as the backup arrives.
 
-Each archive is streamed into a temporary file next to its final name, compressed on the way
-when asked (``--compress``; an archive the server compressed is stored as it came), then
+Each tar is streamed into a temporary file next to its final name, compressed on the way
+when asked (``--compress``; a tar the server compressed is stored as it came), then
 fsynced, renamed and the directory fsynced, all through :mod:`receivewal.archive.durable`.
 The manifest follows the same way, and the record (:mod:`receivewal.backup.record`) last:
 a directory is a complete backup only once its record is there, so a crash or SIGKILL at any
@@ -11,7 +11,7 @@ removes. While it writes, the process holds ``flock`` on the directory itself
 interrupted one. The directory's exclusive ``mkdir`` is the claim of the backup's ID: two
 backups started in the same second never share one (the second takes ``-1``), and a backup
 given up removes only the files of its own directory. Before the record, a scan of the
-directory must show every file the record names, each archive of its size.
+directory must show every file the record names, each tar of its size.
 
 Memory is a compressor's window and one message at a time, whatever the database's size.
 """
@@ -45,7 +45,7 @@ from receivewal.backup.record import (
     absent_files,
     record_to_json,
 )
-from receivewal.backup.sealing import seal_small, sealed_name, stored_archive
+from receivewal.backup.sealing import seal_small, sealed_name, stored_tar
 from receivewal.errors import ArchiveError
 from receivewal.wal.names import RECIPIENTS_SUFFIX
 
@@ -85,7 +85,7 @@ def _os_error(what: str, path: Path, exc: OSError) -> ArchiveError:
 
 
 class _Open:
-    """The archive file being written."""
+    """The tar file being written."""
 
     def __init__(self, info: ArchiveInfo, name: str, compression: str, *, fd: int, tmp: Path,
                  form: FormWriter) -> None:
@@ -144,7 +144,7 @@ class BackupDirectory:
     # -- the sink ----------------------------------------------------------------------------
     def begin_archive(self, archive: ArchiveInfo) -> None:
         """Open the file for ``archive``."""
-        name, method, form = stored_archive(archive, self.compress, self.recipients)
+        name, method, form = stored_tar(archive, self.compress, self.recipients)
         target = self.path / name
         try:
             if self.recipients is not None:  # the recipients file first, as stream's
@@ -165,7 +165,7 @@ class BackupDirectory:
         self._write(current.form.update(data))
 
     def end_archive(self) -> None:
-        """Finish, fsync and rename the archive file; fsync the directory."""
+        """Finish, fsync and rename the tar file; fsync the directory."""
         current = self._open
         assert current is not None
         self._write(current.form.finish())
@@ -191,7 +191,7 @@ class BackupDirectory:
 
     # -- the end -----------------------------------------------------------------------------
     def write_manifest(self, data: bytes) -> str:
-        """Write the manifest durably (sealed with the archives); its plaintext's SHA-256."""
+        """Write the manifest durably (sealed with the tars); its plaintext's SHA-256."""
         target = self.path / self.manifest_name
         try:
             if self.recipients is not None:
@@ -207,7 +207,7 @@ class BackupDirectory:
 
     def commit(self, record: BackupRecord) -> None:
         """Write the record, last: from now on the directory is a complete backup. First a
-        scan of the directory must show every file the record names, each archive of its
+        scan of the directory must show every file the record names, each tar of its
         size (nothing read)."""
         assert self._open is None
         assert record.backup_id == self.backup_id

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Callable
 
 from receivewal.errors import ProtocolError
-from receivewal.logical.messages import TupleData
+from receivewal.logical.outputmessages import TupleData
 from receivewal.wal.lsn import format_lsn
 
 _U16 = struct.Struct(">H")

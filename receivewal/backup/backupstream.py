@@ -8,7 +8,8 @@ The whole backup travels in one COPY OUT. Each CopyData payload starts with a ty
     'p'  progress: an Int64, the bytes of the backup sent so far
     'm'  the backup manifest starts; every later 'd' is manifest data
 
-(basebackup_copy.c, the ``copystream`` sink.) An archive ends where the next one, the manifest
+(basebackup_copy.c, the ``copystream`` sink; an archive here is a tar, ``base.tar`` or a
+tablespace's.) An archive ends where the next one, the manifest
 or the COPY starts or ends: there is no message for it. :func:`parse_backup_message` reads one
 payload; :class:`BackupStream` also checks their order. Anything else is a
 :class:`BackupStreamError` saying which message, never another exception.
@@ -24,9 +25,9 @@ from enum import Enum
 from receivewal.errors import ProtocolError
 
 _INT64 = struct.Struct(">q")
-#: what PostgreSQL 15 names an archive: base.tar, or <tablespace oid>.tar, with the suffix of a
-#: server-side compression
-ARCHIVE_NAME = re.compile(r"(base|[1-9][0-9]{0,9})\.tar(\.gz|\.lz4|\.zst)?")
+#: what PostgreSQL 15 names an archive (a tar): base.tar, or <tablespace oid>.tar, with the
+#: suffix of a server-side compression
+TAR_NAME = re.compile(r"(base|[1-9][0-9]{0,9})\.tar(\.gz|\.lz4|\.zst)?")
 
 
 class BackupStreamError(ProtocolError):
@@ -85,7 +86,7 @@ def parse_backup_message(payload: bytes | memoryview) -> BackupMessage:
         return BackupData(body)
     if kind == ord("n"):
         name, location = _strings(body, 2)
-        if not ARCHIVE_NAME.fullmatch(name):
+        if not TAR_NAME.fullmatch(name):
             raise BackupStreamError(f"server announced an archive named {name[:80]!r}, not "
                                     "base.tar or <oid>.tar (with .gz, .lz4 or .zst)")
         return NewArchive(name, location)

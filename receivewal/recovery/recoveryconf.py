@@ -24,9 +24,9 @@ import re
 import shlex
 from pathlib import Path
 
-from receivewal.backup.choice import RecoveryTarget, TargetKind
 from receivewal.backup.record import utc_text
 from receivewal.errors import ConfigurationError
+from receivewal.recovery.choice import RecoveryTarget, TargetKind
 from receivewal.wal.lsn import format_lsn
 
 ACTIONS = ("promote", "pause", "shutdown")

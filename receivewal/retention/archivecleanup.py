@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from receivewal.backup.retention import Verdict
 from receivewal.errors import ConfigurationError
+from receivewal.retention.plan import Verdict
 from receivewal.wal.names import (
     ENCRYPTED_SUFFIX,
     PARTIAL_SUFFIX,

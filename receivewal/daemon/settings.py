@@ -8,6 +8,7 @@ from pathlib import Path
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
 from receivewal.archive.recipients import RecipientSet
+from receivewal.backup.keeplocal import KeepLocal
 from receivewal.errors import CommandLineError, ConfigurationError
 
 SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -48,6 +49,7 @@ class Settings:
     confirm_after: str = "disk"  # "upload": the flush reported never passes the uploads
     upload_wait: float = 300.0  # seconds an --endpos/--no-loop exit waits for the uploads
     encrypt_to: RecipientSet | None = None  # --encrypt-to: segments sealed when completed
+    keep_local: KeepLocal | None = None  # --keep-local: the local copy's window (None: all)
 
     @property
     def report_flush(self) -> bool:
@@ -111,3 +113,7 @@ class Settings:
             raise ConfigurationError("--confirm-after upload needs --upload-to")
         if self.upload_wait < 0:
             raise ConfigurationError(f"invalid --upload-wait: {self.upload_wait}")
+        if self.keep_local is not None and self.upload_to is None:
+            raise ConfigurationError(
+                f"--keep-local {self.keep_local.text} needs --upload-to: without it the "
+                "directory is the archive (its retention is cleanup's)")

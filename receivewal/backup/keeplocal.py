@@ -5,7 +5,9 @@ keeps (:mod:`receivewal.backup.localrule` applies it), parsed (pure, light: the 
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from receivewal.errors import ConfigurationError
 
@@ -14,6 +16,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400,
           "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
 _AGE_UNITS = ("s", "m", "h", "d")
 _VALUE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -45,3 +48,19 @@ def parse_keep_local(text: str | None) -> KeepLocal | None:
     if unit in _AGE_UNITS:
         return KeepLocal(text.strip(), seconds=number * _UNITS[unit])
     return KeepLocal(text.strip(), size=int(number * _UNITS[unit]))
+
+
+def inside_window(rule: KeepLocal, weighed: Mapping[K, tuple[int, float]], now: float) -> set[K]:
+    """The keys of ``weighed`` (each with its bytes and completion time, seconds since the
+    epoch; sortable, newest greatest) inside ``rule``'s window at ``now``: completed within
+    its age, or the newest whose bytes together fit its size."""
+    if rule.seconds is not None:
+        return {key for key, (_, done) in weighed.items() if done >= now - rule.seconds}
+    inside: set[K] = set()
+    total = 0
+    for key in sorted(weighed, reverse=True):  # type: ignore[type-var]
+        total += weighed[key][0]
+        if rule.size is None or total > rule.size:
+            break
+        inside.add(key)
+    return inside

@@ -33,7 +33,7 @@ from receivewal.archive.location import DirectoryLocation
 from receivewal.archive.view import ArchiveView
 from receivewal.backup.catalog import EntryState
 from receivewal.backup.cleanup import Holds, read_archive, remove_files
-from receivewal.backup.keeplocal import KeepLocal
+from receivewal.backup.keeplocal import KeepLocal, inside_window
 from receivewal.backup.retention import (
     ArchiveContents,
     Verdict,
@@ -120,25 +120,15 @@ def _blanket(contents: ArchiveContents) -> str:
 
 def _window(segments: list[tuple[str, SegmentFile]], rule: KeepLocal,
             files: Mapping[str, LocalFile], now: float) -> set[tuple[int, int]]:
-    """The segments (timeline, segment number) inside the rule's window: completed within
-    its age, or the newest whose files (a segment with its recipients file) fit its size."""
-    weighed: dict[tuple[int, int], LocalFile] = {}
+    """The segments (timeline, segment number) inside the rule's window, each weighed with
+    its recipients file."""
+    weighed: dict[tuple[int, int], tuple[int, float]] = {}
     for name, parsed in segments:
         key = (parsed.timeline, parsed.segno)
         found = files.get(name, LocalFile(0, now))
-        before = weighed.get(key, LocalFile(0, 0.0))
-        weighed[key] = LocalFile(before.size + found.size,
-                                 max(before.completed_at, found.completed_at))
-    if rule.seconds is not None:
-        return {key for key, f in weighed.items() if f.completed_at >= now - rule.seconds}
-    inside: set[tuple[int, int]] = set()
-    total = 0
-    for key in sorted(weighed, reverse=True):
-        total += weighed[key].size
-        if rule.size is None or total > rule.size:
-            break
-        inside.add(key)
-    return inside
+        size, done = weighed.get(key, (0, 0.0))
+        weighed[key] = (size + found.size, max(done, found.completed_at))
+    return inside_window(rule, weighed, now)
 
 
 @dataclass(frozen=True)

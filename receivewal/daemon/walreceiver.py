@@ -167,9 +167,9 @@ class WalReceiver:
         if self.settings.upload_to is None:
             return None
         from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
-        from receivewal.daemon.uploader import (  # noqa: PLC0415
+        from receivewal.daemon.uploader import Uploader  # noqa: PLC0415
+        from receivewal.daemon.uploadpolicy import (  # noqa: PLC0415
             ONE_TRY,
-            Uploader,
             retry_policy,
             upload_patience,
         )

@@ -107,3 +107,30 @@ def test_a_change_file_the_slot_is_not_confirmed_past_stays(tmp_path: Path) -> N
         assert completed_files(out) == [file_name(lsn) for lsn in LSNS[1:]]
     finally:
         uploads.close()
+
+
+def test_with_encryption_nothing_plain_goes_up_or_away(tmp_path: Path) -> None:
+    """--encrypt-to: a completed file is plain for a moment before it is sealed; the sealed
+    files go up after their recipients files, a plain one is neither uploaded nor removed."""
+    out = outdir(tmp_path, confirmed=0x6000)
+    for lsn in LSNS:
+        plain = out / file_name(lsn)
+        plain.rename(out / (plain.name + ".age"))
+        (out / (plain.name + ".age.recipients")).write_text("age1example\n")
+    (out / file_name(0x2800)).write_text("{}\n")  # not sealed yet
+    bucket = ScriptedBucket()
+    bucket.down = False
+    uploads = ChangeUploader(out, cast("Any", bucket), EventStream(), get_logger(),
+                             retry_policy({"RECEIVEWAL_TEST_UPLOAD_RETRY": "0.05"}),
+                             keep=KeepLocal("1s", seconds=1), mode=0o600, sealed=True,
+                             sync=False, environ={"RECEIVEWAL_TEST_LOCAL_INTERVAL": "0.05"})
+    uploads.begin()
+    try:
+        wait_for(lambda: not uploads.pending(), what="the uploads")
+        wait_for(lambda: len(completed_files(out, sealed=True)) == 1, what="the rule")
+    finally:
+        uploads.close()
+    sealed = [file_name(lsn) + ".age" for lsn in LSNS]
+    assert sorted(bucket.stored) == sorted([*sealed, *(n + ".recipients" for n in sealed)])
+    assert (out / file_name(0x2800)).exists()
+    assert sorted(p.name for p in out.glob("*.recipients")) == [sealed[-1] + ".recipients"]

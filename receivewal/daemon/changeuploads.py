@@ -52,10 +52,12 @@ UPLOADED_FILE = ".receivewal-changes-uploaded.json"
 CLOSE_SECONDS = 10.0  # how long stopping waits for an upload in flight
 
 
-def completed_files(directory: Path) -> list[str]:
-    """The completed change files of OUTDIR, in the order of their names (LSNs)."""
+def completed_files(directory: Path, sealed: bool | None = None) -> list[str]:
+    """The completed change files of OUTDIR, in the order of their names (LSNs); with
+    ``sealed``, only the sealed ones (True) or only those that are not (False)."""
     names = [(parsed[0], name) for name in os.listdir(directory)
-             if (parsed := parse_file_name(name)) is not None and not parsed[2]]
+             if (parsed := parse_file_name(name)) is not None and not parsed[2]
+             and (sealed is None or is_sealed(name) == sealed)]
     return [name for _, name in sorted(names)]
 
 
@@ -83,13 +85,16 @@ def _lsn(name: str) -> int:
 
 class ChangeUploader:
     """Uploads OUTDIR's completed change files to ``bucket``, in order, and applies
-    ``keep`` (None: nothing local is removed)."""
+    ``keep`` (None: nothing local is removed). With ``sealed`` (--encrypt-to) only sealed
+    files are uploaded or removed: a completed file is plain for a moment before it is sealed,
+    and nothing plain leaves the host."""
 
     def __init__(self, directory: Path, bucket: Bucket, events: EventStream,
                  log: FilteringBoundLogger, retry: RetryPolicy, *, keep: KeepLocal | None,
-                 mode: int, sync: bool = True, environ: Mapping[str, str],
-                 clock: Callable[[], float] = time.time) -> None:
+                 mode: int, sealed: bool = False, sync: bool = True,
+                 environ: Mapping[str, str], clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
+        self.sealed = sealed
         self.bucket = bucket
         self.destination = str(bucket.url)
         self.events = events
@@ -149,7 +154,8 @@ class ChangeUploader:
 
     def _pending(self) -> list[str]:
         through = -1 if self._through is None else _lsn(self._through)
-        return [name for name in completed_files(self.directory) if _lsn(name) > through]
+        return [name for name in completed_files(self.directory, self.sealed)
+                if _lsn(name) > through]
 
     def _recount(self, **changes: Any) -> None:
         pending = self._pending()
@@ -216,7 +222,7 @@ class ChangeUploader:
             return
         state = read_state(self.directory)
         confirmed = None if state is None else state.slot_restart_lsn
-        files = completed_files(self.directory)
+        files = completed_files(self.directory, self.sealed)
         stats = {name: os.stat(self.directory / name) for name in files}
         weighed = {_lsn(name): (stats[name].st_size, stats[name].st_mtime) for name in files}
         window = inside_window(self.keep, weighed, self.clock())

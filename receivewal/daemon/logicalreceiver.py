@@ -156,7 +156,8 @@ class LogicalReceiver:
         uploads = ChangeUploader(self.directory.directory, bucket, events,
                                  get_logger(component="change-uploads"),
                                  retry_policy(os.environ), keep=base.keep_local,
-                                 mode=self.directory.file_mode, sync=base.sync,
+                                 mode=self.directory.file_mode,
+                                 sealed=base.encrypt_to is not None, sync=base.sync,
                                  environ=os.environ)
         uploads.begin()
         return uploads

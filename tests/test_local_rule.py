@@ -4,6 +4,7 @@ backup needs, the newest segment, the window) and what it removes; --keep-local'
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from receivewal.backup.catalog import BackupEntry, EntryState
 from receivewal.backup.keeplocal import KeepLocal, parse_keep_local
 from receivewal.backup.localrule import LocalFile, plan_local
+from receivewal.backup.record import BackupRecord, StoredArchive, WalSpan
 from receivewal.backup.retention import ArchiveContents
 from receivewal.daemon.settings import Settings
 from receivewal.errors import ConfigurationError
@@ -134,3 +136,22 @@ def test_keep_local_without_upload_to_is_refused() -> None:
     settings = Settings(directory=Path("/srv/wal"), conninfo="", keep_local=KeepLocal("24h", 86400))
     with pytest.raises(ConfigurationError, match="--keep-local 24h needs --upload-to"):
         settings.validate()
+
+
+def test_a_complete_backup_in_the_directory_keeps_its_wal() -> None:
+    """A backup kept in the directory (cleanup's to expire) keeps the WAL it recovers from:
+    its start's segment and everything after it on the current timeline."""
+    start, end = 4 * SEG + 40, 5 * SEG + 256
+    record = BackupRecord(
+        backup_id="20240601T120000Z", label="l", system_identifier="7", server_version=150018,
+        wal_segment_size=SEG, timeline=1, start_lsn=start, end_timeline=1, end_lsn=end,
+        start_time=datetime(2024, 6, 1, 11, 55, tzinfo=UTC),
+        end_time=datetime(2024, 6, 1, 12, 0, tzinfo=UTC),
+        archives=(StoredArchive("base.tar.zst", None, "", "zstd", 10, 20),),
+        wal_spans=(WalSpan(1, start, end),), manifest_name="backup_manifest",
+        manifest_sha256="0" * 64, database_bytes=20)
+    entries = (BackupEntry(record.backup_id, EntryState.COMPLETE, record),)
+    plan = plan_local(contents(entries=entries), KeepLocal("1s", seconds=1), FILES, NOW)
+    assert removed(plan.files) == SEGMENTS[:3]
+    reasons = {v.name: v.reason for v in plan.files}
+    assert reasons[SEGMENTS[4]].startswith("backup 20240601T120000Z (from 0/4000028 on ")

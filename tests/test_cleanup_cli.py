@@ -132,7 +132,9 @@ CHANGE_LOG = ("00000000016B3A28.jsonl", "00000000016C0000.jsonl.partial", ".seal
     ((), "holds neither the archive's identity file (.receivewal-archive.json) nor WAL files"),
     (("notes.txt",),
      "holds neither the archive's identity file (.receivewal-archive.json) nor WAL files"),
-    (CHANGE_LOG, "is a logical change log directory"),
+    (CHANGE_LOG, "is a logical change log directory; a change log's retention is the "
+                 "daemon's: receivewal logical --upload-to s3://BUCKET/PREFIX --keep-local "
+                 "AGE|SIZE"),
 ])
 def test_a_directory_that_is_no_wal_archive_is_refused(tmp_path: Path, form: tuple[str, ...],
                                                        files: tuple[str, ...],

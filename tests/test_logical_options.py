@@ -63,17 +63,14 @@ def reached(settings: LogicalSettings, spec_setting: str) -> Any:
         else getattr(settings.base, spec_setting)
 
 
-#: What an option is refused without (the option alone cannot reach its field).
-NEEDS = {"snapshot": ["--create-slot"]}
-
-
 @pytest.mark.parametrize("name", REACHING)
 def test_each_option_reaches_its_settings_field(name: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """On the command line, and from its RECEIVEWAL_* variable when it has one."""
     spec = OPTIONS[name][0]
     assert spec.setting is not None
-    base = ["-D", str(tmp_path), "-S", "base_slot", "-P", "pub", *NEEDS.get(name, [])]
+    # and what the option is refused without (--keep-local: --upload-to), as test_options
+    base = ["-D", str(tmp_path), "-S", "base_slot", "-P", "pub", *spec.goes_with]
     plain = build_logical_settings(parsed(base))
     value = value_of(name, tmp_path)
     flag = spec.long.split("/")[0]

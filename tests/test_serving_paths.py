@@ -62,6 +62,8 @@ WRITES_OTHER = {
     "archive/writer.py::SegmentWriter._finish_file": "the daemon writing what it receives",
     "archive/writer.py::CompressedSegmentWriter._synced": "the daemon writing what it receives",
     "daemon/state.py::write_state": "the state file",
+    "logicalreceiver/changeuploads.py::ChangeUploader._upload":
+        "a completed change file put create-only into the bucket (no WAL)",
     "logical/store.py::ChangeLogStore._complete": "a change log file (no WAL)",
     "backup/backupdir.py::BackupDirectory.begin_archive": "a base backup's tar (no WAL)",
     "backup/backupdir.py::BackupDirectory.end_archive": "a base backup's tar (no WAL)",

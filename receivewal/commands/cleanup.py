@@ -312,7 +312,8 @@ def _check_wal_archive(path: Path) -> None:
     if is_wal_archive(names):
         return
     if any(parse_file_name(name) is not None for name in names):
-        what = "is a logical change log directory"
+        what = ("is a logical change log directory; a change log's retention is the daemon's: "
+                "receivewal logical --upload-to s3://BUCKET/PREFIX --keep-local AGE|SIZE")
     else:
         what = f"holds neither the archive's identity file ({IDENTITY_FILE}) nor WAL files"
     raise _usage(f'"{path}" is not a WAL archive: it {what}')

@@ -92,7 +92,7 @@ class LogicalOptions:
     drop_slot: bool = same_option("drop_slot")
     if_not_exists: bool = same_option("if_not_exists")
     snapshot: bool = option(
-        False, "--snapshot", setting="snapshot",
+        False, "--snapshot", setting="snapshot", goes_with=("--create-slot",),
         help="With --create-slot: copy every table of the publications, as of the slot's "
         "consistent point, into DIRECTORY/snapshot/ before the first change (the snapshot "
         "and the change log together rebuild the tables).")
@@ -148,6 +148,17 @@ class LogicalOptions:
         "age-keygen's public key): P.jsonl[.zst] becomes P.jsonl[.zst].age beside "
         "P.jsonl[.zst].age.recipients; the .partial being written stays plain. Repeatable: "
         "any of the recipients decrypts. Needs pip install 'receivewal[encrypt]'.")
+    upload_to: str | None = same_option(
+        "upload_to",
+        help="Upload each completed change file, as it sits in OUTDIR (-Z, --encrypt-to), to "
+        "PREFIX/<file name> in object storage (s3://BUCKET/PREFIX; credentials from boto3's "
+        "AWS_* chain), in order, create-only. Nothing local is deleted unless --keep-local "
+        "says so.")
+    keep_local: str = same_option(
+        "keep_local",
+        help="With --upload-to: what OUTDIR keeps of the change files uploaded and applied "
+        "(the slot confirmed past them), the last AGE (36h, 7d) or SIZE (10GB, 500MB); older "
+        "ones are removed, the newest always stays. all: nothing is removed.")
     compression: str = same_option("compression")
     receive_timeout: float = same_option("receive_timeout")
     reconnect_delay: float = same_option("reconnect_delay")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, get_type_hints
 
 from receivewal.addresses import parse_address
 from receivewal.archive.compression import parse_compress_option
+from receivewal.archive.keeplocal import KEEP_ALL, parse_keep_local
 from receivewal.commands import catalog
 from receivewal.commands.plain import Option
 from receivewal.daemon.settings import CONFIRM_AFTER, Settings
@@ -225,7 +226,8 @@ class StreamOptions:
         example="s3://example-wal/db1",
         help="Upload each completed segment and history file, as it sits on disk (-Z), to "
         "PREFIX/<file name> in object storage (s3://BUCKET/PREFIX; endpoint and credentials "
-        "from boto3's standard AWS_* chain). Nothing local is deleted.")
+        "from boto3's standard AWS_* chain). Nothing local is deleted unless --keep-local "
+        "says so.")
     confirm_after: str = option(
         Settings.confirm_after, "--confirm-after", setting="confirm_after", show_default=True,
         choices=CONFIRM_AFTER, goes_with=("--upload-to", "s3://example-wal/db1"),
@@ -236,6 +238,13 @@ class StreamOptions:
         Settings.upload_wait, "--upload-wait", setting="upload_wait", show_default=True,
         help="At an exit no signal asked for (--endpos, --no-loop), wait at most this many "
         "seconds for the completed files to be uploaded; exit 1 naming what is left.")
+    keep_local: str = option(
+        KEEP_ALL, "--keep-local", setting="keep_local", to_setting=parse_keep_local,
+        show_default=True, example="24h", goes_with=("--upload-to", "s3://example-wal/db1"),
+        help="With --upload-to: what the directory keeps of the uploaded segments, the last "
+        "AGE (36h, 7d) or SIZE (10GB, 500MB); the daemon removes older ones once the bucket "
+        "holds them, never a segment still to upload, nor what a slot or a backup being "
+        "written needs. all: nothing is removed, as pg_receivewal.")
     encrypt_to: Repeated = shared(
         catalog.ENCRYPT_TO, Repeated(), setting="encrypt_to", to_setting=encrypt_to_recipients,
         example="age1yhd36h9xfajltu60vfwrg0r98v9529vkn98u4n2vyac40wnjpqwse0zlew")

@@ -216,6 +216,8 @@ def describe(state: State, now: float, extra: Sequence[tuple[str, str]] = ()) ->
     ))
     if state.upload_to is not None:
         lines.extend(_upload_lines(state, now))
+    if state.local_rule is not None:
+        lines.extend(_local_lines(state, now))
     lines.extend(extra)
     return aligned(lines)
 
@@ -243,6 +245,23 @@ def _upload_lines(state: State, now: float) -> list[tuple[str, str]]:
         ("uploads stopped", "-" if state.upload_stopped is None else
          f"{state.upload_stopped.kind}: {state.upload_stopped.message} "
          f"(since {_ago(now - state.upload_stopped.at)})"),
+    ]
+
+
+def _local_lines(state: State, now: float) -> list[tuple[str, str]]:
+    error = state.local_error
+    removed_at = state.local_last_removed_at
+    return [
+        ("local copy keeps", f"{state.local_rule}, and what is not uploaded, what the slot "
+         "or a backup needs, the newest segment"),
+        ("held locally", f"{state.local_files} files, {_size(state.local_bytes)} "
+         f"({state.local_window_files} segments for the window alone)"),
+        ("removed locally", f"{state.local_removed_files} files, "
+         f"{_size(state.local_removed_bytes)} since start; last "
+         f"{state.local_last_removed or '-'}"
+         f"{'' if removed_at is None else f' ({_ago(now - removed_at)})'}"),
+        ("local rule error", "-" if error is None else
+         f"{error.kind}: {error.message} ({_ago(now - error.at)})"),
     ]
 
 

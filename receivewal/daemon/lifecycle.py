@@ -2,7 +2,8 @@
 
 Connecting, the slot commands (--create-slot, --drop-slot), the temporary files the lock
 holder removed, failures and how they are counted, disconnections and reconnects, the wait for
-the first server, the uploads' status (posted from the uploader's thread), stopping and
+the first server, the uploads' status (posted from the uploader's thread), the local copy's
+(posted from its rule's thread), stopping and
 stopped. The stream's own facts are in :mod:`receivewal.daemon.events`, the start-up's
 findings in :mod:`receivewal.walreceiver.startpoint`.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from receivewal.daemon.events import Event, SessionMonitor
-from receivewal.daemon.state import UploadStatus
+from receivewal.daemon.state import LocalCopyStatus, UploadStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +169,16 @@ class UploadsChanged(Event):
 
     def tell(self, monitor: SessionMonitor) -> None:
         monitor.uploads_changed(self.status)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCopyChanged(Event):
+    """The local copy's rule (--keep-local) was applied, or failed (stated on its thread)."""
+
+    status: LocalCopyStatus
+
+    def tell(self, monitor: SessionMonitor) -> None:
+        monitor.local_copy_changed(self.status)
 
 
 @dataclass(frozen=True, slots=True)

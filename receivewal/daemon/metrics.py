@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
     from prometheus_client.metrics_core import Metric
 
-    from receivewal.daemon.state import UploadStatus
+    from receivewal.daemon.state import LocalCopyStatus, UploadStatus
 
 PREFIX = "receivewal"
 
@@ -71,6 +71,7 @@ class Metrics:
         self._slots: dict[str, tuple[float, bool]] = {}  # slot: (restart_lsn or nan, active)
         self._server: WSGIServer | None = None
         self._uploads: UploadStatus | None = None  # with --upload-to only
+        self._local: LocalCopyStatus | None = None  # with --keep-local only
         # once measured: WAL bytes, backup bytes, backups, oldest recoverable LSN and time
         self._archive: tuple[int, int, int, float, float] | None = None
         self.segments_completed = Count()
@@ -129,6 +130,10 @@ class Metrics:
     def set_uploads(self, status: UploadStatus) -> None:
         """The uploader's backlog and last error (--upload-to)."""
         self._uploads = status
+
+    def set_local_copy(self, status: LocalCopyStatus) -> None:
+        """What the local copy's rule left and removed (--keep-local)."""
+        self._local = status
 
     def set_archive(self, wal_bytes: int, backup_bytes: int, backups: int,
                     oldest_lsn: int | None, oldest_time: float | None) -> None:
@@ -196,6 +201,13 @@ class Metrics:
         yield from self._labelled(CounterMetricFamily, GaugeMetricFamily)
         if self._uploads is not None:
             yield from self._upload_metrics(self._uploads, gauge, counter, InfoMetricFamily)
+        if self._local is not None:
+            yield gauge("local_bytes", "Bytes of the files the archive directory holds, as the "
+                        "local copy's rule (--keep-local) last left it", self._local.held_bytes)
+            yield counter("local_removed_files", "Uploaded segment files the local copy's "
+                          "rule removed since start", self._local.removed_files)
+            yield counter("local_removed_bytes", "Bytes the local copy's rule removed since "
+                          "start", self._local.removed_bytes)
         if self._archive is not None:
             wal_bytes, backup_bytes, backups, oldest_lsn, oldest_time = self._archive
             yield gauge("archive_wal_bytes", "Bytes of the archive's WAL files (segments, "

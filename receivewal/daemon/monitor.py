@@ -33,7 +33,13 @@ from receivewal.daemon.events import ArchiveMeasured, Event
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
 from receivewal.daemon.progress import ProgressLine, Sample
-from receivewal.daemon.state import LastError, State, UploadStatus, write_state
+from receivewal.daemon.state import (
+    LastError,
+    LocalCopyStatus,
+    State,
+    UploadStatus,
+    write_state,
+)
 from receivewal.logs import get_logger
 from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
@@ -97,6 +103,7 @@ class Monitor:
         self._progress = ProgressLine.for_terminal(
             "plain" if receiver == "logical" else "WAL") if progress else None
         self._uploads: UploadStatus | None = None  # what the last UploadsChanged said
+        self._local: LocalCopyStatus | None = None  # what the last LocalCopyChanged said
         self.metrics = Metrics(clock)
         self.metrics_address: Address | None = None
         if metrics_address is not None:
@@ -263,6 +270,12 @@ class Monitor:
         self._uploads = status
         self.metrics.set_uploads(status)
 
+    def local_copy_changed(self, status: LocalCopyStatus) -> None:
+        """The local copy's rule was applied (--keep-local), for the state file and the
+        metrics."""
+        self._local = status
+        self.metrics.set_local_copy(status)
+
     def archive_measured(self, measure: ArchiveMeasured) -> None:
         """The archive's size and oldest recoverable point, for the metrics."""
         self.metrics.set_archive(measure.wal_bytes, measure.backup_bytes, measure.backups,
@@ -332,9 +345,11 @@ class Monitor:
     def snapshot(self) -> State:
         """The state as it would be written now."""
         uploads = {} if self._uploads is None else self._uploads.state_fields()
+        local = {} if self._local is None else self._local.state_fields()
         return replace(
             self._state,
             **uploads,
+            **local,
             updated_at=self._clock(),
             received_lsn=self._received,
             written_lsn=self._written,

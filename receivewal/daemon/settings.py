@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
+from receivewal.archive.keeplocal import KeepLocal
 from receivewal.archive.recipients import RecipientSet
 from receivewal.errors import CommandLineError, ConfigurationError
 
@@ -48,6 +49,7 @@ class Settings:
     confirm_after: str = "disk"  # "upload": the flush reported never passes the uploads
     upload_wait: float = 300.0  # seconds an --endpos/--no-loop exit waits for the uploads
     encrypt_to: RecipientSet | None = None  # --encrypt-to: segments sealed when completed
+    keep_local: KeepLocal | None = None  # --keep-local: the local copy's window (None: all)
 
     @property
     def report_flush(self) -> bool:
@@ -111,3 +113,7 @@ class Settings:
             raise ConfigurationError("--confirm-after upload needs --upload-to")
         if self.upload_wait < 0:
             raise ConfigurationError(f"invalid --upload-wait: {self.upload_wait}")
+        if self.keep_local is not None and self.upload_to is None:
+            raise ConfigurationError(
+                f"--keep-local {self.keep_local.text} needs --upload-to: without it the "
+                "directory is the archive (its retention is cleanup's)")

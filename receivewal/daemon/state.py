@@ -30,8 +30,8 @@ FORMAT_VERSION = 1
 
 _LSN_FIELDS = ("received_lsn", "written_lsn", "flushed_lsn", "server_wal_end", "slot_restart_lsn")
 _TIME_FIELDS = ("started_at", "updated_at", "last_contact", "upload_oldest_pending",
-                "upload_failing_since")
-_ERROR_FIELDS = ("last_error", "upload_error", "upload_stopped")
+                "upload_failing_since", "local_last_removed_at")
+_ERROR_FIELDS = ("last_error", "upload_error", "upload_stopped", "local_error")
 RECEIVERS = ("wal", "logical")  # who wrote the state: stream (WAL), logical (a change log)
 _MAX_PID = (1 << 31) - 1  # pid_t
 _MAX_COUNT = 1 << 63
@@ -82,6 +82,35 @@ class UploadStatus:
 
 
 @dataclass(frozen=True)
+class LocalCopyStatus:
+    """What ``status`` and the metrics show of the local copy's rule (--keep-local)."""
+
+    rule: str  # the window, in words
+    held_files: int = 0  # the directory's files, as the rule last left them
+    held_bytes: int = 0
+    window_files: int = 0  # segment files kept for the window alone
+    removed_files: int = 0  # since the daemon started
+    removed_bytes: int = 0
+    last_removed: str | None = None  # the files the last removal took, in words
+    last_removed_at: float | None = None
+    last_error: LastError | None = None  # the last application that failed (None: none since)
+
+    def state_fields(self) -> dict[str, Any]:
+        """The State fields that show this status (the state file, ``status``)."""
+        return {
+            "local_rule": self.rule,
+            "local_files": self.held_files,
+            "local_bytes": self.held_bytes,
+            "local_window_files": self.window_files,
+            "local_removed_files": self.removed_files,
+            "local_removed_bytes": self.removed_bytes,
+            "local_last_removed": self.last_removed,
+            "local_last_removed_at": self.last_removed_at,
+            "local_error": self.last_error,
+        }
+
+
+@dataclass(frozen=True)
 class State:
     """A snapshot of the daemon. Times are seconds since the epoch; LSNs are integers."""
 
@@ -123,6 +152,17 @@ class State:
     upload_error: LastError | None = None
     upload_failing_since: float | None = None
     upload_stopped: LastError | None = None
+    # --keep-local: the local copy's rule in words (None: every file is kept), the files and
+    # bytes it left in the directory, what it removed since start and last, its last failure
+    local_rule: str | None = None
+    local_files: int = 0
+    local_bytes: int = 0
+    local_window_files: int = 0
+    local_removed_files: int = 0
+    local_removed_bytes: int = 0
+    local_last_removed: str | None = None
+    local_last_removed_at: float | None = None
+    local_error: LastError | None = None
 
 
 def state_path(directory: Path) -> Path:

@@ -13,10 +13,13 @@ last complete transaction) and closed at the end; one
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from receivewal.archive.directory import Archive
-from receivewal.daemon.events import EventStream, Listener
+from receivewal.daemon.events import TICK_SECONDS, EventStream, Listener
 from receivewal.daemon.lifecycle import (
     SlotCreating,
     SlotDropping,
@@ -33,6 +36,9 @@ from receivewal.replication.commands import create_logical_slot, drop_slot
 from receivewal.replication.link import ReplicationLink, SessionLink
 from receivewal.replication.waiting import StopFlag
 
+if TYPE_CHECKING:  # the uploads' modules are loaded only with --upload-to
+    from receivewal.logicalreceiver.changeuploads import ChangeUploader
+
 
 class LogicalReceiver:
     """A logical slot streamed into the change log directory ``settings.base.directory``."""
@@ -41,6 +47,7 @@ class LogicalReceiver:
         self.settings = settings
         self.directory: Archive | None = None  # its lock, once open
         self.store: ChangeLogStore | None = None
+        self.uploads: ChangeUploader | None = None  # with --upload-to only
 
     @property
     def file_mode(self) -> int:
@@ -87,6 +94,7 @@ class LogicalReceiver:
             events(TemporaryFileRemoved(name))
         directory.check_usable()
         self.store = self._open_store()
+        self.uploads = self._uploader(events)
 
     def session(self, conn: ReplicationLink, events: Listener, stop: StopFlag) -> LogicalSession:
         """The work of one connection: it streams from where the change log ends."""
@@ -111,11 +119,25 @@ class LogicalReceiver:
         return store
 
     def drain(self, stop: StopSignal, tick: Callable[[], None]) -> str | None:
-        """Nothing runs beside the sessions: nothing to wait for."""
-        return None
+        """With --upload-to, before an exit no stop signal asked for: wait at most
+        --upload-wait seconds for the completed files to go up; what is left, in words."""
+        uploads = self.uploads
+        if uploads is None:
+            return None
+        deadline = time.monotonic() + self.settings.base.upload_wait
+        while (left := uploads.pending()) and not stop.requested \
+                and (wait := deadline - time.monotonic()) > 0:
+            stop.sleep(min(wait, TICK_SECONDS), on_tick=tick)
+        if not left:
+            return None
+        return (f"{len(left)} completed change files not uploaded to {uploads.destination} "
+                f"({left[0]} .. {left[-1]}); they stay in OUTDIR and go up at the next run")
 
     def close(self) -> None:
-        """Make the change log durable and close it (the partial file stays to be resumed)."""
+        """Stop the uploads; make the change log durable and close it (the partial file stays
+        to be resumed)."""
+        if self.uploads is not None:
+            self.uploads.close()
         if self.store is not None:
             store, self.store = self.store, None
             store.close()
@@ -124,3 +146,27 @@ class LogicalReceiver:
         """Give OUTDIR up (its lock)."""
         if self.directory is not None:
             self.directory.unlock()
+
+    def _uploader(self, events: EventStream) -> ChangeUploader | None:
+        """The uploads of --upload-to (and --keep-local's rule), begun."""
+        base = self.settings.base
+        if base.upload_to is None or self.directory is None:
+            return None
+        from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
+        from receivewal.daemon.uploadpolicy import (  # noqa: PLC0415
+            ONE_TRY,
+            retry_policy,
+            upload_patience,
+        )
+        from receivewal.logicalreceiver.changeuploads import ChangeUploader  # noqa: PLC0415
+        from receivewal.logs import get_logger  # noqa: PLC0415
+
+        bucket = Bucket.connect(base.upload_to, ONE_TRY, upload_patience(os.environ))
+        uploads = ChangeUploader(self.directory.directory, bucket, events,
+                                 get_logger(component="change-uploads"),
+                                 retry_policy(os.environ), keep=base.keep_local,
+                                 mode=self.directory.file_mode,
+                                 sealed=base.encrypt_to is not None, sync=base.sync,
+                                 environ=os.environ)
+        uploads.begin()
+        return uploads

@@ -243,8 +243,11 @@ def _judge_files(contents: ArchiveContents, kept: list[BackupRecord]) -> list[Ve
     return sorted(verdicts, key=lambda v: v.name)
 
 
-def _judge_segment(name: str, parsed: SegmentFile, contents: ArchiveContents,
-                   needed: list[tuple[Span, str]], kept: list[BackupRecord]) -> Verdict:
+def held_whatever_the_policy(name: str, parsed: SegmentFile, contents: ArchiveContents
+                             ) -> Verdict | None:
+    """Why the segment file ``name`` stays whatever the policy (its timeline's line unknown,
+    its upload still to come, the slot's WAL), or None: ``cleanup``'s rule and the local
+    copy's (:mod:`receivewal.retention.localrule`) both begin with it."""
     size = contents.segment_size
     if parsed.timeline != 1 and parsed.timeline not in contents.histories:
         return Verdict(name, False, f"timeline {parsed.timeline} has no history file: what "
@@ -257,10 +260,36 @@ def _judge_segment(name: str, parsed: SegmentFile, contents: ArchiveContents,
         return Verdict(name, False, f'the replication slot "{contents.slot}" restarts at '
                                     f"{where}, as its server says" if contents.slot else
                                     f"the replication slot restarts at {where}")
+    return None
+
+
+def needed_by(name: str, parsed: SegmentFile, needed: Sequence[tuple[Span, str]],
+              segment_size: int) -> Verdict | None:
+    """The verdict keeping the segment file ``name`` when a span of ``needed`` holds it."""
     for (tli, begin, end), why in needed:
-        if tli == parsed.timeline and segment_of(begin, size) <= parsed.segno and \
-                (end is None or parsed.segno <= segment_of(end, size)):
+        if tli == parsed.timeline and segment_of(begin, segment_size) <= parsed.segno and \
+                (end is None or parsed.segno <= segment_of(end, segment_size)):
             return Verdict(name, False, why)
+    return None
+
+
+def wal_needed(contents: ArchiveContents, kept: Sequence[BackupRecord]
+               ) -> list[tuple[Span, str]]:
+    """Every span of WAL the backups ``kept`` (at least one) and the current timeline's line
+    from the oldest of them need, with the reason."""
+    size = contents.segment_size
+    timelines = {contents.current_timeline, *contents.histories}
+    timelines |= {parsed.timeline for name in contents.files
+                  if (parsed := segment_judged(name, size)) is not None and not parsed.partial}
+    return _needed(contents, list(kept), timelines)
+
+
+def _judge_segment(name: str, parsed: SegmentFile, contents: ArchiveContents,
+                   needed: list[tuple[Span, str]], kept: list[BackupRecord]) -> Verdict:
+    held = held_whatever_the_policy(name, parsed, contents) or \
+        needed_by(name, parsed, needed, contents.segment_size)
+    if held is not None:
+        return held
     oldest = min(kept, key=lambda r: r.start_lsn)
     return Verdict(name, True, f"needed by no kept backup (the oldest starts at "
                                f"{format_lsn(oldest.start_lsn)} on timeline {oldest.timeline})")

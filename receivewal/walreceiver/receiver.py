@@ -4,9 +4,10 @@ The supervisor (:mod:`receivewal.daemon.supervisor`) runs a
 :class:`~receivewal.daemon.supervisor.Receiver` and does the rest itself (signals,
 connections, reconnects, exit codes, the event stream and the monitor). :class:`WalReceiver`
 is physical streaming's: --create-slot and --drop-slot; the archive directory's one-writer
-lock (the temporary files a crashed writer left are removed); the uploader of --upload-to;
-one :class:`~receivewal.walreceiver.session.Session` per connection; and, before an exit no stop
-signal asked for, the wait for the uploads.
+lock (the temporary files a crashed writer left are removed); the uploader of --upload-to and
+the local copy's rule of --keep-local (:mod:`receivewal.walreceiver.localcopy`); one
+:class:`~receivewal.walreceiver.session.Session` per connection; and, before an exit no stop signal
+asked for, the wait for the uploads.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from receivewal.walreceiver.session import Session
 
 if TYPE_CHECKING:  # the uploader's modules are loaded only with --upload-to
     from receivewal.walreceiver.archivemeter import ArchiveMeter
+    from receivewal.walreceiver.localcopy import LocalCopy
     from receivewal.walreceiver.uploader import Uploader
 
 
@@ -47,6 +49,7 @@ class WalReceiver:
         self.archive: Archive | None = None  # once open
         self.uploads: Uploader | None = None
         self.meter: ArchiveMeter | None = None  # with --metrics-address only
+        self.local: LocalCopy | None = None  # with --keep-local only
         self._listing: Listing | None = None  # the lock's, for the first session
         self._last: Session | None = None
         # (timeline, LSN) up to which the WAL was durable when the last session ended: the
@@ -89,6 +92,7 @@ class WalReceiver:
             self._previous = previous_flush(archive.directory)
         events.subscribe(self._waited)
         self.uploads = self._uploader(archive, events)
+        self.local = self._local_copy(archive, events)
         if self.settings.metrics_address is not None:
             from receivewal.walreceiver.archivemeter import (  # noqa: PLC0415 - with metrics only
                 ArchiveMeter,
@@ -139,9 +143,12 @@ class WalReceiver:
                 "up at the next run")
 
     def close(self) -> None:
-        """Stop the uploads (an upload in flight gets a few seconds) and the archive's meter."""
+        """Stop the uploads (an upload in flight gets a few seconds), the local copy's rule
+        and the archive's meter."""
         if self.meter is not None:
             self.meter.close()
+        if self.local is not None:
+            self.local.close()
         if self.uploads is not None:
             self.uploads.close()
 
@@ -160,14 +167,29 @@ class WalReceiver:
         if self.settings.upload_to is None:
             return None
         from receivewal.archive.bucket import Bucket  # noqa: PLC0415 - only with --upload-to
-        from receivewal.logs import get_logger  # noqa: PLC0415
-        from receivewal.walreceiver.uploader import (  # noqa: PLC0415
+        from receivewal.daemon.uploadpolicy import (  # noqa: PLC0415
             ONE_TRY,
-            Uploader,
             retry_policy,
             upload_patience,
         )
+        from receivewal.logs import get_logger  # noqa: PLC0415
+        from receivewal.walreceiver.uploader import Uploader  # noqa: PLC0415
 
         bucket = Bucket.connect(self.settings.upload_to, ONE_TRY, upload_patience(os.environ))
         return Uploader(archive, bucket, get_logger(), retry_policy(os.environ), events,
                         environ=os.environ)
+
+    def _local_copy(self, archive: Archive, events: EventStream) -> LocalCopy | None:
+        """The local copy's rule of --keep-local, started (it removes only what the upload
+        record says the bucket holds)."""
+        rule, destination = self.settings.keep_local, self.settings.upload_to
+        if rule is None or destination is None:
+            return None
+        from receivewal.logs import get_logger  # noqa: PLC0415
+        from receivewal.walreceiver.localcopy import LocalCopy  # noqa: PLC0415 - with --keep-local
+
+        local = LocalCopy(archive.directory, destination, rule, events,
+                          get_logger(component="local-copy"), sync=self.settings.sync,
+                          environ=os.environ)
+        local.start()
+        return local

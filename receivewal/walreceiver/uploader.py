@@ -17,7 +17,8 @@ uploading, the claim is made again now and then (:data:`IDENTITY_RECHECK`): an i
 deleted by hand or by an expiry rule (it is the prefix's oldest object) is written again
 before another cluster can take the prefix, and a prefix taken meanwhile stops the uploads.
 
-Every request has short timeouts and one attempt inside (:data:`PATIENCE`): the uploader's own
+Every request has short timeouts and one attempt inside
+(:data:`~receivewal.daemon.uploadpolicy.PATIENCE`): the uploader's own
 loop retries, and says so at each failed try. Failures never skip a file. A retryable one
 (the store down, throttled, credentials rejected) is retried with exponential backoff and full
 jitter, without end, while streaming goes on locally. A file that cannot go up as it is (a
@@ -53,7 +54,7 @@ from structlog.typing import FilteringBoundLogger
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, claim_identity
 from receivewal.archive.listing import Listing
-from receivewal.archive.objectstore import Patience, RetryPolicy, backoff_delay
+from receivewal.archive.objectstore import RetryPolicy, backoff_delay
 from receivewal.archive.sealed import recipients_path, sealed_problem
 from receivewal.archive.segmentcheck import checked_file
 from receivewal.archive.uploads import (
@@ -70,6 +71,7 @@ from receivewal.archive.uploads import (
 from receivewal.daemon.events import Event, EventStream, HistoryFileWritten, SegmentCompleted
 from receivewal.daemon.lifecycle import UploadsChanged
 from receivewal.daemon.state import LastError, UploadStatus
+from receivewal.daemon.uploadpolicy import TIMEOUT_ENV
 from receivewal.errors import (
     ArchiveError,
     ForeignArchive,
@@ -83,32 +85,10 @@ if TYPE_CHECKING:
     from receivewal.archive.bucket import Bucket
 
 PAUSE_ENV = "RECEIVEWAL_TEST_UPLOAD_PAUSE"
-RETRY_ENV = "RECEIVEWAL_TEST_UPLOAD_RETRY"
-TIMEOUT_ENV = "RECEIVEWAL_TEST_UPLOAD_TIMEOUT"
 RECHECK_ENV = "RECEIVEWAL_TEST_IDENTITY_RECHECK"
 CLOSE_SECONDS = 10.0  # how long stopping waits for an upload in flight
-#: Each request of the uploads: 5 s to connect (and for each send), 20 s without a byte of the
-#: answer, one attempt: a hanging store is an ``upload_failed`` within ~25 s, then retried.
-PATIENCE = Patience(connect=5.0, read=20.0, attempts=1)
-ONE_TRY = RetryPolicy(attempts=1)  # the bucket's own retries: none, the uploader's loop retries
 CLAIM_WAIT = 5.0  # seconds start-up waits for the claim of the prefix before streaming anyway
 IDENTITY_RECHECK = 60.0  # seconds between two claims of the prefix while uploading
-
-
-def retry_policy(environ: Mapping[str, str]) -> RetryPolicy:
-    """The retry policy of the uploads (the tests shorten its waits through RETRY_ENV)."""
-    if RETRY_ENV not in environ:
-        return RetryPolicy()
-    longest = float(environ[RETRY_ENV])
-    return RetryPolicy(attempts=2, base_delay=longest / 4, max_delay=longest)
-
-
-def upload_patience(environ: Mapping[str, str]) -> Patience:
-    """How long each request of the uploads waits (the tests shorten it through TIMEOUT_ENV)."""
-    if TIMEOUT_ENV not in environ:
-        return PATIENCE
-    seconds = float(environ[TIMEOUT_ENV])
-    return Patience(connect=seconds, read=seconds, attempts=1)
 
 
 def confirmable_flush(flush: int, uploaded_end: int | None, floor: int) -> int:

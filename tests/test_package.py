@@ -28,6 +28,7 @@ INSTALLED = ["/opt/receivewal", "/usr/bin/receivewal", "/usr/bin/pg_receivewal-s
              "/lib/systemd/system/receivewal@.service",
              "/lib/systemd/system/receivewal-backup@.service",
              "/lib/systemd/system/receivewal-backup@.timer",
+             "/lib/systemd/system/receivewal-apply@.service",
              "/usr/share/doc/receivewal/receivewal.env.example",
              "/usr/share/bash-completion/completions/receivewal",
              "/usr/share/zsh/vendor-completions/_receivewal",
@@ -133,7 +134,7 @@ def test_package_installs_the_commands_unit_and_user(installed: Path) -> None:
     assert user.pw_uid < 1000  # a system user
     assert user.pw_shell.endswith("nologin")
     for name in ("receivewal@.service", "receivewal-backup@.service",
-                 "receivewal-backup@.timer"):
+                 "receivewal-backup@.timer", "receivewal-apply@.service"):
         unit = Path("/lib/systemd/system", name).read_text()
         assert unit == (ROOT / "systemd" / name).read_text(), name
     assert "backup" in help_text.stdout

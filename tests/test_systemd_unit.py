@@ -177,3 +177,39 @@ def test_systemd_analyze_verify_accepts_the_backup_units(tmp_path: Path) -> None
                             capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert "receivewal-backup@db1" not in result.stderr, result.stderr
+
+
+APPLY_SERVICE = SYSTEMD / "receivewal-apply@.service"
+
+
+def test_the_apply_service_follows_the_change_log_and_stays_down_on_a_conflict() -> None:
+    """receivewal-apply@db1 applies db1's change log with --follow, as the daemon's user with
+    its hardening, the target's password from a credential passfile; exit 4 (a conflict, a
+    gap) is not restarted, anything else is."""
+    stream, apply = parse_unit(UNIT.read_text()), parse_unit(APPLY_SERVICE.read_text())
+    service = apply["Service"]
+    assert one(service, "ExecStart") == "/usr/bin/receivewal apply --follow"
+    assert one(service, "EnvironmentFile") == "/etc/receivewal/apply-%i.env"
+    assert "RECEIVEWAL_DIRECTORY=/var/lib/receivewal/%i" in service["Environment"]
+    assert one(service, "LoadCredential") == "pgpass:/etc/receivewal/apply-%i.pgpass"
+    assert "PGPASSFILE=%d/pgpass" in service["Environment"]
+    assert one(service, "Restart") == "on-failure"
+    assert one(service, "RestartPreventExitStatus") == str(EXIT_STAY_DOWN)
+    assert "receivewal@%i.service" in one(apply["Unit"], "After")
+    for key in ("User", "Group", "NoNewPrivileges", "ProtectSystem", "ProtectHome",
+                "PrivateTmp", "CapabilityBoundingSet", "SystemCallArchitectures"):
+        assert service[key] == stream["Service"][key], key
+
+
+def test_systemd_analyze_verify_accepts_the_apply_unit(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze is required for this test (apt-get install systemd)")
+    receivewal = Path(sys.executable).parent / "receivewal"
+    instance = tmp_path / "receivewal-apply@db1.service"
+    instance.write_text(APPLY_SERVICE.read_text().replace("/usr/bin/receivewal", str(receivewal)))
+    result = subprocess.run([analyze, "verify", str(instance)], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert "receivewal-apply@db1.service" not in result.stderr, result.stderr
+

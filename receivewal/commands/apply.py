@@ -3,7 +3,8 @@
 The snapshot (``logical --create-slot --snapshot``) and every complete committed transaction of
 the log, in commit order, exactly once (:mod:`receivewal.apply`). Exits 0 once the target
 holds all the log holds; with ``--follow`` it goes on as the log grows until SIGTERM or SIGINT
-(exit 0). A conflict or any other failure is one line naming what was not applied, exit 1.
+(exit 0). A failure is one line naming what was not applied: exit 4 for a conflict or a gap in the
+log, which a new run cannot fix (the systemd unit stays down), 1 for anything else.
 """
 
 from __future__ import annotations
@@ -18,6 +19,23 @@ from receivewal.commands import catalog
 from receivewal.commands.clickoptions import click_option
 from receivewal.errors import ReceivewalError
 from receivewal.secrets import is_private_key, key_given_as_file, redacted
+
+#: The exit status of an error no new run can fix (the daemon's EXIT_STAY_DOWN, which the
+#: systemd units do not restart): a conflict, a gap in the log.
+STAY_DOWN = 4
+
+
+class _StaysDown(click.ClickException):
+    """A conflict or a gap: a new start cannot fix it (the unit does not restart on it)."""
+
+    exit_code = STAY_DOWN
+
+
+def _final(exc: Exception) -> bool:
+    from receivewal.apply.postgres import ApplyConflict  # noqa: PLC0415 - loaded by now
+    from receivewal.apply.source import LogGap  # noqa: PLC0415
+
+    return isinstance(exc, ApplyConflict | LogGap)
 
 
 @click.command("apply")
@@ -57,7 +75,8 @@ def apply_command(directory: Path, target: str, *, follow: bool, identity: str |
         applied = apply_log(directory, target, keys=keys, follow=follow,
                             stopped=lambda: stop["requested"], say=click.echo)
     except (ReceivewalError, OSError) as exc:
-        raise click.ClickException(redacted(str(exc))) from exc
+        kind = _StaysDown if _final(exc) else click.ClickException
+        raise kind(redacted(str(exc))) from exc
     finally:
         for sig, handler in zip((signal.SIGTERM, signal.SIGINT), previous, strict=True):
             signal.signal(sig, handler)

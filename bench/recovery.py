@@ -3,8 +3,9 @@ restore_command, on the same WAL. Run by hand (not in CI)::
 
     .venv/bin/python bench/recovery.py [--segments 48] [--rounds 2] [--modes cp,plain,...]
 
-It starts a private PostgreSQL 15, takes a base backup, writes ``--segments`` segments of
-pgbench WAL after it and archives them twice with ``receivewal stream --endpos``: plain and
+It starts a private PostgreSQL 15, initialises pgbench (``--scale``, 5 by default), takes a
+base backup, writes ``--segments`` segments of pgbench WAL after it and archives them twice
+with ``receivewal stream --endpos``: plain and
 ``-Z zstd``; the zstd archive's files are also uploaded to a local S3 server (SeaweedFS, started
 as the tests start it). Then it recovers a fresh copy of the backup ``--rounds`` times per mode,
 the modes alternating, with:
@@ -63,10 +64,10 @@ class Run:
     restored: int  # files PostgreSQL restored from the archive
 
 
-def make_wal(server: PgServer, segments: int) -> tuple[PgServer, int]:
-    """A base backup, then at least ``segments`` segments of pgbench WAL after it; the backup
-    and the end LSN (a segment boundary, after a switch)."""
-    subprocess.run([pg_bin("pgbench"), "-i", "-q", "-s", "5", "-h", "127.0.0.1", "-p",
+def make_wal(server: PgServer, segments: int, scale: int) -> tuple[PgServer, int]:
+    """pgbench's tables at ``scale``, a base backup, then at least ``segments`` segments of
+    pgbench WAL after it; the backup and the end LSN (a segment boundary, after a switch)."""
+    subprocess.run([pg_bin("pgbench"), "-i", "-q", "-s", str(scale), "-h", "127.0.0.1", "-p",
                     str(server.port), "-U", "postgres", "postgres"], check=True,
                    capture_output=True)
     for slot in ("plain", "zstd"):
@@ -180,6 +181,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--segments", type=int, default=48, help="segments of WAL to replay")
     parser.add_argument("--rounds", type=int, default=2, help="recoveries per mode")
+    parser.add_argument("--scale", type=int, default=5,
+                        help="pgbench -i scale (15 MB each): the base backup's size")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
     parser.add_argument("--logs", type=Path, metavar="DIR",
                         help="keep each recovery's server log in this directory")
@@ -197,7 +200,7 @@ def main() -> None:
                      "wal_keep_size": "'4GB'"})
         stack.callback(server.stop, "immediate")
         server.start_or_fail()
-        backup, end = make_wal(server, args.segments)
+        backup, end = make_wal(server, args.segments, args.scale)
         archive(server, base / "plain", "plain", end)
         archive(server, base / "zstd", "zstd", end, "-Z", "zstd")
         expected = server.sql(CHECK)

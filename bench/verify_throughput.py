@@ -3,12 +3,13 @@
 Usage (from the repository root)::
 
     .venv/bin/python bench/verify_throughput.py [--segments 8] [--pgbench-seconds 20]
-        [--archive DIR] [--spark] [--only-command] [--repeats 5]
+        [--archive DIR] [--spark] [--only-command] [--repeats 5] [--segment-mb 16] [--scale 5]
 
-Without ``--archive`` it starts a PostgreSQL 15 server (16 MiB segments, in a temporary
-directory) and builds two archives of completed segments:
+Without ``--archive`` it starts a PostgreSQL 15 server (``--segment-mb`` MiB segments, 16 by
+default, in a temporary directory) and builds two archives of completed segments:
 
-* dense: pgbench's TPC-B-like transactions (small records), ``--segments`` segments of them;
+* dense: pgbench's TPC-B-like transactions (small records) on ``--scale`` (5 by default),
+  ``--segments`` segments of them;
 * bulk load: ``--segments`` segments of 200-byte row inserts (as the tests' ``generate_wal``
   does), then an index build and updates after a checkpoint (full-page images).
 
@@ -61,14 +62,21 @@ def copy_completed(server: PgServer, out: Path) -> None:
             shutil.copy(path, out / path.name)
 
 
-def build_archives(dense: Path, bulk: Path, segments: int, seconds: int) -> None:
-    """The pgbench archive and the bulk-load archive, from one server each."""
+def build_archives(dense: Path, bulk: Path, segments: int, seconds: int, *,
+                   segment_mb: int = 16, scale: int = 5) -> None:
+    """The pgbench archive and the bulk-load archive, from one server each, with
+    ``segment_mb`` MiB segments."""
+    initdb_args = (f"--wal-segsize={segment_mb}",)
     base = make_shared_dir("receivewal-bench-")
     try:
         server = PgServer(base, "bulk")
-        server.init()
+        server.init(initdb_args=initdb_args)
         server.start()
-        server.generate_wal(max(1, segments - 2))
+        server.sql("CREATE TABLE filler (id bigint, pad text)")
+        for _ in range(max(1, segments - 2)):  # as generate_wal: ~1 segment per round
+            server.sql("INSERT INTO filler SELECT g, repeat('x', 200) "
+                       f"FROM generate_series(1, {3750 * segment_mb}) g")
+            server.sql("SELECT pg_switch_wal()")
         server.sql("CHECKPOINT")
         server.sql("CREATE INDEX filler_id ON filler (id)")
         server.sql("UPDATE filler SET pad = 'u' WHERE id % 3 = 0")
@@ -76,11 +84,11 @@ def build_archives(dense: Path, bulk: Path, segments: int, seconds: int) -> None
         server.stop("immediate")
         server = PgServer(base, "dense")
         server.init({"max_wal_size": "'4GB'", "checkpoint_timeout": "'30min'",
-                     "synchronous_commit": "off"})
+                     "synchronous_commit": "off"}, initdb_args=initdb_args)
         server.start()
         pgbench = [pg_bin("pgbench"), "-h", "127.0.0.1", "-p", str(server.port), "-U",
                    "postgres", "postgres"]
-        subprocess.run([pgbench[0], "-i", "-q", "-s", "5", *pgbench[1:]], check=True,
+        subprocess.run([pgbench[0], "-i", "-q", "-s", str(scale), *pgbench[1:]], check=True,
                        capture_output=True)
         first = server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
         while True:  # TPC-B until the load has filled ``segments`` segments
@@ -198,7 +206,7 @@ def time_restore_check(archive: Path, names: list[str], native: bool) -> float:
             best = float("inf")
             for _ in range(REPEATS):
                 began = time.process_time()
-                checked_segment(data, name, None)
+                checked_segment(data, name, None, segment_size=len(data))  # a whole one
                 best = min(best, time.process_time() - began)
             total += best
     finally:
@@ -250,6 +258,9 @@ def main() -> None:
     parser.add_argument("--only-command", action="store_true",
                         help="only time the whole command against pg_waldump --stats")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each whole command")
+    parser.add_argument("--segment-mb", type=int, default=16,
+                        help="WAL segment size in MiB of the archives built (initdb --wal-segsize)")
+    parser.add_argument("--scale", type=int, default=5, help="pgbench -i scale of the dense one")
     args = parser.parse_args()
     print(f"scanner: {nativescan.scanner_path()}; {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
@@ -258,7 +269,8 @@ def main() -> None:
         else:
             archives = [("dense (pgbench)", Path(tmp) / "dense"),
                         ("bulk load", Path(tmp) / "bulk")]
-            build_archives(archives[0][1], archives[1][1], args.segments, args.pgbench_seconds)
+            build_archives(archives[0][1], archives[1][1], args.segments, args.pgbench_seconds,
+                           segment_mb=args.segment_mb, scale=args.scale)
         for label, archive in archives:
             if not args.only_command:
                 bench_archive(label, archive)

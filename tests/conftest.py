@@ -192,12 +192,31 @@ def seaweed_in_temporary_directory() -> Iterator[SeaweedS3]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+# -- one SeaweedFS per worker (issue 34 §5) -----------------------------------------------------
+#: The modules that kill, stop or restart their S3 server start one of their own; every other
+#: module has a bucket of its own on the worker's one server (``seaweed_server``): a start and
+#: a stop took 3-15 s a module. A shared server refuses to be stopped by a module's view of
+#: it (support.seaweed.SeaweedS3.bucket_view), so a module missing here fails plainly.
+OWN_STORE_MODULES = ("test_bucket.py", "test_upload.py", "test_upload_faults.py")
+
+
+def module_bucket(module: Path) -> str:
+    """The bucket of a test module on the shared server: a valid S3 name from its file name."""
+    return "m-" + module.stem.lower().replace("_", "-")[:60]
+
+
 @pytest.fixture(scope="module")
-def seaweed() -> Iterator[SeaweedS3]:
-    """A real S3 server (SeaweedFS ``weed mini``) for one test module, stopped afterwards: the
-    modules that kill and restart it (test_bucket) leave nothing behind for the next."""
-    with seaweed_in_temporary_directory() as server:
-        yield server
+def seaweed(request: pytest.FixtureRequest) -> Iterator[SeaweedS3]:
+    """A real S3 server (SeaweedFS ``weed mini``) for one test module: the worker's shared one
+    with a bucket of the module's own, or, for OWN_STORE_MODULES (which kill and restart it),
+    one started for the module and stopped afterwards."""
+    if request.path.name in OWN_STORE_MODULES:
+        with seaweed_in_temporary_directory() as server:
+            yield server
+        return
+    shared: SeaweedS3 = request.getfixturevalue("seaweed_server")
+    yield shared.bucket_view(module_bucket(request.path))
+# -- end of one SeaweedFS per worker ---------------------------------------------------------
 
 
 @pytest.fixture
@@ -212,9 +231,10 @@ def store(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> SeaweedS3:
 
 @pytest.fixture(scope="session")
 def seaweed_server() -> Iterator[SeaweedS3]:
-    """The S3 server the shared Spark session (``spark``) is started for: its Python workers
-    have this server's endpoint and credentials. Modules that read s3:// archives through
-    that session use it as their ``seaweed`` (test_analyze_bucket)."""
+    """The worker's S3 server: every module but OWN_STORE_MODULES has a bucket on it
+    (``seaweed``), and the shared Spark session (``spark``) is started for it: its Python
+    workers have this server's endpoint and credentials. Modules that read s3:// archives
+    through that session use it as their ``seaweed`` (test_analyze_bucket)."""
     with seaweed_in_temporary_directory() as server:
         yield server
 

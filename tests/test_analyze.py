@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from support.sparkarchives import (
     SEGMENT_SIZE,
+    SharedSession,
     TwoArchives,
     archive_key,
     rmgr_table_totals,
 )
 
+from receivewal.check import sparksession
 from receivewal.check.analyze import (
     AnalyzeResult,
     run_analyze,
@@ -32,6 +35,7 @@ from receivewal.check.analyze import (
 )
 from receivewal.check.report import utc
 from receivewal.check.verify import rmgr_totals, verify_archive
+from receivewal.commands.group import cli
 
 pytestmark = [pytest.mark.spark, pytest.mark.server, pytest.mark.slow]
 
@@ -171,19 +175,26 @@ def test_report_charts_for_many_archives(result: AnalyzeResult) -> None:
 
 def test_cli_on_one_archive_is_quiet_and_leaves_no_scratch(
         archives: tuple[Path, Path, str], tmp_path: Path) -> None:
-    """``receivewal analyze`` on the intact archive: exit 0, the verdict and WAL volume on
-    stdout, no Spark WARN line on the console, its scratch directory removed; the report says
-    "No problems found." and draws no comparison for a single archive."""
+    """``receivewal analyze`` on the intact archive, its own JVM and all, with its summary's
+    reader gone (``analyze DIR | head -1`` where the reader has left: a closed pipe, EPIPE):
+    exit 0, no error, traceback or Spark WARN line on the console, its scratch directory
+    removed; the report says "No problems found." and draws no comparison for a single
+    archive. (The verdict it prints: test_cli_prints_the_verdict_of_the_archive; one JVM
+    started for both, test_analyze_exits' reader that left is this run.)"""
     scratch_root = tmp_path / "tmp"
     scratch_root.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch_root)}
-    proc = subprocess.run([sys.executable, "-m", "receivewal", "analyze", "-o", "out",
-                           str(archives[0])], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "receivewal", "analyze", "-o", "out",
+                               str(archives[0])], cwd=tmp_path, env=env, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=600, check=False)
+    finally:
+        os.close(write_end)
     assert proc.returncode == 0, proc.stderr
-    files = len(list(archives[0].iterdir()))
-    assert f"{archives[0]}: {files} segments, {files}.0 MB of WAL, 0 error(s), recoverable" \
-        in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert "error" not in proc.stderr.lower(), proc.stderr
     assert not re.search(r"\bWARN\b|log level", proc.stderr), proc.stderr
     assert not list(scratch_root.glob("receivewal-spark-*"))
     md = (tmp_path / "out" / "report" / "report.md").read_text()
@@ -192,6 +203,20 @@ def test_cli_on_one_archive_is_quiet_and_leaves_no_scratch(
     assert "- **Recoverable:** yes, every archive" in md
     assert sorted(p.name for p in (tmp_path / "out" / "report").glob("*.png")) == [
         "segments.png", "wal_by_rmgr.png", "wal_over_time.png"]
+
+
+def test_cli_prints_the_verdict_of_the_archive(spark: Any, archives: tuple[Path, Path, str],
+                                               tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``receivewal analyze`` on the intact archive through the real command group (on the
+    shared session; the JVM of its own starts in the test above): exit 0, the verdict and WAL
+    volume on stdout."""
+    monkeypatch.setattr(sparksession, "make_session", lambda *_, **__: SharedSession(spark))
+    run = CliRunner().invoke(cli, ["analyze", "-o", str(tmp_path / "out"), str(archives[0])])
+    assert run.exit_code == 0, run.output
+    files = len(list(archives[0].iterdir()))
+    assert f"{archives[0]}: {files} segments, {files}.0 MB of WAL, 0 error(s), recoverable" \
+        in run.stdout
 
 
 def test_scan_json_round_trip(archives: tuple[Path, Path, str]) -> None:

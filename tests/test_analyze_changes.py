@@ -28,6 +28,7 @@ from support.changelog import consume, log_files, open_store
 from support.logical import LOGICAL_CONF, pgbench
 from support.seaweed import SeaweedS3
 from support.servers import running_server
+from support.sparkarchives import SharedSession
 
 from receivewal.archive.bucket import Bucket
 from receivewal.check import sparksession
@@ -278,19 +279,6 @@ def test_bad_input_is_one_error_naming_the_file(spark: Any, logs: Logs, tmp_path
     (damaged / zst.name).write_bytes(zst.read_bytes()[:-100])
     with pytest.raises(ArchiveError, match=f"^{damaged}/{zst.name}: .*zstd"):
         run_changes(spark, [str(damaged)], tmp_path / "out", report=False)
-
-
-class SharedSession:
-    """The module's Spark session as the command's own, which the command must not stop."""
-
-    def __init__(self, spark: Any) -> None:
-        self.spark = spark
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.spark, name)
-
-    def stop(self) -> None:
-        pass
 
 
 def test_the_command_prints_the_totals_or_one_error(spark: Any, logs: Logs, tmp_path: Path,

@@ -3,8 +3,9 @@ its verdict when the reader of its summary has left (issue 25, left open last ro
 
 The driver's planning and the executors' task (:func:`plan_archive`, :func:`scan_row`) run here
 without Spark on a directory holding, under WAL file names, a FIFO, a socket, a directory and
-(as root) a character device; the command line itself runs once, with a JVM, on an intact
-archive whose output pipe nobody reads.
+(as root) a character device. The command line ending quietly with its verdict when the reader
+of its summary has left (an intact archive whose output pipe nobody reads) runs with a JVM of
+its own once in the suite: test_analyze.py's test_cli_on_one_archive_is_quiet_and_leaves_no_scratch.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ from __future__ import annotations
 import os
 import socket
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from support.servers import IS_ROOT
 from test_verify_truth import NAMES, write_pair
 
@@ -73,23 +71,3 @@ def test_analyze_reports_what_is_not_a_regular_file_under_a_wal_name(tmp_path: P
     for name, what in odd.items():
         assert f'"{directory / name}" is {what}' in found[name]
     assert not report.recoverable
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-def test_a_reader_that_left_ends_the_summary_quietly_with_the_verdict(tmp_path: Path) -> None:
-    """``analyze DIR | head -1`` where the reader has gone (a closed pipe: EPIPE) on an intact
-    archive: exit 0, the verdict, and no error or traceback on stderr."""
-    directory = write_pair(tmp_path / "a")
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
-        done = subprocess.run([sys.executable, "-m", "receivewal", "analyze", "-o",
-                               str(tmp_path / "out"), str(directory)], stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, timeout=600, check=False)
-    finally:
-        os.close(write_end)
-    assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr
-    assert "error" not in done.stderr.lower(), done.stderr
-    assert (tmp_path / "out" / "report" / "report.md").is_file()

@@ -53,7 +53,7 @@ def test_relay_throughput_bench_runs_bulk_wal_against_a_baseline_tree() -> None:
 
 def test_verify_throughput_bench_runs() -> None:
     out = run_bench("verify_throughput.py", "--segments", "1", "--pgbench-seconds", "1",
-                    "--repeats", "1")
+                    "--repeats", "1", "--segment-mb", "1", "--scale", "1")
     assert "pg_waldump" in out
 
 
@@ -87,7 +87,7 @@ def test_recovery_bench_runs() -> None:
     """cp and receivewal restore (a plain archive, a zstd archive with prefetch, and the zstd
     archive's files in a local S3 server) each recover the base backup to the primary's data.
     The other modes run the same code paths with other options (the restore tests cover them)."""
-    out = run_bench("recovery.py", "--segments", "1", "--rounds", "1",
+    out = run_bench("recovery.py", "--segments", "1", "--rounds", "1", "--scale", "1",
                     "--modes", "cp,plain,zstd-prefetch,bucket")
     assert out.count("data equal") == 4
     assert "vs cp" in out

@@ -9,6 +9,7 @@ python). Every port it opens is chosen here, and each HTTP port P has P+10000 fr
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import random
 import shutil
@@ -75,6 +76,7 @@ class SeaweedS3:
         self.secret_key = "receivewal-test-secret"  # noqa: S105 - a throwaway test server's
         self.ports = dict(zip(PORT_NAMES, free_port_pairs(len(PORT_NAMES)), strict=True))
         self.process: subprocess.Popen[bytes] | None = None
+        self.shared = False  # a view of another's server (bucket_view): not ours to stop
 
     @property
     def endpoint(self) -> str:
@@ -116,9 +118,26 @@ class SeaweedS3:
                           retries={"max_attempts": 1}),
         )
 
+    def bucket_view(self, bucket: str) -> SeaweedS3:
+        """This running server with ``bucket`` (created here, and proven ready as at a start)
+        as its bucket: one server shared by several test modules, a bucket each. The view
+        cannot start, stop or kill the server (a module that does needs its own)."""
+        view = copy.copy(self)
+        view.bucket = bucket
+        view.shared = True
+        view._wait_ready()
+        return view
+
+    def _own(self, what: str) -> None:
+        if self.shared:
+            raise RuntimeError(f"cannot {what} the S3 server at {self.endpoint}: this module "
+                               "shares it (a bucket_view); a module that stops or kills the "
+                               "store starts its own (tests/conftest.py: OWN_STORE_MODULES)")
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the server, wait (bounded) until the bucket exists and answers."""
+        self._own("start")
         assert self.process is None, "already running"
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key,
                "AWS_SECRET_ACCESS_KEY": self.secret_key}
@@ -158,6 +177,7 @@ class SeaweedS3:
 
     def stop(self) -> None:
         """SIGTERM, wait (bounded, SIGKILL after), and check that the S3 port is closed."""
+        self._own("stop")
         if self.process is None:
             return
         self.process.send_signal(signal.SIGTERM)
@@ -171,6 +191,7 @@ class SeaweedS3:
 
     def kill(self) -> None:
         """SIGKILL, as a crash or a lost host would stop it."""
+        self._own("kill")
         if self.process is None:
             return
         self.process.kill()

@@ -281,3 +281,17 @@ def assert_tables_agree_with_verify(rows: Callable[[str], list[dict[str, Any]]],
     verdicts = {r["archive"]: r for r in rows("archives")}
     assert {name: r["recoverable"] for name, r in verdicts.items()} == {alpha: True, beta: False}
     assert verdicts[alpha]["system_identifier"] != verdicts[beta]["system_identifier"]
+
+
+class SharedSession:
+    """A test's shared Spark session given to a command as its own (monkeypatch
+    ``sparksession.make_session`` to return it): the command must not stop it."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.spark, name)
+
+    def stop(self) -> None:
+        pass

@@ -33,7 +33,7 @@ LONGEST_FIRST = ("spark", "tests/test_analyze_cluster.py", "deb",
                  "tests/test_analyze_connect.py",
                  "tests/test_benchmarks.py::test_recovery_bench_runs",
                  "tests/test_timelines.py", "tests/test_loop_bucket.py",
-                 "tests/test_analyze_exits.py", "tests/test_upload.py",
+                 "tests/test_upload.py",
                  "tests/test_restore_bucket.py", "tests/test_upload_faults.py")
 
 

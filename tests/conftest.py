@@ -197,7 +197,8 @@ def seaweed_in_temporary_directory() -> Iterator[SeaweedS3]:
 #: module has a bucket of its own on the worker's one server (``seaweed_server``): a start and
 #: a stop took 3-15 s a module. A shared server refuses to be stopped by a module's view of
 #: it (support.seaweed.SeaweedS3.bucket_view), so a module missing here fails plainly.
-OWN_STORE_MODULES = ("test_bucket.py", "test_upload.py", "test_upload_faults.py")
+OWN_STORE_MODULES = ("test_bucket.py", "test_upload.py", "test_upload_faults.py",
+                     "test_local_disk.py")
 
 
 def module_bucket(module: Path) -> str:

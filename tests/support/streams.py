@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,16 @@ def receivewal(*args: str, timeout: float = 120, env: dict[str, str] | None = No
 
 
 def receivewal_here(*args: str, env: dict[str, str] | None = None,
+                    main: Callable[[list[str]], int] | None = None,
                     ) -> subprocess.CompletedProcess[str]:
     """Run ``receivewal ARGS`` in this process (its entry point, as ``python -m receivewal``
-    calls it) and return what a finished process would: the exit code, standard output and
-    error. For the cases that end before any connection or child process (bad input): the
-    time of a Python start each. The environment, the logging configuration and the signal
-    handlers are as they were afterwards."""
-    from receivewal.commands.cli import main  # noqa: PLC0415 - the code under test
+    calls it, or ``main``) and return what a finished process would: the exit code, standard
+    output and error. For the cases that end before any connection or child process (bad
+    input): the time of a Python start each. The environment, the logging configuration and
+    the signal handlers are as they were afterwards."""
+    from receivewal.commands import cli  # noqa: PLC0415 - the code under test
+
+    entry = cli.main if main is None else main
 
     out, err = io.StringIO(), io.StringIO()
     saved_logging = structlog.get_config()
@@ -47,7 +51,7 @@ def receivewal_here(*args: str, env: dict[str, str] | None = None,
             patch.setattr(sys, "stdout", out)
             patch.setattr(sys, "stderr", err)
             try:
-                code = main(list(args))
+                code = entry(list(args))
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
     finally:

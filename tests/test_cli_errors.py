@@ -92,6 +92,7 @@ def test_bad_compression_list(archive_dir: Path) -> None:
     assert "gzip" in error_line(done.stderr)
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_database_specific_connection_is_still_physical(pg: PgServer, archive_dir: Path) -> None:
     """replication=database in -d is overridden: the stream stays physical and works."""

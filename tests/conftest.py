@@ -15,7 +15,8 @@ from support import failnotes
 from support.clusters import TEMPLATES_ENV
 from support.package import built_deb
 from support.seaweed import SeaweedS3, running_seaweed
-from support.servers import PG_BIN, PgServer, make_shared_dir
+from support.servers import PG_BIN, PgServer, make_shared_dir, started_servers
+from support.sharedserver import WorkerServer
 from support.sparkarchives import TwoArchives, two_server_archives_once
 
 from receivewal.wal.nativescan import load_native
@@ -41,6 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
     The Spark JVMs' options (SPARK_JVM_OPTIONS), unless the user set them."""
     for name in SPARK_JVM_ENV:
         os.environ.setdefault(name, SPARK_JVM_OPTIONS)
+    config.addinivalue_line("markers", SHARED_SERVER_MARKER)
     if not os.environ.get(TEMPLATES_ENV):
         path = make_shared_dir("receivewal-initdb-")
         os.environ[TEMPLATES_ENV] = str(path)
@@ -96,10 +98,14 @@ def server_base(request: pytest.FixtureRequest) -> Iterator[Path]:
 
 
 @pytest.fixture
-def pg(server_base: Path) -> Iterator[PgServer]:
-    """A fresh primary (wal_level=replica, replication over 127.0.0.1), stopped afterwards."""
+def pg(request: pytest.FixtureRequest, server_base: Path) -> Iterator[PgServer]:
+    """A fresh primary (wal_level=replica, replication over 127.0.0.1), stopped afterwards;
+    for a test marked ``shared_server``, the primary of its worker (see below)."""
     if PG_BIN is None:
         pytest.fail("PostgreSQL server binaries are required (install postgresql or set PG_BIN)")
+    if request.node.get_closest_marker("shared_server"):
+        yield request.getfixturevalue("worker_pg")
+        return
     server = PgServer(server_base, "primary")
     server.init()
     server.start()
@@ -258,6 +264,34 @@ def spark(seaweed_server: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -
     session.stop()
 
 
+# -- one PostgreSQL per worker (support/sharedserver.py) ----------------------------------------
+
+SHARED_SERVER_MARKER = (
+    "shared_server: the test's pg is its worker's server (it never stops, kills, restarts, "
+    "reconfigures or promotes it); support/sharedserver.py")
+
+
+@pytest.fixture(scope="session")
+def worker_server() -> Iterator[WorkerServer]:
+    """The server of this worker, started when the first test marked ``shared_server`` asks
+    for it, stopped when the worker ends."""
+    holder = WorkerServer()
+    yield holder
+    holder.close()
+
+
+@pytest.fixture
+def worker_pg(request: pytest.FixtureRequest, worker_server: WorkerServer) -> Iterator[PgServer]:
+    """The worker's server for one test, tidied afterwards (its sessions, slots, publications,
+    databases and tables gone); a failed test's report ends with the end of the server's log."""
+    server = worker_server.get()
+    failnotes.on_failure(request.node, "shared server log",
+                         lambda: server.logfile.read_text(errors="replace")[-4000:]
+                         if server.logfile.exists() else "")
+    yield server
+    worker_server.tidy()
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The work the run did, beside --durations' slowest: the sum of every test's set-up, call
     and teardown seconds over all workers (what ``-n`` divides; the wall time is at least the
@@ -272,3 +306,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"total worker-seconds: {sum(phases.values()):.0f} s "
         f"(setup {phases['setup']:.0f}, call {phases['call']:.0f}, "
         f"teardown {phases['teardown']:.0f})")
+    starts = started_servers()
+    if starts is not None:
+        terminalreporter.write_line(f"PostgreSQL server starts: {starts}")

@@ -189,6 +189,7 @@ def events(stderr: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 @pytest.mark.parametrize("method", METHODS)
 def test_compressed_archive_decodes_to_the_servers_segments(
@@ -227,6 +228,7 @@ def test_compressed_archive_decodes_to_the_servers_segments(
     assert len(partial_files(archive_dir)) == 1
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 @pytest.mark.parametrize("method", METHODS)
 def test_sigkill_in_the_middle_of_a_compressed_segment_loses_nothing(
@@ -275,6 +277,7 @@ def pg_receivewal_15(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 @pytest.mark.parametrize("method", ["gzip", "lz4"])
 def test_pg_receivewal_15_resumes_from_our_compressed_files(
@@ -324,6 +327,7 @@ def test_pg_receivewal_15_resumes_from_our_compressed_files(
     assert_consecutive(assert_decompresses_to_server(archive_dir, pg, SUFFIX[method]))
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_flush_reported_with_compression_is_durable_in_the_file(
         pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
@@ -355,6 +359,7 @@ def test_flush_reported_with_compression_is_durable_in_the_file(
         assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_changing_method_leaves_one_form_perproven_segment(pg: PgServer, archive_dir: Path) -> None:
     """A .gz.partial left by a -Z gzip run is restreamed as .lz4 by a -Z lz4 run, and removed

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from support.streams import receivewal_here
 
 from receivewal.errors import ConfigurationError
 from receivewal.retention.plan import KeepBackups, RecoveryWindow
@@ -18,6 +19,13 @@ from receivewal.retention.policy import parse_window, policy_from_environment
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "receivewal", "cleanup", *args],
                           capture_output=True, text=True, check=False, timeout=60)
+
+
+def run_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """``receivewal cleanup ARGS`` in this process, for the cases refused before any work
+    (support.streams.receivewal_here); test_bad_input_from_a_process_of_its_own is the
+    subprocess smoke test of the same exit."""
+    return receivewal_here("cleanup", *args)
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -44,11 +52,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
                                           message: str) -> None:
     (tmp_path / "000000010000000000000001").touch()
     names = {"dir": str(tmp_path), "missing": str(tmp_path / "missing")}
-    done = run(*(arg.format(**names) for arg in args))
+    done = run_here(*(arg.format(**names) for arg in args))
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1
     assert done.stderr.startswith(f"receivewal: error: {message.format(**names)}")
+    assert (tmp_path / "000000010000000000000001").exists()
+
+
+def test_bad_input_from_a_process_of_its_own(tmp_path: Path) -> None:
+    """One of the cases above as the operator meets it, ``python -m receivewal cleanup``: exit
+    2, nothing on stdout, one line on stderr (no traceback), nothing removed."""
+    (tmp_path / "000000010000000000000001").touch()
+    done = run("-D", str(tmp_path), "--recovery-window", "14x")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith('receivewal: error: invalid recovery window "14x"')
     assert (tmp_path / "000000010000000000000001").exists()
 
 
@@ -143,7 +163,7 @@ def test_a_directory_that_is_no_wal_archive_is_refused(tmp_path: Path, form: tup
     empty one, anything else) says so in one line and exits 2 instead of doing nothing."""
     for name in files:
         (tmp_path / name).write_text("x\n")
-    done = run("-D", str(tmp_path), *form)
+    done = run_here("-D", str(tmp_path), *form)
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr == (f'receivewal: error: "{tmp_path}" is not a WAL archive: it {what}\n')

@@ -1,4 +1,9 @@
-"""Bad input gets one clear error line and a non-zero exit code."""
+"""Bad input gets one clear error line and a non-zero exit code.
+
+The cases refused before any connection run the command in this process
+(support.streams.receivewal_here: the same exit code, the same standard error); the ones that
+reach for a server, and the one that must show no secret, run it as the operator would, as a
+process of its own (the subprocess smoke tests of ``stream``'s exits)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.servers import IS_ROOT, PgServer, free_port, pg_bin
-from support.streams import receivewal, start_receivewal, stop, wait_for
+from support.streams import receivewal, receivewal_here, start_receivewal, stop, wait_for
 
 
 def error_line(stderr: str) -> str:
@@ -29,14 +34,14 @@ def error_line(stderr: str) -> str:
 
 def test_missing_directory_option() -> None:
     """No -D at all."""
-    done = receivewal("stream", "-d", "host=127.0.0.1")
+    done = receivewal_here("stream", "-d", "host=127.0.0.1")
     assert done.returncode == 1
     assert "no target directory specified" in error_line(done.stderr)
 
 
 def test_directory_that_does_not_exist(tmp_path: Path) -> None:
     """-D names a directory that is not there."""
-    done = receivewal("stream", "-D", str(tmp_path / "nope"), "-d", "host=127.0.0.1")
+    done = receivewal_here("stream", "-D", str(tmp_path / "nope"), "-d", "host=127.0.0.1")
     assert done.returncode == 1
     assert "does not exist" in error_line(done.stderr)
 
@@ -50,7 +55,7 @@ def test_directory_not_writable(tmp_path: Path) -> None:
     else:
         target.chmod(0o555)
     try:
-        done = receivewal("stream", "-D", str(target), "-d", "host=127.0.0.1")
+        done = receivewal_here("stream", "-D", str(target), "-d", "host=127.0.0.1")
     finally:
         if IS_ROOT:
             subprocess.run(["chattr", "-i", str(target)], check=True)
@@ -68,25 +73,26 @@ def test_unreachable_server(archive_dir: Path) -> None:
 
 def test_bad_endpos(archive_dir: Path) -> None:
     """--endpos that is not an LSN."""
-    done = receivewal("stream", "-D", str(archive_dir), "-E", "banana")
+    done = receivewal_here("stream", "-D", str(archive_dir), "-E", "banana")
     assert done.returncode == 1
     assert "invalid LSN 'banana'" in error_line(done.stderr)
 
 
 def test_synchronous_with_no_sync(archive_dir: Path) -> None:
     """--synchronous and --no-sync contradict each other."""
-    done = receivewal("stream", "-D", str(archive_dir), "--synchronous", "--no-sync")
+    done = receivewal_here("stream", "-D", str(archive_dir), "--synchronous", "--no-sync")
     assert done.returncode == 1
     assert "cannot use --synchronous together with --no-sync" in error_line(done.stderr)
 
 
 def test_bad_compression_list(archive_dir: Path) -> None:
     """An algorithm the server would refuse is caught before connecting."""
-    done = receivewal("stream", "-D", str(archive_dir), "--compression", "gzip")
+    done = receivewal_here("stream", "-D", str(archive_dir), "--compression", "gzip")
     assert done.returncode == 1
     assert "gzip" in error_line(done.stderr)
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_database_specific_connection_is_still_physical(pg: PgServer, archive_dir: Path) -> None:
     """replication=database in -d is overridden: the stream stays physical and works."""

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.server
 
 
 
+@pytest.mark.shared_server
 def test_copy_stream_is_read_in_receivewal_types(pg: PgServer) -> None:
     """read_copy(timeout) waits for the server's CopyData and hands out its bytes, a stop
     signal ends a wait with None, COPY_DONE follows our CopyDone, and the results after the

@@ -98,6 +98,7 @@ def status(directory: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.shared_server
 def test_daemon_notifies_systemd_serves_metrics_and_reports_status(
     pg: PgServer, archive_dir: Path, tmp_path: Path, fake_systemd: FakeSystemd
 ) -> None:
@@ -231,6 +232,7 @@ def run_pgbench(pg: PgServer, seconds: int) -> subprocess.Popen[bytes]:
                              "postgres"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+@pytest.mark.shared_server
 def test_status_and_metrics_are_live_while_pgbench_writes(
     pg: PgServer, archive_dir: Path, tmp_path: Path
 ) -> None:

@@ -176,6 +176,7 @@ def progress_lines(stderr: str) -> list[str]:
             if re.match(r"pg_receivewal: (starting log streaming|finished segment) at ", ln)]
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_same_files_and_progress_lines_as_pg_receivewal(dropin: Path, pg: PgServer,
                                                         tmp_path: Path) -> None:
@@ -211,6 +212,7 @@ def test_same_files_and_progress_lines_as_pg_receivewal(dropin: Path, pg: PgServ
     assert quiet.stderr == ""
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_slot_actions_and_signals_as_pg_receivewal(dropin: Path, pg: PgServer,
                                                    tmp_path: Path) -> None:
@@ -278,6 +280,7 @@ class FinishedLines:
         self._thread.join(timeout=30)
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_finished_segment_is_printed_once_the_segment_is_there(dropin: Path, pg: PgServer,
                                                                tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ PROGRESS = (Tick, Received, Written, Keepalive, Flushed, FlushReported,  # as of
             CompressionStats)
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_a_listener_gets_the_sessions_facts_in_order(pg: PgServer, archive_dir: Path) -> None:
     """A scripted listener of a real session: connected, streaming, each completed segment with

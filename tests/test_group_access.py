@@ -27,6 +27,7 @@ def modes(directory: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize(("directory_mode", "file_mode"), [(0o750, 0o640), (0o700, 0o600)],
                          ids=["0750", "0700"])
+@pytest.mark.shared_server
 def test_files_are_group_readable_exactly_when_the_directory_lets_its_group_in(
         pg: PgServer, archive_dir: Path, directory_mode: int, file_mode: int) -> None:
     """From a server whose data directory is 0700: in a 0750 archive directory the segment

@@ -33,6 +33,7 @@ def exit_probe(entry: str, *args: str) -> dict[str, int]:
     return {**lines[0], **lines[1]}
 
 
+@pytest.mark.shared_server
 @pytest.mark.parametrize("entry", ["receivewal.commands.cli", "receivewal.commands.pg_receivewal"])
 def test_a_stream_that_stopped_at_endpos_leaves_no_final_collection(
         pg: PgServer, archive_dir: Path, entry: str) -> None:

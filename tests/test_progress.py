@@ -197,6 +197,7 @@ class Terminal:
         return code
 
 
+@pytest.mark.shared_server
 def test_stream_progress_on_a_terminal_shows_the_catch_up_and_never_garbles_a_log_line(
     pg: PgServer, archive_dir: Path
 ) -> None:
@@ -245,6 +246,7 @@ def test_stream_progress_on_a_terminal_shows_the_catch_up_and_never_garbles_a_lo
     assert not [line for line in drawn if "Z [" in line], drawn
 
 
+@pytest.mark.shared_server
 def test_no_progress_text_with_json_logs_or_off_a_terminal(
     pg: PgServer, archive_dir: Path, tmp_path: Path
 ) -> None:

@@ -78,6 +78,7 @@ def collect(conn: ReplicationConnection, start: int, until: int) -> tuple[bytes,
     return bytes(wal), kinds
 
 
+@pytest.mark.shared_server
 @pytest.mark.parametrize("path", ["c", "python"])
 def test_both_loops_hand_over_the_servers_wal_up_to_the_message_reaching_until(
         pg: PgServer, native: ModuleType, path: str) -> None:
@@ -102,6 +103,7 @@ def test_both_loops_hand_over_the_servers_wal_up_to_the_message_reaching_until(
     assert kinds - {"k"} == ({"run"} if path == "c" else {"w"})
 
 
+@pytest.mark.shared_server
 def test_keepalive_asking_for_a_reply_and_copy_done_come_through_the_compiled_loop(
         pg: PgServer, native: ModuleType) -> None:
     """An idle stream: the server's keepalive asking for a reply comes as its CopyData bytes;
@@ -134,6 +136,7 @@ def test_keepalive_asking_for_a_reply_and_copy_done_come_through_the_compiled_lo
         conn.close()
 
 
+@pytest.mark.shared_server
 def test_the_compiled_loop_waits_out_a_message_that_arrives_in_pieces(
         pg: PgServer, native: ModuleType) -> None:
     """Over a slow link the socket turns readable while a 128 kB message is still arriving:

@@ -246,6 +246,7 @@ def stream_one_segment(server: PgServer, port: int, requested: str | None,
     ("zstd", (), None),                    # relay run with --compression none
     (None, ("zstd", "lz4"), None),         # a client that asks for nothing
 ])
+@pytest.mark.shared_server
 def test_relay_negotiates_and_the_segment_is_byte_identical(
     pg: PgServer, requested: str | None, offered: tuple[str, ...], expected: str | None
 ) -> None:
@@ -274,6 +275,7 @@ def test_relay_negotiates_and_the_segment_is_byte_identical(
         assert relay_side["compressed_frames"] >= stats.compressed_frames, "the relay's count"
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_direct_connection_without_the_module_is_plain(pg: PgServer) -> None:
     """Asking a server without the module (not behind the relay) for zstd: plain, identical."""
@@ -345,6 +347,7 @@ def test_relay_keeps_compression_state_across_a_timeline_switch(
     assert receiver.segments[(2, first + 2)] == wal_file(standby, 2, first + 2)
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_relay_refuses_a_request_the_module_would_refuse(pg: PgServer) -> None:
     with running_relay(pg.port) as relay, pytest.raises(
@@ -353,6 +356,7 @@ def test_relay_refuses_a_request_the_module_would_refuse(pg: PgServer) -> None:
         connect(relay.port, "lz4,lz4")
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_relay_passes_ordinary_connections_through_without_the_request(pg: PgServer) -> None:
     """psql-style connections work through the relay: other options reach the server, the
@@ -382,6 +386,7 @@ def test_relay_reports_an_unreachable_upstream() -> None:
         connect(relay.port, "zstd")
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_relay_forwards_a_cancel_request(pg: PgServer) -> None:
     """A query cancel sent through the relay reaches the upstream (the key data is its own)."""
@@ -588,6 +593,7 @@ def test_backend_stream_compresses_only_xlogdata_in_copy_both(
 @pytest.mark.parametrize(("compression", "expected"), [
     ("zstd,lz4", "zstd"), ("lz4", "lz4"), ("none", None),
 ])
+@pytest.mark.shared_server
 def test_receivewal_stream_through_the_relay_archives_identical_segments(
     pg: PgServer, archive_dir: Path, compression: str, expected: str | None
 ) -> None:

@@ -76,6 +76,7 @@ class RawClient:
         return count
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 @pytest.mark.slow
 @pytest.mark.parametrize(("pause", "tls"), [(0.0, False), (3.0, False), (3.0, True)])
@@ -291,6 +292,7 @@ def idle_from(source: str, port: int, count: int) -> Iterator[None]:
             thread.join()
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_clients_still_negotiating_do_not_count_toward_max_connections(pg: PgServer) -> None:
     """With --max-connections 3, three idle connections from an allowed address (reopened

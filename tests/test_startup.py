@@ -60,6 +60,7 @@ NOT_NEEDED_MODULES = {"receivewal.archive.bucket", "receivewal.archive.objectsto
                       "receivewal.wal.reader"}
 
 
+@pytest.mark.shared_server
 def test_a_plain_stream_start_up_imports_no_codec_store_exporter_or_wal_reader(
         pg: PgServer, archive_dir: Path) -> None:
     """A stream from a server without pg_streampack (compression asked for, as by default,
@@ -86,6 +87,7 @@ def resumable_archive(pg: PgServer, archive: Path) -> str:
     return pg.mid_segment_lsn()
 
 
+@pytest.mark.shared_server
 def test_a_resumed_start_up_lists_the_archive_directory_once(pg: PgServer,
                                                              archive_dir: Path) -> None:
     """Removing a crash's temporaries, checking the identity, finding the resume point and the
@@ -97,6 +99,7 @@ def test_a_resumed_start_up_lists_the_archive_directory_once(pg: PgServer,
     assert wal_files(archive_dir)[-1].endswith(".partial")
 
 
+@pytest.mark.shared_server
 def test_an_uploading_start_up_lists_the_archive_directory_once(
         pg: PgServer, archive_dir: Path, seaweed: SeaweedS3) -> None:
     """With --upload-to, the uploader's backlog comes from the same listing too."""
@@ -107,6 +110,7 @@ def test_an_uploading_start_up_lists_the_archive_directory_once(
     assert result["listed"] == ["os.scandir"]
 
 
+@pytest.mark.shared_server
 def test_the_drop_in_lists_the_archive_directory_once(pg: PgServer, archive_dir: Path) -> None:
     """pg_receivewal's check that the directory can be opened lists nothing: the daemon's one
     listing is the only one."""

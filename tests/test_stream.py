@@ -32,6 +32,7 @@ pytestmark = pytest.mark.server
 SEG = 16 << 20
 
 
+@pytest.mark.shared_server
 def test_streams_segments_through_slot_byte_identical_with_endpos(pg: PgServer,
                                                                   archive_dir: Path,
                                                                   receive_path: str) -> None:
@@ -66,6 +67,7 @@ def test_streams_segments_through_slot_byte_identical_with_endpos(pg: PgServer,
     assert "endpos_reached" in [e["event"] for e in events]
 
 
+@pytest.mark.shared_server
 def test_restart_continues_where_the_archive_stands(pg: PgServer, archive_dir: Path) -> None:
     """A second run resumes from the .partial left by the first and completes it."""
     pg.sql("SELECT pg_create_physical_replication_slot('arch', true)")
@@ -85,6 +87,7 @@ def test_restart_continues_where_the_archive_stands(pg: PgServer, archive_dir: P
     assert_consecutive(names)
 
 
+@pytest.mark.shared_server
 def test_sigkill_mid_stream_under_load_loses_nothing(pg: PgServer, archive_dir: Path,
                                                      tmp_path: Path) -> None:
     """SIGKILL at several points while pgbench writes; restarts end byte-identical, no gap."""
@@ -116,6 +119,7 @@ def test_sigkill_mid_stream_under_load_loses_nothing(pg: PgServer, archive_dir: 
     assert_consecutive(names)
 
 
+@pytest.mark.shared_server
 def test_slot_restart_lsn_never_passes_archived_wal_and_feedback_shape(
         pg: PgServer, archive_dir: Path, tmp_path: Path, receive_path: str) -> None:
     """With a slot: restart_lsn stays within what the archive holds; replay_lsn is NULL (on
@@ -193,6 +197,7 @@ def archived_position(directory: Path, server: PgServer, start: int) -> int:
     return position
 
 
+@pytest.mark.shared_server
 def test_without_slot_flush_is_not_reported(pg: PgServer, archive_dir: Path,
                                             tmp_path: Path) -> None:
     """No slot and no --synchronous: write is reported, flush and replay stay NULL."""
@@ -207,6 +212,7 @@ def test_without_slot_flush_is_not_reported(pg: PgServer, archive_dir: Path,
         assert stop(proc) == 0
 
 
+@pytest.mark.shared_server
 def test_synchronous_reports_flush_without_slot(pg: PgServer, archive_dir: Path,
                                                 tmp_path: Path) -> None:
     """--synchronous reports a flush position at once after data arrives."""
@@ -223,6 +229,7 @@ def test_synchronous_reports_flush_without_slot(pg: PgServer, archive_dir: Path,
         assert stop(proc) == 0
 
 
+@pytest.mark.shared_server
 def test_sigterm_keeps_fsynced_partial_and_exits_zero(pg: PgServer, archive_dir: Path,
                                                       tmp_path: Path) -> None:
     """SIGTERM: the open segment stays .partial with the received bytes, exit code 0."""
@@ -244,6 +251,7 @@ def test_sigterm_keeps_fsynced_partial_and_exits_zero(pg: PgServer, archive_dir:
     assert "stop_requested" in log.read_text()
 
 
+@pytest.mark.shared_server
 def test_create_and_drop_slot_act_and_exit(pg: PgServer) -> None:
     """--create-slot (with --reserve-wal) and --drop-slot do their job and exit 0."""
     assert receivewal("stream", "-d", pg.dsn, "-S", "s1", "--create-slot",
@@ -262,6 +270,7 @@ def test_create_and_drop_slot_act_and_exit(pg: PgServer) -> None:
     assert pg.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 's1'") == "0"
 
 
+@pytest.mark.shared_server
 def test_refuses_archive_of_another_cluster(pg: PgServer, archive_dir: Path,
                                             server_base: Path) -> None:
     """An archive made from one cluster is refused for another; no archive file is touched.

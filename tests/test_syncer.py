@@ -98,6 +98,7 @@ def test_the_writers_flushed_position_moves_on_its_own_thread_only(tmp_path: Pat
         writer.close()
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_sigkill_during_background_fsync_reports_nothing_false_and_loses_nothing(
         pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
@@ -139,6 +140,7 @@ def test_sigkill_during_background_fsync_reports_nothing_false_and_loses_nothing
         [wal_files(archive_dir)[-1]]
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_sigterm_while_the_disk_holds_every_fsync_stops_in_time_and_claims_nothing(
         pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:

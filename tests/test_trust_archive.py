@@ -64,6 +64,7 @@ def slot_restart(pg: PgServer) -> int:
 
 
 # -- 1. one writer per archive ------------------------------------------------------------------
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_second_writer_is_refused_before_touching_anything(pg: PgServer, archive_dir: Path,
                                                            tmp_path: Path) -> None:
@@ -237,6 +238,7 @@ def test_small_files_are_never_written_through_a_symlinked_temporary(tmp_path: P
 
 
 # -- 7. a malformed identity file is one line, exit 1 ---------------------------------------------
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_malformed_identity_file_is_one_line_and_exit_one(pg: PgServer, archive_dir: Path
                                                           ) -> None:
@@ -271,6 +273,7 @@ def held_end(directory: Path, pg: PgServer) -> int:
     return start + len(data)
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 @pytest.mark.parametrize("method", ["gzip", "lz4", "zstd"])
 def test_compressed_restart_keeps_durable_wal_at_every_step(pg: PgServer, archive_dir: Path,
@@ -331,6 +334,7 @@ def test_preallocate_reserves_the_whole_segment(tmp_path: Path, zeros: bool) -> 
     assert path.read_bytes() == bytes(SEGMENT)
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_killed_during_preallocation_restart_works(pg: PgServer, archive_dir: Path) -> None:
     """SIGKILL while zero-filling a new segment (the fallback path): no short .partial is left,

@@ -78,6 +78,7 @@ def idle_connections(port: int, count: int) -> Iterator[list[socket.socket]]:
             sock.close()
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_idle_metrics_connections_beyond_the_fd_limit_leave_the_daemon_streaming(
         pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:
@@ -110,6 +111,7 @@ def test_idle_metrics_connections_beyond_the_fd_limit_leave_the_daemon_streaming
     assert len(assert_identical_to_server(archive_dir, pg)) >= 3
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_running_out_of_descriptors_mid_stream_is_retried_not_fatal(
         pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:

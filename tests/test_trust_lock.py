@@ -146,6 +146,7 @@ def test_a_deleted_lock_record_still_refuses_a_second_writer(tmp_path: Path) -> 
     Archive(tmp_path).lock()  # released with the holder
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_deleting_the_lock_file_while_the_daemon_runs_lets_no_second_writer_in(
         pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:

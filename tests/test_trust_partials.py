@@ -163,6 +163,7 @@ def flushed_by_receiver(pg: PgServer) -> int:
     return lsn_to_int(text) if text else 0
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 def test_method_change_keeps_the_longer_partial_and_restore_serves_it(
         pg: PgServer, archive_dir: Path, tmp_path: Path) -> None:

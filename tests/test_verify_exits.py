@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.streams import receivewal_here
 from test_verify_truth import NAMES, write_pair
 
 from receivewal.check.verify import verify_archive
@@ -32,6 +33,15 @@ def verify(path: str, *args: str, cwd: Path | None = None, stdout: int | None = 
     return subprocess.run([sys.executable, *PATHS[path], "verify", *args], cwd=cwd, text=True,
                           stdout=subprocess.PIPE if stdout is None else stdout,
                           stderr=subprocess.PIPE, check=False, timeout=TIMEOUT)
+
+
+def verify_here(path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """:func:`verify` in this process (support.streams.receivewal_here), through the same
+    entry: for the cases refused before any work; test_a_usage_error_from_a_process_of_its_own
+    runs one of them as a process, on each entry."""
+    from receivewal.commands.group import main as click_main  # noqa: PLC0415
+
+    return receivewal_here("verify", *args, main=None if path == "lean" else click_main)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +67,19 @@ USAGE = [[], ["--no-such-option", "DIR"], ["-j", "0", "DIR"], ["DIR", "DIR"], ["
 def test_a_usage_error_is_status_2_never_the_not_recoverable_verdict(
         good: Path, path: str, args: list[str]) -> None:
     """A bad command line exits 2 with one ``receivewal: error:`` line, nothing on stdout."""
-    done = verify(path, *[str(good) if a == "DIR" else a for a in args])
+    done = verify_here(path, *[str(good) if a == "DIR" else a for a in args])
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("receivewal: error: "), done.stderr
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_usage_error_from_a_process_of_its_own(good: Path, path: str) -> None:
+    """One usage error as the operator meets it, on each entry: status 2, one line, nothing on
+    stdout (no traceback)."""
+    done = verify(path, "-j", "0", str(good))
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stdout == ""
     lines = done.stderr.splitlines()

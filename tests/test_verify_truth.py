@@ -189,6 +189,7 @@ def test_record_ending_in_a_cut_page_of_the_next_partial_is_read(tmp_path: Path)
     assert report.scans[0].records == whole.records
 
 
+@pytest.mark.shared_server
 @pytest.mark.server
 @pytest.mark.parametrize("method", ["gzip", "lz4", "zstd"])
 def test_compressed_partial_after_sigterm_verifies_recoverable(

@@ -18,11 +18,15 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from support.clusters import new_cluster
+import psycopg
+from psycopg import pq
+
+from support.clusters import TEMPLATES_ENV, new_cluster
 
 
 def find_pg_bin() -> Path:
@@ -125,9 +129,31 @@ BASE_CONF = {
 }
 
 
+#: the file, in the session's directory of initdb templates (shared by the pytest-xdist
+#: workers), with a line for each server start: what the run's summary counts
+STARTS_FILE = "server-starts"
+
+
+def count_start() -> None:
+    """Count one server start (:data:`STARTS_FILE`)."""
+    directory = os.environ.get(TEMPLATES_ENV)
+    if directory:
+        with (Path(directory) / STARTS_FILE).open("a") as starts:
+            starts.write("1\n")
+
+
+def started_servers() -> int | None:
+    """How many times the session's tests started a server (None: nothing counted)."""
+    directory = os.environ.get(TEMPLATES_ENV)
+    path = Path(directory) / STARTS_FILE if directory else None
+    if path is None or not path.exists():
+        return None
+    return len(path.read_text().splitlines())
+
+
 class SqlFailed(subprocess.CalledProcessError):
-    """psql exited non-zero: the message has its stderr (the server's words, or why it could
-    not connect), which CalledProcessError's leaves out."""
+    """A query of :meth:`PgServer.sql` failed (as psql would have exited 1): the message has
+    the server's words, or why it could not connect, in the place of psql's stderr."""
 
     def __str__(self) -> str:
         return f"{super().__str__()}: {str(self.stderr).strip()}"
@@ -146,6 +172,9 @@ class PgServer:
         self.logfile = base / f"{name}.log"
         self.port = free_port()
         self.running = False
+        self._sql_conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._sql_dbname = ""
+        self._sql_lock = threading.RLock()
 
     def pg_bin(self, name: str) -> str:
         """Path of one binary of this server's major."""
@@ -185,6 +214,7 @@ class PgServer:
         self._run([self.pg_bin("pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
                    "-t", "60", "start"])
         self.running = True
+        count_start()
 
     def start_or_fail(self) -> None:
         """Start; if the server does not come up, fail with the end of its log."""
@@ -213,6 +243,7 @@ class PgServer:
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (fast, smart or immediate)."""
+        self.close_sql()
         if self.running:
             self._run([self.pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"],
                       check=False)
@@ -239,16 +270,66 @@ class PgServer:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
     def sql(self, query: str, dbname: str = "postgres") -> str:
-        """Run SQL with psql and return its unaligned, tuples-only output; a failure
-        (:class:`SqlFailed`) says what psql said."""
-        out = subprocess.run(
-            [self.pg_bin("psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
-             "-p", str(self.port), "-U", "postgres", "-d", dbname, "-c", query],
-            check=False, capture_output=True, text=True,
-        )
-        if out.returncode != 0:
-            raise SqlFailed(out.returncode, out.args, out.stdout, out.stderr)
-        return out.stdout.strip()
+        """Run SQL and return what ``psql -At`` prints for it: each row's values joined by
+        ``|`` (NULL empty), the rows of every statement one a line, stripped; a failure
+        (:class:`SqlFailed`) says what the server said. The query goes as one simple-protocol
+        message over the connection this server keeps open (autocommit, as psql -c), made
+        again when the server went away (a restart, a stop)."""
+        with self._sql_lock:
+            try:
+                return self._sql_once(query, dbname)
+            except psycopg.OperationalError:
+                if self._sql_conn is None or not self._sql_conn.broken:
+                    raise
+            # the connection died while idle (the server restarted): once more on a new one
+            return self._sql_once(query, dbname)
+
+    def _sql_once(self, query: str, dbname: str) -> str:
+        conn = self._sql_connection(dbname)
+        try:
+            cursor = conn.execute(query.encode())
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError) and conn.broken:
+                raise  # the session is gone: sql() tries once more on a new one
+            raise self._sql_failed(query, exc) from None
+        lines: list[str] = []
+        while True:
+            result = cursor.pgresult
+            if result is not None and result.status == pq.ExecStatus.TUPLES_OK:
+                lines += ["|".join("" if value is None else value.decode()
+                                   for value in (result.get_value(row, col)
+                                                 for col in range(result.nfields)))
+                          for row in range(result.ntuples)]
+            if not cursor.nextset():
+                return "\n".join(lines).strip()
+
+    def _sql_connection(self, dbname: str) -> psycopg.Connection[tuple[object, ...]]:
+        """The open connection to ``dbname``; one to another database is closed first (an
+        idle session would hold off a DROP DATABASE of it)."""
+        conn = self._sql_conn
+        if conn is not None and (conn.closed or conn.broken or self._sql_dbname != dbname):
+            self.close_sql()
+            conn = None
+        if conn is None:
+            try:
+                conn = psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
+                                       dbname=dbname, autocommit=True, connect_timeout=30)
+            except psycopg.Error as exc:
+                raise self._sql_failed("", exc) from None
+            self._sql_conn, self._sql_dbname = conn, dbname
+        return conn
+
+    @staticmethod
+    def _sql_failed(query: str, exc: psycopg.Error) -> SqlFailed:
+        """The failure as psql's: exit 1 (ON_ERROR_STOP), the server's words on stderr."""
+        severity = exc.diag.severity or "ERROR"
+        return SqlFailed(1, ["sql", query], "", f"{severity}:  {exc}")
+
+    def close_sql(self) -> None:
+        """Close the connection :meth:`sql` keeps open (if any)."""
+        conn, self._sql_conn = self._sql_conn, None
+        if conn is not None:
+            conn.close()
 
     @property
     def pg_wal(self) -> Path:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+import structlog
 
 from receivewal.wal.lsn import parse_lsn
 from support.servers import PgServer, pg_bin
@@ -22,6 +27,43 @@ def receivewal(*args: str, timeout: float = 120, env: dict[str, str] | None = No
     """Run ``receivewal ARGS`` to completion with JSON logs; return the finished process."""
     return subprocess.run([*RECEIVEWAL, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, check=False)
+
+
+def receivewal_here(*args: str, env: dict[str, str] | None = None,
+                    main: Callable[[list[str]], int] | None = None,
+                    ) -> subprocess.CompletedProcess[str]:
+    """Run ``receivewal ARGS`` in this process (its entry point, as ``python -m receivewal``
+    calls it, or ``main``) and return what a finished process would: the exit code, standard
+    output and error. For the cases that end before any connection or child process (bad
+    input): the time of a Python start each. The environment, the logging configuration and
+    the signal handlers are as they were afterwards."""
+    from receivewal.commands import cli  # noqa: PLC0415 - the code under test
+
+    entry = cli.main if main is None else main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_logging = structlog.get_config()
+    saved_signals = {signum: signal.getsignal(signum) for signum in HANDLED_SIGNALS}
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in (env or {}).items():
+                patch.setenv(name, value)
+            patch.setattr(sys, "stdout", out)
+            patch.setattr(sys, "stderr", err)
+            try:
+                code = entry(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        structlog.configure(**saved_logging)
+        for signum, handler in saved_signals.items():
+            signal.signal(signum, handler)
+    return subprocess.CompletedProcess(["receivewal", *args], code, out.getvalue(),
+                                       err.getvalue())
+
+
+#: the signals whose handlers an in-process run (receivewal_here) puts back as they were
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM)
 
 
 def start_receivewal(*args: str, env: dict[str, str] | None = None,

@@ -10,12 +10,14 @@ ignore it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 # the record's name, spelled once at the location (restore's lean path), re-exported here
 from receivewal.archive.location import IDENTITY_FILE as IDENTITY_FILE  # noqa: PLC0414
+from receivewal.archive.reading import read_small_file
 from receivewal.archive.recipients import AdoptedSet, sets_from_json, sets_to_json
-from receivewal.errors import ForeignArchive, ReceivewalError
+from receivewal.errors import ArchiveError, ForeignArchive, ReceivewalError
 from receivewal.wal.lsn import check_segment_size
 from receivewal.wal.pageheader import MAX_SYSTEM_IDENTIFIER
 from receivewal.wal.timeline import is_timeline_id
@@ -50,6 +52,28 @@ def identity_from_json(data: object) -> ArchiveIdentity:
             or not is_timeline_id(timeline):
         raise ValueError(f"timeline {timeline!r} is not a timeline")
     return ArchiveIdentity(str(sysid), size, timeline, sets_from_json(data.get("recipient_sets")))
+
+
+def read_identity_file(directory: str | os.PathLike[str]) -> ArchiveIdentity | None:
+    """The identity recorded in the archive directory ``directory``, None when it has none
+    yet; ArchiveError naming the file when it cannot be trusted. The directory's one reader
+    of it (:meth:`receivewal.archive.directory.Archive.read_identity`), here so that a restore
+    call reads it without the archive writer's modules."""
+    import json  # noqa: PLC0415 - only where a record is read
+
+    path = os.path.join(directory, IDENTITY_FILE)
+    try:
+        return identity_from_json(json.loads(read_small_file(path)))
+    except FileNotFoundError:
+        return None
+    except ArchiveError:  # not a regular file, or too large: it says so, naming the file
+        raise
+    except RecursionError:
+        raise ArchiveError(f'invalid archive identity file "{path}": nested too deeply'
+                           ) from None
+    except (OSError, ValueError, TypeError, OverflowError) as exc:
+        raise ArchiveError(f'invalid archive identity file "{path}": {str(exc)[:200]}'
+                           ) from exc
 
 
 def identity_to_json(identity: ArchiveIdentity) -> bytes:

@@ -9,8 +9,13 @@ system's temporary directory: the files are in the page cache, so this measures 
 the disk), makes an X25519 identity, and, alternating ``--rounds`` times, encrypts and decrypts
 the file:
 
-* receivewal, file to file (``encrypt_stream`` / ``decrypt_stream``: what the daemon does to
-  a completed segment, what restore does to a fetched one);
+* receivewal, file to file (``encrypt_stream`` / ``decrypt_stream`` given two files: pyrage
+  opens them itself, ``encrypt_file`` / ``decrypt_file``, the bytes never pass through Python:
+  a change log file sealed at its rotation);
+* receivewal, through Python's file objects (the same calls given the files' ``read`` and
+  ``write`` alone: pyrage's ``encrypt_io`` / ``decrypt_io``, two calls into Python per 8 KiB,
+  what every other reader and writer, an object's body or a pipe, goes through; the file to
+  file path before issue 36);
 * receivewal, pushed (``Encryptor``, 1 MiB updates: a backup's tar as it arrives) and pulled
   (``decrypting_reader``, 1 MiB reads: a backup's tar as recover reads it), each with pyrage in
   a worker thread;
@@ -33,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from support.agekeys import age_command, new_identity_file
 
@@ -93,6 +99,23 @@ def ours_decrypt(source: Path, target: Path, keys: Keys) -> None:
         decrypt_stream(src, out, keys, file=str(source))
 
 
+class _Only:
+    """A file's ``read`` and ``write`` without its descriptor (the way of any other stream)."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.read, self.write = file.read, file.write
+
+
+def python_encrypt(source: Path, target: Path, to: RecipientSet) -> None:
+    with source.open("rb") as src, target.open("wb") as out:
+        encrypt_stream(_Only(src), _Only(out), to)
+
+
+def python_decrypt(source: Path, target: Path, keys: Keys) -> None:
+    with source.open("rb") as src, target.open("wb") as out:
+        decrypt_stream(_Only(src), _Only(out), keys, file=str(source))
+
+
 def pushed_encrypt(source: Path, target: Path, to: RecipientSet) -> None:
     with source.open("rb") as src, target.open("wb") as out, Encryptor(to) as encryptor:
         while piece := src.read(PIECE):
@@ -143,6 +166,8 @@ def run(scratch: Path, mb: int, rounds: int) -> None:
     ways: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
         ("receivewal, file to file", lambda: ours_encrypt(plain, sealed, to),
          lambda: ours_decrypt(sealed, back, keys)),
+        ("receivewal, through Python's file objects", lambda: python_encrypt(plain, sealed, to),
+         lambda: python_decrypt(sealed, back, keys)),
         ("receivewal, pushed / pulled", lambda: pushed_encrypt(plain, sealed, to),
          lambda: pulled_decrypt(sealed, back, keys)),
         ("age command line", lambda: age_encrypt(plain, sealed, pair.recipient),
@@ -175,6 +200,9 @@ def run(scratch: Path, mb: int, rounds: int) -> None:
     for step in ("encrypt", "decrypt"):
         ratio = speeds["receivewal, file to file", step] / speeds["age command line", step]
         print(f"receivewal / age, {step}: {ratio:.2f}x")
+        before = speeds["receivewal, file to file", step] / speeds[
+            "receivewal, through Python's file objects", step]
+        print(f"file to file / through Python's file objects, {step}: {before:.2f}x")
     print("every decryption gave the input back")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

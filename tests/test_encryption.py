@@ -16,6 +16,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -87,8 +88,21 @@ def _encrypt_pushed(data: bytes, recipients: RecipientSet) -> bytes:
     return b"".join(parts)
 
 
+def _encrypt_file(data: bytes, recipients: RecipientSet) -> bytes:
+    """encrypt_stream from a file to a file: pyrage opens both itself."""
+    with tempfile.TemporaryDirectory() as where:
+        source, target = Path(where, "in"), Path(where, "out.age")
+        source.write_bytes(data)
+        with source.open("rb") as src, target.open("wb") as out:
+            written = encrypt_stream(src, out, recipients)
+            assert out.tell() == written  # the writer's own position is past what was written
+        assert written == target.stat().st_size
+        return target.read_bytes()
+
+
 ENCRYPTIONS: dict[str, Callable[[bytes, RecipientSet], bytes]] = {
-    "stream": _encrypt_stream, "bytes": encrypt_bytes, "pushed": _encrypt_pushed}
+    "stream": _encrypt_stream, "bytes": encrypt_bytes, "pushed": _encrypt_pushed,
+    "file": _encrypt_file}
 
 
 def _decrypt_stream(data: bytes, keys: Keys, file: str,
@@ -113,8 +127,21 @@ def _decrypt_reader(data: bytes, keys: Keys, file: str,
     return b"".join(parts)
 
 
+def _decrypt_file(data: bytes, keys: Keys, file: str,
+                  recipients: RecipientSet | None = None) -> bytes:
+    """decrypt_stream from a file to a file: pyrage opens both itself."""
+    with tempfile.TemporaryDirectory() as where:
+        source, target = Path(where, "in.age"), Path(where, "out")
+        source.write_bytes(data)
+        with source.open("rb") as src, target.open("wb") as out:
+            written = decrypt_stream(src, out, keys, file=file, recipients=recipients)
+        assert written == target.stat().st_size
+        return target.read_bytes()
+
+
 DECRYPTIONS: dict[str, Callable[..., bytes]] = {
-    "stream": _decrypt_stream, "bytes": _decrypt_bytes, "reader": _decrypt_reader}
+    "stream": _decrypt_stream, "bytes": _decrypt_bytes, "reader": _decrypt_reader,
+    "file": _decrypt_file}
 
 
 def age_decrypt(path: Path, key: KeyPair) -> subprocess.CompletedProcess[bytes]:
@@ -412,6 +439,62 @@ def test_a_readers_error_comes_through_as_it_was_raised(pair: tuple[KeyPair, Key
     with pytest.raises(OSError, match="Input/output error"), \
             decrypting_reader(Broken(), keys, file="f.age") as reader:
         reader.read()
+
+
+def test_file_to_file_the_bytes_never_pass_through_python(
+        pair: tuple[KeyPair, KeyPair], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given two files, encrypt_stream and decrypt_stream let pyrage open them (issue 36
+    item 3: no call into Python per 8 KiB); a file opened past its start, or a target that
+    is not empty, goes the Python way, and both give what age reads."""
+    import pyrage  # noqa: PLC0415 - the test's own look at which call runs
+
+    from receivewal.archive import agestream  # noqa: PLC0415
+
+    calls: list[str] = []
+
+    class Watched:
+        def __getattr__(self, name: str) -> object:
+            calls.append(name)
+            return getattr(pyrage, name)
+
+    monkeypatch.setattr(agestream, "pyrage", Watched)
+    alice = pair[0]
+    data = payload(3 * CHUNK + 5)
+    plain, sealed, back = tmp_path / "in", tmp_path / "in.age", tmp_path / "out"
+    plain.write_bytes(b"skip" + data)
+    with plain.open("rb") as src, sealed.open("wb") as out:
+        src.read(4)  # past its start: pyrage would read it from its start
+        encrypt_stream(src, out, recipients_of([alice.recipient]))
+    assert [c for c in calls if c.endswith(("_io", "_file"))] == ["encrypt_io"]
+    plain.write_bytes(data)
+    calls.clear()
+    with plain.open("rb") as src, sealed.open("wb") as out:
+        written = encrypt_stream(src, out, recipients_of([alice.recipient]))
+    assert [c for c in calls if c.endswith(("_io", "_file"))] == ["encrypt_file"]
+    assert written == sealed.stat().st_size
+    assert age_decrypt(sealed, alice).stdout == data
+    calls.clear()
+    with sealed.open("rb") as src, back.open("wb") as out:
+        assert decrypt_stream(src, out, load_identity_file(str(alice.path)),
+                              file=str(sealed)) == len(data)
+        out.write(b"!")  # the writer's position is past what pyrage wrote
+    assert [c for c in calls if c.endswith(("_io", "_file"))] == ["decrypt_file"]
+    assert back.read_bytes() == data + b"!"
+
+
+def test_file_to_file_a_full_disk_is_the_oserror_it_is() -> None:
+    """pyrage's file to file calls say an OS error in their text: it comes back as the
+    OSError a Python writer raises (a full disk is not a damaged file)."""
+    import pyrage  # noqa: PLC0415
+
+    from receivewal.archive.agestream import _os_error_of  # noqa: PLC0415
+
+    full = _os_error_of(pyrage.EncryptError("No space left on device (os error 28)"))
+    assert full is not None
+    assert full.errno == errno.ENOSPC
+    assert _os_error_of(OSError("decryption error")) is None
+    assert _os_error_of(pyrage.DecryptError("No matching keys found")) is None
 
 
 def test_the_pushed_encryptor_copies_what_it_is_given(pair: tuple[KeyPair, KeyPair]) -> None:

@@ -92,6 +92,28 @@ def test_pyrage_is_loaded_only_for_a_sealed_file(tmp_path: Path) -> None:
     assert target.read_bytes() == data
 
 
+def test_a_restore_from_a_local_archive_loads_none_of_the_archive_writers_modules(
+        tmp_path: Path) -> None:
+    """Restoring a segment from a local directory (the prefetch spool left out) reads the
+    archive's identity record without ``archive/directory`` (the writer: its lock, listing,
+    layout and sealing modules) nor ``socket`` (issue 36 item 5: start-up)."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    data = wal_segment(3)
+    (archive / NAME).write_bytes(data)
+    target = tmp_path / "RECOVERYXLOG"
+    done = subprocess.run([sys.executable, "-c", SPOOL_PROBE, "restore", "-D", str(archive),
+                           "--prefetch", "0", NAME, str(target)],
+                          capture_output=True, text=True, check=True, timeout=60)
+    status, modules = ast.literal_eval(done.stdout.splitlines()[-1])
+    assert status == 0
+    assert target.read_bytes() == data
+    writers = {"receivewal.archive.directory", "receivewal.archive.lock",
+               "receivewal.archive.listing", "receivewal.archive.layout",
+               "receivewal.archive.sealed", "socket"}
+    assert sorted(writers & set(modules)) == []
+
+
 def test_restore_help_and_usage_errors_still_go_through_click(tmp_path: Path) -> None:
     """--help is click's (exit 0), and a command line the lean path does not take is click's
     usage error, exit 126 (never 1)."""

@@ -7,7 +7,9 @@ memory whatever the size (age's STREAM: 64 KiB chunks, each authenticated; pyrag
 at a time):
 
 - :func:`encrypt_stream` and :func:`decrypt_stream`: from a reader to a writer (``read(n)``,
-  ``write(b)``: files, pipes, an object's body);
+  ``write(b)``: files, pipes, an object's body); from a file to a file (both regular files of
+  the operating system, the source at its start, the target empty) pyrage opens the two itself
+  and the bytes never pass through Python;
 - :class:`Encryptor`: pushed to, like a compressor (``update`` returns what is ready,
   ``finish`` the rest), for a writer fed by a stream it does not pull (a backup's tar arriving
   over COPY); pyrage runs in a worker thread behind a window of :data:`WINDOW` bytes;
@@ -30,6 +32,8 @@ the archive's sealed files and their recipients (:mod:`receivewal.archive.sealed
 from __future__ import annotations
 
 import io
+import os
+import stat
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -99,6 +103,50 @@ class _Target:
         """Nothing: the real writer is flushed by its owner."""
 
 
+def _file_paths(source: object, target: object) -> tuple[str, str] | None:
+    """Paths by which pyrage may open ``source`` and ``target`` itself when both are regular
+    files of the operating system (``/proc/self/fd/N``), ``source`` at its start and
+    ``target`` empty at its start; else None. pyrage then moves the bytes from file to file
+    without calling into Python, where through ``encrypt_io`` and ``decrypt_io`` each 8 KiB
+    costs two calls (a read and a write) and a copy. It holds the GIL meanwhile, as it does
+    between those calls."""
+    paths = []
+    for end, access in ((source, os.R_OK), (target, os.W_OK)):
+        try:
+            fd = end.fileno()  # type: ignore[attr-defined]
+            at = end.tell()  # type: ignore[attr-defined]
+            info = os.fstat(fd)
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation among them
+            return None
+        path = f"/proc/self/fd/{fd}"
+        if not isinstance(fd, int) or at != 0 or not stat.S_ISREG(info.st_mode) \
+                or not os.access(path, access):
+            return None
+        paths.append(path)
+    if os.fstat(target.fileno()).st_size != 0:  # type: ignore[attr-defined]
+        return None
+    return paths[0], paths[1]
+
+
+def _os_error_of(exc: BaseException) -> OSError | None:
+    """The operating system's error that pyrage's file to file call met, rebuilt (pyrage says
+    it as ``"... (os error N)"``, an EncryptError's text or an OSError without its errno):
+    a full disk is the OSError it is through a Python writer."""
+    text = str(exc)
+    _head, found, tail = text.rpartition("(os error ")
+    number = tail.removesuffix(")")
+    if not found or not number.isdigit():
+        return None
+    return OSError(int(number), os.strerror(int(number)))
+
+
+def _past_what_pyrage_wrote(target: object) -> int:
+    """Move ``target``'s own position to its end (pyrage wrote through another descriptor):
+    the bytes it holds."""
+    end: int = target.seek(0, os.SEEK_END)  # type: ignore[attr-defined]
+    return end
+
+
 def _carried(source: _Source, target: _Target) -> BaseException | None:
     """The exception a real reader or writer raised during the call, if any."""
     return source.failure or target.failure
@@ -130,6 +178,13 @@ def encrypt_stream(source: Readable, target: _Writable, recipients: RecipientSet
     (which its owner flushes and fsyncs); the bytes written. The reader's and writer's own
     exceptions come through as they were raised; ArchiveError when age refuses."""
     module, objects = pyrage(), recipient_objects(recipients)
+    paths = _file_paths(source, target)
+    if paths is not None:
+        try:
+            module.encrypt_file(*paths, objects)
+        except (module.EncryptError, OSError) as exc:
+            raise _os_error_of(exc) or _encryption_error(exc) from None
+        return _past_what_pyrage_wrote(target)
     reader, writer = _Source(source.read), _Target(target.write)
     try:
         module.encrypt_io(reader, writer, objects)
@@ -153,6 +208,14 @@ def decrypt_stream(source: Readable, target: _Writable, keys: Keys, *, file: str
     returns: DecryptionFailed or NotARecipient otherwise (the reader's and writer's own
     exceptions come through as they were raised)."""
     module = pyrage()
+    paths = _file_paths(source, target)
+    if paths is not None:
+        try:
+            module.decrypt_file(*paths, list(keys.identities))
+        except (module.DecryptError, OSError) as exc:
+            raise _os_error_of(exc) or _decryption_error(exc, keys, file, recipients) \
+                from None
+        return _past_what_pyrage_wrote(target)
     reader, writer = _Source(source.read), _Target(target.write)
     try:
         module.decrypt_io(reader, writer, list(keys.identities))

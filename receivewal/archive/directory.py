@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import stat
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from receivewal.archive.compression import CorruptFile, decompress_chunks, decompressed_size
 from receivewal.archive.durable import (
@@ -35,11 +34,10 @@ from receivewal.archive.identity import (
     ArchiveIdentity,
     check_same_cluster,
     identity_to_json,
-    read_identity,
+    read_identity_file,
 )
 from receivewal.archive.layout import resume_order
 from receivewal.archive.listing import Listing
-from receivewal.archive.location import DirectoryLocation
 from receivewal.archive.lock import LOCK_FILE, lock_directory
 from receivewal.archive.reading import open_regular
 from receivewal.archive.recipients import RecipientSet, adopting
@@ -52,6 +50,9 @@ from receivewal.errors import (
 )
 from receivewal.wal.names import SegmentFile
 from receivewal.wal.pageheader import SIZE_OF_LONG_PHD, first_page_problem, parse_long_header
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
@@ -172,6 +173,8 @@ class Archive:
         """pid and host in LOCK_FILE, with the archive's file mode. Atomic but not fsynced: it
         only names the holder to a second writer while this process lives (the flock is the
         lock), and two fsyncs would delay every start. Raises OSError."""
+        import socket  # noqa: PLC0415 - a writer's only: not on restore's call path
+
         record = f"{os.getpid()} {socket.gethostname()}\n".encode()
         write_file_durably(self.directory, LOCK_FILE, record, mode=self.file_mode, sync=False)
 
@@ -276,7 +279,7 @@ class Archive:
     # -- identity ----------------------------------------------------------------------------
     def read_identity(self) -> ArchiveIdentity | None:
         """The recorded identity, None when the archive has none yet."""
-        return read_identity(DirectoryLocation(self.directory))
+        return read_identity_file(self.directory)
 
     def sniff_system_identifier(self, files: list[SegmentFile], segment_size: int) -> str | None:
         """The system identifier in the long page header of the newest complete plain segment."""
@@ -312,8 +315,7 @@ class Archive:
         self.write_identity(server)
 
     def adopt_recipients(self, recipients: RecipientSet,
-                         now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                         ) -> ArchiveIdentity:
+                         now: Callable[[], datetime] | None = None) -> ArchiveIdentity:
         """Record ``recipients`` (``--encrypt-to``) in the identity record, durably, unless it
         is the newest set there already; the record as it now is. Called once the identity is
         adopted, before anything is encrypted to the set (``stream``, ``backup`` and
@@ -322,8 +324,13 @@ class Archive:
         if recorded is None:
             raise ArchiveError(f'directory "{self.directory}" has no identity record to list '
                                "the recipients in")
-        sets = adopting(recorded.recipient_sets, recipients,
-                        now().strftime("%Y-%m-%dT%H:%M:%SZ"))
+        if now is None:
+            from datetime import UTC, datetime  # noqa: PLC0415 - a writer's only
+
+            at = datetime.now(UTC)
+        else:
+            at = now()
+        sets = adopting(recorded.recipient_sets, recipients, at.strftime("%Y-%m-%dT%H:%M:%SZ"))
         if sets == recorded.recipient_sets:
             return recorded
         updated = replace(recorded, recipient_sets=sets)

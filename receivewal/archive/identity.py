@@ -10,11 +10,12 @@ ignore it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 # the record's name, spelled once at the location (restore's lean path), re-exported here
 from receivewal.archive.location import IDENTITY_FILE as IDENTITY_FILE  # noqa: PLC0414
-from receivewal.archive.location import Location
+from receivewal.archive.location import DirectoryLocation, Location
 from receivewal.archive.recipients import AdoptedSet, sets_from_json, sets_to_json
 from receivewal.errors import (
     ArchiveError,
@@ -107,6 +108,13 @@ def claim_identity(location: Location, identity: ArchiveIdentity) -> bool:
                            "while it was claimed")
     check_same_cluster(location.where(), recorded, identity)
     return False
+
+
+def read_identity_file(directory: str | os.PathLike[str]) -> ArchiveIdentity | None:
+    """The identity recorded in the archive directory ``directory`` (:func:`read_identity`
+    through the directory driver), None when it has none yet: what a restore call reads, here
+    so that it reads it without the archive writer's modules."""
+    return read_identity(DirectoryLocation(directory))
 
 
 def identity_to_json(identity: ArchiveIdentity) -> bytes:

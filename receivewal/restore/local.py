@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from receivewal.archive.compression import read_wal_file
-from receivewal.archive.directory import Archive
-from receivewal.archive.identity import ArchiveIdentity
+from receivewal.archive.identity import ArchiveIdentity, read_identity_file
 from receivewal.archive.reading import open_regular
 from receivewal.archive.segmentcheck import Following
 from receivewal.archive.sources import decide_segment_size
@@ -74,7 +73,7 @@ def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> lis
         return partials
     from receivewal.archive.partials import rank_partials  # noqa: PLC0415 - the WAL reader
     # only where two .partial forms compete, not on every restore_command call
-    size = archive_segment_size(directory, Archive(directory).read_identity())
+    size = archive_segment_size(directory, read_identity_file(directory))
     forms = []
     for c in partials:
         parsed = parse_segment_file_name(c.path.name, size)
@@ -111,7 +110,7 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
     if not directory.is_dir():
         raise ArchiveError(f'archive directory "{directory}" does not exist or is not a '
                            "directory")
-    identity = Archive(directory).read_identity()
+    identity = read_identity_file(directory)
     unsealer = None
     for candidate in candidates(directory, name, partial=partial):
         try:

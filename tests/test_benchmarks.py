@@ -115,3 +115,10 @@ def test_logical_throughput_bench_runs() -> None:
     assert "receivewal / pg_recvlogical, changes/s after start-up" in out
     out = run_bench("logical_throughput.py", "--streamed-mb", "5")
     assert "receivewal peak RSS" in out
+
+
+def test_apply_throughput_bench_runs() -> None:
+    """The subscription and receivewal apply each bring the same rows to a fresh table (the
+    bench checks the rows itself) and the ratio is printed."""
+    out = run_bench("apply_throughput.py", "--rows", "2000", "--runs", "1")
+    assert "receivewal apply / subscription, changes/s" in out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import sql
@@ -114,14 +114,29 @@ class PostgresTarget:
         return count
 
     def apply_transaction(self, transaction: Transaction) -> None:
-        """Every change of ``transaction`` and the progress row, in one transaction."""
+        """Every change of ``transaction`` and the progress row, in one transaction.
+
+        Consecutive changes of one shape (the same statement: table, operation and columns)
+        go to the server together (``executemany``, pipelined: one round trip for many); an
+        update or delete must touch one row each, which their total says. When it does not,
+        the transaction is rolled back and applied again one change at a time to name the
+        change that finds no row, then rolled back again: nothing of it is applied."""
         try:
-            with self.conn.transaction(), self.conn.cursor() as cur:
-                for record, columns in transaction.changes:
-                    self._apply_change(cur, transaction, record, columns)
-                cur.execute("UPDATE receivewal.apply_progress SET applied_through = %s, "
-                            "updated_at = now() WHERE source = %s",
-                            [format_lsn(transaction.end_lsn), self.source])
+            try:
+                with self.conn.transaction(), self.conn.cursor() as cur:
+                    self._batched(cur, transaction)
+                    self._record(cur, transaction)
+            except _Unmatched:
+                with self.conn.transaction(), self.conn.cursor() as cur:
+                    for record, columns in transaction.changes:
+                        statement, row, counted = _statement(record, columns, self.conn)
+                        cur.execute(statement, row)
+                        if counted and cur.rowcount != 1:
+                            raise _no_row(transaction, record, columns) from None
+                raise ReceivewalError(f"transaction committed at {transaction.lsn}: a change "
+                                      "found no row when applied with others, and every one "
+                                      "alone did; nothing of the transaction was applied"
+                                      ) from None
         except ApplyConflict:
             raise
         except psycopg.errors.UniqueViolation as exc:
@@ -133,47 +148,101 @@ class PostgresTarget:
                                   f"{_one_line(exc)}; nothing of the transaction was applied"
                                   ) from exc
 
-    def _apply_change(self, cur: psycopg.Cursor[Any], transaction: Transaction,
-                      record: Record, columns: Columns) -> None:
-        op = record["op"]
-        if op == "truncate":
-            tables = sql.SQL(", ").join(sql.Identifier(s, t) for s, t in record["tables"])
-            cur.execute(sql.SQL("TRUNCATE {}{}{}").format(
-                tables, sql.SQL(" RESTART IDENTITY" if record.get("restart_identity") else ""),
-                sql.SQL(" CASCADE" if record.get("cascade") else "")))
-            return
-        table = sql.Identifier(record["schema"], record["table"])
-        if op == "insert":
-            new = record["new"]
-            names = list(new)
-            cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-                table, sql.SQL(", ").join(map(sql.Identifier, names)),
-                sql.SQL(", ").join(sql.Placeholder() * len(names))),
-                [_value(new[name]) for name in names])
-            return
-        match, keyed = _identity(record, columns)
-        if not match:
-            raise ApplyConflict(f"transaction committed at {transaction.lsn}: {op} of table "
-                                f"{_name(record)} at {record['lsn']} names no row (no replica "
-                                "identity); nothing of the transaction was applied")
-        # a key by equality (its index finds the row); a whole old row null-safely
+    def _batched(self, cur: psycopg.Cursor[Any], transaction: Transaction) -> None:
+        for statement, rows, counted in _batches(transaction, self.conn):
+            cur.executemany(statement, rows)
+            if counted and cur.rowcount != len(rows):
+                raise _Unmatched
+
+    def _record(self, cur: psycopg.Cursor[Any], transaction: Transaction) -> None:
+        cur.execute("UPDATE receivewal.apply_progress SET applied_through = %s, "
+                    "updated_at = now() WHERE source = %s",
+                    [format_lsn(transaction.end_lsn), self.source])
+
+
+class _Unmatched(Exception):  # noqa: N818 - internal: a batch touched fewer rows than changes
+    pass
+
+
+def _batches(transaction: Transaction, conn: psycopg.Connection[Any]
+             ) -> list[tuple[str, list[list[object]], bool]]:
+    """The transaction's changes as runs of one statement each: (statement, rows, whether
+    each row must touch exactly one row)."""
+    runs: list[tuple[str, list[list[object]], bool]] = []
+    for record, columns in transaction.changes:
+        statement, row, counted = _statement(record, columns, conn)
+        if runs and runs[-1][0] == statement:
+            runs[-1][1].append(row)
+        else:
+            runs.append((statement, [row], counted))
+    return runs
+
+
+def _no_row(transaction: Transaction, record: Record, columns: Columns) -> ApplyConflict:
+    match, _ = _identity(record, columns)
+    return ApplyConflict(f"transaction committed at {transaction.lsn}: {record['op']} at "
+                         f"{record['lsn']} finds no row of table {_name(record)} with "
+                         f"{_describe(match)}; nothing of the transaction was applied")
+
+
+_STATEMENTS: dict[tuple[object, ...], str] = {}
+
+
+def _statement(record: Record, columns: Columns, conn: psycopg.Connection[Any]
+               ) -> tuple[str, list[object], bool]:
+    """One change as (statement, its parameters, whether it must touch exactly one row); the
+    statement's text is composed once per shape."""
+    op = record["op"]
+    if op == "truncate":
+        text = sql.SQL("TRUNCATE {}{}{}").format(
+            sql.SQL(", ").join(sql.Identifier(s, t) for s, t in record["tables"]),
+            sql.SQL(" RESTART IDENTITY" if record.get("restart_identity") else ""),
+            sql.SQL(" CASCADE" if record.get("cascade") else "")).as_string(conn)
+        return text, [], False
+    new = record.get("new") or {}
+    if op == "insert":
+        shape: tuple[object, ...] = (op, record["schema"], record["table"], *new)
+        return _composed(shape, conn), [_value(value) for value in new.values()], False
+    match, keyed = _identity(record, columns)
+    if not match:
+        raise ApplyConflict(f"{op} of table {_name(record)} at {record['lsn']} names no row "
+                            "(no replica identity); nothing of the transaction was applied")
+    values = [_value(value) for value in match.values()]
+    if op == "delete":
+        shape = (op, record["schema"], record["table"], keyed, *match)
+        return _composed(shape, conn), values, True
+    shape = (op, record["schema"], record["table"], keyed, tuple(new), *match)
+    return _composed(shape, conn), [*(_value(v) for v in new.values()), *values], True
+
+
+def _composed(shape: tuple[object, ...], conn: psycopg.Connection[Any]) -> str:
+    text = _STATEMENTS.get(shape)
+    if text is not None:
+        return text
+    op, schema, name = shape[0], str(shape[1]), str(shape[2])
+    table = sql.Identifier(schema, name)
+    if op == "insert":
+        names = [str(n) for n in shape[3:]]
+        composed = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+            table, sql.SQL(", ").join(map(sql.Identifier, names)),
+            sql.SQL(", ").join(sql.Placeholder() * len(names)))
+    else:
+        keyed = bool(shape[3])
+        match = [str(n) for n in (shape[4:] if op == "delete" else shape[5:])]
+        # a key by equality (its index finds the row); a whole old row null-safely, one row
         compare = sql.SQL("{} = %s") if keyed else sql.SQL("{} IS NOT DISTINCT FROM %s")
-        where = sql.SQL(" AND ").join(compare.format(sql.Identifier(name)) for name in match)
+        where = sql.SQL(" AND ").join(compare.format(sql.Identifier(n)) for n in match)
         target = where if keyed else sql.SQL("ctid = (SELECT ctid FROM {} WHERE {} LIMIT 1)"
                                             ).format(table, where)
-        values = [_value(value) for value in match.values()]
         if op == "delete":
-            cur.execute(sql.SQL("DELETE FROM {} WHERE {}").format(table, target), values)
+            composed = sql.SQL("DELETE FROM {} WHERE {}").format(table, target)
         else:
-            new = record["new"]
-            assignments = sql.SQL(", ").join(
-                sql.SQL("{} = %s").format(sql.Identifier(name)) for name in new)
-            cur.execute(sql.SQL("UPDATE {} SET {} WHERE {}").format(table, assignments, target),
-                        [*(_value(new[name]) for name in new), *values])
-        if cur.rowcount != 1:
-            raise ApplyConflict(f"transaction committed at {transaction.lsn}: {op} at "
-                                f"{record['lsn']} finds no row of table {_name(record)} with "
-                                f"{_describe(match)}; nothing of the transaction was applied")
+            assigned = cast(tuple[str, ...], shape[4])
+            assignments = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(n))
+                                             for n in assigned)
+            composed = sql.SQL("UPDATE {} SET {} WHERE {}").format(table, assignments, target)
+    text = _STATEMENTS[shape] = composed.as_string(conn)
+    return text
 
 
 def _identity(record: Record, columns: Columns) -> tuple[dict[str, Any], bool]:

@@ -173,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.UsageError as exc:
         click.echo(redacted(f"receivewal: error: {exc.format_message()}"), err=True)
         return usage_status(exc, sys.argv[1:] if argv is None else argv)
-    except click.ClickException as exc:
+    except click.ClickException as exc:  # 1, unless the command's error says otherwise
         click.echo(redacted(f"receivewal: error: {exc.format_message()}"), err=True)
-        return 1
+        return int(exc.exit_code)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     return int(rv or 0)

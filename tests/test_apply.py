@@ -147,3 +147,30 @@ def test_bad_input_gets_one_line(source: Source, tmp_path: Path) -> None:
     assert unreachable.returncode == 1
     assert "cannot connect to the target" in unreachable.stderr
     assert "sekrit" not in unreachable.stderr
+
+
+def test_follow_applies_what_the_log_receives_and_stops_cleanly_on_sigterm(
+        source: Source) -> None:
+    """apply --follow beside a running logical daemon: a row committed at the primary reaches
+    the target through the log; SIGTERM ends apply with 0 (last in the module: the log grows)."""
+    target = source.target("followed")
+    daemon = start_receivewal("logical", "-d", dsn(source.pg, "app"), "-D", str(source.outdir),
+                              "-S", "applied", "-P", "pub", "--two-phase", "--status-interval",
+                              "1")
+    follower = start_receivewal("apply", "-D", str(source.outdir), "--to", target, "--follow")
+    try:
+        source.pg.sql("INSERT INTO items VALUES (777777, 'followed', 1)", "app")
+        deadline = time.monotonic() + 120
+        with psycopg.connect(target, autocommit=True) as conn:
+            while conn.execute("SELECT count(*) FROM items WHERE id = 777777").fetchone() != (1,):
+                assert follower.poll() is None, "apply --follow ended on its own"
+                assert time.monotonic() < deadline, "the row never reached the target"
+                time.sleep(0.2)
+        follower.terminate()
+        assert follower.wait(timeout=30) == 0
+    finally:
+        for process in (follower, daemon):
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
+    assert compare_tables(dsn(source.pg, "app"), target, TABLES) == {}

@@ -70,6 +70,11 @@ def delta_rows(where: Path, table: str, names: list[str]) -> Rows:
     return sorted(zip(*columns, strict=True), key=_sortable)
 
 
+def commits(where: Path) -> set[Path]:
+    """The Delta commits made under ``where``, every table's."""
+    return set(where.glob("public/*/_delta_log/*.json"))
+
+
 def versions(where: Path) -> dict[str, int]:
     return {table: deltalake.DeltaTable(str(where / "public" / table)).version()
             for table in TABLES}
@@ -115,15 +120,25 @@ def source() -> Iterator[Source]:
 
 def test_apply_into_delta_killed_again_and_again_ends_with_the_primarys_tables(
         source: Source, tmp_path: Path) -> None:
-    """SIGKILLed four times while it applies, then run to the end: every Delta table holds the
-    primary's rows (the column added at the source included, the unchanged TOAST value kept);
-    a second run applies nothing and writes no new Delta version."""
+    """SIGKILLed right after each new Delta commit it makes (the snapshot's tables one by
+    one, then the transactions' batch between two tables' commits), then run to the end:
+    every Delta table holds the primary's rows (the column added at the source included, the
+    unchanged TOAST value kept); a second run applies nothing and writes no new version."""
     where = tmp_path / "lake"
-    for delay in (1.0, 2.0, 3.0, 4.5):
+    kills = 0
+    for _ in range(12):
+        made = commits(where)
         process = start_receivewal("apply", "-D", str(source.outdir), "--to", f"delta:{where}")
-        time.sleep(delay)
+        while process.poll() is None and commits(where) == made:
+            time.sleep(0.02)
+        if process.poll() is not None:
+            break  # it finished between two looks
         process.kill()
         process.wait()
+        kills += 1
+    print(f"\nkilled {kills} times, each right after a new commit; "
+          f"{len(commits(where))} commits then")
+    assert kills >= 10
     done = source.apply(f"delta:{where}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert_equal_to_primary(source, where)

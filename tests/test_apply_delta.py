@@ -8,16 +8,19 @@ writes no new Delta version."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from support.logical import LOGICAL_CONF, TABLES, current_lsn, prepare_database, run_workload
+from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir, running_server
 from support.streams import receivewal, start_receivewal
 
@@ -63,9 +66,19 @@ def _sortable(row: tuple[str | None, ...]) -> tuple[tuple[bool, str], ...]:
     return tuple((value is None, value or "") for value in row)
 
 
-def delta_rows(where: Path, table: str, names: list[str]) -> Rows:
+def opened(where: Path | str, table: str) -> Any:
+    """The Delta table of ``public.table`` under a directory or a bucket's prefix (the
+    latter read with the environment's endpoint and keys)."""
+    if isinstance(where, Path):
+        return deltalake.DeltaTable(str(where / "public" / table))
+    return deltalake.DeltaTable(f"{where}/public/{table}", storage_options={
+        "AWS_ALLOW_HTTP": "true", **{key: os.environ[key] for key in (
+            "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")}})
+
+
+def delta_rows(where: Path | str, table: str, names: list[str]) -> Rows:
     """The Delta table's rows, in the primary's column order, sorted as theirs."""
-    data = deltalake.DeltaTable(str(where / "public" / table)).to_pyarrow_table()
+    data = opened(where, table).to_pyarrow_table()
     columns = [data.column(name).to_pylist() for name in names]
     return sorted(zip(*columns, strict=True), key=_sortable)
 
@@ -75,12 +88,11 @@ def commits(where: Path) -> set[Path]:
     return set(where.glob("public/*/_delta_log/*.json"))
 
 
-def versions(where: Path) -> dict[str, int]:
-    return {table: deltalake.DeltaTable(str(where / "public" / table)).version()
-            for table in TABLES}
+def versions(where: Path | str) -> dict[str, int]:
+    return {table: opened(where, table).version() for table in TABLES}
 
 
-def assert_equal_to_primary(source: Source, where: Path) -> None:
+def assert_equal_to_primary(source: Source, where: Path | str) -> None:
     differ = []
     for table in TABLES:
         names, mine = source.primary_rows(table)
@@ -181,3 +193,17 @@ def test_a_bad_delta_target_gets_one_line(source: Source, tmp_path: Path) -> Non
     assert empty.returncode == 1
     assert "names no directory" in empty.stderr
     assert "Traceback" not in empty.stderr
+
+
+def test_apply_into_delta_tables_in_a_bucket(source: Source, store: SeaweedS3) -> None:
+    """--to delta:s3://BUCKET/PREFIX, with the AWS environment of the other S3 commands (a real
+    S3 server, SeaweedFS): the same tables as the primary's; a second run writes nothing."""
+    where = f"s3://{store.bucket}/lake"
+    done = source.apply(f"delta:{where}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_equal_to_primary(source, where)
+    before = versions(where)
+    again = source.apply(f"delta:{where}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "(0 Delta commits" in again.stdout
+    assert versions(where) == before

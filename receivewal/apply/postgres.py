@@ -61,6 +61,8 @@ class PostgresTarget:
 
     #: each transaction is applied (and progress recorded) alone
     batch_changes = 1
+    #: one per transaction: not counted apart
+    commits: int | None = None
 
     def __init__(self, conninfo: str, source: str) -> None:
         self.source = source

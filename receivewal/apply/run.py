@@ -36,6 +36,10 @@ class Target(Protocol):
     #: how many changes a batch of transactions holds at most (a bigger transaction alone)
     batch_changes: int
 
+    @property
+    def commits(self) -> int | None:
+        """The commits written so far, where the target counts them (Delta's), else None."""
+
     def begin(self, consistent_point: int) -> int:
         """Read the target's progress; the LSN through which it holds every transaction."""
 
@@ -133,7 +137,7 @@ def apply_log(outdir: Path, to: str, *, keys: Keys | None = None, follow: bool =
                 return applied
             time.sleep(poll)
     finally:
-        applied.commits = getattr(target, "commits", None)
+        applied.commits = target.commits
         target.close()
 
 

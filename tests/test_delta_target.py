@@ -144,3 +144,22 @@ def test_a_name_that_cannot_be_a_folder_is_one_clear_error(tmp_path: Path) -> No
     with pytest.raises(delta.ReceivewalError, match="cannot be a Delta table's folder"):
         target.apply_batch([transaction(
             100, (change("insert", "../up", new={"id": "1", "val": "x"}), FULL))])
+
+
+def test_an_update_that_changes_the_key_keeps_an_unchanged_toast_column(tmp_path: Path) -> None:
+    """The new key's row takes the value the update did not carry from the old key's row, as
+    the table holds it or as the batch left it."""
+    target = delta.DeltaTarget(str(tmp_path), "slot")
+    target.apply_batch([transaction(
+        100, (change("insert", "docs", new={"id": "1", "body": "long1", "note": "a"}), KEYED),
+        (change("insert", "docs", new={"id": "2", "body": "long2", "note": "b"}), KEYED))])
+    target.apply_batch([
+        transaction(200, (change("update", "docs", old={"id": "1"},
+                                 new={"id": "10", "note": "moved"}), KEYED)),
+        transaction(300, (change("update", "docs", new={"id": "2", "note": "b2"}), KEYED),
+                    (change("update", "docs", old={"id": "2"},
+                            new={"id": "20", "note": "moved too"}), KEYED),
+                    (change("update", "docs", new={"id": "20", "note": "then changed"}),
+                     KEYED))])
+    assert rows(tmp_path, "docs") == [("10", "long1", "moved"),
+                                      ("20", "long2", "then changed")]

@@ -20,7 +20,9 @@ each table a batch touches gets one commit:
 - A table with a key (the relation's ``key`` columns, not all of them): the batch's changes
   folded per key in commit order (the last one wins; an update sets only the columns it
   carries, so an unchanged TOAST value keeps the table's), then one MERGE on the key:
-  deletes, updates (a column the change did not carry keeps the table's value), inserts.
+  deletes, updates (a column the change did not carry keeps the table's value), inserts. An
+  update that changed the key takes what it did not carry from the old key's row (read back
+  first).
 - A table without a key (or with REPLICA IDENTITY FULL: every column a key): inserts are
   appended; when the batch updates or deletes, the rows equal to a changed row's old or new
   values are read, the batch's changes applied to them in order (an update or delete takes
@@ -236,6 +238,8 @@ class DeltaTarget:
     def _merge(self, opened: DeltaTable, schema: str, table: str, changes: _TableChanges, *,
                names: list[str], version: int) -> None:
         keys = changes.key_names
+        if changes.carry:
+            self._carry_over(opened, schema, table, changes)
         data: dict[str, list[Any]] = {"op": []}
         for index in range(len(names)):
             data[f"c{index}"], data[f"m{index}"] = [], []
@@ -265,6 +269,27 @@ class DeltaTarget:
         except (DeltaError, pa.ArrowException, OSError) as exc:
             raise _failed(schema, table, exc) from exc
         self._written(schema, table, version)
+
+    def _carry_over(self, opened: DeltaTable, schema: str, table: str,
+                    changes: _TableChanges) -> None:
+        """Fill the rows whose key an update changed with the columns it did not carry (an
+        unchanged TOAST value), from the row of the key they moved from."""
+        keys = changes.key_names
+        sources = set(changes.carry.values())
+        predicate = " OR ".join(sorted(_row_predicate(dict(zip(keys, key, strict=True)))
+                                       for key in sources))
+        try:
+            held = QueryBuilder().register("t", opened).execute(
+                f"SELECT * FROM t WHERE {predicate}"  # noqa: S608 - names and values quoted
+            ).read_all()
+        except (DeltaError, OSError) as exc:
+            raise _failed(schema, table, exc) from exc
+        rows = {tuple(row.get(name) for name in keys): row
+                for row in pa.table(held).to_pylist()}
+        for key, source in changes.carry.items():
+            op, values = changes.keyed_rows[key]
+            if op == "u" and source in rows:
+                changes.keyed_rows[key] = (op, {**rows[source], **values})
 
     def _write(self, schema: str, table: str, data: pa.Table | pa.RecordBatchReader,
                version: int, **how: Any) -> None:
@@ -298,6 +323,8 @@ class _TableChanges:
     columns: Columns
     emptied: bool = False
     keyed_rows: dict[Key, tuple[str, Row]] = field(default_factory=dict)
+    #: a key whose row moved from another key the table holds, lacking columns that row has
+    carry: dict[Key, Key] = field(default_factory=dict)
     keyless: list[_Change] = field(default_factory=list)
     matched: list[Row] = field(default_factory=list)
 
@@ -316,6 +343,7 @@ class _TableChanges:
     def truncate(self) -> None:
         self.emptied = True
         self.keyed_rows.clear()
+        self.carry.clear()
         self.keyless.clear()
         self.matched.clear()
 
@@ -340,21 +368,27 @@ class _TableChanges:
 
     def _fold(self, op: str, old: Row, new: Row) -> None:
         keys = self.key_names
-        key = tuple(new.get(name) for name in keys)
-        if op != "insert" and old:
-            was = tuple(old.get(name) for name in keys)
-            if op == "delete" or was != key:
-                self.keyed_rows.pop(was, None)
-                self.keyed_rows[was] = ("d", {})
-            if op == "delete":
-                return
+        key = tuple((new or old).get(name) for name in keys)
+        was = tuple(old.get(name) for name in keys) if old else key
         if op == "delete":
-            self.keyed_rows.pop(key, None)
-            self.keyed_rows[key] = ("d", {})
+            self.keyed_rows.pop(was, None)
+            self.keyed_rows[was] = ("d", {})
+            self.carry.pop(was, None)
             return
-        before = self.keyed_rows.pop(key, None)
-        values = new if op == "insert" or before is None or before[0] == "d" else \
-            {**before[1], **new}
+        before = self.keyed_rows.pop(was, None)
+        if was != key:  # the key changed: the old key's row is gone, the new one takes its
+            self.keyed_rows[was] = ("d", {})  # values (an unchanged TOAST column's too)
+            self.keyed_rows.pop(key, None)
+        carried = self.carry.pop(was, None)
+        self.carry.pop(key, None)
+        if op == "insert" or (before is not None and before[0] == "d"):
+            values, source = new, None  # a whole row
+        elif before is None:  # on top of the table's row of the old key
+            values, source = new, (was if was != key else None)
+        else:  # on top of what the batch made of it
+            values, source = {**before[1], **new}, carried or (was if was != key else None)
+        if source is not None and any(name not in values for name in self.names()):
+            self.carry[key] = source  # the row it moved from fills in what it lacks
         self.keyed_rows[key] = ("u", values)
 
     def rows_from_empty(self) -> list[Row]:

@@ -59,7 +59,6 @@ SNAPSHOT_BATCH_ROWS = 8_192
 #: A table without a key reads back the rows equal to at most this many changed rows per
 #: commit (the predicate names each); a batch is cut at the transaction that would pass it.
 KEYLESS_ROWS = 500
-PREFIX = "delta:"
 
 Row = dict[str, Any]
 Key = tuple[Any, ...]

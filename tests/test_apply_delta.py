@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -207,3 +208,27 @@ def test_apply_into_delta_tables_in_a_bucket(source: Source, store: SeaweedS3) -
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(0 Delta commits" in again.stdout
     assert versions(where) == before
+
+
+def test_apply_into_delta_with_follow_stops_on_sigterm(source: Source, tmp_path: Path) -> None:
+    """--follow applies everything, keeps waiting for more, and ends with exit 0 on SIGTERM,
+    the tables equal to the primary's."""
+    where = tmp_path / "lake"
+    process = start_receivewal("apply", "-D", str(source.outdir), "--to", f"delta:{where}",
+                               "--follow")
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                assert_equal_to_primary(source, where)
+                break
+            except (AssertionError, KeyError, OSError, deltalake.exceptions.DeltaError):
+                assert process.poll() is None, "apply --follow ended by itself"
+                assert time.monotonic() < deadline, "apply --follow did not catch up"
+                time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

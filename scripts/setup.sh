@@ -3,7 +3,7 @@
 # RECEIVEWAL_SETUP=test (scripts/test, the default): everything the test suite uses
 # - PostgreSQL server binaries, pgbench, pglogical, rsync, age... (apt-get when missing and root)
 # - Java for the Spark pipeline's tests (apt-get install when missing and we are root)
-# - a virtual environment in .venv with receivewal and its test, s3 and spark extras
+# - a virtual environment in .venv with receivewal and its test, s3, delta and spark extras
 # RECEIVEWAL_SETUP=demo (scripts/demo): only what the demo runs: the PostgreSQL server
 # binaries, pgbench, runuser as root, and .venv with receivewal alone (no extras).
 # RECEIVEWAL_SETUP_PLAN=1: print what would be installed, install nothing, and exit.

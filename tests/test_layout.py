@@ -157,6 +157,20 @@ def test_the_replication_connection_hands_out_only_receivewal_types() -> None:
     assert foreign == []
 
 
+def test_deltalake_stays_behind_the_delta_target() -> None:
+    """One door to Delta Lake: apply/delta.py alone imports deltalake (the delta extra), and
+    apply's driver loads it only for a ``delta:`` target, so a PostgreSQL target runs
+    without the extra."""
+    door = "receivewal.apply.delta"
+    importers = [module_name(path) for path in sorted(PACKAGE.rglob("*.py"))
+                 if "deltalake" in top_level_imports(path)]
+    assert importers == [door]
+    code = "import sys, receivewal.apply.run; print('deltalake' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
+
+
 @pytest.mark.parametrize("module", ["receivewal.daemon.monitor", "receivewal.daemon.proctitle"])
 def test_masking_passwords_does_not_load_psycopg(module: str) -> None:
     """The monitor and the process title mask passwords in connection strings without loading

@@ -4,6 +4,8 @@
 applied: the snapshot's tables (:mod:`receivewal.logical.snapshot`), then every complete
 committed transaction of the log, in commit order (a prepared one at its COMMIT PREPARED,
 none at a ROLLBACK PREPARED). A target applies each as one unit and records how far it got in
-the same transaction as the rows (:mod:`~receivewal.apply.postgres`: a PostgreSQL database),
-so that a run killed at any moment and run again applies nothing twice and skips nothing.
+the same transaction as the rows (:mod:`~receivewal.apply.postgres`: a PostgreSQL database;
+:mod:`~receivewal.apply.delta`: Delta Lake tables, progress in each commit), so that a run
+killed at any moment and run again applies nothing twice and skips nothing
+(:mod:`~receivewal.apply.run` drives either).
 """

@@ -59,8 +59,14 @@ class Progress:
 class PostgresTarget:
     """One connection to the target database, for one source (a slot's change log)."""
 
+    #: each transaction is applied (and progress recorded) alone
+    batch_changes = 1
+    #: one per transaction: not counted apart
+    commits: int | None = None
+
     def __init__(self, conninfo: str, source: str) -> None:
         self.source = source
+        self.snapshot_tables = 0
         try:
             self.conn = psycopg.connect(conninfo, autocommit=False,
                                         options="-c TimeZone=UTC -c DateStyle=ISO")
@@ -85,6 +91,22 @@ class PostgresTarget:
             raise ReceivewalError(f"the target's progress table: {_one_line(exc)}") from exc
         assert row is not None
         return Progress(int(row[0]), parse_lsn(row[1]))
+
+    def begin(self, consistent_point: int) -> int:
+        """Read the progress row: the end LSN of the last transaction applied."""
+        progress = self.progress()
+        self.snapshot_tables = progress.snapshot_tables
+        return progress.applied_through
+
+    def holds_table(self, index: int, schema: str, table: str) -> bool:
+        """Whether the snapshot's table number ``index`` is in (the progress row counts)."""
+        return index <= self.snapshot_tables
+
+    def apply_batch(self, batch: list[Transaction]) -> int:
+        """Each transaction of ``batch`` in a transaction of its own; how many."""
+        for transaction in batch:
+            self.apply_transaction(transaction)
+        return len(batch)
 
     def apply_table(self, index: int, relation: Record,
                     rows: Iterable[Record]) -> int:

@@ -1,27 +1,60 @@
 """One ``apply`` run: the snapshot's tables the target lacks, then the transactions it lacks.
 
-The target says how far it got (:class:`~receivewal.apply.postgres.Progress`); everything at
-or before that is passed over, everything after it is applied unit by unit, in order. With
-``follow`` the run then waits for the log to grow and goes on until it is stopped; without,
-it ends once it has applied all the log holds.
+Both targets are driven alike (:class:`Target`): a PostgreSQL database
+(:mod:`~receivewal.apply.postgres`, ``--to CONNSTR``) or Delta tables
+(:mod:`~receivewal.apply.delta`, ``--to delta:DIR``). The target says how far it got; every
+snapshot table it holds and every transaction at or before that point is passed over, the rest
+is handed to it in order, in batches of whole transactions (one transaction a batch for
+PostgreSQL, which records its progress with each). With ``follow`` the run then waits for the
+log to grow and goes on until it is stopped; without, it ends once it has applied all the log
+holds.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from receivewal.apply.postgres import PostgresTarget
-from receivewal.apply.source import file_records, log_files, transactions
+from receivewal.apply.source import Record, Transaction, file_records, log_files, transactions
 from receivewal.errors import ConfigurationError
 from receivewal.logical.snapshot import read_manifest, table_records
 from receivewal.wal.lsn import format_lsn
 
 if TYPE_CHECKING:
     from receivewal.archive.encryption import Keys
+
+#: ``--to delta:DIR``: Delta tables under DIR; anything else is a PostgreSQL connection.
+DELTA_PREFIX = "delta:"
+
+
+class Target(Protocol):
+    """What ``apply`` asks of where it applies the log."""
+
+    #: how many changes a batch of transactions holds at most (a bigger transaction alone)
+    batch_changes: int
+
+    @property
+    def commits(self) -> int | None:
+        """The commits written so far, where the target counts them (Delta's), else None."""
+
+    def begin(self, consistent_point: int) -> int:
+        """Read the target's progress; the LSN through which it holds every transaction."""
+
+    def holds_table(self, index: int, schema: str, table: str) -> bool:
+        """Whether the snapshot's table number ``index`` is in the target."""
+
+    def apply_table(self, index: int, relation: Record, rows: Iterable[Record]) -> int:
+        """Load the snapshot's table number ``index``, with its progress; the rows loaded."""
+
+    def apply_batch(self, batch: list[Transaction]) -> int:
+        """Apply what the target lacks of ``batch``, with its progress; the transactions of
+        which something was applied."""
+
+    def close(self) -> None:
+        """Let go of the target."""
 
 
 @dataclass
@@ -32,11 +65,16 @@ class Applied:
     rows: int = 0
     transactions: int = 0
     through: int = 0
+    changes: int = 0
+    commits: int | None = None  # a Delta target's commits
 
     def describe(self) -> str:
-        return (f"applied {self.tables} snapshot tables ({self.rows} rows) and "
+        said = (f"applied {self.tables} snapshot tables ({self.rows} rows) and "
                 f"{self.transactions} transactions; the target holds the change log through "
                 f"{format_lsn(self.through)}")
+        if self.commits is not None:
+            said += f" ({self.commits} Delta commits for {self.changes} changes read)"
+        return said
 
 
 def source_name(outdir: Path, keys: Keys | None) -> str:
@@ -53,22 +91,35 @@ def source_name(outdir: Path, keys: Keys | None) -> str:
     raise ConfigurationError(f"{outdir} holds no change log (no snapshot, no change file)")
 
 
-def apply_log(outdir: Path, conninfo: str, *, keys: Keys | None = None, follow: bool = False,
+def open_target(to: str, source: str) -> Target:
+    """The target ``--to`` names, for the log of ``source`` (its slot)."""
+    if to.startswith(DELTA_PREFIX):
+        try:
+            from receivewal.apply.delta import DeltaTarget  # noqa: PLC0415 - the delta extra
+        except ImportError as exc:
+            raise ConfigurationError(f"--to {DELTA_PREFIX}DIR needs the delta extra "
+                                     f"(pip install 'receivewal[delta]'): {exc}") from exc
+        return DeltaTarget(to[len(DELTA_PREFIX):], source)
+    from receivewal.apply.postgres import PostgresTarget  # noqa: PLC0415 - psycopg when used
+
+    return PostgresTarget(to, source)
+
+
+def apply_log(outdir: Path, to: str, *, keys: Keys | None = None, follow: bool = False,
               stopped: Callable[[], bool] = lambda: False, poll: float = 1.0,
               say: Callable[[str], None] = lambda line: None) -> Applied:
-    """Apply what ``outdir``'s change log holds that the target at ``conninfo`` lacks."""
+    """Apply what ``outdir``'s change log holds that the target ``to`` lacks."""
     if not outdir.is_dir():
         raise ConfigurationError(f"{outdir} is not a directory")
     applied = Applied()
-    target = PostgresTarget(conninfo, source_name(outdir, keys))
+    target = open_target(to, source_name(outdir, keys))
     try:
-        progress = target.progress()
-        applied.through = progress.applied_through
         manifest = read_manifest(outdir)
         start = 0 if manifest is None else manifest.consistent_point
+        applied.through = target.begin(start)
         if manifest is not None:
             for index, entry in enumerate(manifest.tables, 1):
-                if index <= progress.snapshot_tables:
+                if target.holds_table(index, entry.schema, entry.table):
                     continue
                 records = table_records(outdir, entry, keys)
                 relation = next(r for r in records if r.get("op") == "relation")
@@ -80,16 +131,40 @@ def apply_log(outdir: Path, conninfo: str, *, keys: Keys | None = None, follow: 
                 if stopped():
                     return applied
         while True:
-            for transaction in transactions(outdir, keys):
-                if transaction.end_lsn <= max(applied.through, start):
-                    continue
-                target.apply_transaction(transaction)
-                applied.transactions += 1
-                applied.through = transaction.end_lsn
-                if stopped():
-                    return applied
+            if _apply_transactions(outdir, keys, target, applied, start=start, stopped=stopped):
+                return applied
             if not follow or stopped():
                 return applied
             time.sleep(poll)
     finally:
+        applied.commits = target.commits
         target.close()
+
+
+def _apply_transactions(outdir: Path, keys: Keys | None, target: Target, applied: Applied, *,
+                        start: int, stopped: Callable[[], bool]) -> bool:
+    """The log's transactions after what the target holds, batch by batch; whether a stop
+    was requested."""
+    batch: list[Transaction] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal size
+        applied.transactions += target.apply_batch(batch)
+        applied.changes += size
+        applied.through = batch[-1].end_lsn
+        batch.clear()
+        size = 0
+
+    for transaction in transactions(outdir, keys):
+        if transaction.end_lsn <= max(applied.through, start):
+            continue
+        batch.append(transaction)
+        size += max(1, len(transaction.changes))
+        if size >= target.batch_changes:
+            flush()
+            if stopped():
+                return True
+    if batch:
+        flush()
+    return stopped()

@@ -43,10 +43,11 @@ def _final(exc: Exception) -> bool:
     required=True, metavar="OUTDIR",
     help="The change log's directory (what receivewal logical writes)."),
     type=click.Path(file_okay=False, path_type=Path))
-@click.option("--to", "target", required=True, metavar="CONNSTR",
+@click.option("--to", "target", required=True, metavar="CONNSTR|delta:DIR",
               envvar="RECEIVEWAL_APPLY_TO",
               help="The target: a PostgreSQL connection string or URI whose database has the "
-              "source's tables (env RECEIVEWAL_APPLY_TO).")
+              "source's tables, or delta:DIR for Delta Lake tables DIR/<schema>/<table> (DIR a "
+              "directory or an s3:// prefix; the delta extra) (env RECEIVEWAL_APPLY_TO).")
 @click.option("--follow", is_flag=True,
               help="Once all is applied, wait for more and apply it as it comes, until "
               "SIGTERM or SIGINT (as a service).")
@@ -54,11 +55,11 @@ def _final(exc: Exception) -> bool:
     help="age identity file that decrypts the sealed change files (.age) "
     f"(env {catalog.IDENTITY.env})."), type=click.Path(dir_okay=False), default=None)
 def apply_command(directory: Path, target: str, *, follow: bool, identity: str | None) -> None:
-    """Apply a change log's snapshot and transactions to a database, exactly once, in commit
-    order; run again, only what is new."""
+    """Apply a change log's snapshot and transactions to a database or Delta tables, exactly
+    once, in commit order; run again, only what is new."""
     if identity and is_private_key(identity):
         raise click.ClickException(key_given_as_file(catalog.IDENTITY.named()))
-    from receivewal.apply.run import apply_log  # noqa: PLC0415 - psycopg only when run
+    from receivewal.apply.run import apply_log  # noqa: PLC0415 - a target's library when run
 
     stop = {"requested": False}
 

@@ -304,7 +304,8 @@ def test_a_daemon_killed_between_upload_and_record_resumes_without_loss(
                   env=store_env(seaweed, RECEIVEWAL_TEST_UPLOAD_PAUSE=str(marker)))
     try:
         pg.generate_wal(2)
-        wait_for(marker.exists, what="the uploader paused after a put")
+        wait_for(lambda: marker.exists() and marker.read_text() != "",
+                 what="the uploader paused after a put")  # created, then written
         paused = marker.read_text()
         assert paused in keys(seaweed, prefix)
     finally:

@@ -11,8 +11,9 @@ from support.workers import LONGEST_FIRST, SPLIT_PER_TEST, WORKER_GROUPS, worker
 
 TESTS = Path(__file__).parent
 #: Session fixtures (tests/conftest.py) and the group of every module that asks for them
-#: (``two_archives`` is built once per run for all workers: support.sparkarchives).
-SHARED = {"deb": "deb", "spark": "spark", "seaweed_server": "spark"}
+#: (``two_archives`` is built once per run for all workers: support.sparkarchives; every
+#: worker has its own ``seaweed_server``, which any module may share: no group).
+SHARED = {"deb": "deb", "spark": "spark"}
 
 
 def fixtures_asked_for(module: Path) -> set[str]:

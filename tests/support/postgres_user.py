@@ -32,6 +32,7 @@ def install_for_postgres(base: Path, extra: tuple[str, ...] = (), *, package: Pa
                              "same version")
     lib = base / lib_name
     if package is None:
+        lib.parent.mkdir(parents=True, exist_ok=True)  # as copytree made it
         lib.symlink_to(shared_lib(extra), target_is_directory=True)
     else:
         copy_lib(lib, package, extra)

@@ -273,16 +273,22 @@ class PgServer:
         """Run SQL and return what ``psql -At`` prints for it: each row's values joined by
         ``|`` (NULL empty), the rows of every statement one a line, stripped; a failure
         (:class:`SqlFailed`) says what the server said. The query goes as one simple-protocol
-        message over the connection this server keeps open (autocommit, as psql -c), made
-        again when the server went away (a restart, a stop)."""
+        message over a connection of its own (autocommit, as psql -c), closed after it: one
+        session per call, as psql gave, without a process started for each."""
         with self._sql_lock:
             try:
+                try:
+                    return self._sql_once(query, dbname)
+                except psycopg.OperationalError:
+                    if self._sql_conn is None or not self._sql_conn.broken:
+                        raise
+                # the connection died (the server restarted): once more on a new one
                 return self._sql_once(query, dbname)
-            except psycopg.OperationalError:
-                if self._sql_conn is None or not self._sql_conn.broken:
-                    raise
-            # the connection died while idle (the server restarted): once more on a new one
-            return self._sql_once(query, dbname)
+            finally:
+                # the session ends with the call, as psql's did: its settings (a replication
+                # origin set up) do not leak into the next call, and its statistics are
+                # flushed when it exits (tests read pg_stat_* counters right after)
+                self.close_sql()
 
     def _sql_once(self, query: str, dbname: str) -> str:
         conn = self._sql_connection(dbname)

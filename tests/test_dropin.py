@@ -280,8 +280,7 @@ class FinishedLines:
         self._thread.join(timeout=30)
 
 
-@pytest.mark.shared_server
-@pytest.mark.server
+@pytest.mark.server  # a server of its own: a boundary crossed before the hold breaks it
 def test_finished_segment_is_printed_once_the_segment_is_there(dropin: Path, pg: PgServer,
                                                                tmp_path: Path) -> None:
     """pg_receivewal prints "finished segment at X" after the segment's close: fsynced and

@@ -197,7 +197,6 @@ class Terminal:
         return code
 
 
-@pytest.mark.shared_server
 def test_stream_progress_on_a_terminal_shows_the_catch_up_and_never_garbles_a_log_line(
     pg: PgServer, archive_dir: Path
 ) -> None:

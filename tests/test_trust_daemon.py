@@ -11,6 +11,7 @@ import resource
 import signal
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,15 @@ IDLE_CONNECTIONS = 3 * FD_LIMIT
 def open_descriptors(pid: int) -> int:
     """How many file descriptors the process has open now."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def fewest_descriptors(pid: int) -> int:
+    """The fewest file descriptors the process held in ten looks over half a second."""
+    counts = []
+    for _ in range(10):
+        counts.append(open_descriptors(pid))
+        time.sleep(0.05)
+    return min(counts)
 
 
 def flushed(pg: PgServer) -> int:
@@ -127,13 +137,21 @@ def test_running_out_of_descriptors_mid_stream_is_retried_not_fatal(
         wait_for(lambda: pg.sql("SELECT count(*) FROM pg_stat_replication WHERE state = "
                                 "'streaming'") == "1", what="streaming to start")
         soft, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
-        held = open_descriptors(proc.pid)
-        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (held, hard))
-        pg.generate_wal(segments=2)
 
         def emfile_logged() -> bool:
             return proc.poll() is not None or "Too many open files" in log.read_text()
-        wait_for(emfile_logged, what="the daemon to run out of descriptors")
+        # A count taken while the daemon briefly holds one more descriptor (a status file, a
+        # directory synced) leaves room for the next segment, so the limit is cut to the fewest
+        # seen, again before each segment, until the daemon runs out.
+        for attempt in range(5):
+            resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (fewest_descriptors(proc.pid), hard))
+            pg.generate_wal(segments=1)
+            try:
+                wait_for(emfile_logged, timeout=20, what="the daemon to run out of descriptors")
+                break
+            except TimeoutError:
+                if attempt == 4:
+                    raise
         events = [json.loads(line) for line in log.read_text().splitlines()
                   if line.startswith("{")]
         assert proc.poll() is None, log.read_text()[-2000:]

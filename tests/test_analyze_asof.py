@@ -278,7 +278,7 @@ def write_log(log: Path, *, snapshot: bool = True) -> None:
          "new": t_row(9, "never committed", "B9")}))
 
 
-def tables_at(spark: Any, log: Path, out: Path, point: str,
+def tables_at(spark: Any, log: Path | str, out: Path, point: str,
               **options: Any) -> dict[str, Counter[tuple[str | None, ...]]]:
     run_as_of(spark, str(log), str(out), parse_as_of(point), **options)
     found = {}
@@ -341,6 +341,19 @@ def test_tables_into_a_bucket(spark: Any, handmade: Path, store: SeaweedS3) -> N
                             ("5", "e2", "B5")})
     with pytest.raises(ConfigurationError, match="holds objects already"):
         run_as_of(spark, str(handmade), url, parse_as_of("0/1000500"))
+
+
+def test_a_change_log_in_a_bucket(spark: Any, handmade: Path, store: SeaweedS3,
+                                  tmp_path: Path) -> None:
+    """The log and its snapshot read from an ``s3://`` prefix build the same tables."""
+    url = f"s3://{store.bucket}/asof/log"
+    bucket = Bucket.connect(url)
+    for path in sorted(handmade.rglob("*")):
+        if path.is_file():
+            bucket.put_new(str(path.relative_to(handmade)), path)
+    from_bucket = tables_at(spark, url, tmp_path / "b", "2026-11-26T10:00:03.9Z")
+    assert from_bucket == tables_at(spark, handmade, tmp_path / "d", "2026-11-26T10:00:03.9Z")
+    assert len(from_bucket["public.t"]) == 4
 
 
 def test_refusals_are_one_line(spark: Any, handmade: Path, tmp_path: Path) -> None:

@@ -26,7 +26,9 @@ T = TypeVar("T")
 EXIT_CODES = """\b
 Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed;
 2 a usage error, or the summary could not be written.
-With --changes: 0 every change log was read; 1 one could not be, or the job failed."""
+With --changes: 0 every change log was read; 1 one could not be, or the job failed.
+With --as-of: 0 the tables were written; 1 the log cannot build them there, or the job
+failed."""
 
 
 def named_archives(ctx: click.Context, param: click.Parameter, value: tuple[str, ...],

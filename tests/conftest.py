@@ -151,7 +151,7 @@ def deb() -> Iterator[Path]:
 
 
 SPARK_MODULES = ("test_analyze.py", "test_analyze_connect.py", "test_analyze_cluster.py",
-                 "test_analyze_bucket.py", "test_analyze_changes.py")
+                 "test_analyze_bucket.py", "test_analyze_changes.py", "test_analyze_asof.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the test extra)

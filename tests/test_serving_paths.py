@@ -55,6 +55,8 @@ WRITES_OTHER = {
     "logical/snapshot.py::SnapshotWriter.begin": "a change log's snapshot: its intent",
     "logical/snapshot.py::SnapshotWriter.write_table": "a change log's snapshot: a table",
     "logical/snapshot.py::SnapshotWriter.finish": "a change log's snapshot: its manifest",
+    "check/asoftables.py::put_parts": "analyze --as-of: a table's Parquet part put "
+                                      "create-only into a bucket (no WAL)",
     "restore/spoolfiles.py::_write_bytes": "the spool's small records (.wanted, .window...)",
     "archive/writer.py::SegmentWriter._create_temporary": "the daemon writing what it receives",
     "archive/writer.py::SegmentWriter._create_preallocated": "the daemon writing what it receives",

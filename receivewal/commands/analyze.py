@@ -26,7 +26,9 @@ T = TypeVar("T")
 EXIT_CODES = """\b
 Exit codes: 0 every archive is recoverable; 1 one is not, or the job failed;
 2 a usage error, or the summary could not be written.
-With --changes: 0 every change log was read; 1 one could not be, or the job failed."""
+With --changes: 0 every change log was read; 1 one could not be, or the job failed.
+With --as-of: 0 the tables were written; 1 the log cannot build them there, or the job
+failed."""
 
 
 def named_archives(ctx: click.Context, param: click.Parameter, value: tuple[str, ...],
@@ -58,17 +60,34 @@ def named_archives(ctx: click.Context, param: click.Parameter, value: tuple[str,
 @click.option("--changes", is_flag=True,
               help="The inputs are logical change logs (JSON Lines, format 1), not WAL "
                    "archives: count changes per table and hour.")
+@click.option("--as-of", "as_of", default=None, metavar="TIME|LSN",
+              help="With --changes and --tables: build the change log's tables as they were "
+                   "at the last commit at or before this LSN (X/X) or time (ISO 8601 with its "
+                   "zone).")
+@click.option("--tables", "tables_out", default=None, metavar="DIR-OR-URI",
+              help="With --as-of: where the tables go, as Parquet, one folder per table "
+                   "(<schema>.<table>); a directory or s3://BUCKET/PREFIX.")
+@click.option("--without-snapshot", is_flag=True,
+              help="With --as-of: build the tables of a log that has no snapshot from its "
+                   "changes alone (they then lack every row from before the slot).")
 def analyze_command(inputs: tuple[str, ...], output: Path, *, remote: str | None, master: str,
-                    no_compressibility: bool, identity: str | None, changes: bool) -> None:
+                    no_compressibility: bool, identity: str | None, changes: bool,
+                    as_of: str | None, tables_out: str | None,
+                    without_snapshot: bool) -> None:
     """Verify and analyse WAL archives (directories, s3://BUCKET/PREFIX read with boto3, or
     Hadoop URIs such as hdfs://) as a Spark job: Parquet tables and a report with charts.
 
     With --changes the inputs are change log directories (what receivewal logical writes): the
     report counts inserts, updates, deletes and truncates per table and per hour.
 
+    With --changes, --as-of TIME|LSN and --tables OUT, the input is one change log with its
+    snapshot: its tables as they were at that point are written to OUT as Parquet.
+
     Needs the spark extra: pip install 'receivewal[spark]' (pyspark, pyarrow, matplotlib;
     Java for the embedded session).
     """
+    check_as_of_options(inputs, changes=changes, as_of=as_of, tables_out=tables_out,
+                        without_snapshot=without_snapshot)
     if identity and is_private_key(identity):
         raise click.ClickException(key_given_as_file(catalog.IDENTITY.named()))
     try:
@@ -81,7 +100,10 @@ def analyze_command(inputs: tuple[str, ...], output: Path, *, remote: str | None
 
     roots = change_logs.resolved(inputs)
     key_file = str(Path(identity).resolve()) if identity else None
-    if changes:
+    if as_of is not None and tables_out is not None:
+        lines, status = as_of_tables(roots[0], as_of, tables_out, remote=remote, master=master,
+                                     identity=key_file, without_snapshot=without_snapshot), 0
+    elif changes:
         result = in_session(remote, master, lambda spark: change_logs.run_changes(
             spark, roots, output, identity=key_file))
         lines, status = change_logs.summary_lines(result), 0
@@ -112,3 +134,44 @@ def in_session(remote: str | None, master: str, job: Callable[[Any], T]) -> T:
             spark.stop()  # releases a Connect session on the server; ends a local one
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def check_as_of_options(inputs: tuple[str, ...], *, changes: bool, as_of: str | None,
+                        tables_out: str | None, without_snapshot: bool) -> None:
+    """--as-of, --tables and --without-snapshot go together, with --changes and one log."""
+    if as_of is None and tables_out is None:
+        if without_snapshot:
+            raise click.UsageError("--without-snapshot goes with --as-of and --tables")
+        return
+    if not changes:
+        raise click.UsageError(f"{'--as-of' if as_of is not None else '--tables'} needs "
+                               "--changes: it builds a change log's tables")
+    if as_of is None:
+        raise click.UsageError("--tables needs --as-of TIME|LSN: the point the tables are "
+                               "built at")
+    if tables_out is None:
+        raise click.UsageError("--as-of needs --tables DIR-OR-URI: where the tables go")
+    if not tables_out:
+        raise click.UsageError("--tables needs a directory or s3://BUCKET/PREFIX")
+    if len(inputs) != 1:
+        raise click.UsageError(f"--as-of builds one change log's tables; {len(inputs)} "
+                               "change logs were given")
+    from receivewal.check.asof import parse_as_of  # noqa: PLC0415 - only with --as-of
+
+    try:
+        parse_as_of(as_of)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def as_of_tables(root: str, as_of: str, tables_out: str, *, remote: str | None, master: str,
+                 identity: str | None, without_snapshot: bool) -> list[str]:
+    """Build the tables of the change log ``root`` at ``as_of`` into ``tables_out``; the
+    summary's lines."""
+    from receivewal.check import asof  # noqa: PLC0415 - pyspark lazily
+
+    point = asof.parse_as_of(as_of)
+    out = asof.resolved_output(tables_out)
+    result = in_session(remote, master, lambda spark: asof.run_as_of(
+        spark, root, out, point, identity=identity, without_snapshot=without_snapshot))
+    return asof.summary_lines(result)

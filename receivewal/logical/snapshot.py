@@ -48,7 +48,7 @@ SNAPSHOT_DIRECTORY = "snapshot"
 PARTIAL_DIRECTORY = "snapshot.partial"
 MANIFEST = "manifest.json"
 INTENT = "slot.json"
-_MANIFEST_CAP = 16 << 20
+SNAPSHOT_MANIFEST_CAP = 16 << 20
 _TABLE_FILE = re.compile(r"^(\d{4,})\.jsonl(\.zst)?(\.age)?$")
 _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
 _ESCAPE = re.compile(r"\\(.)")
@@ -95,6 +95,7 @@ class SnapshotManifest:
     snapshot: str
     consistent_point: int
     tables: tuple[TableEntry, ...]
+    taken_at: str | None = None
 
 
 def decode_copy_row(line: bytes) -> list[str | None]:
@@ -205,15 +206,20 @@ def read_manifest(outdir: Path) -> SnapshotManifest | None:
     path = outdir / SNAPSHOT_DIRECTORY / MANIFEST
     try:
         with path.open("rb") as fh:
-            document = json.loads(fh.read(_MANIFEST_CAP))
+            data = fh.read(SNAPSHOT_MANIFEST_CAP)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise ArchiveError(f"snapshot manifest {path}: {exc}") from exc
+    return parse_snapshot_manifest(data, str(path))
+
+
+def parse_snapshot_manifest(data: bytes, where: str) -> SnapshotManifest:
+    """A manifest's bytes read as one; ArchiveError naming ``where`` when they are not one."""
     try:
-        return _manifest(document)
+        return _manifest(json.loads(data))
     except (KeyError, TypeError, ValueError, ArchiveError) as exc:
-        raise ArchiveError(f"snapshot manifest {path}: {exc}") from exc
+        raise ArchiveError(f"snapshot manifest {where}: {exc}") from exc
 
 
 def _manifest(document: Any) -> SnapshotManifest:
@@ -225,7 +231,8 @@ def _manifest(document: Any) -> SnapshotManifest:
         if _TABLE_FILE.match(entry.file) is None:
             raise ValueError(f"{entry.file!r} is not a table file's name")
     return SnapshotManifest(str(document["slot"]), str(document["snapshot"]),
-                            parse_lsn(str(document["consistent_point"])), tables)
+                            parse_lsn(str(document["consistent_point"])), tables,
+                            document.get("taken_at"))
 
 
 def table_records(outdir: Path, entry: TableEntry,

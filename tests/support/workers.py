@@ -20,7 +20,7 @@ from xdist.scheduler import LoadFileScheduling
 WORKER_GROUPS = {
     "test_package.py": "deb", "test_systemd_real.py": "deb",
     "test_analyze.py": "spark", "test_analyze_bucket.py": "spark",
-    "test_analyze_changes.py": "spark",
+    "test_analyze_changes.py": "spark", "test_analyze_asof.py": "spark",
     "test_huge_records.py": "spark",
 }
 #: Modules whose tests share no module fixture and each take a minute or so: each test is a

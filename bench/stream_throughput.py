@@ -5,12 +5,13 @@ Run by hand (not in CI):  .venv/bin/python bench/stream_throughput.py [--gb 1] [
 It starts a private PostgreSQL, creates one slot per run (all reserving WAL at the same point),
 writes at least ``--gb`` GB of WAL, then lets each tool catch up from its own slot into an empty
 directory up to the same end LSN, alternating the tools, in ``--no-sync`` and default
-durability. For every run it measures wall time, CPU time (user + system of the process) and
-peak RSS with wait4(), and the start-up: the time until the tool says it started streaming
-(receivewal's ``streaming_started`` event, pg_receivewal -v's "starting log streaming"). It
-prints MB/s over the whole run and in steady state (WAL bytes / (wall - start-up)), CPU seconds
-per GB, peak RSS and start-up per tool, and the ratios: of the medians, and the spread (min,
-median, max) of the ratios of the runs paired in each round. ``--python-too`` adds receivewal
+durability. For every run it measures wall time and CPU time (user + system of the process) with
+wait4(), peak RSS from the process's VmHWM (read every 10 ms while it runs), the load average,
+and the start-up: the time until the tool says it started streaming (receivewal's
+``streaming_started`` event, pg_receivewal -v's "starting log streaming"). It prints MB/s
+over the whole run and in steady state (WAL bytes / (wall - start-up)), CPU seconds per GB,
+peak RSS and start-up per tool, and the ratios: of the medians, and the spread (min, median,
+max) of the ratios of the runs paired in each round. ``--python-too`` adds receivewal
 with its pure-Python receive loop (``RECEIVEWAL_PURE_PYTHON=1``) to every round; the line of
 each receivewal says which loop ran (``streaming_started``'s ``receive_path``). Between runs
 the output is removed and ``sync`` waited for, so that no run pays for the last one's writeback.
@@ -59,14 +60,50 @@ def run_one(argv: list[str], env: dict[str, str] | None = None) -> tuple[Sample,
 
     reader = threading.Thread(target=watch)
     reader.start()
+    peak = PeakRss(proc.pid)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - start
     reader.join()
+    peak.stop()
     if os.waitstatus_to_exitcode(status) != 0 or not started:
         raise RuntimeError(f"{argv[0]} failed: {b''.join(lines)[-2000:].decode()}")
     path = next((json.loads(line).get("receive_path", "") for line in lines
                  if STREAMING[0] in line), "")
-    return (wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, started[0]), path
+    return (wall, usage.ru_utime + usage.ru_stime, peak.kib or usage.ru_maxrss, started[0]), path
+
+
+class PeakRss:
+    """The peak RSS of a running process, in KiB: its ``VmHWM``, read every 10 ms until it
+    ends. wait4()'s ``ru_maxrss`` is no measure of a small program: it counts the pages of
+    the forking Python (this bench, some 40 MB) from before the exec."""
+
+    def __init__(self, pid: int) -> None:
+        self.kib = 0
+        self._path = f"/proc/{pid}/status"
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._done.is_set():
+            try:
+                with open(self._path, "rb") as status:
+                    found = [line for line in status if line.startswith(b"VmHWM:")]
+            except OSError:  # gone
+                return
+            if found:  # not yet a zombie
+                self.kib = max(self.kib, int(found[0].split()[1]))
+            self._done.wait(0.01)
+
+    def stop(self) -> None:
+        """Stop reading (the process has ended)."""
+        self._done.set()
+        self._thread.join()
+
+
+def load_average() -> str:
+    """The 1-minute load average now, as the tables print it."""
+    return f"{os.getloadavg()[0]:.1f}"
 
 
 def slot_name(tool: str, mode: str, run: int) -> str:
@@ -117,7 +154,8 @@ def main() -> None:
         end_lsn = pg.current_lsn()
         wal_bytes = int(pg.sql(f"SELECT '{end_lsn}'::pg_lsn - "
                                f"(SELECT min(restart_lsn) FROM pg_replication_slots)"))
-        print(f"WAL to stream per run: {wal_bytes / 1e6:.0f} MB (up to {end_lsn})\n", flush=True)
+        print(f"WAL to stream per run: {wal_bytes / 1e6:.0f} MB (up to {end_lsn}); load "
+              f"{load_average()}\n", flush=True)
         results: dict[tuple[str, str], list[Sample]] = {}
         scratch = Path(tempfile.mkdtemp(prefix="receivewal-bench-"))
         try:
@@ -140,7 +178,8 @@ def main() -> None:
                         os.sync()  # the next run does not pay for this one's writeback
                         print(f"  run {i + 1} {mode:9} {tool:13} {wal_bytes / 1e6 / sample[0]:7.1f}"
                               f" MB/s  cpu {sample[1]:5.2f}s  rss {sample[2] / 1024:5.1f} MB"
-                              f"  start-up {sample[3]:.3f}s  {path}", flush=True)
+                              f"  start-up {sample[3]:.3f}s  {path}  load {load_average()}",
+                              flush=True)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     print_summary(results, wal_bytes, args.runs, tuple(tools))

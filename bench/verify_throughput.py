@@ -4,6 +4,7 @@ Usage (from the repository root)::
 
     .venv/bin/python bench/verify_throughput.py [--segments 8] [--pgbench-seconds 20]
         [--archive DIR] [--spark] [--only-command] [--repeats 5] [--segment-mb 16] [--scale 5]
+        [--command-segments 2,4,8]
 
 Without ``--archive`` it starts a PostgreSQL 15 server (``--segment-mb`` MiB segments, 16 by
 default, in a temporary directory) and builds two archives of completed segments:
@@ -24,10 +25,11 @@ memory: CPU of this process, best of 3 per segment, on both paths), with its cos
 segment.
 
 Then the whole command, start-up included: ``receivewal verify`` run as a subprocess (``-j 1``,
-``-j`` of every core, and the default), against ``pg_waldump --stats`` on the same archive;
-wall and CPU seconds of each child, best of ``--repeats``. The ratio is pg_waldump's wall time
-over verify's (>= 0.5 is the target: verify takes at most twice as long). ``--only-command``
-prints only this table.
+``-j`` of every core, and the default), against ``pg_waldump --stats`` on the same archive
+(``--command-segments 2,4,8``: on its first 2, 4 and 8 segments), in ``--repeats`` alternating
+rounds: wall and CPU seconds of each child (wait4), its peak RSS (VmHWM), the medians, the
+load average. The ratio is pg_waldump's wall time over verify's, each round's and their
+median (>= 1.0 is the target from 4 segments on). ``--only-command`` prints only this table.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ import argparse
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from stream_throughput import PeakRss
 from support.servers import PgServer, make_shared_dir, pg_bin
 
 from receivewal.check.verify import rmgr_totals, verify_archive
@@ -161,19 +165,33 @@ def time_spark(archive: Path) -> tuple[float, float, float]:
     return started, jobs[0], jobs[1]
 
 
-def time_command(argv: list[str], repeats: int) -> tuple[float, float]:
-    """Best wall and best CPU seconds (of the child) of running ``argv`` to its end."""
-    best_wall = best_cpu = float("inf")
-    for _ in range(repeats):
-        cpu0, began = child_cpu(), time.perf_counter()
-        subprocess.run(argv, capture_output=True, check=False)
-        best_wall = min(best_wall, time.perf_counter() - began)
-        best_cpu = min(best_cpu, child_cpu() - cpu0)
-    return best_wall, best_cpu
+def time_command(argv: list[str]) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds and peak RSS (KiB, VmHWM) of running ``argv`` to its end."""
+    began = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = PeakRss(proc.pid)
+    _, _, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - began
+    peak.stop()
+    return wall, usage.ru_utime + usage.ru_stime, peak.kib or usage.ru_maxrss
+
+
+def first_segments(archive: Path, count: int, into: Path) -> Path:
+    """A directory of the first ``count`` segments of ``archive`` (hard links where it can:
+    verify opens no symbolic link)."""
+    into.mkdir()
+    for name in sorted(p.name for p in archive.iterdir() if len(p.name) == 24)[:count]:
+        try:
+            os.link(archive / name, into / name)
+        except OSError:  # another file system
+            shutil.copy(archive / name, into / name)
+    return into
 
 
 def bench_command(label: str, archive: Path, repeats: int) -> None:
-    """The whole ``receivewal verify`` command against ``pg_waldump --stats``: wall and CPU."""
+    """The whole ``receivewal verify`` command against ``pg_waldump --stats``, in alternating
+    rounds: each run's wall, CPU and peak RSS, the medians, each round's ratio and their
+    median, the load average."""
     names = sorted(p.name for p in archive.iterdir() if len(p.name) == 24)
     mb = sum((archive / n).stat().st_size for n in names) / 1e6
     verify = [sys.executable, "-m", "receivewal", "verify"]
@@ -183,13 +201,24 @@ def bench_command(label: str, archive: Path, repeats: int) -> None:
             (f"receivewal verify -j {os.cpu_count()}",
              [*verify, "-j", str(os.cpu_count()), str(archive)]),
             ("receivewal verify (default -j)", [*verify, str(archive)])]
-    timed = [(what, *time_command(argv, repeats)) for what, argv in runs]
-    wd_wall = timed[0][1]
+    timed: dict[str, list[tuple[float, float, int]]] = {what: [] for what, _ in runs}
+    loads = [os.getloadavg()[0]]
+    for round_ in range(repeats):
+        for what, argv in runs if round_ % 2 == 0 else runs[::-1]:
+            timed[what].append(time_command(argv))
+        loads.append(os.getloadavg()[0])
+    waldump = timed[runs[0][0]]
     print(f"\n{label}, whole command, start-up included ({len(names)} segments, {mb:.0f} MB; "
-          f"best of {repeats}):")
-    print(f"  {'what':<36} {'wall s':>8} {'CPU s':>8} {'MB/s':>8} {'x pg_waldump':>13}")
-    for what, wall, cpu in timed:
-        print(f"  {what:<36} {wall:>8.3f} {cpu:>8.3f} {mb / wall:>8.1f} {wd_wall / wall:>13.2f}")
+          f"median of {repeats} alternating rounds, load {min(loads):.1f}-{max(loads):.1f}):")
+    print(f"  {'what':<36} {'wall s':>8} {'CPU s':>8} {'RSS MB':>7} {'MB/s':>8} "
+          f"{'x pg_waldump':>13}  per round")
+    for what, _ in runs:
+        wall = statistics.median(t[0] for t in timed[what])
+        cpu = statistics.median(t[1] for t in timed[what])
+        rss = max(t[2] for t in timed[what]) / 1024
+        ratios = sorted(w[0] / t[0] for w, t in zip(waldump, timed[what], strict=True))
+        print(f"  {what:<36} {wall:>8.3f} {cpu:>8.3f} {rss:>7.1f} {mb / wall:>8.1f} "
+              f"{statistics.median(ratios):>13.2f}  {' '.join(f'{r:.2f}' for r in ratios)}")
 
 
 def time_restore_check(archive: Path, names: list[str], native: bool) -> float:
@@ -257,7 +286,11 @@ def main() -> None:
     parser.add_argument("--spark", action="store_true", help="also time analyze on Spark")
     parser.add_argument("--only-command", action="store_true",
                         help="only time the whole command against pg_waldump --stats")
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each whole command")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="alternating rounds of the whole commands")
+    parser.add_argument("--command-segments", default="",
+                        help="time the whole commands on the first N segments of each archive,"
+                        " for each N of this comma-separated list (default: all)")
     parser.add_argument("--segment-mb", type=int, default=16,
                         help="WAL segment size in MiB of the archives built (initdb --wal-segsize)")
     parser.add_argument("--scale", type=int, default=5, help="pgbench -i scale of the dense one")
@@ -274,7 +307,12 @@ def main() -> None:
         for label, archive in archives:
             if not args.only_command:
                 bench_archive(label, archive)
-            bench_command(label, archive, args.repeats)
+            for count in [int(n) for n in args.command_segments.split(",") if n]:
+                bench_command(label, first_segments(archive, count,
+                                                    Path(tmp) / f"{label.split()[0]}-{count}"),
+                              args.repeats)
+            if not args.command_segments:
+                bench_command(label, archive, args.repeats)
         if args.spark:
             started, first, second = time_spark(archives[-1][1])
             print(f"spark local[*]: session start {started:.1f} s, analyze job {first:.1f} s "

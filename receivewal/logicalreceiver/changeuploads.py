@@ -42,7 +42,7 @@ from receivewal.daemon.events import ChangeFileCompleted, Event, EventStream
 from receivewal.daemon.lifecycle import LocalCopyChanged, UploadsChanged
 from receivewal.daemon.state import LastError, LocalCopyStatus, UploadStatus, read_state
 from receivewal.errors import ArchiveError, ReceivewalError
-from receivewal.logical.store import is_sealed, parse_file_name
+from receivewal.logical.store import PARTIAL, change_files, is_sealed, parse_file_name
 
 if TYPE_CHECKING:
     from receivewal.archive.bucket import Bucket
@@ -54,10 +54,8 @@ CLOSE_SECONDS = 10.0  # how long stopping waits for an upload in flight
 def completed_files(directory: Path, sealed: bool | None = None) -> list[str]:
     """The completed change files of OUTDIR, in the order of their names (LSNs); with
     ``sealed``, only the sealed ones (True) or only those that are not (False)."""
-    names = [(parsed[0], name) for name in os.listdir(directory)
-             if (parsed := parse_file_name(name)) is not None and not parsed[2]
-             and (sealed is None or is_sealed(name) == sealed)]
-    return [name for _, name in sorted(names)]
+    return [name for name in change_files(directory) if not name.endswith(PARTIAL)
+            and (sealed is None or is_sealed(name) == sealed)]
 
 
 def read_uploaded(directory: Path, destination: str) -> str | None:

@@ -5,9 +5,11 @@ runs out; the stop ends every wait; a failed try waits as the uploads' retry pol
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
+import receivewal
 from receivewal.archive.objectstore import RetryPolicy
 from receivewal.daemon.events import ChangeFileCompleted, Event, EventStream, SegmentCompleted
 from receivewal.daemon.uploadpolicy import retry_delay
@@ -87,3 +89,24 @@ def test_a_retryable_failure_backs_off_and_a_refusal_waits_the_longest(attempt: 
     assert 0 <= retry_delay(policy, StoreError("down"), attempt) \
         <= min(4.0, 0.5 * 2 ** attempt)
     assert retry_delay(policy, StoreRefused("no such bucket"), attempt) == 4.0
+
+
+#: the rooms whose threads are workers; the metrics endpoint's HTTP server is a library's loop
+WORKER_ROOMS = ("daemon", "walreceiver", "logicalreceiver")
+NOT_A_WORKER = {"daemon/worker.py", "daemon/endpoint.py"}
+
+
+def test_a_receivers_thread_is_a_worker() -> None:
+    """No module of the daemon's rooms starts a thread, or waits on a condition and a stop
+    event, of its own: the skeleton is daemon/worker.py's, written once."""
+    package = Path(receivewal.__file__).parent
+    own = []
+    for room in WORKER_ROOMS:
+        for path in sorted((package / room).glob("*.py")):
+            name = f"{room}/{path.name}"
+            text = path.read_text()
+            if name not in NOT_A_WORKER and any(
+                    spelling in text for spelling in ("threading.Thread(",
+                                                      "threading.Condition(")):
+                own.append(name)
+    assert own == []

@@ -1,7 +1,8 @@
-"""A receiver's work beside the receive loop, on a thread of its own: the WAL archive's uploads
-and its local copy's rule (:mod:`receivewal.walreceiver.uploader`,
-:mod:`receivewal.walreceiver.localcopy`), the change log's uploads and rule
-(:mod:`receivewal.logicalreceiver.changeuploads`). Each is a :class:`Worker`.
+"""A receiver's work beside the receive loop, on a thread of its own: the WAL archive's uploads,
+its local copy's rule and its meter (:mod:`receivewal.walreceiver.uploader`,
+:mod:`receivewal.walreceiver.localcopy`, :mod:`receivewal.walreceiver.archivemeter`), the
+change log's uploads and rule (:mod:`receivewal.logicalreceiver.changeuploads`). Each is a
+:class:`Worker`.
 
 A worker follows the daemon's event stream (:meth:`Worker.follow`, called where the stream
 hands its events out: it never blocks, it marks a pass due); its thread waits until a pass is

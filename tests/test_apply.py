@@ -8,64 +8,24 @@ table (or the LSN) and applies nothing of its unit."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
-from support.logical import LOGICAL_CONF, TABLES, current_lsn, prepare_database, run_workload
+from support.logical import TABLES, change_log_source, dsn
+from support.logical import ChangeLogSource as Source
 from support.replay import compare_tables
-from support.servers import PgServer, make_shared_dir, pg_bin, running_server
 from support.streams import receivewal, start_receivewal
-
-from receivewal.wal.lsn import format_lsn
 
 pytestmark = [pytest.mark.server]
 
 
-def dsn(pg: PgServer, dbname: str) -> str:
-    return f"host=127.0.0.1 port={pg.port} user=postgres dbname={dbname}"
-
-
-@dataclass
-class Source:
-    pg: PgServer
-    outdir: Path
-
-    def target(self, name: str) -> str:
-        """A new database with app's schema and no rows."""
-        self.pg.sql(f"CREATE DATABASE {name}")
-        schema = subprocess.run([pg_bin("pg_dump"), "--schema-only", dsn(self.pg, "app")],
-                                check=True, capture_output=True, text=True).stdout
-        subprocess.run([pg_bin("psql"), "-q", "-v", "ON_ERROR_STOP=1", dsn(self.pg, name)],
-                       input=schema, check=True, capture_output=True, text=True)
-        return dsn(self.pg, name)
-
-    def apply(self, target: str, *args: str) -> subprocess.CompletedProcess[str]:
-        return receivewal("apply", "-D", str(self.outdir), "--to", target, *args)
-
-
 @pytest.fixture(scope="module")
 def source() -> Iterator[Source]:
-    with running_server(LOGICAL_CONF) as pg:
-        prepare_database(pg, "app")
-        pg.sql("INSERT INTO items SELECT g, 'before the slot', g FROM "
-               "generate_series(100001, 100300) g", "app")
-        pg.sql("CREATE PUBLICATION pub FOR ALL TABLES", "app")
-        outdir = make_shared_dir("receivewal-apply-")
-        common = ["-d", dsn(pg, "app"), "-D", str(outdir), "-S", "applied", "-P", "pub",
-                  "--two-phase", "--log-format", "json"]
-        created = receivewal("logical", *common, "--create-slot", "--snapshot", "-Z", "zstd")
-        assert created.returncode == 0, created.stderr[-3000:]
-        run_workload(pg, "app")
-        end = current_lsn(pg, "app")
-        streamed = receivewal("logical", *common, "--endpos", format_lsn(end), "--no-loop",
-                              "--file-size", "64kB")
-        assert streamed.returncode == 0, streamed.stderr[-3000:]
-        yield Source(pg, outdir)
+    with change_log_source("applied", "receivewal-apply-") as made:
+        yield made
 
 
 def test_apply_killed_again_and_again_ends_with_the_primarys_tables(source: Source) -> None:

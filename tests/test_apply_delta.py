@@ -11,45 +11,26 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from support.logical import LOGICAL_CONF, TABLES, current_lsn, prepare_database, run_workload
+from support.logical import SESSION, TABLES, ChangeLogSource, change_log_source, dsn
 from support.seaweed import SeaweedS3
-from support.servers import PgServer, make_shared_dir, running_server
-from support.streams import receivewal, start_receivewal
-
-from receivewal.wal.lsn import format_lsn
+from support.servers import PgServer
+from support.streams import start_receivewal
 
 deltalake = pytest.importorskip("deltalake")
 
 pytestmark = [pytest.mark.server]
 
-#: the change log's session: text output as the log holds it
-SESSION = ("-c client_encoding=UTF8 -c TimeZone=UTC -c DateStyle=ISO -c extra_float_digits=1 "
-           "-c bytea_output=hex")
-
 Rows = list[tuple[str | None, ...]]
 
 
-def dsn(pg: PgServer, dbname: str) -> str:
-    return f"host=127.0.0.1 port={pg.port} user=postgres dbname={dbname}"
-
-
-@dataclass
-class Source:
-    pg: PgServer
-    outdir: Path
-
-    def apply(self, target: str, *args: str) -> subprocess.CompletedProcess[str]:
-        return receivewal("apply", "-D", str(self.outdir), "--to", target, *args)
-
+class Source(ChangeLogSource):
     def primary_rows(self, table: str) -> tuple[list[str], Rows]:
         """The table's columns, and its rows as text (sorted, NULL as None)."""
         with psycopg.connect(dsn(self.pg, "app"), options=SESSION) as conn:
@@ -108,27 +89,16 @@ def assert_equal_to_primary(source: Source, where: Path | str) -> None:
     assert differ == []
 
 
+def _column_added(pg: PgServer) -> None:
+    pg.sql("ALTER TABLE docs ADD COLUMN added text", "app")
+    pg.sql("INSERT INTO docs VALUES (3, 'after the column', 'y', 'new column')", "app")
+    pg.sql("UPDATE docs SET added = 'set later' WHERE id = 1", "app")  # body: TOAST
+
+
 @pytest.fixture(scope="module")
 def source() -> Iterator[Source]:
-    with running_server(LOGICAL_CONF) as pg:
-        prepare_database(pg, "app")
-        pg.sql("INSERT INTO items SELECT g, 'before the slot', g FROM "
-               "generate_series(100001, 100300) g", "app")
-        pg.sql("CREATE PUBLICATION pub FOR ALL TABLES", "app")
-        outdir = make_shared_dir("receivewal-apply-delta-")
-        common = ["-d", dsn(pg, "app"), "-D", str(outdir), "-S", "deltas", "-P", "pub",
-                  "--two-phase", "--log-format", "json"]
-        created = receivewal("logical", *common, "--create-slot", "--snapshot", "-Z", "zstd")
-        assert created.returncode == 0, created.stderr[-3000:]
-        run_workload(pg, "app")
-        pg.sql("ALTER TABLE docs ADD COLUMN added text", "app")
-        pg.sql("INSERT INTO docs VALUES (3, 'after the column', 'y', 'new column')", "app")
-        pg.sql("UPDATE docs SET added = 'set later' WHERE id = 1", "app")  # body: TOAST
-        end = current_lsn(pg, "app")
-        streamed = receivewal("logical", *common, "--endpos", format_lsn(end), "--no-loop",
-                              "--file-size", "64kB")
-        assert streamed.returncode == 0, streamed.stderr[-3000:]
-        yield Source(pg, outdir)
+    with change_log_source("deltas", "receivewal-apply-delta-", _column_added) as made:
+        yield Source(made.pg, made.outdir)
 
 
 def test_apply_into_delta_killed_again_and_again_ends_with_the_primarys_tables(

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from receivewal.apply.source import Record, Transaction, file_records, log_files, transactions
+from receivewal.apply.source import Record, Transaction, file_records, transactions
 from receivewal.errors import ConfigurationError
 from receivewal.logical.snapshot import read_manifest, table_records
+from receivewal.logical.store import change_files
 from receivewal.wal.lsn import format_lsn
 
 if TYPE_CHECKING:
@@ -83,8 +84,8 @@ def source_name(outdir: Path, keys: Keys | None) -> str:
     manifest = read_manifest(outdir)
     if manifest is not None:
         return manifest.slot
-    for path in log_files(outdir):
-        for record in file_records(path, keys):
+    for name in change_files(outdir):
+        for record in file_records(outdir / name, keys):
             if record.get("op") == "header" and record.get("slot"):
                 return str(record["slot"])
             break

@@ -2,7 +2,7 @@
 
 The change log's files are read in name order (which is commit order), the complete ones and
 then the partial one up to its last whole line, each decompressed and unsealed as it is kept
-(:func:`~receivewal.archive.storedform.plain_chunks`). Lines become :class:`Transaction`
+(:class:`~receivewal.logical.plainlines.PlainLines`). Lines become :class:`Transaction`
 units: a ``begin`` .. ``commit`` run; a ``begin_prepare`` .. ``prepare`` run held until its
 ``commit_prepared`` (then applied, under that line's end LSN) or dropped at its
 ``rollback_prepared``. Each change carries the columns its table's relation line described
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from receivewal.archive.storedform import Unsealing, plain_chunks
 from receivewal.errors import ArchiveError
-from receivewal.logical.store import is_sealed, parse_file_name
+from receivewal.logical.plainlines import PlainLines, unsealing_for
+from receivewal.logical.store import change_files, parse_file_name
 from receivewal.wal.lsn import format_lsn, parse_lsn
 
 if TYPE_CHECKING:
@@ -50,34 +50,15 @@ class Transaction:
         return format_lsn(self.commit_lsn)
 
 
-def log_files(outdir: Path) -> list[Path]:
-    """The change log's files in order: the complete ones, then the partial one."""
-    named = []
-    for entry in outdir.iterdir():
-        parsed = parse_file_name(entry.name)
-        if parsed is not None:
-            named.append(((parsed[0], parsed[2]), entry))
-    return [path for _, path in sorted(named)]
-
-
 def file_records(path: Path, keys: Keys | None) -> Iterator[Record]:
     """The whole lines of one change file (a partial one's up to its last newline)."""
     parsed = parse_file_name(path.name)
     assert parsed is not None
-    unsealing = None
-    if is_sealed(path.name):
-        if keys is None:
-            raise ArchiveError(f"{path} is sealed: applying it needs an identity file "
-                               "(--identity)")
-        unsealing = Unsealing(keys, str(path))
-    rest = b""
+    unsealing = unsealing_for(path, keys, "applying")
     try:
         with path.open("rb") as fh:
-            for chunk in plain_chunks(fh, parsed[1], unsealing):
-                lines = (rest + chunk).split(b"\n")
-                rest = lines.pop()
-                for line in lines:
-                    yield json.loads(line)
+            for line in PlainLines(fh, parsed[1], unsealing):
+                yield json.loads(line)
     except FileNotFoundError:
         return  # completed (renamed) or expired meanwhile: the next listing has it
     except (OSError, ValueError) as exc:
@@ -87,7 +68,8 @@ def file_records(path: Path, keys: Keys | None) -> Iterator[Record]:
 def transactions(outdir: Path, keys: Keys | None = None) -> Iterator[Transaction]:
     """The log's committed transactions in commit order (see the module's docstring)."""
     runs = _Runs()
-    for path in log_files(outdir):
+    for name in change_files(outdir):
+        path = outdir / name
         for record in file_records(path, keys):
             handler = runs.handlers.get(record.get("op"))
             if handler is None:

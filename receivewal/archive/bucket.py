@@ -1,4 +1,3 @@
-# Over 500 lines: the S3 driver: the door's operations, retries and errors, and the store watch.
 """An archive in object storage: the only module that imports boto3 and botocore.
 
 boto3 is imported when a :class:`Bucket` connects, never at import time, so that nothing that
@@ -24,20 +23,15 @@ client with short timeouts), tried once, and none begins after a few seconds.
 from __future__ import annotations
 
 import base64
-import contextlib
-import hashlib
 import io
 import os
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TypeVar, cast
 
-from receivewal.archive.directory import os_error
 from receivewal.archive.location import Location
+from receivewal.archive.objectbody import CHUNK, HashingSink, opened_body, sha256_of
 from receivewal.archive.objectstore import (
     COMMAND_RETRY,
     HURRIED,
@@ -46,11 +40,12 @@ from receivewal.archive.objectstore import (
     ObjectStream,
     Patience,
     RetryPolicy,
+    StoreWatch,
+    bounded_call,
     command_patience,
     parse_bucket_url,
+    say_on_stderr,
     store_stopping,
-    waiting_for_store,
-    with_retries,
 )
 from receivewal.archive.reading import capped
 from receivewal.errors import (
@@ -64,7 +59,6 @@ from receivewal.errors import (
     StoreRefused,
 )
 
-CHUNK = 1 << 20
 _ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                  "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled",
                  "RequestTimeTooSkewed", "InvalidSecurity"}
@@ -104,36 +98,6 @@ def client_config(patience: Patience | None = None) -> Any:
     )
 
 
-def sha256_of(source: Path | bytes) -> tuple[str, int]:
-    """(hex SHA-256, size) of a file read in chunks, or of bytes."""
-    digest = hashlib.sha256()
-    if isinstance(source, bytes):
-        digest.update(source)
-        return digest.hexdigest(), len(source)
-    size = 0
-    try:
-        with source.open("rb") as fh:
-            while chunk := fh.read(CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-    except OSError as exc:
-        raise os_error(exc, f'cannot read "{source}"') from exc
-    return digest.hexdigest(), size
-
-
-@contextlib.contextmanager
-def _opened(source: Path | bytes) -> Iterator[IO[bytes]]:
-    if isinstance(source, bytes):
-        yield io.BytesIO(source)
-        return
-    try:
-        fh = source.open("rb")
-    except OSError as exc:
-        raise os_error(exc, f'cannot read "{source}"') from exc
-    with fh:
-        yield fh
-
-
 def _hex_of(checksum: object) -> str | None:
     """A SHA-256 header value (base64) as hex; None for a composite (multipart) or none."""
     if not isinstance(checksum, str) or "-" in checksum:
@@ -161,9 +125,9 @@ class Bucket(Location):
         self.endpoint = str(client.meta.endpoint_url)
         self._hurried = hurried  # makes the client used after a stop signal
         self._hurried_client: Any = None
-        self._say = say or _to_stderr
+        self._say = say or say_on_stderr
         self._watch = None if self.patience.notice is None else \
-            _Watch(self.patience.notice, self._waited)
+            StoreWatch(self.patience.notice, self._waited)
         self._exceptions = exceptions
         self.library_errors = (exceptions.ClientError, exceptions.BotoCoreError)
 
@@ -238,7 +202,7 @@ class Bucket(Location):
     def _put_once(self, name: str, source: Path | bytes, digest: str, size: int) -> bool:
         checksum = base64.b64encode(bytes.fromhex(digest)).decode()
         try:
-            with _opened(source) as body:
+            with opened_body(source) as body:
                 self.client.put_object(Bucket=self.url.bucket, Key=self.key(name), Body=body,
                                        IfNoneMatch="*", ChecksumSHA256=checksum)
         except self.library_errors as exc:
@@ -259,7 +223,7 @@ class Bucket(Location):
         info = self._head_once(name)
         theirs = info.sha256
         if theirs is None and info.size == size:  # a store that keeps no SHA-256: read it
-            hasher = _HashingSink()
+            hasher = HashingSink()
             self._get_once(name, hasher, size)
             theirs = hasher.digest.hexdigest()
         if info.size == size and theirs == digest:
@@ -301,7 +265,7 @@ class Bucket(Location):
         self.get(name, out, max_size)
         return out.getvalue()
 
-    def _get_once(self, name: str, dest: IO[bytes] | _HashingSink, max_size: int) -> int:
+    def _get_once(self, name: str, dest: IO[bytes] | HashingSink, max_size: int) -> int:
         try:
             response = self.client.get_object(Bucket=self.url.bucket, Key=self.key(name),
                                               ChecksumMode="ENABLED")
@@ -451,15 +415,7 @@ class Bucket(Location):
     def retried(self, action: Callable[[], T], name: str) -> T:
         """``action`` (requests about ``PREFIX/name``; "": the prefix) with the retry policy;
         when the patience says so, a line after ``notice`` seconds says what is waited for."""
-        what = self.waiting_for(name)
-        with waiting_for_store(what):
-            if self._watch is None:
-                return with_retries(action, self.retry)
-            call = self._watch.begin(what)
-            try:
-                return with_retries(action, self.retry)
-            finally:
-                self._watch.end(call)
+        return bounded_call(action, self.retry, self.waiting_for(name), self._watch)
 
     def waiting_for(self, name: str) -> str:
         """What a call about ``PREFIX/name`` waits for, in words."""
@@ -491,12 +447,6 @@ class Bucket(Location):
         return StoreError(f"{where}: {type(exc).__name__}: {exc}")
 
 
-def _to_stderr(line: str) -> None:
-    """A command's line on standard error (written whole, from the notice's timer thread)."""
-    sys.stderr.write(f"receivewal: {line}\n")
-    sys.stderr.flush()
-
-
 def _client_error(response: dict[str, Any], where: str) -> ReceivewalError:
     error, meta = response.get("Error", {}), response.get("ResponseMetadata", {})
     code, status = str(error.get("Code", "")), int(meta.get("HTTPStatusCode") or 0)
@@ -511,60 +461,3 @@ def _client_error(response: dict[str, Any], where: str) -> ReceivewalError:
     if status >= 500 or status in {408, 409, 429} or code in _TRANSIENT_CODES:
         return StoreError(f"{where}: the store failed the request ({detail})")
     return StoreRefused(f"{where}: the store refused the request ({detail})")
-
-
-class _HashingSink:
-    """A write-only file that only hashes what it is given."""
-
-    def __init__(self) -> None:
-        self.digest = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        return len(data)
-
-
-class _Call:
-    """A store call being waited for."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.started = time.monotonic()
-        self.said = False
-
-
-class _Watch:
-    """Says, once per call, what a store call waiting ``after`` seconds or more waits for: one
-    thread per bucket, started with the first call, that looks a few times a second (a thread
-    per call would cost each small request a good part of its time)."""
-
-    def __init__(self, after: float, say: Callable[[str, float], None]) -> None:
-        self.after, self.say = after, say
-        self._lock = threading.Lock()
-        self._calls: set[_Call] = set()
-        self._thread: threading.Thread | None = None
-
-    def begin(self, what: str) -> _Call:
-        call = _Call(what)
-        with self._lock:
-            self._calls.add(call)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="store-watch",
-                                                daemon=True)
-                self._thread.start()
-        return call
-
-    def end(self, call: _Call) -> None:
-        with self._lock:
-            self._calls.discard(call)
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(min(1.0, self.after / 4))
-            now = time.monotonic()
-            with self._lock:
-                due = [c for c in self._calls if not c.said and now - c.started >= self.after]
-                for call in due:
-                    call.said = True
-            for call in due:
-                self.say(call.what, self.after)

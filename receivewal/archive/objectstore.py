@@ -2,7 +2,9 @@
 bucket is :func:`receivewal.archive.location.is_bucket_url`'s to say), the retry policy and the
 bounds of a store call.
 
-Pure functions, so that parsing an archive argument never imports boto3. The store itself
+Pure functions, so that parsing an archive argument never imports boto3; and the watch over a
+store call (:class:`StoreWatch`, :func:`bounded_call`): its retries, its wait that a stop
+signal ends, the line that says what a long one waits for. The store itself
 (boto3, requests, the error translation) is :mod:`receivewal.archive.bucket`. One piece of
 process state lives here, for a command's stop signal: what the main thread waits for in the
 store (:func:`waiting_for_store`), so that the handler can end that wait at once, and whether a
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -244,3 +247,69 @@ class ObjectStream(io.RawIOBase):
         if not self.closed:
             self._body.close()
         super().close()
+
+
+def say_on_stderr(line: str) -> None:
+    """A command's line on standard error (written whole, from the notice's timer thread)."""
+    sys.stderr.write(f"receivewal: {line}\n")
+    sys.stderr.flush()
+
+
+class _Call:
+    """A store call being waited for."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.started = time.monotonic()
+        self.said = False
+
+
+class StoreWatch:
+    """Says, once per call, what a store call waiting ``after`` seconds or more waits for: one
+    thread per bucket, started with the first call, that looks a few times a second (a thread
+    per call would cost each small request a good part of its time)."""
+
+    def __init__(self, after: float, say: Callable[[str, float], None]) -> None:
+        self.after, self.say = after, say
+        self._lock = threading.Lock()
+        self._calls: set[_Call] = set()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def watching(self, what: str) -> Iterator[None]:
+        """Around one call that waits for ``what``."""
+        call = _Call(what)
+        with self._lock:
+            self._calls.add(call)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="store-watch",
+                                                daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls.discard(call)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.after / 4))
+            now = time.monotonic()
+            with self._lock:
+                due = [c for c in self._calls if not c.said and now - c.started >= self.after]
+                for call in due:
+                    call.said = True
+            for call in due:
+                self.say(call.what, self.after)
+
+
+def bounded_call(action: Callable[[], T], policy: RetryPolicy, what: str,
+                 watch: StoreWatch | None) -> T:
+    """``action`` (requests that wait for ``what``) with the retry policy, as a wait a stop
+    signal ends (:func:`waiting_for_store`); with ``watch``, a line once it has waited the
+    watch's seconds."""
+    with waiting_for_store(what):
+        if watch is None:
+            return with_retries(action, policy)
+        with watch.watching(what):
+            return with_retries(action, policy)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from receivewal.archive.objectstore import Patience, RetryPolicy
+from receivewal.archive.objectstore import Patience, RetryPolicy, backoff_delay
+from receivewal.errors import ReceivewalError
 
 RETRY_ENV = "RECEIVEWAL_TEST_UPLOAD_RETRY"
 TIMEOUT_ENV = "RECEIVEWAL_TEST_UPLOAD_TIMEOUT"
@@ -28,6 +29,12 @@ def retry_policy(environ: Mapping[str, str]) -> RetryPolicy:
         return RetryPolicy()
     longest = float(environ[RETRY_ENV])
     return RetryPolicy(attempts=2, base_delay=longest / 4, max_delay=longest)
+
+
+def retry_delay(policy: RetryPolicy, exc: ReceivewalError, attempt: int) -> float:
+    """The wait after failed try ``attempt`` (0-based): backoff for what waiting may cure,
+    else the longest."""
+    return backoff_delay(policy, attempt) if exc.retryable else policy.max_delay
 
 
 def upload_patience(environ: Mapping[str, str]) -> Patience:

@@ -28,17 +28,18 @@ import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from receivewal.archive import durable
 from receivewal.archive.compression import CompressSpec
 from receivewal.archive.recipients import RecipientSet
 from receivewal.archive.sealed import seal_file
-from receivewal.archive.storedform import StoredForm, Unsealing, plain_chunks
+from receivewal.archive.storedform import StoredForm
 from receivewal.errors import ArchiveError
 from receivewal.logical.changelines import encode
+from receivewal.logical.plainlines import PlainLines, unsealing_for
 from receivewal.wal.lsn import format_lsn, parse_lsn
-from receivewal.wal.names import ENCRYPTED_SUFFIX, AtRest
+from receivewal.wal.names import AtRest
 
 if TYPE_CHECKING:
     from receivewal.archive.encryption import Keys
@@ -246,33 +247,23 @@ def table_records(outdir: Path, entry: TableEntry,
     ended = False
     try:
         with path.open("rb") as fh:
-            source: BinaryIO = fh
-            sealing = None
-            if entry.file.endswith(ENCRYPTED_SUFFIX):
-                if keys is None:
-                    raise ArchiveError(f"{path} is sealed: reading it needs an identity file "
-                                       "(--identity)")
-                sealing = Unsealing(keys, str(path))
-            rest = b""
-            for chunk in plain_chunks(source, method, sealing):
-                lines = (rest + chunk).split(b"\n")
-                rest = lines.pop()
-                for line in lines:
-                    record = json.loads(line)
-                    if ended:
-                        raise ArchiveError(f"{path}: a line after its end line")
-                    if record.get("op") == "end":
-                        ended = True
-                        if record.get("rows") != rows:
-                            raise ArchiveError(f"{path}: its end line counts "
-                                               f"{record.get('rows')} rows, it holds {rows}")
-                        continue
-                    if record.get("op") == "row":
-                        rows += 1
-                    yield record
+            lines = PlainLines(fh, method, unsealing_for(path, keys, "reading"))
+            for line in lines:
+                record = json.loads(line)
+                if ended:
+                    raise ArchiveError(f"{path}: a line after its end line")
+                if record.get("op") == "end":
+                    ended = True
+                    if record.get("rows") != rows:
+                        raise ArchiveError(f"{path}: its end line counts "
+                                           f"{record.get('rows')} rows, it holds {rows}")
+                    continue
+                if record.get("op") == "row":
+                    rows += 1
+                yield record
     except (OSError, ValueError) as exc:
         raise ArchiveError(f"snapshot file {path}: {exc}") from exc
-    if not ended or rest:
+    if not ended or lines.tail:
         raise ArchiveError(f"snapshot file {path} is cut short (no end line)")
     if rows != entry.rows:
         raise ArchiveError(f"snapshot file {path} holds {rows} rows, its manifest says "

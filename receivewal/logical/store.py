@@ -101,6 +101,14 @@ def parse_file_name(name: str) -> tuple[int, str, bool] | None:
     return int(match.group(1), 16), "zstd" if match.group(2) else "", bool(match.group(4))
 
 
+def change_files(directory: Path) -> list[str]:
+    """The names of the change log's files in ``directory``, in order: by the commit LSN they
+    name, a partial file after a complete one of its LSN (OSError if it cannot be listed)."""
+    named = [(parsed[0], parsed[2], name) for name in os.listdir(directory)
+             if (parsed := parse_file_name(name)) is not None]
+    return [name for *_, name in sorted(named)]
+
+
 def is_sealed(name: str) -> bool:
     """Whether the change log file ``name`` is sealed (``--encrypt-to``)."""
     return name.endswith(ENCRYPTED_SUFFIX)
@@ -484,15 +492,12 @@ def change_log_contents(directory: Path) -> ChangeLogContents:
     gone meanwhile is left out)."""
     files = size = partial_size = 0
     newest = partial = None
-    for entry in sorted(os.listdir(directory)):
-        parsed = parse_file_name(entry)
-        if parsed is None:
-            continue
+    for entry in change_files(directory):
         try:
             length = (directory / entry).stat().st_size
         except FileNotFoundError:  # completed or removed meanwhile
             continue
-        if parsed[2]:
+        if entry.endswith(PARTIAL):
             partial, partial_size = entry, length
         else:
             files, size, newest = files + 1, size + length, entry

@@ -1,5 +1,6 @@
 """The change log's uploads and its local rule (``receivewal logical -D OUTDIR --upload-to
-s3://BUCKET/PREFIX [--keep-local AGE|SIZE]``), on a thread of their own.
+s3://BUCKET/PREFIX [--keep-local AGE|SIZE]``), on a thread of their own (a
+:class:`~receivewal.daemon.worker.Worker`).
 
 Each completed change file goes to ``PREFIX/<file name>`` as it sits in OUTDIR (compressed,
 sealed: a sealed file after its recipients file), in the order of their names (the commit LSN
@@ -24,7 +25,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -35,29 +35,28 @@ from structlog.typing import FilteringBoundLogger
 
 from receivewal.archive.durable import sync_path, write_file_durably
 from receivewal.archive.keeplocal import INTERVAL, INTERVAL_ENV, KeepLocal, inside_window
-from receivewal.archive.objectstore import RetryPolicy, backoff_delay
+from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.reading import read_small_file
 from receivewal.archive.sealed import recipients_path
 from receivewal.daemon.events import ChangeFileCompleted, Event, EventStream
 from receivewal.daemon.lifecycle import LocalCopyChanged, UploadsChanged
-from receivewal.daemon.state import LastError, LocalCopyStatus, UploadStatus, read_state
+from receivewal.daemon.state import LocalCopyStatus, UploadStatus, read_state
+from receivewal.daemon.uploadpolicy import retry_delay
+from receivewal.daemon.worker import Worker
 from receivewal.errors import ArchiveError, ReceivewalError
-from receivewal.logical.store import is_sealed, parse_file_name
+from receivewal.logical.store import PARTIAL, change_files, is_sealed, parse_file_name
 
 if TYPE_CHECKING:
     from receivewal.archive.bucket import Bucket
 
 UPLOADED_FILE = ".receivewal-changes-uploaded.json"
-CLOSE_SECONDS = 10.0  # how long stopping waits for an upload in flight
 
 
 def completed_files(directory: Path, sealed: bool | None = None) -> list[str]:
     """The completed change files of OUTDIR, in the order of their names (LSNs); with
     ``sealed``, only the sealed ones (True) or only those that are not (False)."""
-    names = [(parsed[0], name) for name in os.listdir(directory)
-             if (parsed := parse_file_name(name)) is not None and not parsed[2]
-             and (sealed is None or is_sealed(name) == sealed)]
-    return [name for _, name in sorted(names)]
+    return [name for name in change_files(directory) if not name.endswith(PARTIAL)
+            and (sealed is None or is_sealed(name) == sealed)]
 
 
 def read_uploaded(directory: Path, destination: str) -> str | None:
@@ -82,7 +81,7 @@ def _lsn(name: str) -> int:
     return parsed[0]
 
 
-class ChangeUploader:
+class ChangeUploader(Worker):
     """Uploads OUTDIR's completed change files to ``bucket``, in order, and applies
     ``keep`` (None: nothing local is removed). With ``sealed`` (--encrypt-to) only sealed
     files are uploaded or removed: a completed file is plain for a moment before it is sealed,
@@ -92,25 +91,20 @@ class ChangeUploader:
                  log: FilteringBoundLogger, retry: RetryPolicy, *, keep: KeepLocal | None,
                  mode: int, sealed: bool = False, sync: bool = True,
                  environ: Mapping[str, str], clock: Callable[[], float] = time.time) -> None:
+        super().__init__("change-uploads", events, clock=clock)
         self.directory = directory
         self.sealed = sealed
         self.bucket = bucket
         self.destination = str(bucket.url)
-        self.events = events
         self.log = log
         self.retry = retry
         self.keep = keep
         self.mode = mode
         self.sync = sync
-        self.clock = clock
         self._through: str | None = None
         self._status = UploadStatus(self.destination)
         self._local = None if keep is None else LocalCopyStatus(
             f"change files of the last {keep.text}")
-        self._wake = threading.Condition()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._unsubscribe: Callable[[], None] = lambda: None
         self._interval = float(environ.get(INTERVAL_ENV, INTERVAL))
 
     def begin(self) -> None:
@@ -121,9 +115,8 @@ class ChangeUploader:
             self._recount()
         except OSError as exc:
             raise ArchiveError(f'cannot list "{self.directory}": {exc.strerror or exc}') from exc
-        self._unsubscribe = self.events.subscribe(self._follow)
-        self._thread = threading.Thread(target=self._work, name="change-uploads", daemon=True)
-        self._thread.start()
+        self.follow_events()
+        self.start_thread()
         self.log.info("uploads_started", destination=self.destination,
                       backlog=len(self._pending()), last_uploaded=self._through)
 
@@ -136,20 +129,10 @@ class ChangeUploader:
         with self._wake:
             return self._status
 
-    def close(self) -> None:
-        """Stop the thread: an upload in flight gets a few seconds, the rest goes up at the
-        next run."""
-        self._unsubscribe()
-        self._stop.set()
-        with self._wake:
-            self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(CLOSE_SECONDS)
-
-    def _follow(self, event: Event) -> None:
+    def follow(self, event: Event) -> None:
+        """A change file completed: the uploads are due (never blocks)."""
         if isinstance(event, ChangeFileCompleted):
-            with self._wake:
-                self._wake.notify_all()
+            self.due()
 
     def _pending(self) -> list[str]:
         through = -1 if self._through is None else _lsn(self._through)
@@ -164,13 +147,15 @@ class ChangeUploader:
                                    pending_bytes=sum(sizes), **changes)
         self.events.post(UploadsChanged(self._status))
 
-    def _work(self) -> None:
+    def run(self) -> None:
+        """Upload what is pending and apply the rule; again when a file completes, after the
+        interval, or at once after a failed try's wait."""
         attempt = 0
-        while not self._stop.is_set():
+        while self.await_due(self._interval, ready=lambda: bool(self._pending())):
             try:
                 pending = self._pending()
                 for name in pending:
-                    if self._stop.is_set():
+                    if self.stopping:
                         return
                     self._upload(name)
                     attempt = 0
@@ -180,13 +165,9 @@ class ChangeUploader:
                     exc = ArchiveError(f"change log upload: {exc.strerror or exc}: "
                                        f"{exc.filename or self.directory}")
                 self._failed(exc)
-                self._stop.wait(backoff_delay(self.retry, attempt) if exc.retryable
-                                else self.retry.max_delay)
+                self.pause(retry_delay(self.retry, exc, attempt))
                 attempt += 1
-                continue
-            with self._wake:
-                if not self._stop.is_set() and not self._pending():
-                    self._wake.wait(self._interval)
+                self.due()
 
     def _upload(self, name: str) -> None:
         path = self.directory / name
@@ -209,9 +190,8 @@ class ChangeUploader:
         self.log.info("file_uploaded", file=name, key=self.bucket.key(name), bytes=size)
 
     def _failed(self, exc: ReceivewalError) -> None:
-        now = self.clock()
-        self._recount(last_error=LastError(type(exc).__name__, str(exc), now),
-                      failing_since=self._status.failing_since or now)
+        error = self.failure(exc)
+        self._recount(last_error=error, failing_since=self._status.failing_since or error.at)
         self.log.warning("upload_failed" if exc.retryable else "upload_refused",
                          error=str(exc), kind=type(exc).__name__)
 

@@ -2,17 +2,18 @@
 only when metrics are served, that posts :class:`~receivewal.daemon.events.ArchiveMeasured`
 (the size of the WAL files and of the backups, the oldest recoverable point:
 :func:`~receivewal.retention.summary.summarize`) at start and every
-``RECEIVEWAL_ARCHIVE_MEASURE_SECONDS`` (60 by default). Off the main thread: listing a large
+``RECEIVEWAL_ARCHIVE_MEASURE_SECONDS`` (60 by default), a
+:class:`~receivewal.daemon.worker.Worker`. Off the main thread: listing a large
 archive must not hold the COPY loop up.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
-from receivewal.daemon.events import ArchiveMeasured, Event
+from receivewal.daemon.events import ArchiveMeasured, EventStream
+from receivewal.daemon.worker import Worker
 from receivewal.errors import ReceivewalError
 from receivewal.logs import get_logger
 from receivewal.retention.summary import summarize
@@ -33,31 +34,25 @@ def measure_interval(environ: Mapping[str, str]) -> float:
     return value if value > 0 else DEFAULT_INTERVAL
 
 
-class ArchiveMeter:
-    """Measures ``directory`` every ``interval`` seconds and ``post``s what it found."""
+class ArchiveMeter(Worker):
+    """Measures ``directory`` every ``interval`` seconds and posts what it found on
+    ``events``."""
 
-    def __init__(self, directory: Path, post: Callable[[Event], None], interval: float) -> None:
+    close_seconds = 5.0  # a measure under way ends first, a few seconds at most
+
+    def __init__(self, directory: Path, events: EventStream, interval: float) -> None:
+        super().__init__("archive-meter", events)
         self.directory = directory
         self.interval = interval
-        self._post = post
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="archive-meter", daemon=True)
         self._failure: str | None = None
 
     def start(self) -> None:
         """Measure now, then every interval."""
-        self._thread.start()
+        self.start_thread()
 
-    def close(self) -> None:
-        """Stop measuring (a measure under way ends first, a few seconds at most)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run(self) -> None:
+        while self.await_due(self.interval):
             self.measure()
-            self._stop.wait(self.interval)
 
     def measure(self) -> None:
         """One measure, posted; a failure is logged once, until a measure succeeds."""
@@ -71,6 +66,6 @@ class ArchiveMeter:
             return
         self._failure = None
         oldest = summary.oldest_time
-        self._post(ArchiveMeasured(summary.wal_bytes, summary.backup_bytes, summary.backups,
+        self.events.post(ArchiveMeasured(summary.wal_bytes, summary.backup_bytes, summary.backups,
                                    summary.oldest_lsn,
                                    None if oldest is None else oldest.timestamp()))

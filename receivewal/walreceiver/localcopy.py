@@ -1,6 +1,7 @@
 """The local copy's rule applied by the daemon (``stream --upload-to URL --keep-local 24h``).
 
-:class:`LocalCopy` is a thread of the WAL receiver's: it applies the rule of
+:class:`LocalCopy` is a thread of the WAL receiver's (a
+:class:`~receivewal.daemon.worker.Worker`): it applies the rule of
 :mod:`receivewal.retention.localrule` to the archive directory after the uploader confirms an
 upload (it follows :class:`~receivewal.daemon.lifecycle.UploadsChanged` on the event stream)
 and every :data:`INTERVAL` seconds (an age window moves with the clock), never on the thread
@@ -16,7 +17,6 @@ For the tests: ``RECEIVEWAL_TEST_LOCAL_INTERVAL`` sets the seconds between two a
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -27,68 +27,43 @@ from structlog.typing import FilteringBoundLogger
 from receivewal.archive.keeplocal import INTERVAL, INTERVAL_ENV, KeepLocal
 from receivewal.daemon.events import Event, EventStream
 from receivewal.daemon.lifecycle import LocalCopyChanged, UploadsChanged
-from receivewal.daemon.state import LastError, LocalCopyStatus, read_state
+from receivewal.daemon.state import LocalCopyStatus, read_state
+from receivewal.daemon.worker import Worker
 from receivewal.errors import ReceivewalError
 from receivewal.retention.localrule import LocalReport, apply_local_rule
 from receivewal.retention.removal import Holds
 
-CLOSE_SECONDS = 10.0  # how long stopping waits for an application in flight
 
-
-class LocalCopy:
+class LocalCopy(Worker):
     """Applies ``rule`` to the archive ``directory`` that uploads to ``destination``."""
 
     def __init__(self, directory: Path, destination: str, rule: KeepLocal, events: EventStream,
                  log: FilteringBoundLogger, *, sync: bool = True,
                  environ: Mapping[str, str], clock: Callable[[], float] = time.time) -> None:
+        super().__init__("local-copy", events, clock=clock)
         self.directory = directory
         self.destination = destination
         self.rule = rule
-        self.events = events
         self.log = log
         self.sync = sync
-        self.clock = clock
         self.interval = float(environ.get(INTERVAL_ENV, INTERVAL))
         self._status = LocalCopyStatus(rule.describe())
         self._uploaded = -1  # the uploader's count of files uploaded, as last seen
-        self._wake = threading.Condition()
-        self._due = True
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._unsubscribe: Callable[[], None] = lambda: None
 
     def start(self) -> None:
         """Follow the uploads and apply the rule now, then after each upload confirmed."""
         self.events.post(LocalCopyChanged(self._status))
-        self._unsubscribe = self.events.subscribe(self._follow)
-        self._thread = threading.Thread(target=self._work, name="local-copy", daemon=True)
-        self._thread.start()
+        self.follow_events()
+        self.start_thread()
 
-    def close(self) -> None:
-        """Stop the thread (an application in flight gets a few seconds)."""
-        self._unsubscribe()
-        self._stop.set()
-        with self._wake:
-            self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(CLOSE_SECONDS)
-
-    def _follow(self, event: Event) -> None:
+    def follow(self, event: Event) -> None:
         """An upload confirmed: the rule is due (never blocks)."""
         if isinstance(event, UploadsChanged) and event.status.uploaded_files != self._uploaded:
             self._uploaded = event.status.uploaded_files
-            with self._wake:
-                self._due = True
-                self._wake.notify_all()
+            self.due()
 
-    def _work(self) -> None:
-        while not self._stop.is_set():
-            with self._wake:
-                if not self._due:
-                    self._wake.wait(self.interval)
-                self._due = False
-            if self._stop.is_set():
-                return
+    def run(self) -> None:
+        while self.await_due(self.interval):
             self.apply()
 
     def apply(self) -> LocalCopyStatus:
@@ -97,8 +72,7 @@ class LocalCopy:
             report = apply_local_rule(self.directory, self.rule, self._holds(), self.clock(),
                                       sync=self.sync)
         except ReceivewalError as exc:
-            self._status = replace(self._status, last_error=LastError(
-                type(exc).__name__, str(exc), self.clock()))
+            self._status = replace(self._status, last_error=self.failure(exc))
             self.log.warning("local_rule_failed", error=str(exc), kind=type(exc).__name__)
         else:
             self._status = self._applied(report)

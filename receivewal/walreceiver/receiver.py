@@ -99,8 +99,7 @@ class WalReceiver:
                 measure_interval,
             )
 
-            self.meter = ArchiveMeter(archive.directory, events.post,
-                                      measure_interval(os.environ))
+            self.meter = ArchiveMeter(archive.directory, events, measure_interval(os.environ))
             self.meter.start()
 
     def session(self, conn: ReplicationLink, events: Listener, stop: StopFlag) -> Session:

@@ -1,5 +1,6 @@
 """The uploader: completed archive files go to object storage, in order, from a thread of their
-own, so that the receive loop never waits for the network.
+own (a :class:`~receivewal.daemon.worker.Worker`), so that the receive loop never waits for the
+network.
 
 It follows the files the archive completes on the daemon's event stream
 (:class:`~receivewal.daemon.events.SegmentCompleted` and
@@ -54,7 +55,7 @@ from structlog.typing import FilteringBoundLogger
 from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, claim_identity
 from receivewal.archive.listing import Listing
-from receivewal.archive.objectstore import RetryPolicy, backoff_delay
+from receivewal.archive.objectstore import RetryPolicy
 from receivewal.archive.sealed import recipients_path, sealed_problem
 from receivewal.archive.segmentcheck import checked_file
 from receivewal.archive.uploads import (
@@ -70,8 +71,9 @@ from receivewal.archive.uploads import (
 )
 from receivewal.daemon.events import Event, EventStream, HistoryFileWritten, SegmentCompleted
 from receivewal.daemon.lifecycle import UploadsChanged
-from receivewal.daemon.state import LastError, UploadStatus
-from receivewal.daemon.uploadpolicy import TIMEOUT_ENV
+from receivewal.daemon.state import UploadStatus
+from receivewal.daemon.uploadpolicy import TIMEOUT_ENV, retry_delay
+from receivewal.daemon.worker import Worker
 from receivewal.errors import (
     ArchiveError,
     ForeignArchive,
@@ -86,7 +88,6 @@ if TYPE_CHECKING:
 
 PAUSE_ENV = "RECEIVEWAL_TEST_UPLOAD_PAUSE"
 RECHECK_ENV = "RECEIVEWAL_TEST_IDENTITY_RECHECK"
-CLOSE_SECONDS = 10.0  # how long stopping waits for an upload in flight
 CLAIM_WAIT = 5.0  # seconds start-up waits for the claim of the prefix before streaming anyway
 IDENTITY_RECHECK = 60.0  # seconds between two claims of the prefix while uploading
 
@@ -102,7 +103,7 @@ def confirmable_flush(flush: int, uploaded_end: int | None, floor: int) -> int:
     return min(flush, uploaded_end)
 
 
-class Uploader:
+class Uploader(Worker):
     """Follows the archive's completed files and uploads each, in order, on one thread.
 
     ``events`` is the daemon's event stream: the uploads' status goes there from the start,
@@ -111,12 +112,11 @@ class Uploader:
     def __init__(self, archive: Archive, bucket: Bucket, log: FilteringBoundLogger,
                  retry: RetryPolicy, events: EventStream, *, environ: Mapping[str, str],
                  clock: Callable[[], float] = time.time) -> None:
+        super().__init__("uploader", events, clock=clock)
         self.archive = archive
         self.bucket = bucket
-        self.events = events
         self.log = log
         self.retry = retry
-        self.clock = clock
         self.segment_size = 0  # known once the server is identified (begin)
         self._identity: ArchiveIdentity | None = None
         self._starting = True  # begin() waits for the first claim's answer
@@ -127,9 +127,6 @@ class Uploader:
         self._record = UploadRecord(str(bucket.url))
         self._pending: deque[PendingFile] = deque()
         self._queued: set[str] = set()
-        self._wake = threading.Condition()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._pause = environ.get(PAUSE_ENV)
         self._status = UploadStatus(str(bucket.url))
         events.post(UploadsChanged(self._status))
@@ -137,7 +134,6 @@ class Uploader:
         # the timeline of the last segment uploaded (uploaded_end is on it): after a fork
         # inside the archive the old timeline's uploads say nothing of the new one's
         self._uploaded_timeline: int | None = None
-        self._unsubscribe: Callable[[], None] = lambda: None  # from the event stream
 
     # -- the session's side ------------------------------------------------------------------
     def begin(self, identity: ArchiveIdentity, listing: Listing | None = None,
@@ -161,10 +157,9 @@ class Uploader:
         for pending in pending_files(self.archive, self._record, self.segment_size,
                                      listing):
             self._enqueue(pending)
-        self._thread = threading.Thread(target=self._work, name="uploader", daemon=True)
-        self._thread.start()
+        self.start_thread()
         self._await_claim(stopping)
-        self._unsubscribe = self.events.subscribe(self.follow)
+        self.follow_events()
         self.log.info("uploads_started", destination=str(self.bucket.url),
                       backlog=len(self._pending), last_uploaded=self._record.segment)
 
@@ -231,24 +226,14 @@ class Uploader:
         """Whether begin() started the uploads (it did not when it refused the prefix)."""
         return self._thread is not None and self._refusal is None
 
-    @property
-    def running(self) -> bool:
-        """Whether the upload thread runs (begun, and neither stopped nor refused)."""
-        return self._thread is not None and self._thread.is_alive()
-
     def close(self) -> None:
         """Stop the thread: an upload in flight gets a few seconds, the rest waits on disk for
         the next run."""
-        self._stop.set()
-        with self._wake:
-            self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(CLOSE_SECONDS)
-        self._unsubscribe()
+        super().close()
         self.events.post(UploadsChanged(self.status()))
 
     # -- the thread --------------------------------------------------------------------------
-    def _work(self) -> None:
+    def run(self) -> None:
         try:
             if not self._first_claim():
                 return
@@ -279,7 +264,7 @@ class Uploader:
                 return False
             self._report(exc, IDENTITY_FILE,
                          "upload_claim_deferred" if waited and exc.retryable else None)
-            self._stop.wait(self._delay(exc, 0))
+            self.pause(retry_delay(self.retry, exc, 0))
             self._until_done(self._claim, IDENTITY_FILE, attempt=1)
             return True
         with self._wake:
@@ -303,28 +288,26 @@ class Uploader:
         self._claimed_at = time.monotonic()
 
     def _next(self) -> PendingFile | None:
-        with self._wake:
-            while not self._pending and not self._stop.is_set():
-                self._wake.wait()
-            return None if self._stop.is_set() else self._pending[0]
+        """The oldest file queued, once there is one (None: stopped)."""
+        while self.await_due(ready=lambda: bool(self._pending)):
+            with self._wake:
+                if self._pending:
+                    return self._pending[0]
+        return None
 
     def _until_done(self, action: Callable[[], None], name: str, attempt: int = 0) -> None:
         """Try ``action`` (about the object of the file ``name``) until it succeeds or the
         daemon stops; never skip it."""
-        while not self._stop.is_set():
+        while not self.stopping:
             try:
                 action()
             except ReceivewalError as exc:
                 self._report(exc, name)
-                self._stop.wait(self._delay(exc, attempt))
+                self.pause(retry_delay(self.retry, exc, attempt))
                 attempt += 1
             else:
                 self._succeeded()
                 return
-
-    def _delay(self, exc: ReceivewalError, attempt: int) -> float:
-        """The wait before the next try: backoff for what waiting may cure, else the longest."""
-        return backoff_delay(self.retry, attempt) if exc.retryable else self.retry.max_delay
 
     def _report(self, exc: ReceivewalError, name: str, event: str | None = None) -> None:
         """A failed try about the object of ``name``: logged, and in the status; an error that
@@ -419,9 +402,8 @@ class Uploader:
             self._recount(**changes)
 
     def _failed(self, exc: ReceivewalError, event: str) -> None:
-        now = self.clock()
-        error = LastError(type(exc).__name__, str(exc), now)
-        since = self._status.failing_since or now
+        error = self.failure(exc)
+        since = self._status.failing_since or error.at
         self._update(last_error=error, failing_since=since)
         if exc.retryable:
             self.log.warning(event, error=str(exc), kind=error.kind)

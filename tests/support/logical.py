@@ -4,9 +4,12 @@ a change log consumer over receivewal's own replication connection."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 from receivewal.replication.commands import (
     create_logical_slot_command,
@@ -20,8 +23,9 @@ from receivewal.replication.messages import (
     build_standby_status_update,
     parse_copy_data,
 )
-from receivewal.wal.lsn import parse_lsn
-from support.servers import PgServer, pg_bin
+from receivewal.wal.lsn import format_lsn, parse_lsn
+from support.servers import PgServer, make_shared_dir, pg_bin, running_server
+from support.streams import receivewal
 
 LOGICAL_CONF = {
     "wal_level": "logical",
@@ -191,3 +195,57 @@ def run_workload(pg: PgServer, dbname: str, *, messages: bool = True,
         sql("SELECT pg_logical_emit_message(false, 'app', 'not transactional')")
         sql("BEGIN; INSERT INTO items VALUES (40001, 'with a message', 1);"
             " SELECT pg_logical_emit_message(true, 'app', 'transactional'); COMMIT")
+
+
+def dsn(pg: PgServer, dbname: str) -> str:
+    """A plain client's connection string to ``dbname``."""
+    return f"host=127.0.0.1 port={pg.port} user=postgres dbname={dbname}"
+
+
+@dataclass
+class ChangeLogSource:
+    """What ``receivewal apply`` reads: a server whose database ``app`` had rows before its
+    slot, and the change log in ``outdir`` (its snapshot, then the workload)."""
+
+    pg: PgServer
+    outdir: Path
+
+    def target(self, name: str) -> str:
+        """A new database with app's schema and no rows."""
+        self.pg.sql(f"CREATE DATABASE {name}")
+        schema = subprocess.run([pg_bin("pg_dump"), "--schema-only", dsn(self.pg, "app")],
+                                check=True, capture_output=True, text=True).stdout
+        subprocess.run([pg_bin("psql"), "-q", "-v", "ON_ERROR_STOP=1", dsn(self.pg, name)],
+                       input=schema, check=True, capture_output=True, text=True)
+        return dsn(self.pg, name)
+
+    def apply(self, target: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return receivewal("apply", "-D", str(self.outdir), "--to", target, *args)
+
+
+@contextlib.contextmanager
+def change_log_source(slot: str, prefix: str,
+                      then: Callable[[PgServer], None] | None = None,
+                      ) -> Iterator[ChangeLogSource]:
+    """A server with wal_level=logical; in its database ``app``, 300 rows of items, then the
+    publication ``pub`` and the slot ``slot`` with its snapshot, then the workload (and
+    ``then``'s changes); the change log of all of it, zstd at rest in 64 kB files, in a new
+    directory named with ``prefix``."""
+    with running_server(LOGICAL_CONF) as pg:
+        prepare_database(pg, "app")
+        pg.sql("INSERT INTO items SELECT g, 'before the slot', g FROM "
+               "generate_series(100001, 100300) g", "app")
+        pg.sql("CREATE PUBLICATION pub FOR ALL TABLES", "app")
+        outdir = make_shared_dir(prefix)
+        common = ["-d", dsn(pg, "app"), "-D", str(outdir), "-S", slot, "-P", "pub",
+                  "--two-phase", "--log-format", "json"]
+        created = receivewal("logical", *common, "--create-slot", "--snapshot", "-Z", "zstd")
+        assert created.returncode == 0, created.stderr[-3000:]
+        run_workload(pg, "app")
+        if then is not None:
+            then(pg)
+        end = current_lsn(pg, "app")
+        streamed = receivewal("logical", *common, "--endpos", format_lsn(end), "--no-loop",
+                              "--file-size", "64kB")
+        assert streamed.returncode == 0, streamed.stderr[-3000:]
+        yield ChangeLogSource(pg, outdir)

@@ -1,21 +1,27 @@
 """The archive's encrypted files (issue 28 §4): a completed file sealed, and sealed files read
 back with an identity file or checked without one.
 
+Two forms of a sealed file (issue 34 §2): ``NAME[.zst].FINGERPRINT.age``, one file named for
+the recipient set it is sealed to, the set listed once in the archive's identity record (what
+``stream`` writes: the record lists the set before anything is sealed to it); and the older
+``NAME[.zst].age`` with ``NAME[.zst].age.recipients`` beside it listing the set (what
+``backup`` and ``logical`` still write, and archives written before: read as ever).
+
 Sealing (the writers': ``stream`` at a segment's completion; ``backup`` and ``logical`` call
-the same pieces): :func:`seal_stream` writes ``F.recipients`` durably, then the age file ``F``
-through a temporary file that :func:`~receivewal.archive.durable.finish_file` names, in bounded
-memory (:func:`~receivewal.archive.agestream.encrypt_stream`); :func:`seal_file` turns a
-completed file ``P`` into ``P.age`` and removes ``P``; :func:`adopt_recipients` records the set
-in the archive's identity record before anything is encrypted to it. :class:`Sealing` is what a
-segment writer is given.
+the same pieces): :func:`seal_stream` writes the age file through a temporary file that
+:func:`~receivewal.archive.durable.finish_file` names, in bounded memory
+(:func:`~receivewal.archive.agestream.encrypt_stream`), in the older form after its
+recipients file; :func:`seal_file` turns a completed file ``P`` into ``P.age`` and removes
+``P``; the archive's ``adopt_recipients`` records the set in its identity record before
+anything is encrypted to it. :class:`Sealing` is what a segment writer is given.
 
 Reading: :class:`Unsealer` holds ``--identity FILE`` (loaded on first use: a call that meets no
 encrypted file never imports pyrage) and turns a sealed file's bytes into its plaintext, or
 into one error naming the file and the recipients that can read it; :class:`DecryptingOpener`
 is an :data:`~receivewal.archive.compression.Opener` (picklable: verify's and analyze's
-workers) that decrypts ``*.age`` files as it opens them; :func:`sealed_problem` is the check
-a reader without a key makes (the resume scan, the uploader): an age header with as many X25519
-stanzas as its recipients file lists.
+workers) that decrypts ``*.age`` files as it opens them; :func:`recipients_of` finds a sealed
+file's set in either form; :func:`sealed_problem` is the check a reader without a key makes
+(the resume scan, the uploader): an age header with as many X25519 stanzas as its set lists.
 """
 
 from __future__ import annotations
@@ -117,15 +123,20 @@ def write_recipients_file(target: Path, recipients: RecipientSet, *, mode: int =
 
 def seal_stream(source: Readable, target: Path, recipients: RecipientSet, *,
                 mode: int = 0o600, sync: bool = True) -> int:
-    """Encrypt what ``source`` reads to ``recipients`` as the age file ``target``
-    (``NAME[.zst].age``), its recipients file written durably first; ``target`` gets its name
-    only once whole and fsynced (a crash leaves a temporary file, or the recipients file
-    alone: both are rewritten when the file is sealed again). Memory: constant. Returns the
-    bytes of ``target``. Raises OSError, ArchiveError when age refuses."""
+    """Encrypt what ``source`` reads to ``recipients`` as the age file ``target``:
+    ``NAME[.zst].FINGERPRINT.age``, named for the set (which the archive's identity record
+    lists before anything is sealed to it), or in the older form ``NAME[.zst].age``, its
+    recipients file written durably first. ``target`` gets its name only once whole and
+    fsynced (a crash leaves a temporary file, or the recipients file alone: both are rewritten
+    when the file is sealed again). Memory: constant. Returns the bytes of ``target``. Raises
+    OSError, ArchiveError when age refuses."""
     from receivewal.archive.agestream import encrypt_stream  # noqa: PLC0415 - pyrage's user
 
     assert target.name.endswith(ENCRYPTED_SUFFIX), target
-    write_recipients_file(target, recipients, mode=mode, sync=sync)
+    fingerprint = fingerprint_of(target.name)
+    assert fingerprint in ("", recipients.fingerprint), target
+    if not fingerprint:
+        write_recipients_file(target, recipients, mode=mode, sync=sync)
     with durable_file(target, mode, sync=sync) as out:
         return encrypt_stream(source, out, recipients)
 

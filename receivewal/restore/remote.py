@@ -41,7 +41,7 @@ from receivewal.archive.recipients import RECIPIENTS_FILE_CAP
 from receivewal.archive.sources import decide_segment_size
 from receivewal.errors import ArchiveError, ConfigurationError, ObjectNotFound
 from receivewal.restore.writing import Candidate, NotInArchive, write_restored
-from receivewal.wal.leannames import next_held_after, sealed_suffix
+from receivewal.wal.leannames import next_held_after, sealed_suffix, split_sealed
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import (
     AtRest,
@@ -116,7 +116,8 @@ class BucketSource:
         retries, ConfigurationError for a bad name, ArchiveError naming a damaged object.
         """
         identity, size = self.identity(), self.segment_size()
-        for candidate in self.forms(name):
+        forms = self.forms(name)
+        for candidate in [*forms, *self._unlisted_forms(name, forms)]:
             key = candidate.path.name
             with spooled_buffer(target.parent, _IN_MEMORY) as buf:
                 try:
@@ -134,6 +135,25 @@ class BucketSource:
             return url
         raise NotInArchive(f'"{name}" is not in the archive "{self.bucket.url}" (no such key '
                            "in any of its forms)")
+
+    def _unlisted_forms(self, name: str, tried: list[Candidate]) -> list[Candidate]:
+        """Sealed forms of segment ``name`` named for a set the identity object does not list
+        (it is create-only: a set adopted after the prefix was claimed is listed in the
+        archive directory's record alone), asked only once every listed form was "no such
+        key": ONE listing of the keys that begin with ``name``."""
+        if not is_wal_file_name(name):
+            return []
+        known = {c.path.name for c in tried}
+        found = []
+        for key in self.bucket.names_after(name, name, LATER_KEYS):
+            sealed = split_sealed(key)
+            if key in known or sealed is None or not sealed[1]:
+                continue
+            fmt = next((f for f in AtRest if sealed[0] == name + f.suffix), None)
+            if fmt is not None:
+                found.append(Candidate(Path(key), fmt, partial=False, segment=True,
+                                       encrypted=True, fingerprint=sealed[1]))
+        return found
 
     def later_wal(self, name: str) -> str | None:
         """The first segment of segment ``name``'s timeline after it that the prefix holds

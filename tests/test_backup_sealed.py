@@ -27,7 +27,9 @@ from support.seaweed import SeaweedS3
 from support.servers import PgServer, make_shared_dir
 from support.streams import receivewal, start_streaming, stop, wait_for
 
+from receivewal.archive.recipients import recipient_set
 from receivewal.commands.catalog import ENCRYPT_TO_ENV
+from receivewal.wal.names import encrypted_file_name
 
 pytestmark = pytest.mark.server
 
@@ -92,7 +94,8 @@ def world(seaweed: SeaweedS3) -> Iterator[World]:
         pg.sql("INSERT INTO marker VALUES ('after')")
         last = pg.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")
         pg.switch_wal()
-        wait_for((archive / f"{last}.age").exists, timeout=60,
+        sealed_name = encrypted_file_name(last, recipient_set([key.recipient]).fingerprint)
+        wait_for((archive / sealed_name).exists, timeout=60,
                  what=f"{last} archived and sealed")
         readable_by_postgres(archive)
         yield world

@@ -3,16 +3,15 @@ bucket (SeaweedFS)} x {plain, zstd, sealed (age)} x {one timeline, after a PITR}
 that ``receivewal stream`` wrote from real PostgreSQL 15 servers.
 
 The archives are built once for the module: a primary streamed by three daemons (plain, ``-Z
-zstd``, ``--encrypt-to``: ``.age`` files with their ``.recipients`` beside them), two backups
+zstd``, ``--encrypt-to``: ``.FINGERPRINT.age`` files, one per segment), two backups
 on timeline 1; then a point-in-time recovery of the newer one from the plain archive with
 ``receivewal restore`` as restore_command, promoted onto timeline 2 and streamed by three more
-daemons (the sealed one with ``-Z zstd``: ``.zst.age``), a backup on timeline 2; its segments
-and history file added to the timeline-1 archives. Each case cleans a copy of its pristine
-archive (in a directory, or uploaded to a prefix of its own). What must go is named from the
-backups' start positions alone: every form of a segment (and a sealed one's recipients file)
-that no kept backup needs, and the removed backups' files; the rest stays. The dry run prints
-what the real run then prints, removes nothing, and its list of files is what the real run
-removed."""
+daemons (the sealed one with ``-Z zstd``: ``.zst.FINGERPRINT.age``), a backup on timeline 2;
+its segments and history file added to the timeline-1 archives. Each case cleans a copy of its
+pristine archive (in a directory, or uploaded to a prefix of its own). What must go is named
+from the backups' start positions alone: every form of a segment that no kept backup needs,
+and the removed backups' files; the rest stays. The dry run prints what the real run then
+prints, removes nothing, and its list of files is what the real run removed."""
 
 from __future__ import annotations
 
@@ -48,7 +47,12 @@ from receivewal.replication.commands import identify_server
 from receivewal.retention.plan import KeepBackups
 from receivewal.retention.removal import apply_policy
 from receivewal.wal.lsn import format_lsn, parse_lsn, segment_of
-from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, history_file_name
+from receivewal.wal.names import (
+    ENCRYPTED_SUFFIX,
+    RECIPIENTS_SUFFIX,
+    history_file_name,
+    unsealed_name,
+)
 from receivewal.wal.timeline import parse_history
 
 pytestmark = pytest.mark.server
@@ -197,7 +201,7 @@ def matrix() -> Iterator[Matrix]:
 def segment_named(name: str) -> tuple[int, int] | None:
     """(timeline, segment number) of a complete segment's file in any form, or of a sealed
     one's recipients file; None for anything else (a .partial, a history file, ...)."""
-    stem = name.removesuffix(RECIPIENTS_SUFFIX).removesuffix(ENCRYPTED_SUFFIX)
+    stem = unsealed_name(name.removesuffix(RECIPIENTS_SUFFIX))
     for suffix in (".zst", ".lz4", ".gz"):
         stem = stem.removesuffix(suffix)
     if len(stem) != 24 or not all(c in "0123456789ABCDEF" for c in stem):
@@ -301,9 +305,9 @@ def test_cleanup_removes_exactly_what_no_kept_backup_needs(
     names = [name for name in before if "/" not in name]
     backups, files = expected(matrix, history, keep, pristine, names)
     assert len(files) >= 4, files
-    if form == "sealed":  # sealed segments and their recipients files among them
+    if form == "sealed":  # sealed segments among them, one file each (no recipients file)
         assert any(name.endswith(ENCRYPTED_SUFFIX) for name in files), files
-        assert any(name.endswith(RECIPIENTS_SUFFIX) for name in files), files
+        assert not any(name.endswith(RECIPIENTS_SUFFIX) for name in files), files
     gone = sorted([*files, *(name for name in before
                              if name.split("/")[:2] in ([BACKUPS, b] for b in backups))])
 

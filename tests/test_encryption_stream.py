@@ -34,7 +34,7 @@ from support.servers import PgServer, make_shared_dir
 from support.streams import log_events, lsn_to_int, receivewal
 
 from receivewal.archive.bucket import Bucket
-from receivewal.archive.recipients import parse_recipients_file, recipient_set
+from receivewal.archive.recipients import recipient_set, recipients_file_text
 from receivewal.wal.names import looks_like_segment
 
 pytestmark = pytest.mark.server
@@ -122,10 +122,10 @@ def age_decrypt(key: Path, path: Path) -> bytes:
 
 def test_each_run_seals_its_segments_to_its_set_and_the_record_lists_the_sets(
         setup: Setup) -> None:
-    """Every completed segment is NAME.age with NAME.age.recipients naming its run's set; no
-    plain complete segment is left; the identity record lists the three sets in order; the
-    age command line decrypts each file with a key of its set to the server's own pg_wal
-    file, and refuses it with a key outside its set."""
+    """Every completed segment is one file, NAME.FINGERPRINT.age, named for its run's set (no
+    recipients file beside it); no plain complete segment is left; the identity record lists
+    the three sets in order; the age command line decrypts each file with a key of its set to
+    the server's own pg_wal file, and refuses it with a key outside its set."""
     archive = setup.archive
     plain = [p.name for p in archive.iterdir()
              if looks_like_segment(p.name) and not p.name.endswith(".partial")]
@@ -139,8 +139,8 @@ def test_each_run_seals_its_segments_to_its_set_and_the_record_lists_the_sets(
     for run, recipients in zip(setup.runs, sets, strict=True):
         assert run, "a run sealed nothing"
         for name in run:
-            listed = (archive / (name + ".recipients")).read_bytes()
-            assert parse_recipients_file(listed, name) == recipients
+            assert name == f"{name[:24]}.{recipients.fingerprint}.age"
+            assert not (archive / (name + ".recipients")).exists()
             key = setup.new.path if setup.new.recipient in recipients.recipients \
                 else setup.old.path
             assert age_decrypt(key, archive / name) == (setup.primary.pg_wal / name[:24]) \
@@ -270,7 +270,8 @@ def test_a_power_cut_while_sealing_loses_nothing_and_leaves_no_plaintext_beside(
     partials = sorted(p.name for p in archive.iterdir() if p.name.endswith(".partial"))
     assert partials, sorted(os.listdir(archive))
     crashed = partials[0][:24]
-    sealed = (archive / (crashed + ".age")).exists()
+    fingerprint = recipient_set([setup.old.recipient]).fingerprint
+    sealed = (archive / f"{crashed}.{fingerprint}.age").exists()
     assert sealed == (point == "sealed")
     crashed_end = (int(crashed[8:16], 16) << 32) + (int(crashed[16:], 16) + 1) * SEGMENT
     assert lsn_to_int(primary.sql(f"SELECT restart_lsn FROM pg_replication_slots "
@@ -285,7 +286,7 @@ def test_a_power_cut_while_sealing_loses_nothing_and_leaves_no_plaintext_beside(
     again = receivewal(*args)
     assert again.returncode == 0, again.stderr[-3000:]
     names = sorted(os.listdir(archive))
-    assert crashed + ".age" in names
+    assert f"{crashed}.{fingerprint}.age" in names
     assert crashed + ".partial" not in names
     for name in sealed_files(archive):
         assert age_decrypt(setup.old.path, archive / name) == \
@@ -314,7 +315,7 @@ def test_a_power_cut_while_sealing_a_compressed_segment_loses_nothing(setup: Set
     assert len(sealed) >= 2
     names = os.listdir(archive)
     for name in sealed:
-        assert name.endswith(".zst.age")
+        assert name.endswith(f".zst.{recipient_set([setup.old.recipient]).fingerprint}.age")
         assert name[:24] + ".zst.partial" not in names
         plain = zstandard.ZstdDecompressor().decompressobj().decompress(
             age_decrypt(setup.old.path, archive / name))
@@ -324,10 +325,10 @@ def test_a_power_cut_while_sealing_a_compressed_segment_loses_nothing(setup: Set
 
 def test_uploads_carry_the_sealed_objects_and_restore_from_the_bucket_decrypts(
         setup: Setup, store: SeaweedS3, tmp_path: Path) -> None:
-    """With --upload-to, each sealed segment goes up as NAME.age after NAME.age.recipients,
-    as it sits (never plain); the prefix's identity object lists the set; restore from the
-    bucket with --identity gives the server's segment, and without it exits 126 naming the
-    object and its recipients. verify of the bucket with the identity passes."""
+    """With --upload-to, each sealed segment goes up as one object, NAME.FINGERPRINT.age, as
+    it sits (never plain, no recipients object); the prefix's identity object lists the set;
+    restore from the bucket with --identity gives the server's segment, and without it exits
+    126 naming the object and its recipients. verify of the bucket with the identity passes."""
     primary, archive = setup.primary, setup.base / "archive-up"
     archive.mkdir()
     primary.sql("SELECT pg_create_physical_replication_slot('up', true)")
@@ -344,7 +345,7 @@ def test_uploads_carry_the_sealed_objects_and_restore_from_the_bucket_decrypts(
     assert sealed
     for name in sealed:
         assert name in names
-        assert name + ".recipients" in names
+        assert name + ".recipients" not in names
         assert name[:24] not in names  # never plain
         assert bucket.get_bytes(name, 1 << 22) == (archive / name).read_bytes()
     identity = json.loads(bucket.get_bytes(IDENTITY, 1 << 16))
@@ -377,8 +378,10 @@ def test_analyzes_executor_decrypts_a_sealed_segment_with_the_identity(setup: Se
     name = setup.runs[1][0]
     segno = int(name[16:24], 16)
 
+    after = next(n for n in sealed_files(setup.archive) if int(n[16:24], 16) == segno + 1)
+
     def row(identity: str | None) -> SimpleNamespace:
-        follower = FollowerRun(1, segno + 1, 1, "", False, True)
+        follower = FollowerRun(1, segno + 1, 1, "", False, True, after.split(".")[1])
         return SimpleNamespace(
             archive=str(setup.archive), base=str(setup.archive), file=name, compression="",
             timeline=1, segno=segno, partial=False, followers=json.dumps([follower]),
@@ -393,13 +396,65 @@ def test_analyzes_executor_decrypts_a_sealed_segment_with_the_identity(setup: Se
     assert [p["kind"] for p in refused["problems"]] == ["not_checked"]
 
 
+def old_layout(setup: Setup, archive: Path) -> None:
+    """A copy of the archive as receivewal wrote it before sealed files were named for their
+    set: each ``NAME.FINGERPRINT.age`` as ``NAME.age``, with ``NAME.age.recipients`` beside it
+    (the bytes :func:`recipients_file_text` wrote)."""
+    shutil.copytree(setup.archive, archive)
+    sets = {s.fingerprint: s for s in (
+        recipient_set([setup.old.recipient]),
+        recipient_set([setup.old.recipient, setup.new.recipient]),
+        recipient_set([setup.new.recipient]))}
+    for name in sealed_files(archive):
+        stem, fingerprint, _ = name.rsplit(".", 2)
+        (archive / name).rename(archive / f"{stem}.age")
+        (archive / f"{stem}.age.recipients").write_bytes(recipients_file_text(sets[fingerprint]))
+
+
+def test_an_archive_sealed_beside_recipients_files_restores_and_verifies(
+        setup: Setup, tmp_path: Path) -> None:
+    """The older layout (each sealed file beside its recipients file) stays readable: restore
+    with a key of each run's set gives the server's segments, without a key exit 126 naming
+    the file's recipients, and verify with both keys passes, naming each file's set."""
+    archive = setup.base / "archive-old-layout"
+    old_layout(setup, archive)
+    target = tmp_path / "RECOVERYXLOG"
+    for run, key in zip(setup.runs, (setup.old, setup.both, setup.new), strict=True):
+        name = run[0][:24]
+        path = key.path if isinstance(key, KeyPair) else key
+        done = subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D",
+                               str(archive), "--prefetch", "0", "--identity", str(path), name,
+                               str(target)], capture_output=True, text=True, check=False,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert target.read_bytes() == (setup.primary.pg_wal / name).read_bytes()
+    name = setup.runs[1][0][:24]
+    without = subprocess.run([sys.executable, "-m", "receivewal", "restore", "-D", str(archive),
+                              "--prefetch", "0", name, str(tmp_path / "x")], capture_output=True,
+                             text=True, check=False, timeout=60,
+                             env={k: v for k, v in os.environ.items()
+                                  if k != "RECEIVEWAL_IDENTITY"})
+    assert without.returncode == 126, without.stderr
+    assert f"{name}.age" in without.stderr
+    assert setup.new.recipient in without.stderr
+    assert setup.old.recipient in without.stderr
+    checked = subprocess.run([sys.executable, "-m", "receivewal", "verify", str(archive),
+                              "--identity", str(setup.both), "--json"], capture_output=True,
+                             text=True, check=False, timeout=120)
+    assert checked.returncode == 0, checked.stdout[-3000:]
+    report = json.loads(checked.stdout)
+    assert set(report["sealed"]) == {f"{n.rsplit('.', 2)[0]}.age"
+                                     for run in setup.runs for n in run}
+
+
 def test_a_sealed_file_without_its_recipients_file_is_not_resumed_from_and_is_sealed_again(
         setup: Setup) -> None:
-    """The resume scan trusts a sealed file by its age header and recipients file: the newest
-    one without its recipients file is passed over (said in the log), its segment streamed
-    again and sealed again, recipients file first; the file then decrypts to the server's."""
+    """The resume scan trusts a sealed file of the older layout by its age header and
+    recipients file: the newest one without its recipients file is passed over (said in the
+    log), its segment streamed again and sealed again, now named for its set; the file then
+    decrypts to the server's."""
     archive = setup.base / "archive-rescan"
-    shutil.copytree(setup.archive, archive)
+    old_layout(setup, archive)
     newest = sealed_files(archive)[-1]
     (archive / (newest + ".recipients")).unlink()
     again = receivewal("stream", "-D", str(archive), "-d", setup.primary.dsn, "-n",
@@ -408,7 +463,6 @@ def test_a_sealed_file_without_its_recipients_file_is_not_resumed_from_and_is_se
     rejected = [e for e in log_events(again.stderr) if e["event"] == "segment_file_rejected"]
     assert [e["file"] for e in rejected] == [newest]
     assert "has no recipients file" in str(rejected[0]["reason"])
-    listed = (archive / (newest + ".recipients")).read_bytes()
-    assert parse_recipients_file(listed, newest) == recipient_set([setup.new.recipient])
-    assert age_decrypt(setup.new.path, archive / newest) == \
+    resealed = f"{newest[:24]}.{recipient_set([setup.new.recipient]).fingerprint}.age"
+    assert age_decrypt(setup.new.path, archive / resealed) == \
         (setup.primary.pg_wal / newest[:24]).read_bytes()

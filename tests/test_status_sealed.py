@@ -1,8 +1,8 @@
 """``status`` and the metrics of a sealed archive directory, against a real PostgreSQL 15:
-``stream --encrypt-to`` seals every completed segment (``F.age`` beside ``F.age.recipients``)
-and ``backup --encrypt-to`` puts a sealed backup beside them; ``status`` (text and ``--json``)
-and the daemon's metrics count the sealed segments as the WAL files they are (with their
-recipients files' bytes) and give the backup's start as the oldest recoverable point."""
+``stream --encrypt-to`` seals every completed segment (one file, ``F.FINGERPRINT.age``, named
+for its recipient set) and ``backup --encrypt-to`` puts a sealed backup beside them; ``status``
+(text and ``--json``) and the daemon's metrics count the sealed segments as the WAL files they
+are and give the backup's start as the oldest recoverable point."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from support.scrape import scrape
 from support.servers import PgServer, free_port
 from support.streams import receivewal, start_streaming, stop, wait_for
 
+from receivewal.archive.recipients import recipient_set
 from receivewal.backup.catalog import read_catalog
 from receivewal.backup.record import BackupRecord, utc_text
 from receivewal.wal.lsn import format_lsn
-from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX
+from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, encrypted_file_name
 
 pytestmark = pytest.mark.server
 
@@ -70,7 +71,8 @@ def test_status_and_metrics_count_sealed_wal_and_its_oldest_recoverable_point(
         backup_id = done.stdout.split()[1]
         record = the_backup(archive_dir, backup_id)
         switch_segments(pg, 2)
-        wait_for(lambda: all((archive_dir / f"{name}{ENCRYPTED_SUFFIX}").exists()
+        fingerprint = recipient_set([key.recipient]).fingerprint
+        wait_for(lambda: all((archive_dir / encrypted_file_name(name, fingerprint)).exists()
                              for name in record.wal_segments()),
                  what="the backup's WAL sealed in the archive")
         verified = receivewal("verify", "--identity", str(key.path), str(archive_dir),
@@ -99,7 +101,7 @@ def test_status_and_metrics_count_sealed_wal_and_its_oldest_recoverable_point(
         sealed = [p for p in files if p.name.endswith(ENCRYPTED_SUFFIX)]
         partial = [p for p in files if p.name.endswith(".partial")]
         recipients = [p for p in files if p.name.endswith(RECIPIENTS_SUFFIX)]
-        assert len(recipients) == len(sealed)
+        assert recipients == []  # one file per sealed segment, named for its set
         wal_bytes = sum(p.stat().st_size for p in [*sealed, *partial, *recipients])
         shown = receivewal("status", "-D", str(archive_dir))
         lines = shown.stdout.splitlines()

@@ -19,6 +19,8 @@ from support.agekeys import KeyPair, new_identity_file
 from support.servers import PgServer, make_shared_dir
 from support.streams import start_streaming, stop, wait_for
 
+from receivewal.wal.names import unsealed_name
+
 VERDICT_UNKNOWN = 3  # verify's exit status when it could not check what it needs a key for
 
 pytestmark = pytest.mark.server
@@ -107,9 +109,9 @@ def test_damage_the_verifier_can_read_is_still_not_recoverable(world: World,
     archive = tmp_path / "archive"
     shutil.copytree(world.archive, archive)
     sealed = world.sealed[-1]
-    plain = archive / sealed.removesuffix(".age")
-    for suffix in (".age", ".recipients"):
-        (archive / (sealed.removesuffix(".age") + suffix)).unlink(missing_ok=True)
+    plain = archive / unsealed_name(sealed)
+    for name in (sealed, sealed + ".recipients"):
+        (archive / name).unlink(missing_ok=True)
     plain.write_bytes(b"\0" * 2**20)
     done = verify(str(archive))
     assert done.returncode == 1, done.stdout + done.stderr

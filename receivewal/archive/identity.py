@@ -41,6 +41,15 @@ class ArchiveIdentity:
     recipient_sets: tuple[AdoptedSet, ...] = ()  # in the order adopted; the last is current
 
 
+def sealed_fingerprints(identity: ArchiveIdentity | None) -> tuple[str, ...]:
+    """The fingerprints a sealed file of the archive whose record is ``identity`` may carry in
+    its name, in the order a reader looks for them: its sets' from the newest on, then ""
+    (the older form, its set in a recipients file beside it)."""
+    sets = () if identity is None else identity.recipient_sets
+    found = dict.fromkeys(adopted.recipients.fingerprint for adopted in reversed(sets))
+    return (*found, "")
+
+
 def identity_from_json(data: object) -> ArchiveIdentity:
     """Validate the identity file's values; ValueError or TypeError saying which is wrong."""
     if not isinstance(data, dict):

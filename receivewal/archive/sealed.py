@@ -1,21 +1,27 @@
 """The archive's encrypted files (issue 28 §4): a completed file sealed, and sealed files read
 back with an identity file or checked without one.
 
+Two forms of a sealed file (issue 34 §2): ``NAME[.zst].FINGERPRINT.age``, one file named for
+the recipient set it is sealed to, the set listed once in the archive's identity record (what
+``stream`` writes: the record lists the set before anything is sealed to it); and the older
+``NAME[.zst].age`` with ``NAME[.zst].age.recipients`` beside it listing the set (what
+``backup`` and ``logical`` still write, and archives written before: read as ever).
+
 Sealing (the writers': ``stream`` at a segment's completion; ``backup`` and ``logical`` call
-the same pieces): :func:`seal_stream` writes ``F.recipients`` durably, then the age file ``F``
-through a temporary file that :func:`~receivewal.archive.durable.finish_file` names, in bounded
-memory (:func:`~receivewal.archive.agestream.encrypt_stream`); :func:`seal_file` turns a
-completed file ``P`` into ``P.age`` and removes ``P``; :func:`adopt_recipients` records the set
-in the archive's identity record before anything is encrypted to it. :class:`Sealing` is what a
-segment writer is given.
+the same pieces): :func:`seal_stream` writes the age file through a temporary file that
+:func:`~receivewal.archive.durable.finish_file` names, in bounded memory
+(:func:`~receivewal.archive.agestream.encrypt_stream`), in the older form after its
+recipients file; :func:`seal_file` turns a completed file ``P`` into ``P.age`` and removes
+``P``; the archive's ``adopt_recipients`` records the set in its identity record before
+anything is encrypted to it. :class:`Sealing` is what a segment writer is given.
 
 Reading: :class:`Unsealer` holds ``--identity FILE`` (loaded on first use: a call that meets no
 encrypted file never imports pyrage) and turns a sealed file's bytes into its plaintext, or
 into one error naming the file and the recipients that can read it; :class:`DecryptingOpener`
 is an :data:`~receivewal.archive.compression.Opener` (picklable: verify's and analyze's
-workers) that decrypts ``*.age`` files as it opens them; :func:`sealed_problem` is the check
-a reader without a key makes (the resume scan, the uploader): an age header with as many X25519
-stanzas as its recipients file lists.
+workers) that decrypts ``*.age`` files as it opens them; :func:`recipients_of` finds a sealed
+file's set in either form; :func:`sealed_problem` is the check a reader without a key makes
+(the resume scan, the uploader): an age header with as many X25519 stanzas as its set lists.
 """
 
 from __future__ import annotations
@@ -42,11 +48,18 @@ from receivewal.archive.recipients import (
 from receivewal.archive.storedform import Unsealing, unsealed_bytes
 from receivewal.errors import ArchiveError, ObjectNotFound
 from receivewal.secrets import IDENTITY_ENV
-from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX
+from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, split_sealed
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
     from receivewal.archive.compression import Opener
     from receivewal.archive.encryption import Keys
+    from receivewal.archive.recipients import AdoptedSet
+
+#: The recipient sets an archive's identity record lists, by fingerprint: what a reader
+#: finds a sealed file's set in, the fingerprint its name carries.
+KnownSets = dict[str, RecipientSet]
 
 
 
@@ -110,15 +123,20 @@ def write_recipients_file(target: Path, recipients: RecipientSet, *, mode: int =
 
 def seal_stream(source: Readable, target: Path, recipients: RecipientSet, *,
                 mode: int = 0o600, sync: bool = True) -> int:
-    """Encrypt what ``source`` reads to ``recipients`` as the age file ``target``
-    (``NAME[.zst].age``), its recipients file written durably first; ``target`` gets its name
-    only once whole and fsynced (a crash leaves a temporary file, or the recipients file
-    alone: both are rewritten when the file is sealed again). Memory: constant. Returns the
-    bytes of ``target``. Raises OSError, ArchiveError when age refuses."""
+    """Encrypt what ``source`` reads to ``recipients`` as the age file ``target``:
+    ``NAME[.zst].FINGERPRINT.age``, named for the set (which the archive's identity record
+    lists before anything is sealed to it), or in the older form ``NAME[.zst].age``, its
+    recipients file written durably first. ``target`` gets its name only once whole and
+    fsynced (a crash leaves a temporary file, or the recipients file alone: both are rewritten
+    when the file is sealed again). Memory: constant. Returns the bytes of ``target``. Raises
+    OSError, ArchiveError when age refuses."""
     from receivewal.archive.agestream import encrypt_stream  # noqa: PLC0415 - pyrage's user
 
     assert target.name.endswith(ENCRYPTED_SUFFIX), target
-    write_recipients_file(target, recipients, mode=mode, sync=sync)
+    fingerprint = fingerprint_of(target.name)
+    assert fingerprint in ("", recipients.fingerprint), target
+    if not fingerprint:
+        write_recipients_file(target, recipients, mode=mode, sync=sync)
     with durable_file(target, mode, sync=sync) as out:
         return encrypt_stream(source, out, recipients)
 
@@ -137,14 +155,37 @@ def seal_file(path: Path, recipients: RecipientSet, *, mode: int = 0o600,
 
 
 # -- reading -----------------------------------------------------------------------------------
+def fingerprint_of(path: str) -> str:
+    """The fingerprint of the recipient set the sealed file at ``path`` (a path or a URL)
+    names; "" for the older form (its set in its recipients file) or a file not sealed."""
+    sealed = split_sealed(path.rsplit("/", 1)[-1])
+    return "" if sealed is None else sealed[1]
+
+
+def known_sets(adopted: Iterable[AdoptedSet]) -> KnownSets:
+    """The identity record's sets (``ArchiveIdentity.recipient_sets``) by fingerprint."""
+    return {a.recipients.fingerprint: a.recipients for a in adopted}
+
+
+def whom_sealed(file: str, recipients: RecipientSet | None) -> str:
+    """Whom the sealed file ``file`` is for, as messages say it (``recipients``: its set,
+    None when not at hand)."""
+    if recipients is not None:
+        return f"encrypted to {recipients.describe()}"
+    fingerprint = fingerprint_of(file)
+    if fingerprint:
+        return (f"encrypted to recipient set {fingerprint}, which the archive's identity "
+                "record does not list")
+    return "encrypted (its recipients file is missing)"
+
+
 class NoIdentity(ArchiveError):  # noqa: N818 - reads as what the caller is told
     """An encrypted file, and no identity file to decrypt it with (restore exits 126)."""
 
     def __init__(self, file: str, recipients: RecipientSet | None) -> None:
-        whom = f"encrypted to {recipients.describe()}" if recipients is not None else \
-            "encrypted (its recipients file is missing)"
-        super().__init__(f'"{file}" is {whom}: decrypting it needs an identity file holding '
-                         f"one of its keys (--identity FILE, or {IDENTITY_ENV})")
+        super().__init__(f'"{file}" is {whom_sealed(file, recipients)}: decrypting it needs an '
+                         f"identity file holding one of its keys (--identity FILE, or "
+                         f"{IDENTITY_ENV})")
 
 
 def _read_capped(path: str, cap: int, open_binary: Opener | None) -> bytes:
@@ -173,11 +214,61 @@ def read_recipients(path: str, open_binary: Opener | None = None) -> RecipientSe
     return parse_recipients_file(data, where)
 
 
-def sealed_problem(path: str, open_binary: Opener | None = None) -> str | None:
-    """Why the sealed file at ``path`` is not what a writer leaves (no recipients file, not an
-    age file, stanzas that are not its recipients'), or None: the check without a key."""
+#: The sets of the identity records read beside sealed files, by the folder read: read again
+#: when a file names a set they do not list (the record gains a set before a file is sealed
+#: to it).
+_SETS_BESIDE: dict[str, KnownSets] = {}
+
+
+def _sets_beside(path: str, open_binary: Opener | None) -> KnownSets:
+    """The sets the identity record next to the sealed file ``path`` lists (none without
+    one); ArchiveError naming the record when it cannot be read as one."""
+    from receivewal.archive.identity import (  # noqa: PLC0415 - a sealed file's reader only
+        IDENTITY_CAP,
+        IDENTITY_FILE,
+        parse_identity_record,
+    )
+
+    folder = path.rsplit("/", 1)[0] if "/" in path else "."
+    fingerprint = fingerprint_of(path)
+    if fingerprint in _SETS_BESIDE.get(folder, {}):
+        return _SETS_BESIDE[folder]
+    where = f"{folder}/{IDENTITY_FILE}"
     try:
-        recipients = read_recipients(path, open_binary)
+        body = _read_capped(where, IDENTITY_CAP, open_binary)
+    except (FileNotFoundError, ObjectNotFound):
+        return {}
+    sets = known_sets(parse_identity_record(body, where).recipient_sets)
+    _SETS_BESIDE[folder] = sets
+    return sets
+
+
+def recipients_of(path: str, open_binary: Opener | None = None,
+                  sets: Mapping[str, RecipientSet] | None = None) -> RecipientSet | None:
+    """The recipient set of the sealed file ``path``: the one of ``sets`` (the archive's
+    identity record's, :func:`known_sets`; None: read from the record next to the file) its
+    name's fingerprint names, or in the older form the one its recipients file lists. None
+    when neither is there. RecipientsError, OSError or the store's error as
+    :func:`read_recipients`."""
+    fingerprint = fingerprint_of(path)
+    if not fingerprint:
+        return read_recipients(path, open_binary)
+    listed = sets if sets is not None and fingerprint in sets else \
+        _sets_beside(path, open_binary)
+    return listed.get(fingerprint)
+
+
+def sealed_problem(path: str, open_binary: Opener | None = None,
+                   sets: Mapping[str, RecipientSet] | None = None) -> str | None:
+    """Why the sealed file at ``path`` is not what a writer leaves (a set its name names that
+    the identity record does not list, no recipients file, not an age file, stanzas that are
+    not its recipients'), or None: the check without a key (``sets``: as
+    :func:`recipients_of`)."""
+    try:
+        recipients = recipients_of(path, open_binary, sets)
+        if recipients is None and fingerprint_of(path):
+            return (f"is sealed to recipient set {fingerprint_of(path)}, which the archive's "
+                    "identity record does not list")
         if recipients is None:
             return f'has no recipients file "{recipients_path(path)}"'
         opener = open_binary or _open_local
@@ -200,8 +291,10 @@ _LAST_DECRYPTED: dict[tuple[str, str], tuple[bytes, bytes]] = {}
 class Unsealer:
     """``--identity FILE`` (None: not given), loaded on first use, to decrypt sealed files."""
 
-    def __init__(self, key_file: str | None) -> None:
+    def __init__(self, key_file: str | None,
+                 sets: Mapping[str, RecipientSet] | None = None) -> None:
         self.key_file = key_file or None
+        self.sets = sets  # the archive's identity record's, when the caller has read it
         self._keys: Keys | None = None
 
     def keys(self) -> Keys:
@@ -236,7 +329,7 @@ class Unsealer:
                source: BinaryIO | None = None) -> BinaryIO:
         """The plaintext of the sealed file at ``path`` (read through ``source`` when given,
         else opened by ``open_binary``), at most ``cap`` bytes of it read, as a reader."""
-        recipients = read_recipients(path, open_binary)
+        recipients = recipients_of(path, open_binary, self.sets)
         if self.key_file is None:
             raise NoIdentity(path, recipients)
         if source is not None:

@@ -16,18 +16,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity
+from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, sealed_fingerprints
 from receivewal.archive.location import DirectoryLocation, Location, is_bucket_url
 from receivewal.archive.reading import HISTORY_FILE_CAP
 from receivewal.errors import ArchiveError, StoreError
 from receivewal.wal.names import (
-    ENCRYPTED_SUFFIX,
     AtRest,
+    encrypted_file_name,
     is_other_wal_file_name,
     looks_like_segment,
     parse_encrypted_segment_name,
     parse_history_file_name,
     parse_segment_file_name,
+    unsealed_name,
 )
 from receivewal.wal.timeline import TimelineSwitch, parse_history
 
@@ -103,14 +104,16 @@ def is_wal_archive(names: Iterable[str]) -> bool:
     created holds nothing else yet), or a WAL file in any form (a segment, plain, compressed,
     encrypted or ``.partial``; a history or backup history file), as a directory that
     archive_command fills holds without an identity file."""
-    return any(name == IDENTITY_FILE or looks_like_segment(name.removesuffix(ENCRYPTED_SUFFIX))
+    return any(name == IDENTITY_FILE or looks_like_segment(unsealed_name(name))
                or is_other_wal_file_name(name) for name in names)
 
 
-def segment_forms(wal_name: str) -> list[str]:
-    """The file names a complete segment may have in an archive."""
+def segment_forms(wal_name: str, fingerprints: tuple[str, ...] = ("",)) -> list[str]:
+    """The file names a complete segment may have in an archive (sealed: to each set of
+    ``fingerprints``, :func:`~receivewal.archive.identity.sealed_fingerprints`)."""
     plain = [wal_name + fmt.suffix for fmt in AtRest]
-    return plain + [name + ENCRYPTED_SUFFIX for name in plain]
+    return plain + [encrypted_file_name(name, fingerprint)
+                    for fingerprint in fingerprints for name in plain]
 
 
 class ArchiveView:
@@ -178,7 +181,8 @@ class ArchiveView:
 
     def holds_segment(self, wal_name: str) -> bool:
         """Whether the archive holds the segment ``wal_name`` complete now (looked at again)."""
-        return any(self.location.exists(name) for name in segment_forms(wal_name))
+        return any(self.location.exists(name) for name in
+                   segment_forms(wal_name, sealed_fingerprints(self.identity())))
 
     def files_under(self, folder: str) -> list[tuple[str, int]]:
         """(name from the top, size) of every file under ``folder`` (``backups``: the base

@@ -15,9 +15,10 @@ Nothing is ever opened through a symbolic link.
 A writer's segments are in one :class:`~receivewal.archive.storedform.StoredForm` (``-Z``'s
 compression and ``--encrypt-to``'s recipients, :attr:`SegmentWriter.form`): a ``.partial`` is
 the form's compression alone, written through the form's writer, and a completed segment
-gets the form's name, sealed (its recipients file first) once it is checked. The two writers
-differ in how a ``.partial`` is written, not in what is stored: in place, preallocated, for a
-plain one; as a stream from its first byte for a compressed one.
+gets the form's name, sealed once it is checked (the name then carries the fingerprint of its
+recipient set, which the identity record lists: one file, no recipients file beside it). The
+two writers differ in how a ``.partial`` is written, not in what is stored: in place,
+preallocated, for a plain one; as a stream from its first byte for a compressed one.
 
 The file primitives they use (preallocation, opening without following links, the crash
 tests' kill points) are in :mod:`receivewal.archive.files`.
@@ -47,7 +48,12 @@ from receivewal.archive.storedform import FormWriter, StoredForm
 from receivewal.archive.syncer import WRITE_BEHIND_BYTES, SegmentSyncer
 from receivewal.errors import ArchiveError, ArchiveNotDurable
 from receivewal.wal.lsn import format_lsn
-from receivewal.wal.names import COMPRESSION_SUFFIXES, PARTIAL_SUFFIX, wal_file_name
+from receivewal.wal.names import (
+    COMPRESSION_SUFFIXES,
+    PARTIAL_SUFFIX,
+    encrypted_file_name,
+    wal_file_name,
+)
 
 
 class SegmentWriter:
@@ -293,7 +299,8 @@ class SegmentWriter:
         assert self._segno is not None
         assert self._path is not None
         wal = wal_file_name(self.timeline, self._segno, self.segment_size)
-        name, final = self.form.compression().name(wal), self.form.name(wal)
+        name = self.form.compression().name(wal)
+        final = name if self.sealing is None else self._sealed_name(name)
         fd, path = self._fd, self._path
         self._fd, self._segno = None, None
         if self.syncer is not None:
@@ -317,14 +324,21 @@ class SegmentWriter:
             raise os_error(exc, f'could not complete segment "{name}"') from exc
         self._drop_superseded_partials(name[:24])
 
+    def _sealed_name(self, name: str) -> str:
+        """The name of the completed segment file ``name`` (``NAME[.zst]``) once sealed: named
+        for its recipient set (one file; the identity record lists the set)."""
+        assert self.sealing is not None
+        return encrypted_file_name(name, self.sealing.recipients.fingerprint)
+
     def _seal(self, fd: int, path: Path, name: str) -> None:
         """Seal the completed segment written as ``path`` (a ``.partial``, or the temporary
-        file of a compressed one): check it, then ``NAME[.zst].age`` and its recipients file,
-        durable (:func:`~receivewal.archive.sealed.seal_stream`); then drop ``path`` and the
-        segment's ``.partial`` files. Until the sealed file is durable, ``path`` keeps the WAL
-        (and none of it counts as flushed before this job ends)."""
+        file of a compressed one): check it, then ``NAME[.zst].FINGERPRINT.age``, named for
+        its recipient set (which the identity record lists), durable
+        (:func:`~receivewal.archive.sealed.seal_stream`); then drop ``path`` and the segment's
+        ``.partial`` files. Until the sealed file is durable, ``path`` keeps the WAL (and none
+        of it counts as flushed before this job ends)."""
         assert self.sealing is not None
-        target = self.archive.directory / self.form.sealing().name(name)
+        target = self.archive.directory / self._sealed_name(name)
         try:
             with os.fdopen(fd, "rb", closefd=True) as fh:
                 raw = sealed_input(fh, name, self.segment_size, self.sealing, str(path))

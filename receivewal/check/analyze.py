@@ -35,7 +35,7 @@ from typing import Any, BinaryIO, cast
 
 from receivewal.archive.compression import Opener, open_local, read_wal_file
 from receivewal.archive.location import is_bucket_url, is_uri, pyarrow_uri
-from receivewal.archive.sealed import DecryptingOpener, Unsealer, sealed_cap
+from receivewal.archive.sealed import DecryptingOpener, Unsealer, fingerprint_of, sealed_cap
 from receivewal.archive.sources import BucketOpener, OpenedLocation, recorded_identity
 from receivewal.archive.view import locate
 from receivewal.check.crosscheck import (
@@ -156,7 +156,8 @@ def marks_of(scan: SegmentScan, keep: _KeepRaw, compression: str) -> list[dict[s
 def scan_row(row: Any) -> dict[str, Any]:
     """Executor side: read and scan one segment named by a task row."""
     seg = SegmentFile(segno=row.segno, timeline=row.timeline, compression=row.compression,
-                      partial=row.partial, encrypted=row.file.endswith(ENCRYPTED_SUFFIX))
+                      partial=row.partial, encrypted=row.file.endswith(ENCRYPTED_SUFFIX),
+                      fingerprint=fingerprint_of(row.file))
     task = ScanTask(row.file, seg, tuple(FollowerRun(*f) for f in json.loads(row.followers)))
     base = row.base
     inner = opener_for(base)

@@ -87,9 +87,9 @@ def _chunks(row: dict[str, Any]) -> Iterator[bytes]:
         if not path.endswith(ENCRYPTED_SUFFIX):
             yield from plain_chunks(fh, row["compression"])
             return
-        from receivewal.archive.sealed import NoIdentity, Unsealer, read_recipients
+        from receivewal.archive.sealed import NoIdentity, Unsealer, recipients_of
 
-        recipients = read_recipients(path, opener)
+        recipients = recipients_of(path, opener)
         unsealer = Unsealer(row.get("identity"))
         if unsealer.key_file is None:
             raise NoIdentity(path, recipients)

@@ -39,6 +39,7 @@ class FollowerRun(NamedTuple):
     compression: str
     partial: bool
     encrypted: bool = False
+    fingerprint: str = ""  # sealed files' recipient set, as their names say ("": older form)
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,9 @@ class ScanTask:
 def follower_files(runs: Iterable[FollowerRun], segment_size: int
                    ) -> Iterator[tuple[str, SegmentFile]]:
     """The file name and the parsed name of each follower the runs list, in order."""
-    for tli, segno, length, compression, partial, encrypted in runs:
+    for tli, segno, length, compression, partial, encrypted, fingerprint in runs:
         for n in range(segno, segno + length):
-            seg = SegmentFile(n, tli, compression, partial, encrypted)
+            seg = SegmentFile(n, tli, compression, partial, encrypted, fingerprint)
             yield seg.file_name(segment_size), seg
 
 
@@ -128,7 +129,7 @@ def plan_scans(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]], *,
             first, last = ahead[(tli, n)]
             count = min(last - n + 1, left)
             followers.append(FollowerRun(first.timeline, n, count, first.compression,
-                                         first.partial, first.encrypted))
+                                         first.partial, first.encrypted, first.fingerprint))
             n, left = n + count, left - count
         tasks.append(ScanTask(name, seg, tuple(followers)))
     return tasks
@@ -153,11 +154,14 @@ def _runs_ahead(chosen: Mapping[tuple[int, int], tuple[str, SegmentFile]], limit
             if pick is None:
                 continue
             nxt = ahead.get((t, n + 1))
-            same = nxt is not None and (nxt[0].timeline, nxt[0].compression, nxt[0].partial,
-                                        nxt[0].encrypted) == (pick.timeline, pick.compression,
-                                                              pick.partial, pick.encrypted)
+            same = nxt is not None and _run_key(nxt[0]) == _run_key(pick)
             ahead[(t, n)] = (pick, nxt[1] if nxt is not None and same else n)
     return ahead
+
+
+def _run_key(seg: SegmentFile) -> tuple[int, str, bool, bool, str]:
+    """What the files of one run share: timeline and stored form."""
+    return seg.timeline, seg.compression, seg.partial, seg.encrypted, seg.fingerprint
 
 
 def _begin_of(tli: int, history: list[TimelineSwitch], target: int) -> int:

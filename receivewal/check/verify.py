@@ -23,7 +23,8 @@ from receivewal.archive.sealed import (
     DecryptingOpener,
     NoIdentity,
     Unsealer,
-    read_recipients,
+    fingerprint_of,
+    recipients_of,
     sealed_cap,
 )
 from receivewal.archive.segmentbuffer import read_segment
@@ -114,12 +115,17 @@ def scan_file(task: ScanTask, base: str, segment_size: int, *, compressibility: 
 
 
 def _sealed_to(path: str, open_binary: Opener | None) -> str:
-    """Whom the sealed file at ``path`` is for, as its recipients file says."""
+    """Whom the sealed file at ``path`` is for, as the identity record's set its name names
+    says, or in the older form its recipients file."""
     try:
-        recipients = read_recipients(path, open_binary)
+        recipients = recipients_of(path, open_binary)
     except (ArchiveError, OSError) as exc:
         return f"unknown ({exc})"
-    return "unknown (no recipients file)" if recipients is None else recipients.describe()
+    if recipients is not None:
+        return recipients.describe()
+    fingerprint = fingerprint_of(path)
+    return f"unknown (recipient set {fingerprint}, not in the identity record)" if fingerprint \
+        else "unknown (no recipients file)"
 
 
 NOT_CHECKED = "not_checked"  # a sealed file read without a key

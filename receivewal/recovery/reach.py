@@ -30,9 +30,9 @@ from receivewal.check.walclock import record_time
 from receivewal.wal.leannames import next_held_after
 from receivewal.wal.lsn import segment_of
 from receivewal.wal.names import (
-    ENCRYPTED_SUFFIX,
     parse_encrypted_segment_name,
     parse_segment_file_name,
+    unsealed_name,
     wal_file_name,
 )
 from receivewal.wal.reader import SegmentScanner
@@ -121,7 +121,7 @@ def last_transaction(source: ArchiveSource, segments: Sequence[str], segment_siz
         file = by_wal_name.get(wal_name)
         if file is None:
             continue
-        parsed = parse_segment_file_name(file.removesuffix(ENCRYPTED_SUFFIX), segment_size)
+        parsed = parse_segment_file_name(unsealed_name(file), segment_size)
         assert parsed is not None
         data = read_wal_file(source.path(file), parsed.compression, open_binary=opener,
                              cap=segment_size)

@@ -15,26 +15,54 @@ from __future__ import annotations
 
 import os
 
+from receivewal.archive.location import IDENTITY_FILE
 from receivewal.wal.leannames import (
     AT_REST_SUFFIXES,
-    ENCRYPTED_SUFFIX,
+    is_fingerprint,
     is_history_name,
     is_segment_name,
+    sealed_suffix,
 )
+
+#: The most of the identity record read for the fingerprints of its recipient sets.
+_RECORD_CAP = 64 * 1024
 
 
 def surely_absent(directory: str, name: str) -> bool:
     """Whether the local archive ``directory`` (an existing directory) has no form of the
-    segment or history file ``name`` (sealed ones included); False whenever that is not
-    plainly so."""
+    segment or history file ``name`` (sealed ones included, to every set the identity record
+    lists and in the older form); False whenever that is not plainly so."""
+    if not os.path.isdir(directory):
+        return False
     if is_segment_name(name):
+        fingerprints = listed_fingerprints(directory)
+        if fingerprints is None:
+            return False
         forms = [name + suffix + sealed for suffix in AT_REST_SUFFIXES
-                 for sealed in ("", ENCRYPTED_SUFFIX)]
+                 for sealed in ("", *(sealed_suffix(f) for f in (*fingerprints, "")))]
     elif is_history_name(name):
         forms = [name]
     else:
         return False
-    if not os.path.isdir(directory):
-        return False
     return not any(os.path.lexists(os.path.join(directory, form)) for form in forms)
+
+
+def listed_fingerprints(directory: str) -> list[str] | None:
+    """Every string of the identity record of ``directory`` shaped like a recipient set's
+    fingerprint (16 lower-case hex digits in quotes): the sets' fingerprints, and perhaps a
+    few more, which only cost a look each; [] without a record. None when the record cannot
+    be read plainly (unreadable, too large, escapes): the full path decides then. Read
+    without ``json``, which a lean call does not load."""
+    try:
+        with open(os.path.join(directory, IDENTITY_FILE), "rb") as record:
+            data = record.read(_RECORD_CAP + 1)
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None
+    if len(data) > _RECORD_CAP or b"\\" in data:
+        return None
+    parts = data.split(b'"')
+    return [text for text in (part.decode("latin-1") for part in parts[1::2])
+            if is_fingerprint(text)]
 

@@ -18,15 +18,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from receivewal.archive.compression import read_wal_file
-from receivewal.archive.identity import ArchiveIdentity, read_identity_file
+from receivewal.archive.identity import (
+    ArchiveIdentity,
+    read_identity_file,
+    sealed_fingerprints,
+)
 from receivewal.archive.reading import open_regular
 from receivewal.archive.segmentcheck import Following
 from receivewal.archive.sources import decide_segment_size
 from receivewal.errors import ArchiveError, ConfigurationError
 from receivewal.restore.writing import Candidate, NotInArchive, write_restored
+from receivewal.wal.leannames import sealed_suffix
 from receivewal.wal.lsn import DEFAULT_SEGMENT_SIZE
 from receivewal.wal.names import (
-    ENCRYPTED_SUFFIX,
     PARTIAL_SUFFIX,
     AtRest,
     is_other_wal_file_name,
@@ -40,10 +44,12 @@ if TYPE_CHECKING:
     from receivewal.archive.sealed import Unsealer
 
 
-def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
+def candidates(directory: Path, name: str, *, partial: bool,
+               fingerprints: tuple[str, ...] = ("",)) -> list[Candidate]:
     """The archive files that can serve ``name``, best first: complete files (plain, then
-    compressed, then sealed: ``.age``), then with ``partial`` the ``.partial`` forms, the
-    longest valid WAL first.
+    compressed, then sealed: ``.FINGERPRINT.age`` for each of ``fingerprints``, the
+    identity record's sets', then the older form's ``.age``), then with ``partial`` the
+    ``.partial`` forms, the longest valid WAL first.
 
     Raises ArchiveError when two ``.partial`` forms hold different WAL where both hold some.
     """
@@ -51,7 +57,7 @@ def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
         return [Candidate(directory / name, AtRest.PLAIN, partial=False, segment=False)]
     if not is_wal_file_name(name):
         raise ConfigurationError(f"{name!r} is not a WAL segment or history file name")
-    found = complete_forms(directory, name)
+    found = complete_forms(directory, name, fingerprints)
     if partial and not any(c.path.exists() for c in found):
         partials = [Candidate(directory / (name + fmt.suffix + PARTIAL_SUFFIX), fmt,
                               partial=True, segment=True) for fmt in AtRest]
@@ -59,12 +65,18 @@ def candidates(directory: Path, name: str, *, partial: bool) -> list[Candidate]:
     return found
 
 
-def complete_forms(directory: Path, name: str) -> list[Candidate]:
+def complete_forms(directory: Path, name: str,
+                   fingerprints: tuple[str, ...] = ("",)) -> list[Candidate]:
     """The complete files that can hold segment ``name``, in the order they are looked for:
-    plain, compressed, then sealed (each at-rest form encrypted)."""
-    return [Candidate(directory / (name + fmt.suffix + (ENCRYPTED_SUFFIX if sealed else "")),
-                      fmt, partial=False, segment=True, encrypted=sealed)
-            for sealed in (False, True) for fmt in AtRest]
+    plain, compressed, then sealed (each at-rest form encrypted to each set of
+    ``fingerprints``, :func:`~receivewal.archive.identity.sealed_fingerprints`: "" is the
+    older form)."""
+    plain = [Candidate(directory / (name + fmt.suffix), fmt, partial=False, segment=True)
+             for fmt in AtRest]
+    return plain + [Candidate(directory / (name + fmt.suffix + sealed_suffix(fingerprint)), fmt,
+                              partial=False, segment=True, encrypted=True,
+                              fingerprint=fingerprint)
+                    for fingerprint in fingerprints for fmt in AtRest]
 
 
 def _longest_first(directory: Path, name: str, partials: list[Candidate]) -> list[Candidate]:
@@ -112,7 +124,8 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
                            "directory")
     identity = read_identity_file(directory)
     unsealer = None
-    for candidate in candidates(directory, name, partial=partial):
+    fingerprints = sealed_fingerprints(identity)
+    for candidate in candidates(directory, name, partial=partial, fingerprints=fingerprints):
         try:
             source = open_regular(candidate.path)  # a symlink, FIFO or device is damage
         except FileNotFoundError:
@@ -122,19 +135,26 @@ def restore_file(directory: Path, name: str, target: str, *, partial: bool = Fal
         with source:
             size = segment_size or archive_segment_size(directory, identity)
             if candidate.encrypted:
-                from receivewal.archive.sealed import Unsealer, sealed_cap  # noqa: PLC0415
+                from receivewal.archive.sealed import (  # noqa: PLC0415
+                    Unsealer,
+                    known_sets,
+                    sealed_cap,
+                )
 
-                unsealer = Unsealer(identity_file)
+                unsealer = Unsealer(identity_file, known_sets(
+                    () if identity is None else identity.recipient_sets))
                 source = unsealer.opened(str(candidate.path), sealed_cap(size), source=source)
             write_restored(source, candidate, size, Path(target), str(candidate.path),
                            identity=identity, system_identifier=system_identifier,
-                           following=_following(directory, candidate, size, unsealer))
+                           following=_following(directory, candidate, size, unsealer,
+                                                fingerprints))
         return candidate.path
     raise NotInArchive(f'"{name}" is not in the archive "{directory}"')
 
 
 def _following(directory: Path, candidate: Candidate, size: int,
-               unsealer: Unsealer | None = None) -> Following | None:
+               unsealer: Unsealer | None = None,
+               fingerprints: tuple[str, ...] = ("",)) -> Following | None:
     """The first bytes of the complete segment after ``candidate`` in the archive, when it
     is there (a complete segment's last record often runs into it: its CRC covers both); None
     for a ``.partial`` (nothing after it is served) or a file that is not a segment. A next
@@ -145,7 +165,7 @@ def _following(directory: Path, candidate: Candidate, size: int,
     name = wal_file_name(parsed.timeline, parsed.segno + 1, size)
 
     def read(count: int) -> bytes | None:
-        for form in complete_forms(directory, name):
+        for form in complete_forms(directory, name, fingerprints):
             if os.path.lexists(form.path):
                 if form.encrypted and unsealer is None:
                     return None

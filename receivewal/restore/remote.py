@@ -30,16 +30,20 @@ from typing import BinaryIO
 
 from receivewal.archive.bucket import Bucket
 from receivewal.archive.durable import spooled_buffer
-from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, read_identity
+from receivewal.archive.identity import (
+    IDENTITY_FILE,
+    ArchiveIdentity,
+    read_identity,
+    sealed_fingerprints,
+)
 from receivewal.archive.objectstore import Patience, RetryPolicy
 from receivewal.archive.recipients import RECIPIENTS_FILE_CAP
 from receivewal.archive.sources import decide_segment_size
 from receivewal.errors import ArchiveError, ConfigurationError, ObjectNotFound
 from receivewal.restore.writing import Candidate, NotInArchive, write_restored
-from receivewal.wal.leannames import next_held_after
+from receivewal.wal.leannames import next_held_after, sealed_suffix, split_sealed
 from receivewal.wal.lsn import MAX_SEGMENT_SIZE
 from receivewal.wal.names import (
-    ENCRYPTED_SUFFIX,
     AtRest,
     is_other_wal_file_name,
     is_wal_file_name,
@@ -66,8 +70,8 @@ class BucketSource:
     def __init__(self, url: str, retry: RetryPolicy = RESTORE_RETRY, *,
                  identity_file: str | None = None) -> None:
         self.bucket = Bucket.connect(url, retry, RESTORE_PATIENCE)
-        self.last_form: tuple[AtRest, bool] | None = None  # the form that served the last
-        # segment: its at-rest format, and whether sealed
+        self.last_form: tuple[AtRest, bool, str] | None = None  # the form that served the
+        # last segment: its at-rest format, whether sealed, and to which set
         self.identity_file = identity_file  # --identity: decrypts sealed objects
         self._identity: ArchiveIdentity | None = None  # read once, then kept
 
@@ -98,9 +102,11 @@ class BucketSource:
 
     def forms(self, name: str) -> list[Candidate]:
         """The objects that can serve ``name``, in the order they are asked for: plain, then
-        compressed, but the form that served the last segment first."""
-        forms = _forms(name)
-        found = [c for c in forms if c.segment and (c.fmt, c.encrypted) == self.last_form]
+        compressed, then sealed (to the identity object's sets, newest first, then in the
+        older form), but the form that served the last segment first."""
+        forms = _forms(name, sealed_fingerprints(self.identity()))
+        found = [c for c in forms
+                 if c.segment and (c.fmt, c.encrypted, c.fingerprint) == self.last_form]
         return found + [c for c in forms if c not in found]
 
     def restore(self, name: str, target: Path) -> str:
@@ -110,7 +116,8 @@ class BucketSource:
         retries, ConfigurationError for a bad name, ArchiveError naming a damaged object.
         """
         identity, size = self.identity(), self.segment_size()
-        for candidate in self.forms(name):
+        forms = self.forms(name)
+        for candidate in [*forms, *self._unlisted_forms(name, forms)]:
             key = candidate.path.name
             with spooled_buffer(target.parent, _IN_MEMORY) as buf:
                 try:
@@ -124,10 +131,29 @@ class BucketSource:
                     source = self._unsealed(key, url, source, size)
                 write_restored(source, candidate, size, target, url, identity=identity)
             if candidate.segment:
-                self.last_form = candidate.fmt, candidate.encrypted
+                self.last_form = candidate.fmt, candidate.encrypted, candidate.fingerprint
             return url
         raise NotInArchive(f'"{name}" is not in the archive "{self.bucket.url}" (no such key '
                            "in any of its forms)")
+
+    def _unlisted_forms(self, name: str, tried: list[Candidate]) -> list[Candidate]:
+        """Sealed forms of segment ``name`` named for a set the identity object does not list
+        (it is create-only: a set adopted after the prefix was claimed is listed in the
+        archive directory's record alone), asked only once every listed form was "no such
+        key": ONE listing of the keys that begin with ``name``."""
+        if not is_wal_file_name(name):
+            return []
+        known = {c.path.name for c in tried}
+        found = []
+        for key in self.bucket.names_after(name, name, LATER_KEYS):
+            sealed = split_sealed(key)
+            if key in known or sealed is None or not sealed[1]:
+                continue
+            fmt = next((f for f in AtRest if sealed[0] == name + f.suffix), None)
+            if fmt is not None:
+                found.append(Candidate(Path(key), fmt, partial=False, segment=True,
+                                       encrypted=True, fingerprint=sealed[1]))
+        return found
 
     def later_wal(self, name: str) -> str | None:
         """The first segment of segment ``name``'s timeline after it that the prefix holds
@@ -148,9 +174,10 @@ class BucketSource:
         return False
 
     def _unsealed(self, key: str, url: str, raw: BinaryIO, size: int) -> BinaryIO:
-        """The plaintext of the sealed object ``key`` fetched into ``raw``; its recipients
-        object says who can read it (errors name ``url``)."""
-        from receivewal.archive.sealed import Unsealer, sealed_cap  # noqa: PLC0415
+        """The plaintext of the sealed object ``key`` fetched into ``raw``; the identity
+        object's set its name names, or in the older form its recipients object, says who can
+        read it (errors name ``url``)."""
+        from receivewal.archive.sealed import Unsealer, known_sets, sealed_cap  # noqa: PLC0415
 
         base = url[:len(url) - len(key)]
 
@@ -160,15 +187,19 @@ class BucketSource:
             out.seek(0)
             return out
 
-        return Unsealer(self.identity_file).opened(url, sealed_cap(size), open_object,
-                                                   source=raw)
+        sets = known_sets(self.identity().recipient_sets)
+        return Unsealer(self.identity_file, sets).opened(url, sealed_cap(size), open_object,
+                                                         source=raw)
 
 
-def _forms(name: str) -> list[Candidate]:
+def _forms(name: str, fingerprints: tuple[str, ...]) -> list[Candidate]:
     if is_other_wal_file_name(name):
         return [Candidate(Path(name), AtRest.PLAIN, partial=False, segment=False)]
     if not is_wal_file_name(name):
         raise ConfigurationError(f"{name!r} is not a WAL segment or history file name")
-    return [Candidate(Path(name + fmt.suffix + (ENCRYPTED_SUFFIX if sealed else "")), fmt,
-                      partial=False, segment=True, encrypted=sealed)
-            for sealed in (False, True) for fmt in AtRest]
+    plain = [Candidate(Path(name + fmt.suffix), fmt, partial=False, segment=True)
+             for fmt in AtRest]
+    return plain + [Candidate(Path(name + fmt.suffix + sealed_suffix(fingerprint)), fmt,
+                              partial=False, segment=True, encrypted=True,
+                              fingerprint=fingerprint)
+                    for fingerprint in fingerprints for fmt in AtRest]

@@ -44,6 +44,7 @@ class Candidate:
     partial: bool
     segment: bool  # a WAL segment (else a history or backup history file, served as it is)
     encrypted: bool = False  # sealed (``.age`` after the ``fmt`` suffix): decrypted first
+    fingerprint: str = ""  # a sealed file's recipient set, as its name says ("": older form)
 
 
 def write_restored(source: BinaryIO, candidate: Candidate, size: int, target: Path,

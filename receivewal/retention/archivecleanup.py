@@ -5,8 +5,9 @@ As pg_archivecleanup does, the argument may be a WAL file name, the same with ``
 a backup history file name (``...XXXXXXXX.backup``: its first 24 characters count); receivewal
 also takes a compression suffix. Every segment file whose name, without the timeline (the
 characters after the first eight), sorts before the argument's is removed, whatever its
-timeline, compression and sealing (a sealed segment ``F.age`` and its ``F.age.recipients`` are
-judged as ``F``); with ``-x EXT``, a name that ends with ``EXT`` too, judged without it.
+timeline, compression and sealing (a sealed segment ``F.FINGERPRINT.age`` is judged as ``F``,
+and so are ``F.age`` and its ``F.age.recipients`` of the older form); with ``-x EXT``, a name
+that ends with ``EXT`` too, judged without it.
 Unlike pg_archivecleanup, a ``.partial`` is never removed (in a
 receivewal archive it is the segment the daemon is writing), and neither is a history file.
 """
@@ -19,11 +20,11 @@ from collections.abc import Sequence
 from receivewal.errors import ConfigurationError
 from receivewal.retention.plan import Verdict
 from receivewal.wal.names import (
-    ENCRYPTED_SUFFIX,
     PARTIAL_SUFFIX,
     RECIPIENTS_SUFFIX,
     is_wal_file_name,
     looks_like_segment,
+    unsealed_name,
 )
 
 _BACKUP_HISTORY = re.compile(r"([0-9A-F]{24})\.[0-9A-F]{8}\.backup")
@@ -51,7 +52,7 @@ def plan_archive_cleanup(files: Sequence[str], argument: str, extension: str = "
     verdicts = []
     for name in sorted(files):
         judged = name[:-len(extension)] if extension and name.endswith(extension) else name
-        judged = judged.removesuffix(RECIPIENTS_SUFFIX).removesuffix(ENCRYPTED_SUFFIX)
+        judged = unsealed_name(judged.removesuffix(RECIPIENTS_SUFFIX))
         if not looks_like_segment(judged):
             continue
         if judged.endswith(PARTIAL_SUFFIX):

@@ -37,6 +37,7 @@ from receivewal.wal.names import (
     RECIPIENTS_SUFFIX,
     looks_like_segment,
     parse_history_file_name,
+    unsealed_name,
 )
 
 
@@ -131,12 +132,12 @@ def summarize_view(view: ArchiveView) -> ArchiveSummary:
 def wal_file_of(name: str) -> str | None:
     """The WAL file a file of the archive is, or goes with: ``name`` itself for a segment in
     any form (sealed too) or a history file; the sealed segment's name for its recipients
-    file (``F.age.recipients``: ``F.age``); None for anything else."""
+    file (the older form's ``F.age.recipients``: ``F.age``); None for anything else."""
     stem = name.removesuffix(RECIPIENTS_SUFFIX)
     sealed = stem.endswith(ENCRYPTED_SUFFIX)
     if stem != name and not sealed:
         return None
-    inner = stem.removesuffix(ENCRYPTED_SUFFIX)
+    inner = unsealed_name(stem)
     if looks_like_segment(inner):
         return None if sealed and inner.endswith(PARTIAL_SUFFIX) else stem
     return stem if not sealed and parse_history_file_name(stem) is not None else None

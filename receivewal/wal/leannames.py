@@ -21,6 +21,15 @@ if TYPE_CHECKING:
 AT_REST_SUFFIXES = ("", ".gz", ".lz4", ".zst")
 #: What a file encrypted at rest adds after its at-rest suffix (:mod:`receivewal.wal.names`).
 ENCRYPTED_SUFFIX = ".age"
+#: A sealed file's name carries the fingerprint of the recipient set it is sealed to (16
+#: lower-case hex digits, :attr:`receivewal.archive.recipients.RecipientSet.fingerprint`)
+#: between what it was before sealing and ``.age``: ``000000010000000000000005.zst.`` +
+#: ``0123456789abcdef.age``; the set itself is listed once, in the archive's identity record.
+#: PostgreSQL never asks for such a name (its names are upper-case hex, ``.history``,
+#: ``.partial``, ``.backup``), and no at-rest suffix is 16 hex digits. A sealed name without
+#: one (``...05.zst.age``) is the older form, its set in a recipients file beside it.
+FINGERPRINT_DIGITS = 16
+_FINGERPRINT_HEX = frozenset("0123456789abcdef")
 #: What a segment file not yet complete adds after its at-rest suffix (:mod:`receivewal.wal.names`).
 PARTIAL_SUFFIX = ".partial"
 SEGMENT_NAME_LENGTH = 24
@@ -62,11 +71,44 @@ def segment_start(name: str, segment_size: int) -> int | None:
     return join_lsn(log, seg * segment_size)
 
 
-#: Every suffix a segment's file in an archive can carry after its name: complete (plain,
-#: compressed, sealed) or ``.partial``.
+def is_fingerprint(text: str) -> bool:
+    """Whether ``text`` is a recipient set's fingerprint as a sealed name carries it."""
+    return len(text) == FINGERPRINT_DIGITS and _FINGERPRINT_HEX.issuperset(text)
+
+
+def sealed_suffix(fingerprint: str) -> str:
+    """What sealing adds to a file's name: ``.FINGERPRINT.age`` (``fingerprint`` "": the older
+    form's ``.age``, whose set is in its recipients file)."""
+    return f".{fingerprint}{ENCRYPTED_SUFFIX}" if fingerprint else ENCRYPTED_SUFFIX
+
+
+def split_sealed(name: str) -> tuple[str, str] | None:
+    """A sealed file's name read back: the name of what was sealed (``...05.zst``) and the
+    fingerprint of the set it is sealed to ("" in the older form, ``...05.zst.age``); None
+    when ``name`` is not a sealed file's (no ``.age``)."""
+    if not name.endswith(ENCRYPTED_SUFFIX):
+        return None
+    inner = name[:-len(ENCRYPTED_SUFFIX)]
+    dot = inner.rfind(".")
+    if dot >= 0 and is_fingerprint(inner[dot + 1:]):
+        return inner[:dot], inner[dot + 1:]
+    return inner, ""
+
+
+#: Every suffix a segment's file in an archive can carry after its name but a fingerprint:
+#: complete (plain, compressed, sealed in the older form) or ``.partial``.
 _STORED_SUFFIXES = frozenset(rest + partial + sealed for rest in AT_REST_SUFFIXES
                              for partial in ("", PARTIAL_SUFFIX)
                              for sealed in ("", ENCRYPTED_SUFFIX))
+
+
+def is_stored_suffix(suffix: str) -> bool:
+    """Whether ``suffix`` is what a segment's file carries after its 24-digit name, in any
+    stored form (sealed ones with or without a fingerprint)."""
+    if suffix in _STORED_SUFFIXES:
+        return True
+    sealed = split_sealed(suffix)
+    return sealed is not None and sealed[1] != "" and sealed[0] in AT_REST_SUFFIXES
 
 
 def next_held_after(name: str, names: Iterable[str]) -> str | None:
@@ -84,6 +126,6 @@ def next_held_after(name: str, names: Iterable[str]) -> str | None:
     for file in names:
         stem = file[:SEGMENT_NAME_LENGTH]
         if (stem > name and stem[:8] == timeline and (found is None or stem < found)
-                and file[SEGMENT_NAME_LENGTH:] in _STORED_SUFFIXES and is_segment_name(stem)):
+                and is_stored_suffix(file[SEGMENT_NAME_LENGTH:]) and is_segment_name(stem)):
             found = stem
     return found

@@ -5,8 +5,9 @@ into a "log" part and a "seg" part, each eight upper-case hex digits, as Postgre
 files in ``pg_wal``. An archive may also hold the same name with a compression suffix (``.gz``
 and ``.lz4`` as pg_receivewal 15 writes them, ``.zst`` which receivewal adds) and with a
 ``.partial`` suffix for a segment that is still being received. A file encrypted at rest adds
-``.age`` after the compression suffix (``.zst.age``): encryption is a layer over the at-rest
-format, not a member of :class:`AtRest`; see the end of this module.
+``.age`` after the compression suffix, with the fingerprint of the recipient set it is sealed
+to between them (``.zst.0123456789abcdef.age``; ``.zst.age`` in the older form): encryption is
+a layer over the at-rest format, not a member of :class:`AtRest`; see the end of this module.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from receivewal.wal import leannames
-from receivewal.wal.leannames import AT_REST_SUFFIXES, segments_per_xlogid
+from receivewal.wal.leannames import (
+    AT_REST_SUFFIXES,
+    sealed_suffix,
+    segments_per_xlogid,
+)
+from receivewal.wal.leannames import split_sealed as split_sealed  # noqa: PLC0414 - readers' one
 from receivewal.wal.lsn import segment_start
 from receivewal.wal.timeline import is_timeline_id
 
@@ -78,6 +84,7 @@ class SegmentFile:
     compression: str = AtRest.PLAIN  # an AtRest member: "", "gzip", "lz4" or "zstd"
     partial: bool = False
     encrypted: bool = False  # ``.age`` after the compression suffix (never a ``.partial``)
+    fingerprint: str = ""  # a sealed file's recipient set, as its name says ("": older form)
 
     def wal_name(self, segment_size: int) -> str:
         """The bare WAL file name, without compression or `.partial` suffix."""
@@ -87,7 +94,7 @@ class SegmentFile:
         """The name of this file as it stands in the archive."""
         suffix = AtRest(self.compression).suffix
         return self.wal_name(segment_size) + suffix + (PARTIAL_SUFFIX if self.partial else "") \
-            + (ENCRYPTED_SUFFIX if self.encrypted else "")
+            + (sealed_suffix(self.fingerprint) if self.encrypted else "")
 
     def start_lsn(self, segment_size: int) -> int:
         """The LSN of the segment's first byte."""
@@ -141,21 +148,33 @@ def is_other_wal_file_name(name: str) -> bool:
 
 
 # -- encryption at rest ------------------------------------------------------------------------
-#: The suffix of a file encrypted at rest (an age file), after any compression suffix: a
-#: segment is compressed, then encrypted (``000000010000000000000004.zst.age``). Never before
+#: The suffix of a file encrypted at rest (an age file), after any compression suffix and the
+#: fingerprint of its recipient set: a segment is compressed, then encrypted
+#: (``000000010000000000000004.zst.0123456789abcdef.age``; see
+#: :func:`~receivewal.wal.leannames.split_sealed`, and ``...04.zst.age``, the older form whose
+#: set is in its recipients file). Never before
 #: ``.partial``: a segment is encrypted when it is completed; a ``.partial`` stays as it is
 #: written (plain or compressed). History files stay plain. (Spelled in
 #: :mod:`receivewal.wal.leannames`, which a restore call's lean path reads.)
 ENCRYPTED_SUFFIX = leannames.ENCRYPTED_SUFFIX
-#: The suffix of the file next to an encrypted file that lists the recipients it is for
-#: (``000000010000000000000004.zst.age.recipients``; see :mod:`receivewal.archive.recipients`).
+#: The suffix of the file next to an encrypted file of the older form that lists the
+#: recipients it is for (``000000010000000000000004.zst.age.recipients``; see
+#: :mod:`receivewal.archive.recipients`): read, no longer written.
 RECIPIENTS_SUFFIX = ".recipients"
 
 
-def encrypted_file_name(name: str) -> str:
-    """The name of the file ``name`` (complete, plain or compressed) once encrypted."""
+def encrypted_file_name(name: str, fingerprint: str = "") -> str:
+    """The name of the file ``name`` (complete, plain or compressed) once encrypted to the
+    recipient set whose fingerprint is ``fingerprint`` (none: the older form's name)."""
     assert not name.endswith((PARTIAL_SUFFIX, ENCRYPTED_SUFFIX)), name
-    return name + ENCRYPTED_SUFFIX
+    return name + sealed_suffix(fingerprint)
+
+
+def unsealed_name(name: str) -> str:
+    """The name of what the sealed file ``name`` holds (``...04.zst``), in either form;
+    ``name`` itself when it is not sealed."""
+    sealed = split_sealed(name)
+    return name if sealed is None else sealed[0]
 
 
 def recipients_file_name(name: str) -> str:
@@ -166,16 +185,19 @@ def recipients_file_name(name: str) -> str:
 
 def parse_encrypted_segment_name(name: str, segment_size: int) -> SegmentFile | None:
     """The complete segment file an encrypted file holds, as :func:`parse_segment_file_name`
-    parses its name without ``.age`` (``...04.zst.age``: segment 4, zstd); None when ``name``
+    parses its name without its sealed suffix (``...04.zst.0123456789abcdef.age``: segment 4,
+    zstd, sealed to that set; ``...04.zst.age``, the older form); None when ``name``
     is not an encrypted complete segment's (a ``.partial`` is never encrypted).
     :func:`parse_segment_file_name` itself does not take encrypted names: the readers of
     an archive learn them when they learn to decrypt."""
-    if not name.endswith(ENCRYPTED_SUFFIX):
+    sealed = split_sealed(name)
+    if sealed is None:
         return None
-    segment = parse_segment_file_name(name.removesuffix(ENCRYPTED_SUFFIX), segment_size)
+    segment = parse_segment_file_name(sealed[0], segment_size)
     if segment is None or segment.partial:
         return None
-    return SegmentFile(segment.segno, segment.timeline, segment.compression, encrypted=True)
+    return SegmentFile(segment.segno, segment.timeline, segment.compression, encrypted=True,
+                       fingerprint=sealed[1])
 
 
 def parse_archive_segment_name(name: str, segment_size: int) -> SegmentFile | None:

@@ -56,7 +56,7 @@ from receivewal.archive.directory import Archive, os_error
 from receivewal.archive.identity import IDENTITY_FILE, ArchiveIdentity, claim_identity
 from receivewal.archive.listing import Listing
 from receivewal.archive.objectstore import RetryPolicy
-from receivewal.archive.sealed import recipients_path, sealed_problem
+from receivewal.archive.sealed import fingerprint_of, recipients_path, sealed_problem
 from receivewal.archive.segmentcheck import checked_file
 from receivewal.archive.uploads import (
     PendingFile,
@@ -365,16 +365,18 @@ class Uploader(Worker):
                       bytes=item.size, backlog=len(self._pending))
 
     def _sealed_body(self, path: Path) -> bytes:
-        """The bytes of the sealed file at ``path``, once its header and recipients file pass
-        the check without a key; its recipients file is uploaded first (create-only: both
-        are what the file says it is, so that a reader of the bucket can tell who may read
-        it)."""
+        """The bytes of the sealed file at ``path``, once its header and recipient set pass
+        the check without a key. A file named for its set is one object (the identity
+        object lists the sets); in the older form its recipients file is uploaded first
+        (create-only: both are what the file says it is, so that a reader of the bucket can
+        tell who may read it)."""
         problem = sealed_problem(str(path))
         if problem is not None:
             raise ArchiveError(f'"{path}" {problem}: not uploaded')
         recipients = Path(recipients_path(path))
         try:
-            self.bucket.put_new(recipients.name, recipients.read_bytes())
+            if not fingerprint_of(path.name):
+                self.bucket.put_new(recipients.name, recipients.read_bytes())
             return path.read_bytes()
         except OSError as exc:
             raise os_error(exc, f'cannot read "{path}" to upload it') from exc

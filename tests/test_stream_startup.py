@@ -41,6 +41,7 @@ def test_a_plain_stream_loads_no_optional_library_nor_module(pg: PgServer,
     """``stream -E NOW -n`` into a new directory streams to its end position and exits 0
     having loaded none of boto3, prometheus_client, pyrage, zstandard, lz4, nor the modules
     of the uploads, the metrics endpoint, encryption, --keep-local and the progress line."""
+    pg.sql("SELECT pg_logical_emit_message(true, 'startup', 'x')")  # committed: past a start
     now = pg.sql("SELECT pg_current_wal_flush_lsn()")
     done = subprocess.run(
         [sys.executable, "-c", PROBE, "stream", "-D", str(tmp_path), "-d", pg.dsn, "-E", now,

@@ -28,11 +28,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from receivewal.daemon.events import ArchiveMeasured, Event
 from receivewal.daemon.metrics import Address, Metrics, format_address, parse_address
 from receivewal.daemon.notify import Notifier, watchdog_interval
-from receivewal.daemon.progress import ProgressLine, Sample
 from receivewal.daemon.state import (
     LastError,
     LocalCopyStatus,
@@ -43,6 +43,9 @@ from receivewal.daemon.state import (
 from receivewal.logs import get_logger
 from receivewal.secrets import redacted
 from receivewal.wal.lsn import format_lsn
+
+if TYPE_CHECKING:
+    from receivewal.daemon.progress import ProgressLine
 
 log = get_logger(component="monitor")
 
@@ -100,8 +103,12 @@ class Monitor:
         self._last_write: float | None = None
         self._write_failure: str | None = None
 
-        self._progress = ProgressLine.for_terminal(
-            "plain" if receiver == "logical" else "WAL") if progress else None
+        self._progress: ProgressLine | None = None
+        if progress:  # the progress line's module only for --progress (stream's start-up)
+            from receivewal.daemon.progress import ProgressLine  # noqa: PLC0415
+
+            self._progress = ProgressLine.for_terminal(
+                "plain" if receiver == "logical" else "WAL")
         self._uploads: UploadStatus | None = None  # what the last UploadsChanged said
         self._local: LocalCopyStatus | None = None  # what the last LocalCopyChanged said
         self.metrics = Metrics(clock)
@@ -365,6 +372,8 @@ class Monitor:
     # -- helpers ----------------------------------------------------------------------------
 
     def _show_progress(self, now: float) -> None:
+        from receivewal.daemon.progress import Sample  # noqa: PLC0415 - loaded with the line
+
         assert self._progress is not None
         if self._state.phase != "streaming":
             self._progress.clear()  # the log says what happens instead

@@ -194,6 +194,17 @@ class TarReader:
                     block, self._block = bytes(self._block), bytearray()
                     yield from self._header(block)
 
+    def take_data(self, data: bytes | memoryview) -> bool:
+        """Whether ``data``, the archive's next bytes, lies wholly inside the current
+        member's data, short of its end; it is then consumed at once, and the caller takes it
+        as that member's :class:`MemberData` (no event is made). False (nothing consumed):
+        :meth:`feed` reads it. The bulk of a large file passes so, one call per piece."""
+        if self._state is not _State.DATA or len(data) >= self._left:
+            return False
+        self._left -= len(data)
+        self.offset += len(data)
+        return True
+
     def close(self) -> None:
         """The tar has no more bytes: it must have ended with its two zero blocks."""
         if self._state is _State.SECOND_ZERO:

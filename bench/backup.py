@@ -67,14 +67,15 @@ class Run:
     rss: float
 
 
-def run(argv: list[str], *, env: dict[str, str] | None = None) -> tuple[Run, str]:
+def run(argv: list[str], *, env: dict[str, str] | None = None,
+        cwd: Path | None = None) -> tuple[Run, str]:
     """Run ``argv`` to its end; its figures and its standard output. CPU is wait4's; the peak
     RSS GNU time's (a forked Python's own RSS before the exec would count in wait4's)."""
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr, \
             tempfile.NamedTemporaryFile() as peak:
         began = time.monotonic()
         child = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", peak.name, *argv],
-                                 stdout=stdout, stderr=stderr, env=env)
+                                 stdout=stdout, stderr=stderr, env=env, cwd=cwd)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.monotonic() - began
         child.returncode = os.waitstatus_to_exitcode(status)
@@ -114,7 +115,8 @@ class Bench:
 
     def receivewal(self, tag: str, *args: str) -> tuple[Run, str]:
         env = {**os.environ, "PYTHONPATH": str(self.packages[tag])}
-        return run([sys.executable, "-m", "receivewal", *args], env=env)
+        # not from the checkout's directory: ``-m`` would import the package found there
+        return run([sys.executable, "-m", "receivewal", *args], env=env, cwd=self.base)
 
     def pg_basebackup(self, compress: str) -> Run:
         self.count += 1

@@ -194,7 +194,8 @@ class _Extractor:
         elif isinstance(event, MemberStart):
             self._start(event)
         elif event.member.kind is MemberKind.FILE:
-            start_writeback(self.fd, sync=self.sync)
+            # written back while the next files are decoded, whichever sync makes it durable
+            start_writeback(self.fd, sync=self.durable.sync)
             os.utime(self.fd, (event.member.mtime, event.member.mtime))
             os.close(self.fd)
             self.fd = -1

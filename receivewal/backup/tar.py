@@ -108,8 +108,9 @@ def _header_checksum_ok(block: bytes) -> bool:
     recorded = _number(block[148:156], "checksum")
     plain = block[:148] + b" " * 8 + block[156:]
     unsigned = sum(plain)
-    signed = unsigned - 256 * sum(1 for byte in plain if byte & 0x80)
-    return recorded in (unsigned, signed)
+    if recorded == unsigned:  # what every writer of our time computes: the signed sum unasked
+        return True
+    return recorded == unsigned - 256 * sum(1 for byte in plain if byte & 0x80)
 
 
 def _check_header(block: bytes) -> None:

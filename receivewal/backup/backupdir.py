@@ -183,6 +183,8 @@ class BackupDirectory:
     def _write(self, data: bytes | memoryview) -> None:
         current = self._open
         assert current is not None
+        if not data:
+            return
         try:
             write_all(current.fd, data)
         except OSError as exc:

@@ -25,6 +25,7 @@ from enum import Enum
 from receivewal.errors import ProtocolError
 
 _INT64 = struct.Struct(">q")
+_DATA = ord("d")
 #: what PostgreSQL 15 names an archive (a tar): base.tar, or <tablespace oid>.tar, with the
 #: suffix of a server-side compression
 TAR_NAME = re.compile(r"(base|[1-9][0-9]{0,9})\.tar(\.gz|\.lz4|\.zst)?")
@@ -82,7 +83,7 @@ def parse_backup_message(payload: bytes | memoryview) -> BackupMessage:
     if not view:
         raise BackupStreamError("empty CopyData message in the base backup stream")
     kind, body = view[0], view[1:]
-    if kind == ord("d"):
+    if kind == _DATA:
         return BackupData(body)
     if kind == ord("n"):
         name, location = _strings(body, 2)
@@ -120,6 +121,13 @@ class BackupStream:
         self.part = Part.NOTHING
         self.archives: list[NewArchive] = []
         self.progress = 0
+
+    def archive_data(self, payload: bytes | memoryview) -> memoryview | None:
+        """The bytes of a 'd' message inside an archive (the bulk of the stream, taken
+        without a message object); None for any other payload, which :meth:`read` reads."""
+        if self.part is not Part.ARCHIVE or not payload or payload[0] != _DATA:
+            return None
+        return memoryview(payload).cast("B")[1:]
 
     def read(self, payload: bytes | memoryview) -> BackupMessage:
         """Decode one payload and check that it may come now."""

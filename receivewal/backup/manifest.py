@@ -189,9 +189,7 @@ class ManifestCheck:
         and at its end the file is added under ``path_of(member name)``, how the manifest
         names it."""
         if isinstance(event, MemberData):
-            if self._digest is not None:
-                self._digest.update(event.data)
-                self._size += len(event.data)
+            self.member_data(event.data)
         elif event.member.kind is not MemberKind.FILE:
             return
         elif isinstance(event, MemberStart):
@@ -200,6 +198,13 @@ class ManifestCheck:
             assert self._digest is not None
             self.add(path_of(event.member.name), self._size, self._digest.hexdigest())
             self._digest = None
+
+    def member_data(self, data: bytes | memoryview) -> None:
+        """The current member's next bytes (a :class:`MemberData` event's, or those
+        :meth:`~receivewal.backup.tar.TarReader.take_data` took): hashed when it is a file."""
+        if self._digest is not None:
+            self._digest.update(data)
+            self._size += len(data)
 
     def add(self, path: str, size: int, digest: str) -> None:
         """A file arrived whole: its path as the manifest names it, size and hex digest."""

@@ -119,6 +119,10 @@ class Receipt:
 
     def receive(self, payload: bytes | memoryview) -> None:
         """One CopyData payload."""
+        data = self.stream.archive_data(payload)
+        if data is not None:
+            self._sent_bytes(data)
+            return
         message = self.stream.read(payload)
         if isinstance(message, BackupData):
             if self.stream.part is Part.MANIFEST:
@@ -186,6 +190,9 @@ class Receipt:
                 self._tar_bytes(current, memoryview(piece))
 
     def _tar_bytes(self, current: _Current, data: memoryview) -> None:
+        if current.tar.take_data(data):
+            self.check.member_data(data)
+            return
         for event in current.tar.feed(data):
             self.check.follow(event, current.info.manifest_path)
             if isinstance(event, MemberEnd) and event.member.kind is MemberKind.FILE:

@@ -17,7 +17,7 @@ before ``recover`` writes anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import BinaryIO
 
 from receivewal.archive.compression import NO_COMPRESSION, CompressSpec
@@ -34,9 +34,13 @@ from receivewal.backup.receipt import ArchiveInfo
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.stored import BackupFiles
 from receivewal.errors import ArchiveError
-from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX
+from receivewal.wal.names import ENCRYPTED_SUFFIX, RECIPIENTS_SUFFIX, AtRest
 
 RECIPIENTS_CAP = 1 << 20
+#: zstd's own worker threads for a tar compressed here, unless ``--compress zstd:workers=N``
+#: says: one compresses while the receiving thread reads, checks and writes the stream
+#: (zstandard's ``threads=``; the same zstd frame, decoded as any other)
+ZSTD_WORKERS = 1
 
 
 def sealed_name(name: str, recipients: RecipientSet | None) -> str:
@@ -49,7 +53,11 @@ def stored_tar(archive: ArchiveInfo, compress: CompressSpec,
     """How a received tar is stored, in a directory or a bucket alike: its stored name,
     its compression ("" for none) and the writer of its form. Compressed here unless the
     server compressed it or none was asked; sealed when there are recipients."""
-    form = StoredForm(NO_COMPRESSION if archive.compression else compress, recipients)
+    if archive.compression:
+        compress = NO_COMPRESSION
+    elif compress.method == AtRest.ZSTD and not compress.workers:
+        compress = replace(compress, workers=ZSTD_WORKERS)
+    form = StoredForm(compress, recipients)
     return form.name(archive.name), archive.compression or form.method, form.writer()
 
 

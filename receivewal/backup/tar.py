@@ -108,8 +108,9 @@ def _header_checksum_ok(block: bytes) -> bool:
     recorded = _number(block[148:156], "checksum")
     plain = block[:148] + b" " * 8 + block[156:]
     unsigned = sum(plain)
-    signed = unsigned - 256 * sum(1 for byte in plain if byte & 0x80)
-    return recorded in (unsigned, signed)
+    if recorded == unsigned:  # what every writer of our time computes: the signed sum unasked
+        return True
+    return recorded == unsigned - 256 * sum(1 for byte in plain if byte & 0x80)
 
 
 def _check_header(block: bytes) -> None:
@@ -193,6 +194,17 @@ class TarReader:
                 if len(self._block) == BLOCK:
                     block, self._block = bytes(self._block), bytearray()
                     yield from self._header(block)
+
+    def take_data(self, data: bytes | memoryview) -> bool:
+        """Whether ``data``, the archive's next bytes, lies wholly inside the current
+        member's data, short of its end; it is then consumed at once, and the caller takes it
+        as that member's :class:`MemberData` (no event is made). False (nothing consumed):
+        :meth:`feed` reads it. The bulk of a large file passes so, one call per piece."""
+        if self._state is not _State.DATA or len(data) >= self._left:
+            return False
+        self._left -= len(data)
+        self.offset += len(data)
+        return True
 
     def close(self) -> None:
         """The tar has no more bytes: it must have ended with its two zero blocks."""

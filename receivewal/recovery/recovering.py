@@ -20,6 +20,8 @@ the archive's WAL holds on the way to the target timeline is refused before anyt
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +181,30 @@ def check_reach(place: ArchiveView, record: BackupRecord, settings: RecoverSetti
         "WAL up to the target will reach the archive before the server replays it")
 
 
+def in_background(work: Callable[[], str | None]) -> Callable[[], str | None]:
+    """``work`` started on a thread of its own; the function returned waits for its answer
+    (or raises its error)."""
+    answers: list[str | None] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answers.append(work())
+        except BaseException as exc:  # noqa: BLE001 - raised where the answer is asked for
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="receivewal-owner-check", daemon=True)
+    thread.start()
+
+    def answer() -> str | None:
+        thread.join()
+        if errors:
+            raise errors[0]
+        return answers[0]
+
+    return answer
+
+
 def run_recover(settings: RecoverSettings) -> Recovered:
     """Unpack and prepare the recovery; the backup, where it went, what the configuration
     lost, and how to start the server."""
@@ -195,11 +221,18 @@ def run_recover(settings: RecoverSettings) -> Recovered:
     archive = str(Path(place.archive).absolute()) if place.location.is_local \
         else place.archive
     identity = None if settings.identity is None else str(Path(settings.identity).absolute())
-    problem = None if settings.owner is None else owner_problem(
-        settings.owner, Path(archive) if place.location.is_local else None, identity,
-        settings.restore_prefix)
-    if problem is not None and settings.owner_given:
-        raise ArchiveError(f"{problem}; nothing was written")
+    problem: str | None = None
+    owner_checked: Callable[[], str | None] | None = None
+    if settings.owner is not None:
+        check = functools.partial(owner_problem, settings.owner,
+                                  Path(archive) if place.location.is_local else None,
+                                  identity, settings.restore_prefix)
+        if settings.owner_given:  # refused before anything is written
+            problem = check()
+            if problem is not None:
+                raise ArchiveError(f"{problem}; nothing was written")
+        else:  # only warned of: checked while the backup is unpacked
+            owner_checked = in_background(check)
     block = with_extra_settings(recovery_settings(settings.target, settings.action,
                                                   restore_command(settings.restore_prefix,
                                                                   archive, identity)),
@@ -209,6 +242,8 @@ def run_recover(settings: RecoverSettings) -> Recovered:
     unpacked = unpack_backup(files, record, settings.pgdata, mapping=settings.mapping,
                              sync=settings.sync, on_progress=settings.on_progress)
     config = write_recovery(settings.pgdata, block, sync=settings.sync)
+    if owner_checked is not None:
+        problem = owner_checked()
     if settings.owner is not None:
         hand_over([settings.pgdata, *unpacked.tablespaces.values()], settings.owner)
     text = start_instructions(settings.pgdata, list(unpacked.tablespaces.values()))

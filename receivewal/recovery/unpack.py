@@ -6,8 +6,11 @@ then reads each tar of the backup (decompressed as it is read) through
 data directory, each tablespace's into its directory on the server or the one the mapping
 gives. Every file is checked against the backup's manifest on the way (size and checksum,
 each listed file once: a backup damaged at rest is refused), written with ``O_EXCL`` and
-``O_NOFOLLOW`` under directories this unpack made (never through a symbolic link), and
-fsynced through :mod:`receivewal.archive.durable`. A ``tablespace_map`` is rewritten with the
+``O_NOFOLLOW`` under directories this unpack made (never through a symbolic link), and made
+durable through :mod:`receivewal.archive.durable`: one sync of each directory's file system
+at the end (:class:`~receivewal.archive.durable.FileSystemSync`, as durable as an fsync of
+every file and directory, at the cost of ``sync -f``), or, where that does not hold, an fsync
+of each. A ``tablespace_map`` is rewritten with the
 mapped directories: PostgreSQL makes the ``pg_tblspc`` links from it when it starts.
 
 :func:`write_recovery` rewrites ``postgresql.auto.conf`` without the recovery settings the
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from receivewal.archive.durable import (
+    FileSystemSync,
     start_writeback,
     sync_path,
     write_all,
@@ -109,30 +113,47 @@ def unpack_backup(backup_dir: Path | BackupFiles, record: BackupRecord, pgdata: 
     manifest = stored_manifest(backup_dir, record)
     check = manifest_check(manifest, record)
     files = size = 0
+    durable = FileSystemSync(sync=sync)
     try:
         for archive in sorted(record.archives, key=lambda a: a.tablespace_oid is None):
             root = pgdata if archive.tablespace_oid is None else targets[archive.tablespace_oid]
-            extractor = _Extractor(root, archive, targets, sync=sync, on_progress=on_progress,
+            extractor = _Extractor(root, archive, targets, durable, on_progress=on_progress,
                                    before=size)
             extractor.run(read_members(backup_dir, archive, check))
             files, size = files + extractor.files, size + extractor.bytes
         check.compare(manifest)
         _rewrite_tablespace_map(pgdata, targets, sync=sync)
+        _finish(durable, pgdata)
     except ArchiveError as exc:
+        durable.close()
         left = " and ".join(str(p) for p in [pgdata, *targets.values()] if p.exists())
         raise type(exc)(f"{exc} ({left} left incomplete: remove before recovering again)"
                         if left else str(exc)) from exc
+    except BaseException:
+        durable.close()
+        raise
     return Unpacked(pgdata, targets, files, size)
 
 
-class _Extractor:
-    """One archive's members written under ``root``."""
+def _finish(durable: FileSystemSync, pgdata: Path) -> None:
+    """Every file and directory written made durable by one sync of each file system."""
+    try:
+        durable.finish()
+    except OSError as exc:
+        raise ArchiveError(f'could not sync the files written under "{pgdata}" to disk: '
+                           f"{exc.strerror or exc}") from exc
 
-    def __init__(self, root: Path, archive: StoredArchive, targets: Mapping[int, Path], *,
-                 sync: bool, on_progress: Callable[[int], None] | None = None,
+
+class _Extractor:
+    """One archive's members written under ``root``: each file and directory fsynced at the
+    end, or, where one sync of the file system is as durable (``durable``), none of them."""
+
+    def __init__(self, root: Path, archive: StoredArchive, targets: Mapping[int, Path],
+                 durable: FileSystemSync, *, on_progress: Callable[[int], None] | None = None,
                  before: int = 0) -> None:
         self.root, self.archive = root, archive
-        self.targets, self.sync = targets, sync
+        self.targets, self.durable = targets, durable
+        self.sync = durable.by_files  # each file and directory fsynced on its own
         self.made: list[Path] = []  # directories made, fsynced at the end
         self.written: list[Path] = []  # files written, their writeback started, fsynced last
         self.known: set[Path] = set()
@@ -145,6 +166,7 @@ class _Extractor:
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self.root, 0o700)  # PostgreSQL refuses a data directory others can enter
+            self.durable.watch(self.root)  # before anything is written under it
         except OSError as exc:
             raise ArchiveError(f'could not create directory "{self.root}": '
                                f"{exc.strerror or exc}") from exc
@@ -172,12 +194,13 @@ class _Extractor:
         elif isinstance(event, MemberStart):
             self._start(event)
         elif event.member.kind is MemberKind.FILE:
-            start_writeback(self.fd, sync=self.sync)
+            # written back while the next files are decoded, whichever sync makes it durable
+            start_writeback(self.fd, sync=self.durable.sync)
+            os.utime(self.fd, (event.member.mtime, event.member.mtime))
             os.close(self.fd)
             self.fd = -1
-            target = self.root / event.member.name
-            self.written.append(target)
-            os.utime(target, (event.member.mtime, event.member.mtime))
+            if self.sync:
+                self.written.append(self.root / event.member.name)
             self.files, self.bytes = self.files + 1, self.bytes + event.member.size
 
     def _start(self, event: MemberStart) -> None:

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from receivewal.apply.source import Record, Transaction, file_records, log_files, transactions
+from receivewal.apply.source import (
+    Record,
+    Transaction,
+    file_records,
+    log_files,
+    read_ahead,
+    transactions,
+)
 from receivewal.errors import ConfigurationError
 from receivewal.logical.snapshot import read_manifest, table_records
 from receivewal.wal.lsn import format_lsn
@@ -156,7 +163,7 @@ def _apply_transactions(outdir: Path, keys: Keys | None, target: Target, applied
         batch.clear()
         size = 0
 
-    for transaction in transactions(outdir, keys):
+    for transaction in read_ahead(transactions(outdir, keys)):
         if transaction.end_lsn <= max(applied.through, start):
             continue
         batch.append(transaction)

@@ -306,6 +306,7 @@ class _Shape:
     counted: bool  # each change must touch exactly one row
     copy: str | None = None  # inserts: the COPY of the same columns
     set_wise: _SetWise | None = None  # updates and deletes by a key
+    key_at: int = 0  # a set-wise update's: where the key's values begin in its parameters
 
 
 @dataclass
@@ -322,19 +323,19 @@ def _runs(changes: list[tuple[Record, Columns]], conn: psycopg.Connection[Any]) 
     """Changes as runs of one shape each. A run of updates by a key holds each key once:
     applied set-wise, a key updated twice would be updated once."""
     runs: list[_Run] = []
+    run: _Run | None = None
     for change in changes:
-        shape, row = _statement(*change, conn)
-        run = runs[-1] if runs and runs[-1].shape is shape else None
-        key: tuple[object, ...] = ()
-        if shape.set_wise is not None and shape.set_wise.width < len(row):  # an update
-            key = tuple(row[shape.set_wise.width:])
-            if run is not None and key in run.keys:
-                run = None
-        if run is None:
+        shape, row = _statement(change[0], change[1], conn)
+        at = shape.key_at
+        if at:
+            key = tuple(row[at:])
+            if run is None or run.shape is not shape or key in run.keys:
+                run = _Run(shape)
+                runs.append(run)
+            run.keys.add(key)
+        elif run is None or run.shape is not shape:
             run = _Run(shape)
             runs.append(run)
-        if key:
-            run.keys.add(key)
         run.rows.append(row)
         run.changes.append(change)
     return runs
@@ -368,17 +369,25 @@ def _statement(record: Record, columns: Columns, conn: psycopg.Connection[Any]
         return _Shape(text, counted=False), []
     new = record.get("new") or {}
     old = record.get("old")
-    match, keyed = _identity(record, columns)
-    if not match:
+    keys, full = _keys(columns)
+    if old:
+        names = tuple(old)
+        values = _values(old)
+    else:
+        names = tuple(name for name in keys if name in new)
+        values = [new[name] for name in names]
+    if not names:
         raise ApplyConflict(f"{op} of table {_name(record)} at {record['lsn']} names no row "
                             "(no replica identity); nothing of the transaction was applied")
     # an update by a key it keeps (no old key sent) can go set-wise, as can a keyed delete
-    set_wise = keyed and (op == "delete" or not old)
+    set_wise = not full and (op == "delete" or not old)
     if op == "delete":
-        shape = (op, record["schema"], record["table"], keyed, set_wise, *match)
-        return _composed(shape, conn), _values(match)
-    shape = (op, record["schema"], record["table"], keyed, set_wise, tuple(new), *match)
-    return _composed(shape, conn), _values(new) + _values(match)
+        shape = (op, record["schema"], record["table"], not full, set_wise, *names)
+        return _composed(shape, conn), values
+    shape = (op, record["schema"], record["table"], not full, set_wise, tuple(new), *names)
+    row = _values(new)
+    row += values
+    return _composed(shape, conn), row
 
 
 def _composed(shape: tuple[object, ...], conn: psycopg.Connection[Any]) -> _Shape:
@@ -411,7 +420,8 @@ def _composed(shape: tuple[object, ...], conn: psycopg.Connection[Any]) -> _Shap
         composed = sql.SQL("UPDATE {} SET {} WHERE {}").format(table, assignments, target)
     made = _SHAPES[shape] = _Shape(
         composed.as_string(conn), counted=True,
-        set_wise=_set_wise(table, op, assigned, match, conn) if set_wise else None)
+        set_wise=_set_wise(table, op, assigned, match, conn) if set_wise else None,
+        key_at=len(assigned) if set_wise else 0)
     return made
 
 

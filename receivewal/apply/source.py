@@ -113,8 +113,9 @@ def transactions(outdir: Path, keys: Keys | None = None) -> Iterator[Transaction
                 yield done
 
 
-#: How many changes the log is read ahead of the target at most (a bigger transaction alone).
-AHEAD_CHANGES = 4096
+#: How many changes the log is read ahead of the target at most (a bigger transaction alone):
+#: as many as a PostgreSQL target's batch, read while the server applies the one before.
+AHEAD_CHANGES = 10_000
 
 
 def read_ahead(source: Iterator[Transaction], changes: int = AHEAD_CHANGES

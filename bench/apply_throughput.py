@@ -149,8 +149,11 @@ def delta_run(base: Path, run: int, log: Path, expected: str
 
 
 def bench(rows: int, runs: int, *, delta: bool, delta_only: bool) -> None:
+    # the launcher starts an apply worker at most once per wal_retrieve_retry_interval (5 s
+    # by default): runs that follow each other closely would time that wait, not the apply
     with running_server(LOGICAL_CONF | {"max_logical_replication_workers": "8",
-                                        "max_worker_processes": "16"}) as pg:
+                                        "max_worker_processes": "16",
+                                        "wal_retrieve_retry_interval": "50ms"}) as pg:
         pg.sql("CREATE DATABASE src")
         pg.sql(SCHEMA, "src")
         pg.sql("CREATE PUBLICATION pub FOR TABLE t", "src")

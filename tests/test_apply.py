@@ -22,6 +22,8 @@ from support.replay import compare_tables
 from support.servers import PgServer, make_shared_dir, pg_bin, running_server
 from support.streams import receivewal, start_receivewal
 
+from receivewal.apply.postgres import PostgresTarget
+from receivewal.apply.source import Transaction
 from receivewal.wal.lsn import format_lsn
 
 pytestmark = [pytest.mark.server]
@@ -204,8 +206,8 @@ def test_a_sealed_change_log_is_applied_with_the_identity(source: Source,
                                                           tmp_path: Path) -> None:
     """logical --snapshot --encrypt-to seals the snapshot and every completed change file;
     apply without --identity stops with one line, with it brings the tables equal to the
-    primary's (a snapshot, set-wise updates and deletes, an unchanged TOAST column), and a
-    second run applies nothing."""
+    primary's (a snapshot, set-wise updates and deletes, keys updated again in the same batch,
+    an unchanged TOAST column), and a second run applies nothing."""
     pg = source.pg
     pg.sql("CREATE DATABASE sealed_src")
     schema = ("CREATE TABLE kv (id int PRIMARY KEY, v text, n int); "
@@ -225,6 +227,8 @@ def test_a_sealed_change_log_is_applied_with_the_identity(source: Source,
         pg.sql(f"INSERT INTO kv SELECT g, md5(g::text), g FROM generate_series({first}, "
                f"{first + 499}) g", "sealed_src")
     pg.sql("UPDATE kv SET n = n + 1, v = v || 'u' WHERE id <= 1500", "sealed_src")
+    for _ in range(2):  # the same keys again: one batch, one shape, the runs cut at a key
+        pg.sql("UPDATE kv SET n = n * 2 WHERE id <= 100", "sealed_src")
     pg.sql("DELETE FROM kv WHERE id % 7 = 0", "sealed_src")
     pg.sql("INSERT INTO notes VALUES (1, (SELECT string_agg(md5(g::text), '') FROM "
            "generate_series(1, 400) g), 'first')", "sealed_src")
@@ -253,3 +257,28 @@ def test_a_sealed_change_log_is_applied_with_the_identity(source: Source,
     assert again.returncode == 0, again.stderr[-3000:]
     assert "applied 0 snapshot tables (0 rows) and 0 transactions" in again.stdout
     assert compare_tables(dsn(pg, "sealed_src"), target, ["kv", "notes"]) == {}
+
+
+def test_keys_updated_again_in_one_batch_end_with_their_last_values(source: Source) -> None:
+    """Three transactions of one batch update the same 20 keys: the set-wise runs (cut at the
+    repeated key) leave each row with the last transaction's value, in one target transaction
+    (none applied again one at a time)."""
+    source.pg.sql("CREATE DATABASE repeated")
+    source.pg.sql("CREATE TABLE t (id int PRIMARY KEY, n int); "
+                  "INSERT INTO t SELECT g, 0 FROM generate_series(1, 20) g", "repeated")
+    columns = [{"name": "id", "key": True}, {"name": "n", "key": False}]
+    batch = [Transaction(0x100 + k, 0x100 + k, None, [
+        ({"op": "update", "lsn": f"0/{0x100 + k:X}", "schema": "public", "table": "t",
+          "old": None, "new": {"id": str(i), "n": str(10 * k + i)}}, columns)
+        for i in range(1, 21)]) for k in range(3)]
+    target = PostgresTarget(dsn(source.pg, "repeated"), "repeated")
+    try:
+        target.begin(0)
+        alone: list[Transaction] = []
+        target.apply_transaction = alone.append  # type: ignore[method-assign,assignment]
+        assert target.apply_batch(batch) == 3
+        assert alone == []
+    finally:
+        target.close()
+    assert source.pg.sql("SELECT string_agg(n::text, ',' ORDER BY id) FROM t", "repeated") == \
+        ",".join(str(20 + i) for i in range(1, 21))

@@ -436,14 +436,17 @@ def _set_wise(table: sql.Identifier, op: object, assigned: tuple[str, ...], key:
                      "WITH NO DATA").format(temporary, names, table)
     joined = sql.SQL(" AND ").join(
         sql.SQL("t.{0} = s.{0}").format(sql.Identifier(n)) for n in key)
+    # the run's rows taken out of the temporary table as they are used: a shape's next run
+    # in the same transaction finds it empty
+    taken = sql.SQL("WITH s AS (DELETE FROM {} RETURNING *) ").format(temporary)
     if op == "delete":
-        statement = sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {}").format(
-            table, temporary, joined)
+        statement = taken + sql.SQL("DELETE FROM {} AS t USING s WHERE {}").format(
+            table, joined)
     else:
         changed = [n for n in assigned if n not in key] or key
-        statement = sql.SQL("UPDATE {} AS t SET {} FROM {} AS s WHERE {}").format(
+        statement = taken + sql.SQL("UPDATE {} AS t SET {} FROM s WHERE {}").format(
             table, sql.SQL(", ").join(sql.SQL("{0} = s.{0}").format(sql.Identifier(n))
-                                      for n in changed), temporary, joined)
+                                      for n in changed), joined)
     return _SetWise(temporary.as_string(conn), create.as_string(conn),
                     sql.SQL("COPY {} ({}) FROM STDIN").format(temporary, names).as_string(conn),
                     statement.as_string(conn), len(columns))

@@ -84,6 +84,8 @@ class PostgresTarget:
         #: transaction being applied (gone again if it rolls back)
         self.temporary: set[str] = set()
         self.made: list[str] = []
+        #: those that hold rows in the transaction being applied
+        self.used: set[str] = set()
         try:
             self.conn = psycopg.connect(conninfo, autocommit=False, options=_SESSION)
         except psycopg.Error as exc:
@@ -135,6 +137,7 @@ class PostgresTarget:
                 return len(batch)
             finally:
                 self.made.clear()
+                self.used.clear()
         for transaction in batch:
             self.apply_transaction(transaction)
         return len(batch)
@@ -183,6 +186,7 @@ class PostgresTarget:
                     self._record(cur, transaction)
             except _Unmatched:
                 self._forget_made()
+                self.used.clear()
                 with self.conn.transaction(), self.conn.cursor() as cur:
                     for record, columns in transaction.changes:
                         shape, row = _statement(record, columns, self.conn)
@@ -208,6 +212,7 @@ class PostgresTarget:
                                   ) from exc
         finally:
             self.made.clear()
+            self.used.clear()
 
     def _apply_runs(self, cur: psycopg.Cursor[Any], changes: list[tuple[Record, Columns]],
                     transaction: Transaction | None) -> None:
@@ -242,6 +247,9 @@ class PostgresTarget:
             cur.execute(set_wise.create)
             self.temporary.add(set_wise.table)
             self.made.append(set_wise.table)
+        elif set_wise.table in self.used:  # its rows are deleted at commit, not before
+            cur.execute(set_wise.empty)
+        self.used.add(set_wise.table)
         if transaction is None:
             self._copy_and_join(cur, run, set_wise)
             return
@@ -293,6 +301,7 @@ class _SetWise:
 
     table: str  # the temporary table's name, one per shape
     create: str  # its CREATE TEMPORARY TABLE (the target table's types, no rows)
+    empty: str  # its TRUNCATE, for a second run in one transaction
     copy: str  # the COPY of a run's rows into it
     statement: str  # the UPDATE ... FROM or DELETE ... USING it, joined on the key
     width: int  # how many leading parameters of a change go into it (its columns)
@@ -436,18 +445,16 @@ def _set_wise(table: sql.Identifier, op: object, assigned: tuple[str, ...], key:
                      "WITH NO DATA").format(temporary, names, table)
     joined = sql.SQL(" AND ").join(
         sql.SQL("t.{0} = s.{0}").format(sql.Identifier(n)) for n in key)
-    # the run's rows taken out of the temporary table as they are used: a shape's next run
-    # in the same transaction finds it empty
-    taken = sql.SQL("WITH s AS (DELETE FROM {} RETURNING *) ").format(temporary)
     if op == "delete":
-        statement = taken + sql.SQL("DELETE FROM {} AS t USING s WHERE {}").format(
-            table, joined)
+        statement = sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {}").format(
+            table, temporary, joined)
     else:
         changed = [n for n in assigned if n not in key] or key
-        statement = taken + sql.SQL("UPDATE {} AS t SET {} FROM s WHERE {}").format(
+        statement = sql.SQL("UPDATE {} AS t SET {} FROM {} AS s WHERE {}").format(
             table, sql.SQL(", ").join(sql.SQL("{0} = s.{0}").format(sql.Identifier(n))
-                                      for n in changed), joined)
+                                      for n in changed), temporary, joined)
     return _SetWise(temporary.as_string(conn), create.as_string(conn),
+                    sql.SQL("TRUNCATE {}").format(temporary).as_string(conn),
                     sql.SQL("COPY {} ({}) FROM STDIN").format(temporary, names).as_string(conn),
                     statement.as_string(conn), len(columns))
 

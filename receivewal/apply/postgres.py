@@ -1,18 +1,22 @@
+# Over 500 lines: psycopg's second door: the target's transactions and the statements they send.
 """A PostgreSQL database as ``apply``'s target (``--to CONNSTR``).
 
 The tables must exist there with the source's schema-qualified names and the columns the log
 names. Progress is the row of ``receivewal.apply_progress`` named after the source (created on
 first use): how many of the snapshot's tables are in, and the end LSN of the last transaction
-applied. Each snapshot table (``COPY ... FROM STDIN``) and each transaction is applied in one
-transaction of the target together with that row's update, so the target holds a unit whole
-or not at all, and a later run starts right after what it holds.
+applied. Each snapshot table (``COPY ... FROM STDIN``) and each batch of whole transactions
+(:data:`BATCH_CHANGES`) is applied in one transaction of the target together with that row's
+update, so the target holds a unit whole or not at all, and a later run starts right after
+what it holds. A batch's changes go in runs of one shape: inserts by COPY, updates and deletes
+by a key set-wise through a temporary table, the rest pipelined.
 
 Changes are applied by the replica identity: an update or delete finds its row by the old
 key the server sent (or, with REPLICA IDENTITY FULL, the whole old row, one row of equal ones
 for a table without a key), else by the new row's key columns; an unchanged TOAST column is
 left as the target has it. A change that finds no row, or an insert whose key is there
 already, is a conflict: :class:`ApplyConflict` names the transaction's LSN, the table and the
-key, and the transaction is rolled back (nothing of it applied).
+key, and the transaction is rolled back (nothing of it applied; a failed batch is applied
+again a transaction at a time to find it, those before it committed).
 
 This module and :mod:`receivewal.replication.connection` are the two that import psycopg (the
 replication connection's pq layer there; a plain client session here).

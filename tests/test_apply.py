@@ -14,10 +14,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support.logical import TABLES, change_log_source, dsn
+from support.agekeys import new_identity_file
+from support.logical import TABLES, change_log_source, current_lsn, dsn
 from support.logical import ChangeLogSource as Source
 from support.replay import compare_tables
 from support.streams import receivewal, start_receivewal
+
+from receivewal.apply.postgres import PostgresTarget
+from receivewal.apply.source import Transaction
+from receivewal.wal.lsn import format_lsn
 
 pytestmark = [pytest.mark.server]
 
@@ -134,3 +139,108 @@ def test_follow_applies_what_the_log_receives_and_stops_cleanly_on_sigterm(
                 process.terminate()
                 process.wait(timeout=30)
     assert compare_tables(dsn(source.pg, "app"), target, TABLES) == {}
+
+
+def test_a_set_wise_run_that_finds_no_row_names_its_key_with_the_transactions_before_applied(
+        source: Source) -> None:
+    """The streamed transaction's 200 updates go set-wise; the target lost one of its rows (a
+    trigger skips it): apply stops naming that update's key, with nothing of that transaction
+    applied and the transactions before it (pgbench's, in the same batch) applied."""
+    target = source.target("set_wise")
+    with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION skip_150() RETURNS trigger LANGUAGE plpgsql AS "
+                     "$$BEGIN IF NEW.id = 150 THEN RETURN NULL; END IF; RETURN NEW; END$$")
+        conn.execute("CREATE TRIGGER skip_150 BEFORE INSERT ON items FOR EACH ROW "
+                     "EXECUTE FUNCTION skip_150()")
+    done = source.apply(target)
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert "update at " in done.stderr
+    assert "finds no row of table public.items with id = '150'" in done.stderr
+    assert "nothing of the transaction was applied" in done.stderr
+    assert "Traceback" not in done.stderr
+    with psycopg.connect(target) as conn:
+        assert conn.execute("SELECT count(*) FROM pgbench_history").fetchone() == (80,)
+        assert conn.execute("SELECT count(*) FROM items WHERE name <> 'before the slot'"
+                            ).fetchone() == (0,)
+
+
+def test_a_sealed_change_log_is_applied_with_the_identity(source: Source,
+                                                          tmp_path: Path) -> None:
+    """logical --snapshot --encrypt-to seals the snapshot and every completed change file;
+    apply without --identity stops with one line, with it brings the tables equal to the
+    primary's (a snapshot, set-wise updates and deletes, keys updated again in the same batch,
+    an unchanged TOAST column), and a second run applies nothing."""
+    pg = source.pg
+    pg.sql("CREATE DATABASE sealed_src")
+    schema = ("CREATE TABLE kv (id int PRIMARY KEY, v text, n int); "
+              "CREATE TABLE notes (id int PRIMARY KEY, body text, note text)")
+    pg.sql(schema, "sealed_src")
+    pg.sql("INSERT INTO kv SELECT g, md5(g::text), g FROM generate_series(1, 500) g",
+           "sealed_src")
+    pg.sql("CREATE PUBLICATION sealed_pub FOR ALL TABLES", "sealed_src")
+    key = new_identity_file(tmp_path / "identity.txt")
+    outdir = tmp_path / "log"
+    outdir.mkdir()
+    common = ["-d", dsn(pg, "sealed_src"), "-D", str(outdir), "-S", "sealed", "-P",
+              "sealed_pub", "--log-format", "json", "--encrypt-to", key.recipient, "-Z", "zstd"]
+    created = receivewal("logical", *common, "--create-slot", "--snapshot")
+    assert created.returncode == 0, created.stderr[-3000:]
+    for first in range(501, 3001, 500):
+        pg.sql(f"INSERT INTO kv SELECT g, md5(g::text), g FROM generate_series({first}, "
+               f"{first + 499}) g", "sealed_src")
+    pg.sql("UPDATE kv SET n = n + 1, v = v || 'u' WHERE id <= 1500", "sealed_src")
+    for _ in range(2):  # the same keys again: one batch, one shape, the runs cut at a key
+        pg.sql("UPDATE kv SET n = n * 2 WHERE id <= 100", "sealed_src")
+    pg.sql("DELETE FROM kv WHERE id % 7 = 0", "sealed_src")
+    pg.sql("INSERT INTO notes VALUES (1, (SELECT string_agg(md5(g::text), '') FROM "
+           "generate_series(1, 400) g), 'first')", "sealed_src")
+    pg.sql("UPDATE notes SET note = 'second' WHERE id = 1", "sealed_src")
+    end = current_lsn(pg, "sealed_src")
+    streamed = receivewal("logical", *common, "--endpos", format_lsn(end), "--no-loop",
+                          "--file-size", "64kB")
+    assert streamed.returncode == 0, streamed.stderr[-3000:]
+    assert [p for p in outdir.iterdir() if p.name.endswith(".jsonl.zst.age")]
+    snapshot = sorted(p.name for p in (outdir / "snapshot").iterdir())
+    assert [name for name in snapshot if name.endswith(".jsonl.zst.age")], snapshot
+    assert not [name for name in snapshot if name.endswith((".jsonl", ".jsonl.zst"))], snapshot
+    pg.sql("CREATE DATABASE sealed_dst")
+    pg.sql(schema, "sealed_dst")
+    target = dsn(pg, "sealed_dst")
+    without = receivewal("apply", "-D", str(outdir), "--to", target)
+    assert without.returncode == 1
+    assert "sealed" in without.stderr
+    assert "identity" in without.stderr
+    assert "Traceback" not in without.stderr
+    done = receivewal("apply", "-D", str(outdir), "--to", target, "--identity", str(key.path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "applied 2 snapshot tables (500 rows)" in done.stdout
+    assert compare_tables(dsn(pg, "sealed_src"), target, ["kv", "notes"]) == {}
+    again = receivewal("apply", "-D", str(outdir), "--to", target, "--identity", str(key.path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "applied 0 snapshot tables (0 rows) and 0 transactions" in again.stdout
+    assert compare_tables(dsn(pg, "sealed_src"), target, ["kv", "notes"]) == {}
+
+
+def test_keys_updated_again_in_one_batch_end_with_their_last_values(source: Source) -> None:
+    """Three transactions of one batch update the same 20 keys: the set-wise runs (cut at the
+    repeated key) leave each row with the last transaction's value, in one target transaction
+    (none applied again one at a time)."""
+    source.pg.sql("CREATE DATABASE repeated")
+    source.pg.sql("CREATE TABLE t (id int PRIMARY KEY, n int); "
+                  "INSERT INTO t SELECT g, 0 FROM generate_series(1, 20) g", "repeated")
+    columns = [{"name": "id", "key": True}, {"name": "n", "key": False}]
+    batch = [Transaction(0x100 + k, 0x100 + k, None, [
+        ({"op": "update", "lsn": f"0/{0x100 + k:X}", "schema": "public", "table": "t",
+          "old": None, "new": {"id": str(i), "n": str(10 * k + i)}}, columns)
+        for i in range(1, 21)]) for k in range(3)]
+    target = PostgresTarget(dsn(source.pg, "repeated"), "repeated")
+    try:
+        target.begin(0)
+        alone: list[Transaction] = []
+        target.apply_transaction = alone.append  # type: ignore[method-assign,assignment]
+        assert target.apply_batch(batch) == 3
+        assert alone == []
+    finally:
+        target.close()
+    assert source.pg.sql("SELECT string_agg(n::text, ',' ORDER BY id) FROM t", "repeated") == \
+        ",".join(str(20 + i) for i in range(1, 21))

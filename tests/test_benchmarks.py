@@ -122,3 +122,14 @@ def test_apply_throughput_bench_runs() -> None:
     bench checks the rows itself) and the ratio is printed."""
     out = run_bench("apply_throughput.py", "--rows", "2000", "--runs", "1")
     assert "receivewal apply / subscription, changes/s" in out
+
+
+def test_apply_throughput_bench_runs_into_delta() -> None:
+    """With --delta-only the same log goes into Delta tables: the table read back holds the
+    source's rows, and the bench prints changes per second, peak RSS and the Delta commits per
+    100,000 changes."""
+    pytest.importorskip("deltalake")
+    out = run_bench("apply_throughput.py", "--rows", "2000", "--runs", "1", "--delta-only")
+    assert "Delta commits per 100,000 changes" in out
+    assert "peak RSS" in out
+    assert "subscription" not in out

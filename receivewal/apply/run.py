@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from receivewal.apply.source import Record, Transaction, file_records, transactions
+from receivewal.apply.source import Record, Transaction, file_records, read_ahead, transactions
 from receivewal.errors import ConfigurationError
 from receivewal.logical.snapshot import read_manifest, table_records
 from receivewal.logical.store import change_files
@@ -157,7 +157,7 @@ def _apply_transactions(outdir: Path, keys: Keys | None, target: Target, applied
         batch.clear()
         size = 0
 
-    for transaction in transactions(outdir, keys):
+    for transaction in read_ahead(transactions(outdir, keys)):
         if transaction.end_lsn <= max(applied.through, start):
             continue
         batch.append(transaction)

@@ -40,9 +40,16 @@ class PlainLines:
         self.tail = b""
 
     def __iter__(self) -> Iterator[bytes]:
+        for lines in self.batches():
+            yield from lines
+
+    def batches(self) -> Iterator[list[bytes]]:
+        """The same lines, a list for each chunk of plaintext (a reader that decodes many
+        lines in one call takes them so)."""
         rest = b""
         for chunk in plain_chunks(self.source, self.method, self.unsealing):
             lines = (rest + chunk).split(b"\n")
             rest = lines.pop()
-            yield from lines
+            if lines:
+                yield lines
         self.tail = rest

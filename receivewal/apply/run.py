@@ -6,8 +6,9 @@ Both targets are driven alike (:class:`Target`): a PostgreSQL database
 snapshot table it holds and every transaction at or before that point is passed over, the rest
 is handed to it in order, in batches of whole transactions (one transaction a batch for
 PostgreSQL, which records its progress with each). With ``follow`` the run then waits for the
-log to grow and goes on until it is stopped; without, it ends once it has applied all the log
-holds.
+log to grow and goes on until it is stopped, each poll reading only what the log gained
+(:class:`~receivewal.apply.source.LogReader` keeps its place and the prepared transactions it
+holds); without, it ends once it has applied all the log holds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from receivewal.apply.source import Record, Transaction, file_records, read_ahead, transactions
+from receivewal.apply.source import LogReader, Record, Transaction, file_records, read_ahead
 from receivewal.errors import ConfigurationError
 from receivewal.logical.snapshot import read_manifest, table_records
 from receivewal.logical.store import change_files
@@ -68,6 +69,13 @@ class Applied:
     through: int = 0
     changes: int = 0
     commits: int | None = None  # a Delta target's commits
+    reads: int = 0  # how many times the change log was read (a follower's polls)
+    files_opened: int = 0
+    bytes_read: int = 0
+
+    def count_reading(self, reader: LogReader) -> None:
+        self.reads, self.files_opened = reader.reads, reader.files_opened
+        self.bytes_read = reader.bytes_read
 
     def describe(self) -> str:
         said = (f"applied {self.tables} snapshot tables ({self.rows} rows) and "
@@ -75,6 +83,8 @@ class Applied:
                 f"{format_lsn(self.through)}")
         if self.commits is not None:
             said += f" ({self.commits} Delta commits for {self.changes} changes read)"
+        said += (f"; {self.bytes_read} bytes of the change log read in {self.reads} reads "
+                 f"({self.files_opened} files opened)")
         return said
 
 
@@ -131,9 +141,15 @@ def apply_log(outdir: Path, to: str, *, keys: Keys | None = None, follow: bool =
                 say(f"snapshot table {entry.schema}.{entry.table}: {rows} rows")
                 if stopped():
                     return applied
+        reader = LogReader(outdir, keys)
         while True:
-            if _apply_transactions(outdir, keys, target, applied, start=start, stopped=stopped):
-                return applied
+            try:
+                if _apply_transactions(reader, target, applied, start=start, stopped=stopped):
+                    return applied
+            finally:
+                applied.count_reading(reader)
+            if not reader.whole:
+                continue  # a file was completed as it was listed: read on at once
             if not follow or stopped():
                 return applied
             time.sleep(poll)
@@ -142,10 +158,10 @@ def apply_log(outdir: Path, to: str, *, keys: Keys | None = None, follow: bool =
         target.close()
 
 
-def _apply_transactions(outdir: Path, keys: Keys | None, target: Target, applied: Applied, *,
+def _apply_transactions(reader: LogReader, target: Target, applied: Applied, *,
                         start: int, stopped: Callable[[], bool]) -> bool:
-    """The log's transactions after what the target holds, batch by batch; whether a stop
-    was requested."""
+    """The log's transactions after what the target holds (what ``reader`` has not read
+    yet), batch by batch; whether a stop was requested."""
     batch: list[Transaction] = []
     size = 0
 
@@ -157,7 +173,7 @@ def _apply_transactions(outdir: Path, keys: Keys | None, target: Target, applied
         batch.clear()
         size = 0
 
-    for transaction in read_ahead(transactions(outdir, keys)):
+    for transaction in read_ahead(reader.transactions()):
         if transaction.end_lsn <= max(applied.through, start):
             continue
         batch.append(transaction)

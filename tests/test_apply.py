@@ -8,6 +8,8 @@ table (or the LSN) and applies nothing of its unit."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +20,12 @@ from support.agekeys import new_identity_file
 from support.logical import TABLES, change_log_source, current_lsn, dsn
 from support.logical import ChangeLogSource as Source
 from support.replay import compare_tables
-from support.streams import receivewal, start_receivewal
+from support.streams import RECEIVEWAL, receivewal, start_receivewal
 
 from receivewal.apply.postgres import PostgresTarget
 from receivewal.apply.source import Transaction
+from receivewal.archive.storedform import plain_chunks
+from receivewal.logical.store import change_files, parse_file_name
 from receivewal.wal.lsn import format_lsn
 
 pytestmark = [pytest.mark.server]
@@ -244,3 +248,63 @@ def test_keys_updated_again_in_one_batch_end_with_their_last_values(source: Sour
         target.close()
     assert source.pg.sql("SELECT string_agg(n::text, ',' ORDER BY id) FROM t", "repeated") == \
         ",".join(str(20 + i) for i in range(1, 21))
+
+
+def test_a_follower_reads_only_what_the_log_gained_at_each_poll(source: Source) -> None:
+    """apply --follow while a logical daemon writes rows into 8 kB files: each poll goes on
+    where the one before stopped, opening only that file and the new ones and reading every
+    line of the log once (the summary's counts; a follower that read the log from its first
+    file at every poll would count each file once a poll); the target ends equal to the
+    primary (last in the module with the follow test: the log grows)."""
+    target = source.target("polled")
+    daemon = start_receivewal("logical", "-d", dsn(source.pg, "app"), "-D", str(source.outdir),
+                              "-S", "applied", "-P", "pub", "--two-phase", "--status-interval",
+                              "1", "--file-size", "8kB")
+    follower = subprocess.Popen([*RECEIVEWAL, "apply", "-D", str(source.outdir), "--to",
+                                 target, "--follow"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        held = int(source.pg.sql("SELECT count(*) FROM items", "app"))
+        deadline = time.monotonic() + 300
+        with psycopg.connect(target, autocommit=True) as conn:
+            while conn.execute("SELECT count(*) FROM items").fetchone() != (held,):
+                assert follower.poll() is None, "apply --follow ended on its own"
+                assert time.monotonic() < deadline, "the log never reached the target"
+                time.sleep(0.2)
+        for batch in range(8):  # a poll a second: the rows come over several polls
+            first = 900000 + 40 * batch
+            source.pg.sql(f"INSERT INTO items SELECT g, 'polled', g FROM "
+                          f"generate_series({first}, {first + 39}) g", "app")
+            time.sleep(1.2)
+        deadline = time.monotonic() + 180
+        with psycopg.connect(target, autocommit=True) as conn:
+            while conn.execute("SELECT count(*) FROM items WHERE name = 'polled'"
+                               ).fetchone() != (320,):
+                assert follower.poll() is None, "apply --follow ended on its own"
+                assert time.monotonic() < deadline, "the rows never reached the target"
+                time.sleep(0.2)
+        follower.terminate()
+        out, err = follower.communicate(timeout=60)
+        assert follower.returncode == 0, err[-3000:]
+    finally:
+        for process in (follower, daemon):
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
+    counted = re.search(r"; (\d+) bytes of the change log read in (\d+) reads "
+                        r"\((\d+) files opened\)", out)
+    assert counted is not None, out[-3000:]
+    taken, reads, opened = (int(group) for group in counted.groups())
+    files = change_files(source.outdir)
+    assert reads >= 5
+    assert len(files) >= 3
+    assert opened <= len(files) + reads  # each poll: the file it stopped in, the new ones
+    assert taken <= sum(_plain_size(source.outdir / name) for name in files)
+    assert compare_tables(dsn(source.pg, "app"), target, TABLES) == {}
+
+
+def _plain_size(path: Path) -> int:
+    parsed = parse_file_name(path.name)
+    assert parsed is not None
+    with path.open("rb") as fh:
+        return sum(len(chunk) for chunk in plain_chunks(fh, parsed[1]))

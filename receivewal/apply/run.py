@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 #: ``--to delta:DIR``: Delta tables under DIR; anything else is a PostgreSQL connection.
 DELTA_PREFIX = "delta:"
+#: How many times in a row the log is read again at once when a file it listed was gone when
+#: opened (completed meanwhile; a name that never opens, a dangling link, waits for the poll).
+REREADS = 3
 
 
 class Target(Protocol):
@@ -142,13 +145,15 @@ def apply_log(outdir: Path, to: str, *, keys: Keys | None = None, follow: bool =
                 if stopped():
                     return applied
         reader = LogReader(outdir, keys)
+        again = 0  # reads in a row that met a file gone when opened
         while True:
             try:
                 if _apply_transactions(reader, target, applied, start=start, stopped=stopped):
                     return applied
             finally:
                 applied.count_reading(reader)
-            if not reader.whole:
+            again = 0 if reader.whole else again + 1
+            if 0 < again <= REREADS:
                 continue  # a file was completed as it was listed: read on at once
             if not follow or stopped():
                 return applied

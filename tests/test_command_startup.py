@@ -1,7 +1,8 @@
-"""``receivewal backup`` loads at start-up only what it needs before it connects (issue 36 item
-1, as ``stream``'s start-up in test_stream_startup.py): a backup without a retention policy
-never loads retention's removal, ``cleanup``, the change log's store, the daemon's state file
-nor the logging library (console output)."""
+"""``receivewal backup`` and ``receivewal logical`` load at start-up only what they need before
+they connect (issue 36 items 1 and 4, as ``stream``'s start-up in test_stream_startup.py): a
+backup without a retention policy never loads retention's removal, ``cleanup``, the change
+log's store, the daemon's state file nor the logging library (console output); ``logical``
+never loads the WAL archive's receiver, and its snapshot only with ``--snapshot``."""
 
 from __future__ import annotations
 
@@ -57,3 +58,15 @@ def test_a_backup_without_a_retention_policy_loads_nothing_of_retention(
     assert (status, loaded) == (0, []), done.stderr
     assert "complete" in done.stdout
 
+
+def test_the_logical_command_loads_nothing_of_the_wal_archives_receiver() -> None:
+    """Importing ``receivewal logical``'s command (its options, the daemon, the change log's
+    receiver) loads no module of the WAL archive's receiver and not the snapshot's."""
+    probe = ("import json, sys\n"
+             "from receivewal.commands.logical import logical_command\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith("
+             "('receivewal.walreceiver', 'receivewal.logicalreceiver.snapshot', "
+             "'receivewal.logical.snapshot', 'receivewal.commands.stream')))))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert json.loads(done.stdout) == []

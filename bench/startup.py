@@ -1,8 +1,10 @@
 """Start-up, side by side with the peers: ``receivewal restore`` of one segment against ``cp``,
-and ``receivewal stream`` from exec to START_REPLICATION against ``pg_receivewal``. Run by hand
-(not in CI)::
+and ``receivewal stream`` from exec to START_REPLICATION against ``pg_receivewal``; with
+``--only backup`` or ``--only logical``, ``receivewal backup`` from exec to BASE_BACKUP against
+``pg_basebackup``, or ``receivewal logical`` from exec to START_REPLICATION against
+``pg_recvlogical``. Run by hand (not in CI)::
 
-    .venv/bin/python bench/startup.py [--rounds 15] [--reference main]
+    .venv/bin/python bench/startup.py [--rounds 15] [--reference main] [--only backup]
 
 It starts a private PostgreSQL 15 (``log_replication_commands``, millisecond log times),
 archives one segment with ``receivewal stream --endpos``, and copies this checkout's package
@@ -16,7 +18,14 @@ byte-compiled where the server user reads it, as the recovery bench does. Then, 
   ``python3 -S -m receivewal stream`` with the same options, each into a new directory: exec
   to the server's log line of its START_REPLICATION (a plain installation's interpreter:
   ``-S`` leaves out this virtual environment's editable-install hook, which an installed
-  package does not have; the dependencies come from its site-packages on PYTHONPATH).
+  package does not have; the dependencies come from its site-packages on PYTHONPATH);
+- ``--only backup``: ``pg_basebackup -D NEW -Ft -X none -c fast --compress=client-zstd`` against
+  ``python3 -S -m receivewal backup -D ARCHIVE --fast``, exec to the server's log line of its
+  BASE_BACKUP, then SIGINT (both give the backup up);
+- ``--only logical`` (the server at ``wal_level=logical``, a publication of all tables, one
+  pgoutput slot for each): ``pg_recvlogical --start -E NOW -o proto_version=1 -o
+  publication_names=pub`` against ``python3 -S -m receivewal logical -D NEW -P pub -E NOW -n``,
+  exec to the server's log line of its START_REPLICATION.
 
 ``--reference REV`` adds the package of another git revision to every round (``ref-`` rows),
 alternated with this checkout's. Printed: each round's figures, then the median of each and its
@@ -101,11 +110,13 @@ def timed_call(command: str, out: Path) -> tuple[float, float]:
 
 
 def to_start_replication(server: PgServer, argv: list[str], env: dict[str, str],
-                         directory: Path) -> tuple[float, float]:
-    """(seconds from exec of ``argv`` to the server's log line of its START_REPLICATION, the
-    CPU seconds of the whole run: it is stopped by SIGINT once that line is there, if its end
-    position has not ended it)."""
-    directory.mkdir()
+                         directory: Path | None,
+                         command: str = "START_REPLICATION") -> tuple[float, float]:
+    """(seconds from exec of ``argv`` to the server's log line of its ``command``, the CPU
+    seconds of the whole run: it is stopped by SIGINT once that line is there, if its end
+    position has not ended it); ``directory`` made before and removed after."""
+    if directory is not None:
+        directory.mkdir()
     offset = server.logfile.stat().st_size
     began, cpu = time.time(), children_cpu()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
@@ -113,9 +124,9 @@ def to_start_replication(server: PgServer, argv: list[str], env: dict[str, str],
     stamp = None
     try:
         while stamp is None and time.time() - began < 60:
-            stamp = _start_replication_logged(server, offset)
+            stamp = _command_logged(server, offset, command)
             if stamp is None and process.poll() is not None:
-                stamp = _start_replication_logged(server, offset)
+                stamp = _command_logged(server, offset, command)
                 break
             time.sleep(0.005)
     finally:
@@ -123,22 +134,69 @@ def to_start_replication(server: PgServer, argv: list[str], env: dict[str, str],
             process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
     cpu = children_cpu() - cpu
-    shutil.rmtree(directory)
+    if directory is not None:
+        shutil.rmtree(directory)
     if stamp is None:
-        raise SystemExit(f"no START_REPLICATION in the server's log for {argv}")
+        raise SystemExit(f"no {command} in the server's log for {argv}")
     return stamp - began, cpu
 
 
-def _start_replication_logged(server: PgServer, offset: int) -> float | None:
-    """The time of the first START_REPLICATION line in the server's log after ``offset``."""
+def _command_logged(server: PgServer, offset: int, command: str) -> float | None:
+    """The time of the first line of ``command`` in the server's log after ``offset``."""
     with server.logfile.open("rb") as log:
         log.seek(offset)
         lines = log.read().decode(errors="replace").splitlines()
     for line in lines:
-        if "command: START_REPLICATION" in line:
+        if f"command: {command}" in line:
             when = datetime.strptime(line[:23] + " +0000", "%Y-%m-%d %H:%M:%S.%f %z")
             return when.timestamp()
     return None
+
+
+def command_rounds(which: str, server: PgServer, base: Path, packages: dict[str, str],
+                   rounds: int) -> None:
+    """``--only backup`` or ``--only logical``: each package's command against its peer,
+    alternating, exec to the server's log line of its BASE_BACKUP or START_REPLICATION."""
+    def ours(tag: str) -> tuple[list[str], dict[str, str]]:
+        lib = packages[tag].split()[0].removeprefix("PYTHONPATH=")
+        return ([sys.executable, "-S", "-m", "receivewal", which],
+                dict(os.environ, PYTHONPATH=f"{lib}:{SITE}"))
+
+    new = base / "new"
+    if which == "logical":
+        server.sql("CREATE PUBLICATION pub FOR ALL TABLES")
+        for slot in ("peer", *packages):
+            server.sql(f"SELECT pg_create_logical_replication_slot('bench_{slot}', 'pgoutput')")
+        peer = "pg_recvlogical"
+        command = "START_REPLICATION"
+    else:
+        peer = "pg_basebackup"
+        command = "BASE_BACKUP"
+    times: dict[str, list[tuple[float, float]]] = {
+        name: [] for name in [peer, *(f"receivewal {which} ({tag})" for tag in packages)]}
+    runs: dict[str, tuple[list[str], dict[str, str], Path | None]]
+    for i in range(rounds):
+        now = server.sql("SELECT pg_current_wal_flush_lsn()")
+        if which == "logical":
+            runs = {peer: ([pg_bin("pg_recvlogical"), "-d", server.dsn, "-S", "bench_peer",
+                            "--start", "-f", "-", "-E", now, "-n", "-o", "proto_version=1",
+                            "-o", "publication_names=pub"], dict(os.environ), None)}
+            runs |= {f"receivewal logical ({tag})": (
+                [*ours(tag)[0], "-D", str(new), "-d", server.dsn, "-S", f"bench_{tag}", "-P",
+                 "pub", "-E", now, "-n"], ours(tag)[1], new) for tag in packages}
+        else:
+            runs = {peer: ([pg_bin("pg_basebackup"), "-D", str(new), "-Ft", "-X", "none", "-c",
+                            "fast", "--compress=client-zstd", "-d", server.dsn],
+                           dict(os.environ), new)}
+            runs |= {f"receivewal backup ({tag})": (
+                [*ours(tag)[0], "-D", str(base / "archive"), "-d", server.dsn, "--fast",
+                 "--no-sync"], ours(tag)[1], None) for tag in packages}
+        for name, (argv, env, directory) in runs.items():
+            times[name].append(to_start_replication(server, argv, env, directory, command))
+        line = "  ".join(f"{name} {values[-1][0] * 1000:.0f} ({values[-1][1] * 1000:.0f})"
+                         for name, values in times.items())
+        print(f"  round {i + 1}, ms (CPU ms): {line}", flush=True)
+    summary(f"exec to {command}", peer, times)
 
 
 def summary(title: str, peer: str, figures: dict[str, list[tuple[float, float]]]) -> None:
@@ -159,14 +217,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--reference", metavar="REV",
                         help="also run this git revision's package, alternated with this one")
-    parser.add_argument("--only", choices=("restore", "stream"), default=None)
+    parser.add_argument("--only", choices=("restore", "stream", "backup", "logical"),
+                        default=None)
     args = parser.parse_args()
     base = make_shared_dir("receivewal-startup-")
     server = PgServer(base)
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, base, ignore_errors=True)
         server.init({"log_min_messages": "log", "log_replication_commands": "on",
-                     "log_line_prefix": "'%m [%p] '", "log_timezone": "'UTC'"})
+                     "log_line_prefix": "'%m [%p] '", "log_timezone": "'UTC'",
+                     **({"wal_level": "logical"} if args.only == "logical" else {})})
         stack.callback(server.stop, "immediate")
         server.start_or_fail()
         segment = archive_one_segment(server, base / "archive")
@@ -176,6 +236,10 @@ def main() -> None:
                 base, package=export_package(args.reference, base / "ref"),
                 lib_name="pylib-ref").removesuffix(" restore")
         print(f"start-up, {args.rounds} rounds alternating; load before: {load()}", flush=True)
+        if args.only in {"backup", "logical"}:
+            command_rounds(args.only, server, base, packages, args.rounds)
+            print(f"load after: {load()}")
+            return
         out = base / "out" / segment
         out.parent.mkdir()
         restores = {"cp": f"cp {base / 'archive' / segment} {out}"} | {

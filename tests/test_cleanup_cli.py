@@ -113,7 +113,10 @@ def test_the_backup_commands_retention_options(monkeypatch: pytest.MonkeyPatch) 
     import click  # noqa: PLC0415
     from click.testing import CliRunner  # noqa: PLC0415
 
-    from receivewal.commands.cleanup import policy_after_backup, retention_options  # noqa: PLC0415
+    from receivewal.commands.retention_options import (  # noqa: PLC0415
+        policy_after_backup,
+        retention_options,
+    )
 
     @click.command()
     @retention_options

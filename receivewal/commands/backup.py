@@ -1,7 +1,9 @@
 """``receivewal backup``: click parses, :mod:`receivewal.backup.taking` does the work.
 
 The options a ``stream`` has too read the same ``RECEIVEWAL_*`` variables (the archive, the
-connection), so a systemd unit of both shares one environment file.
+connection), so a systemd unit of both shares one environment file. What the backup needs only
+after it is complete, ``cleanup``'s retention, is imported then, and only with a policy; the
+logging library only with ``--log-format json``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,20 +26,17 @@ from receivewal.backup.command import (
 from receivewal.backup.record import BackupRecord
 from receivewal.backup.taking import BackupSettings, run_backup
 from receivewal.commands import catalog
-from receivewal.commands.cleanup import (
-    after_backup,
-    policy_after_backup,
-    report_lines,
-    retention_options,
-)
 from receivewal.commands.clickoptions import click_option
 from receivewal.commands.options import encrypt_to_recipients, prompt_password, read_password
+from receivewal.commands.retention_options import policy_after_backup, retention_options
 from receivewal.commands.verify import named_archive
 from receivewal.commands.watching import Watch
 from receivewal.errors import ConfigurationError, ReceivewalError
-from receivewal.logs import configure_logging, get_logger
 from receivewal.replication.connection import build_conninfo
 from receivewal.wal.lsn import format_lsn
+
+if TYPE_CHECKING:
+    from receivewal.retention.plan import Policy
 
 _OWN_DIRECTORY_ENV = "RECEIVEWAL_BACKUP_DIRECTORY"  # read before -D's own variable
 
@@ -160,6 +160,8 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
         signal.signal(signum, on_signal)
     log = None
     if log_format == "json" or (log_format == "auto" and not sys.stderr.isatty()):
+        from receivewal.logs import configure_logging, get_logger  # noqa: PLC0415 - structlog
+
         configure_logging(json=True)
         log = get_logger()
     watch = Watch("backup", "received", log=log)
@@ -184,8 +186,15 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
         say(f"received {moved}")
     click.echo(describe(record, where))
     sys.stdout.flush()
-    if policy is None:
-        return
+    if policy is not None:
+        _retention_after(archive, policy)
+
+
+def _retention_after(archive: str, policy: Policy) -> None:
+    """The policy applied once the backup is complete, and cleanup's lines printed."""
+    # cleanup's removal, the archive's view and the daemon's state file: only with a policy
+    from receivewal.commands.cleanup import after_backup, report_lines  # noqa: PLC0415
+
     try:
         report = after_backup(archive, policy=policy)
     except ReceivewalError as exc:
@@ -194,4 +203,3 @@ def backup_command(*, archive: str, dbname: str | None, host: str | None, port: 
     if report is not None:
         for line in report_lines(report):
             click.echo(line)
-

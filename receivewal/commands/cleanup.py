@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
@@ -37,21 +36,14 @@ from receivewal.archive.view import is_wal_archive
 from receivewal.check.sizes import human_bytes
 from receivewal.commands import catalog
 from receivewal.commands.clickoptions import click_option
-from receivewal.commands.plain import TEXT, Option
+from receivewal.commands.retention_options import KEEP_BACKUPS, RECOVERY_WINDOW, policy_of
 from receivewal.daemon.settings import SLOT_NAME_RE
 from receivewal.daemon.state import State, read_state
 from receivewal.errors import ConfigurationError, ForeignArchive, ReceivewalError
 from receivewal.logical.store import parse_file_name
 from receivewal.retention.archivecleanup import plan_archive_cleanup
 from receivewal.retention.plan import Policy, Verdict
-from receivewal.retention.policy import (
-    KEEP_BACKUPS_ENV,
-    RECOVERY_WINDOW_ENV,
-    make_policy,
-    parse_keep,
-    parse_window,
-    policy_from_environment,
-)
+from receivewal.retention.policy import policy_from_environment
 from receivewal.retention.removal import (
     CleanupReport,
     Holds,
@@ -62,7 +54,6 @@ from receivewal.retention.removal import (
 from receivewal.wal.lsn import format_lsn
 from receivewal.wal.names import RECIPIENTS_SUFFIX
 
-Command = TypeVar("Command", bound=Callable[..., Any])
 EXIT_CODES = """\b
 Exit codes: 0 done; 1 an error while reading or removing; 2 a usage error."""
 
@@ -115,40 +106,6 @@ def slot_holds(directory: Path, conninfo: str | None, slot: str | None = None,
     else:
         say(f'replication slot "{name}" restarts at {format_lsn(found.restart)} on the server')
     return replace(holds, slot_restart=found.restart, slot=name)
-
-
-#: The retention policy's options: ``cleanup``'s (given on its command line only) and, with
-#: their variables, ``backup``'s (the policy applied after each backup).
-KEEP_BACKUPS = Option("keep_backups", ("--keep-backups",), TEXT, metavar="N",
-                      help="Keep the N newest complete backups and the WAL they need.")
-RECOVERY_WINDOW = Option("recovery_window", ("--recovery-window",), TEXT, metavar="D",
-                         help="Keep what recovery to any time of the last D needs (14d, 36h, "
-                         "2w).")
-
-
-def retention_options(command: Command) -> Command:
-    """A decorator of a click command's function, under ``@click.command``: ``--keep-backups
-    N`` and ``--recovery-window D`` (env ``RECEIVEWAL_KEEP_BACKUPS``,
-    ``RECEIVEWAL_RECOVERY_WINDOW``) for ``receivewal backup``, the policy applied after each
-    successful backup (the function's parameters ``keep_backups`` and ``recovery_window``;
-    check them with :func:`policy_after_backup` before the backup starts)."""
-    command = click_option(RECOVERY_WINDOW.but(
-        env=RECOVERY_WINDOW_ENV,
-        help="After the backup, remove what recovery to any time of the last D no longer "
-        f"needs, as cleanup does (env {RECOVERY_WINDOW_ENV})."))(command)
-    return click_option(KEEP_BACKUPS.but(
-        env=KEEP_BACKUPS_ENV,
-        help="After the backup, keep the N newest complete backups and remove the rest and "
-        f"the WAL no kept backup needs, as cleanup does (env {KEEP_BACKUPS_ENV})."))(command)
-
-
-def policy_after_backup(keep_backups: str | None, recovery_window: str | None
-                        ) -> Policy | None:
-    """The policy of :func:`retention_options`' values (None: none set); click.UsageError
-    for a bad value or both."""
-    if keep_backups is None and recovery_window is None:
-        return None
-    return _policy(keep_backups, recovery_window)
 
 
 def after_backup(archive: str | Path, environ: Mapping[str, str] | None = None,
@@ -216,15 +173,6 @@ def _usage(message: str) -> click.UsageError:
     return click.UsageError(message)
 
 
-def _policy(keep_backups: str | None, recovery_window: str | None) -> Policy:
-    try:
-        return make_policy(None if keep_backups is None else parse_keep(keep_backups),
-                           None if recovery_window is None else parse_window(recovery_window),
-                           datetime.now(UTC))
-    except ConfigurationError as exc:
-        raise _usage(str(exc)) from exc
-
-
 @click.command("cleanup", short_help="Remove backups and WAL a retention policy no longer "
                "needs, or WAL before a file as pg_archivecleanup does.", epilog=EXIT_CODES)
 @click.argument("arguments", nargs=-1, metavar="[ARCHIVELOCATION] [OLDESTKEPTWALFILE]")
@@ -287,7 +235,7 @@ def cleanup_command(  # noqa: PLR0917 - click passes each option by position
         return
     if debug or extension:
         raise _usage("-d and -x go with OLDESTKEPTWALFILE (pg_archivecleanup's form)")
-    policy = _policy(keep_backups, recovery_window)
+    policy = policy_of(keep_backups, recovery_window)
     conninfo = _conninfo(dbname, host, port, username)
     if slot is not None and not SLOT_NAME_RE.match(slot):
         raise _usage(f'replication slot name "{slot}" is invalid: use at most 63 lower case '
@@ -338,7 +286,7 @@ def _bucket_cleanup(url: str, arguments: tuple[str, ...], keep_backups: str | No
     if arguments:
         raise _usage(f"{url}: OLDESTKEPTWALFILE goes with an archive directory; give a bucket "
                      "a retention policy")
-    policy = _policy(keep_backups, recovery_window)
+    policy = policy_of(keep_backups, recovery_window)
     try:
         report = apply_policy(url, policy, dry_run=dry_run)
     except ReceivewalError as exc:

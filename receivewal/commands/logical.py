@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
+from receivewal.commands.daemonclick import click_options_of
 from receivewal.commands.logical_options import LogicalOptions, build_logical_settings
 from receivewal.commands.options import json_logs, prompt_password, typed_values
-from receivewal.commands.stream import click_options_of
 from receivewal.daemon.proctitle import scrub_passwords
 from receivewal.daemon.supervisor import Supervisor
 from receivewal.errors import ReceivewalError

@@ -4,10 +4,10 @@ The supervisor (:mod:`receivewal.daemon.supervisor`) runs a
 :class:`~receivewal.daemon.supervisor.Receiver`; :class:`LogicalReceiver` is a logical slot's,
 beside the WAL archive's (:mod:`receivewal.walreceiver.receiver`): --create-slot (LOGICAL, with
 TWO_PHASE when --two-phase; with --snapshot, the published tables copied in the slot's
-exported snapshot: :mod:`receivewal.logicalreceiver.snapshot`) and --drop-slot; OUTDIR's
-one-writer lock (the archive's, on the directory itself: :mod:`receivewal.archive.lock`); the
-change log store, opened once (a crash is recovered from there: the partial file cut after its
-last complete transaction) and closed at the end; one
+exported snapshot: :mod:`receivewal.logicalreceiver.snapshot`, imported only then) and
+--drop-slot; OUTDIR's one-writer lock (the archive's, on the directory itself:
+:mod:`receivewal.archive.lock`); the change log store, opened once (a crash is recovered from
+there: the partial file cut after its last complete transaction) and closed at the end; one
 :class:`~receivewal.logicalreceiver.session.LogicalSession` per connection.
 """
 
@@ -31,7 +31,6 @@ from receivewal.errors import ConfigurationError
 from receivewal.logical.store import ChangeLogStore
 from receivewal.logicalreceiver.logicalsettings import LogicalSettings
 from receivewal.logicalreceiver.session import LogicalSession
-from receivewal.logicalreceiver.snapshot import take_snapshot
 from receivewal.replication.commands import create_logical_slot, drop_slot
 from receivewal.replication.link import ReplicationLink, SessionLink
 from receivewal.replication.waiting import StopFlag
@@ -73,6 +72,8 @@ class LogicalReceiver:
         if self.settings.snapshot:
             if not isinstance(conn, SessionLink):
                 raise ConfigurationError("--snapshot needs a connection that can open another")
+            from receivewal.logicalreceiver.snapshot import take_snapshot  # noqa: PLC0415
+
             take_snapshot(conn, self.settings, events)
             return
         if base.directory is not None:

@@ -3,7 +3,8 @@
 ``--keep-backups N`` (``RECEIVEWAL_KEEP_BACKUPS``) or ``--recovery-window D``
 (``RECEIVEWAL_RECOVERY_WINDOW``), exactly one of them. A window is a whole number and a unit:
 ``s``, ``min`` (or ``m``), ``h``, ``d`` or ``w`` (``14d``, ``36h``, ``2w``); a number alone
-means days.
+means days. The plan's policies are imported when one is made: ``backup`` reads its options
+and their variables here without the rest of retention.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from receivewal.errors import ConfigurationError
-from receivewal.retention.plan import KeepBackups, Policy, RecoveryWindow
+
+if TYPE_CHECKING:
+    from receivewal.retention.plan import Policy
 
 KEEP_BACKUPS_ENV = "RECEIVEWAL_KEEP_BACKUPS"
 RECOVERY_WINDOW_ENV = "RECEIVEWAL_RECOVERY_WINDOW"
@@ -46,6 +50,8 @@ def parse_keep(text: str) -> int:
 def make_policy(keep_backups: int | None, recovery_window: timedelta | None,
                 now: datetime) -> Policy:
     """The one policy given; ConfigurationError when both or none are."""
+    from receivewal.retention.plan import KeepBackups, RecoveryWindow  # noqa: PLC0415 - lean
+
     if keep_backups is not None and recovery_window is not None:
         raise ConfigurationError("give either --keep-backups or --recovery-window, not both")
     if keep_backups is not None:
@@ -62,6 +68,8 @@ def policy_from_environment(environ: Mapping[str, str], now: datetime) -> Policy
     """The policy ``RECEIVEWAL_KEEP_BACKUPS`` or ``RECEIVEWAL_RECOVERY_WINDOW`` sets (None
     when neither is set or both are empty); ConfigurationError naming the variable when its
     value is not one or both are set."""
+    from receivewal.retention.plan import KeepBackups, RecoveryWindow  # noqa: PLC0415 - lean
+
     keep = environ.get(KEEP_BACKUPS_ENV, "").strip()
     window = environ.get(RECOVERY_WINDOW_ENV, "").strip()
     if not keep and not window:

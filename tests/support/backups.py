@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import shutil
+import signal
 import struct
 import subprocess
 import tarfile
@@ -238,7 +239,7 @@ def backup_under_load(pg: PgServer, archive: Path, label: str, compress: str,
                       ) -> tuple[ServerInfo, BackupRecord]:
     """A backup of ``pg`` into ``archive`` taken while pgbench writes (checked: pgbench still
     ran when the backup ended, and it succeeded); ``recorder`` may wrap the link."""
-    load = start_pgbench(pg, 6)
+    load = start_pgbench(pg, 600)  # stopped once the backup is taken, however long it took
     try:
         time.sleep(1)
         with replication_link(pg) as conn:
@@ -247,8 +248,11 @@ def backup_under_load(pg: PgServer, archive: Path, label: str, compress: str,
                                  server, compress=parse_compress_option(compress))
         assert load.poll() is None, "pgbench was still writing when the backup ended"
     finally:
+        load.send_signal(signal.SIGINT)
         load.wait(timeout=30)
-    assert load.returncode == 0, load.stderr.read() if load.stderr else ""
+    said = load.stderr.read().decode(errors="replace") if load.stderr else ""
+    assert "error" not in said.lower(), said
+    assert "aborted" not in said, said
     return server, record
 
 

@@ -211,13 +211,7 @@ class DeltaTarget:
                 version, mode="append")
         else:
             predicate = " OR ".join(sorted({_row_predicate(row) for row in changes.matched}))
-            try:
-                held = QueryBuilder().register("t", opened).execute(
-                    f"SELECT * FROM t WHERE {predicate}"  # noqa: S608 - names and values quoted
-                ).read_all()
-            except (DeltaError, OSError) as exc:
-                raise _failed(schema, table, exc) from exc
-            rows = changes.rows_over(pa.table(held).to_pylist())
+            rows = changes.rows_over(_rows_where(opened, schema, table, predicate))
             self._write(schema, table, pa.Table.from_pylist(rows, schema=_schema(names)),
                         version, mode="overwrite", predicate=predicate)
 
@@ -277,14 +271,8 @@ class DeltaTarget:
         sources = set(changes.carry.values())
         predicate = " OR ".join(sorted(_row_predicate(dict(zip(keys, key, strict=True)))
                                        for key in sources))
-        try:
-            held = QueryBuilder().register("t", opened).execute(
-                f"SELECT * FROM t WHERE {predicate}"  # noqa: S608 - names and values quoted
-            ).read_all()
-        except (DeltaError, OSError) as exc:
-            raise _failed(schema, table, exc) from exc
         rows = {tuple(row.get(name) for name in keys): row
-                for row in pa.table(held).to_pylist()}
+                for row in _rows_where(opened, schema, table, predicate)}
         for key, source in changes.carry.items():
             op, values = changes.keyed_rows[key]
             if op == "u" and source in rows:
@@ -451,6 +439,19 @@ def _quoted(name: str) -> str:
 
 def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+def _rows_where(opened: DeltaTable, schema: str, table: str,
+                predicate: str) -> list[dict[str, Any]]:
+    """The rows of ``opened`` that ``predicate`` (names and values quoted) selects, read back."""
+    try:
+        held = QueryBuilder().register("t", opened).execute(
+            f"SELECT * FROM t WHERE {predicate}"  # noqa: S608 - names and values quoted
+        ).read_all()
+    except (DeltaError, OSError) as exc:
+        raise _failed(schema, table, exc) from exc
+    rows: list[dict[str, Any]] = pa.table(held).to_pylist()
+    return rows
 
 
 def _row_predicate(row: Row) -> str:
